@@ -1,0 +1,148 @@
+//! `cargo bench`: every op and direction timed with CUDA events, as GB/s on the minimum bytes
+//! each op must move (DESIGN.md §5) and as a share of the device-to-device copy bandwidth
+//! measured in the same run. `LIGER_BENCH_CSV=path` also writes the rows as CSV.
+//! Without a GPU it prints one line and exits 0.
+use half::{bf16, f16};
+use liger_rs::cudarc::driver::{CudaSlice, CudaStream, sys::CUevent_flags};
+use liger_rs::{Dtype, RmsNormArgs, rms_norm_backward_inplace, rms_norm_forward};
+use std::sync::Arc;
+
+const WARMUP: usize = 10;
+const REPS: usize = 100;
+
+/// Median time in µs of `REPS` runs of `f`, each bracketed by its own pair of CUDA events.
+fn time_us(stream: &Arc<CudaStream>, mut f: impl FnMut()) -> f64 {
+    for _ in 0..WARMUP {
+        f();
+    }
+    let ctx = stream.context();
+    let events: Vec<_> = (0..REPS)
+        .map(|_| {
+            let start = ctx
+                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .expect("event");
+            start.record(stream).expect("record");
+            f();
+            let end = ctx
+                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .expect("event");
+            end.record(stream).expect("record");
+            (start, end)
+        })
+        .collect();
+    stream.synchronize().expect("synchronize");
+    let mut us: Vec<f64> = events
+        .iter()
+        .map(|(s, e)| s.elapsed_ms(e).expect("elapsed") as f64 * 1e3)
+        .collect();
+    us.sort_by(f64::total_cmp);
+    us[REPS / 2]
+}
+
+/// Device-to-device copy of 1 GiB: bytes read + written per second, in GB/s.
+fn copy_bandwidth(stream: &Arc<CudaStream>) -> f64 {
+    let n = 1 << 30;
+    let src = stream.alloc_zeros::<u8>(n).expect("alloc");
+    let mut dst = stream.alloc_zeros::<u8>(n).expect("alloc");
+    let us = time_us(stream, || stream.memcpy_dtod(&src, &mut dst).expect("copy"));
+    2.0 * n as f64 / us / 1e3
+}
+
+struct Row {
+    op: &'static str,
+    shape: String,
+    dtype: &'static str,
+    us: f64,
+    bytes: f64,
+}
+
+fn random<T: Dtype>(stream: &Arc<CudaStream>, n: usize, seed: u64) -> CudaSlice<T> {
+    let mut s = seed;
+    let host: Vec<T> = (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            T::from_f64(((s >> 40) as f64 / (1u64 << 24) as f64) * 4.0 - 2.0)
+        })
+        .collect();
+    stream.clone_htod(&host).expect("upload")
+}
+
+fn rms_norm<T: Dtype>(stream: &Arc<CudaStream>, rows: usize, cols: usize, out: &mut Vec<Row>) {
+    let args = RmsNormArgs::new(rows, cols);
+    let x = random::<T>(stream, rows * cols, 1);
+    let w = random::<T>(stream, cols, 2);
+    let mut y = stream.alloc_zeros::<T>(rows * cols).expect("alloc");
+    let mut rstd = stream.alloc_zeros::<f32>(rows).expect("alloc");
+    let mut dy = random::<T>(stream, rows * cols, 3);
+    let mut dw = stream.alloc_zeros::<T>(cols).expect("alloc");
+    let wv = w.as_view();
+    let fwd = time_us(stream, || {
+        rms_norm_forward(stream, &args, &x, Some(&wv), &mut y, &mut rstd).expect("rms fwd")
+    });
+    let bwd = time_us(stream, || {
+        let mut dwv = dw.as_view_mut();
+        rms_norm_backward_inplace(stream, &args, &mut dy, &x, Some(&wv), &rstd, Some(&mut dwv))
+            .expect("rms bwd")
+    });
+    let (shape, s) = (format!("{rows}x{cols}"), std::mem::size_of::<T>() as f64);
+    let mn = (rows * cols) as f64;
+    out.push(Row {
+        op: "rms_norm_fwd",
+        shape: shape.clone(),
+        dtype: T::NAME,
+        us: fwd,
+        bytes: 2.0 * mn * s,
+    });
+    out.push(Row {
+        op: "rms_norm_bwd",
+        shape,
+        dtype: T::NAME,
+        us: bwd,
+        bytes: 3.0 * mn * s,
+    });
+}
+
+fn main() {
+    let ctx = match liger_rs::cuda_context(0) {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            println!("liger-rs bench: no GPU, nothing measured ({e})");
+            return;
+        }
+    };
+    let stream = ctx.default_stream();
+    println!("device: {}", ctx.name().unwrap_or_default());
+    let copy = copy_bandwidth(&stream);
+    println!("device-to-device copy: {copy:.0} GB/s");
+    let mut rows = Vec::new();
+    for cols in [2048, 4096, 8192] {
+        rms_norm::<bf16>(&stream, 16384, cols, &mut rows);
+    }
+    rms_norm::<f32>(&stream, 16384, 4096, &mut rows);
+    rms_norm::<f16>(&stream, 16384, 4096, &mut rows);
+    rms_norm::<bf16>(&stream, 2048, 4096, &mut rows);
+
+    println!(
+        "{:<14} {:<14} {:<5} {:>10} {:>8} {:>7}",
+        "op", "shape", "dtype", "median µs", "GB/s", "% copy"
+    );
+    let mut csv = String::from("op,shape,dtype,median_us,gbps,pct_copy\n");
+    for r in &rows {
+        let gbps = r.bytes / r.us / 1e3;
+        let pct = 100.0 * gbps / copy;
+        println!(
+            "{:<14} {:<14} {:<5} {:>10.1} {:>8.0} {:>6.1}%",
+            r.op, r.shape, r.dtype, r.us, gbps, pct
+        );
+        csv.push_str(&format!(
+            "{},{},{},{:.2},{:.0},{:.1}\n",
+            r.op, r.shape, r.dtype, r.us, gbps, pct
+        ));
+    }
+    if let Ok(path) = std::env::var("LIGER_BENCH_CSV") {
+        std::fs::write(&path, csv).expect("write LIGER_BENCH_CSV");
+        println!("wrote {path}");
+    }
+}

@@ -1,0 +1,262 @@
+//! RMSNorm forward, backward and the dW reduction (semantics: DESIGN.md §3, host: `src/rms_norm.rs`).
+//!
+//! Rows are walked grid-stride (`row = blockIdx.x; row += gridDim.x`), one block per row at a
+//! time, columns strided by the block. The forward writes `y` and the row's rstd; the backward
+//! writes `dx` (possibly over `dy`: every element is read before the same thread writes it) and,
+//! when there is a weight, accumulates its dW contribution into one f32 partial row per block,
+//! which `rms_norm_dw_reduce_*` sums over blocks in a fixed order.
+use crate::{Bf16, Elem, block_dim, block_idx, block_sum, grid_dim, mode, sqrt, thread_idx};
+
+/// Per-row inverse RMS from the row's sum of squares, with the mode's cast points.
+#[inline(always)]
+fn inverse_rms<T: Elem, const MODE: u32>(sum_sq: f32, cols: usize, eps: f32) -> f32 {
+    if MODE == mode::NONE {
+        let mean = T::round(sum_sq / cols as f32);
+        T::round(1.0 / T::round(sqrt(T::round(mean + T::round(eps)))))
+    } else {
+        1.0 / sqrt(sum_sq / cols as f32 + eps)
+    }
+}
+
+#[inline(always)]
+unsafe fn forward<T: Elem, const MODE: u32>(
+    x: *const T,
+    x_stride: usize,
+    w: *const T,
+    y: *mut T,
+    y_stride: usize,
+    rstd: *mut f32,
+    rows: usize,
+    cols: usize,
+    eps: f32,
+    offset: f32,
+) {
+    let (tid, nt) = (thread_idx(), block_dim());
+    let mut row = block_idx();
+    while row < rows {
+        let xr = unsafe { x.add(row * x_stride) };
+        let yr = unsafe { y.add(row * y_stride) };
+        let mut acc = 0.0f32;
+        let mut c = tid;
+        while c < cols {
+            let v = unsafe { *xr.add(c) }.to_f32();
+            acc += if MODE == mode::NONE { T::round(v * v) } else { v * v };
+            c += nt;
+        }
+        let r = inverse_rms::<T, MODE>(block_sum(acc), cols, eps);
+        if tid == 0 {
+            unsafe { *rstd.add(row) = r };
+        }
+        let mut c = tid;
+        while c < cols {
+            let v = unsafe { *xr.add(c) }.to_f32();
+            let out = if w.is_null() {
+                v * r
+            } else {
+                let wc = unsafe { *w.add(c) }.to_f32();
+                match MODE {
+                    mode::LLAMA => T::round(v * r) * (offset + wc),
+                    mode::GEMMA => v * r * (offset + wc),
+                    _ => T::round(v * r) * T::round(T::round(offset) + wc),
+                }
+            };
+            unsafe { *yr.add(c) = T::from_f32(out) };
+            c += nt;
+        }
+        row += grid_dim();
+    }
+}
+
+/// `m = dy · (w + offset)` with the mode's cast points (w = 1, offset = 0 without a weight).
+#[inline(always)]
+fn scaled_grad<T: Elem, const MODE: u32>(dy: f32, w: Option<f32>, offset: f32) -> f32 {
+    match (w, MODE) {
+        (None, _) => dy,
+        (Some(wc), mode::LLAMA) => T::round(dy * (wc + offset)),
+        (Some(wc), mode::GEMMA) => dy * (wc + offset),
+        (Some(wc), _) => T::round(dy * T::round(wc + T::round(offset))),
+    }
+}
+
+#[inline(always)]
+unsafe fn backward<T: Elem, const MODE: u32>(
+    dy: *const T,
+    dy_stride: usize,
+    x: *const T,
+    x_stride: usize,
+    w: *const T,
+    rstd: *const f32,
+    dx: *mut T,
+    dx_stride: usize,
+    dw_partial: *mut f32,
+    rows: usize,
+    cols: usize,
+    offset: f32,
+) {
+    let (tid, nt) = (thread_idx(), block_dim());
+    let part = unsafe { dw_partial.add(block_idx() * cols) };
+    let load_w = |c: usize| {
+        if w.is_null() {
+            None
+        } else {
+            Some(unsafe { *w.add(c) }.to_f32())
+        }
+    };
+    let mut first = true;
+    let mut row = block_idx();
+    while row < rows {
+        let dyr = unsafe { dy.add(row * dy_stride) };
+        let xr = unsafe { x.add(row * x_stride) };
+        let dxr = unsafe { dx.add(row * dx_stride) };
+        let r = unsafe { *rstd.add(row) };
+        let mut acc = 0.0f32;
+        let mut c = tid;
+        while c < cols {
+            let g = unsafe { *dyr.add(c) }.to_f32();
+            let v = unsafe { *xr.add(c) }.to_f32();
+            acc += scaled_grad::<T, MODE>(g, load_w(c), offset) * v;
+            c += nt;
+        }
+        let dot = block_sum(acc);
+        let coef = r * r * r * dot / cols as f32;
+        let mut c = tid;
+        while c < cols {
+            let g = unsafe { *dyr.add(c) }.to_f32();
+            let v = unsafe { *xr.add(c) }.to_f32();
+            let wc = load_w(c);
+            let m = scaled_grad::<T, MODE>(g, wc, offset);
+            unsafe { *dxr.add(c) = T::from_f32(r * m - coef * v) };
+            if wc.is_some() {
+                let normed = if MODE == mode::LLAMA { T::round(v * r) } else { v * r };
+                let contrib = g * normed;
+                let slot = unsafe { part.add(c) };
+                unsafe { *slot = if first { contrib } else { *slot + contrib } };
+            }
+            c += nt;
+        }
+        first = false;
+        row += grid_dim();
+    }
+}
+
+/// `dw[c] = D(Σ_b partial[b][c])`, summed over blocks in index order (deterministic).
+#[inline(always)]
+unsafe fn dw_reduce<T: Elem>(partial: *const f32, parts: usize, cols: usize, dw: *mut T) {
+    let c = block_idx() * block_dim() + thread_idx();
+    if c < cols {
+        let mut acc = 0.0f32;
+        let mut b = 0;
+        while b < parts {
+            acc += unsafe { *partial.add(b * cols + c) };
+            b += 1;
+        }
+        unsafe { *dw.add(c) = T::from_f32(acc) };
+    }
+}
+
+macro_rules! rms_norm_kernels {
+    ($ty:ty, $fwd:ident, $bwd:ident, $mode:expr) => {
+        /// RMSNorm forward for one dtype and casting mode (see the module docs).
+        ///
+        /// # Safety
+        /// Pointers must cover `rows` rows of their strides and `cols` columns; `w` may be null.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "gpu-kernel" fn $fwd(
+            x: *const $ty,
+            x_stride: u64,
+            w: *const $ty,
+            y: *mut $ty,
+            y_stride: u64,
+            rstd: *mut f32,
+            rows: u64,
+            cols: u64,
+            eps: f32,
+            offset: f32,
+        ) {
+            unsafe {
+                forward::<$ty, { $mode }>(
+                    x,
+                    x_stride as usize,
+                    w,
+                    y,
+                    y_stride as usize,
+                    rstd,
+                    rows as usize,
+                    cols as usize,
+                    eps,
+                    offset,
+                )
+            }
+        }
+
+        /// RMSNorm backward for one dtype and casting mode (see the module docs).
+        ///
+        /// # Safety
+        /// As the forward; `dx` may equal `dy`; `dw_partial` holds `gridDim.x × cols` f32 when
+        /// `w` is not null.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "gpu-kernel" fn $bwd(
+            dy: *const $ty,
+            dy_stride: u64,
+            x: *const $ty,
+            x_stride: u64,
+            w: *const $ty,
+            rstd: *const f32,
+            dx: *mut $ty,
+            dx_stride: u64,
+            dw_partial: *mut f32,
+            rows: u64,
+            cols: u64,
+            offset: f32,
+        ) {
+            unsafe {
+                backward::<$ty, { $mode }>(
+                    dy,
+                    dy_stride as usize,
+                    x,
+                    x_stride as usize,
+                    w,
+                    rstd,
+                    dx,
+                    dx_stride as usize,
+                    dw_partial,
+                    rows as usize,
+                    cols as usize,
+                    offset,
+                )
+            }
+        }
+    };
+}
+
+rms_norm_kernels!(f32, rms_norm_fwd_f32_llama, rms_norm_bwd_f32_llama, mode::LLAMA);
+rms_norm_kernels!(f32, rms_norm_fwd_f32_gemma, rms_norm_bwd_f32_gemma, mode::GEMMA);
+rms_norm_kernels!(f32, rms_norm_fwd_f32_none, rms_norm_bwd_f32_none, mode::NONE);
+rms_norm_kernels!(f16, rms_norm_fwd_f16_llama, rms_norm_bwd_f16_llama, mode::LLAMA);
+rms_norm_kernels!(f16, rms_norm_fwd_f16_gemma, rms_norm_bwd_f16_gemma, mode::GEMMA);
+rms_norm_kernels!(f16, rms_norm_fwd_f16_none, rms_norm_bwd_f16_none, mode::NONE);
+rms_norm_kernels!(Bf16, rms_norm_fwd_bf16_llama, rms_norm_bwd_bf16_llama, mode::LLAMA);
+rms_norm_kernels!(Bf16, rms_norm_fwd_bf16_gemma, rms_norm_bwd_bf16_gemma, mode::GEMMA);
+rms_norm_kernels!(Bf16, rms_norm_fwd_bf16_none, rms_norm_bwd_bf16_none, mode::NONE);
+
+macro_rules! dw_reduce_kernel {
+    ($ty:ty, $name:ident) => {
+        /// Sums the per-block dW partial rows into `dw` (see the module docs).
+        ///
+        /// # Safety
+        /// `partial` holds `parts × cols` f32; `dw` holds `cols` elements.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "gpu-kernel" fn $name(
+            partial: *const f32,
+            parts: u64,
+            cols: u64,
+            dw: *mut $ty,
+        ) {
+            unsafe { dw_reduce::<$ty>(partial, parts as usize, cols as usize, dw) }
+        }
+    };
+}
+
+dw_reduce_kernel!(f32, rms_norm_dw_reduce_f32);
+dw_reduce_kernel!(f16, rms_norm_dw_reduce_f16);
+dw_reduce_kernel!(Bf16, rms_norm_dw_reduce_bf16);

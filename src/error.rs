@@ -1,0 +1,98 @@
+//! The library's one error type.
+use cudarc::driver::DriverError;
+use std::fmt;
+
+/// Everything a liger-rs call can fail with. Messages name the argument and what was expected.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Error {
+    /// The CUDA driver library (`libcuda.so` / `nvcuda.dll`) could not be loaded.
+    NoDriver,
+    /// The driver is present but the requested device does not exist.
+    NoDevice {
+        /// Device ordinal asked for.
+        ordinal: usize,
+        /// Devices the driver reports.
+        count: usize,
+    },
+    /// A CUDA driver call failed.
+    Driver(DriverError),
+    /// An argument has the wrong value, length or shape.
+    InvalidArgument {
+        /// The argument's name as in the function signature (e.g. `weight`, `args.cols`).
+        arg: &'static str,
+        /// What was expected, e.g. `length ≥ 4096 (rows × row stride)`.
+        expected: String,
+        /// What was given.
+        got: String,
+    },
+    /// Two buffers overlap where the op needs them disjoint.
+    Aliasing {
+        /// The output argument.
+        output: &'static str,
+        /// The argument it overlaps.
+        other: &'static str,
+    },
+    /// A buffer belongs to a different CUDA context than the stream.
+    WrongContext {
+        /// The argument's name.
+        arg: &'static str,
+    },
+    /// A string that names no casting mode.
+    UnknownCastingMode(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::NoDriver => write!(
+                f,
+                "no CUDA driver: libcuda could not be loaded (is an NVIDIA driver installed?)"
+            ),
+            Error::NoDevice { ordinal, count } => write!(
+                f,
+                "no CUDA device {ordinal}: the driver reports {count} device(s)"
+            ),
+            Error::Driver(e) => write!(f, "CUDA driver error: {e:?}"),
+            Error::InvalidArgument { arg, expected, got } => {
+                write!(f, "invalid `{arg}`: expected {expected}, got {got}")
+            }
+            Error::Aliasing { output, other } => write!(
+                f,
+                "`{output}` overlaps `{other}`: the output must not share memory with it"
+            ),
+            Error::WrongContext { arg } => write!(
+                f,
+                "`{arg}` belongs to a different CUDA context than the stream"
+            ),
+            Error::UnknownCastingMode(s) => write!(
+                f,
+                "unknown casting mode {s:?}: expected one of \"llama\", \"gemma\", \"none\""
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<DriverError> for Error {
+    fn from(e: DriverError) -> Self {
+        Error::Driver(e)
+    }
+}
+
+/// `Result` with [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Builds an [`Error::InvalidArgument`].
+pub(crate) fn invalid(
+    arg: &'static str,
+    expected: impl fmt::Display,
+    got: impl fmt::Display,
+) -> Error {
+    Error::InvalidArgument {
+        arg,
+        expected: expected.to_string(),
+        got: got.to_string(),
+    }
+}

@@ -1,0 +1,54 @@
+//! # liger-rs
+//!
+//! Fused LLM training kernels — RMSNorm (RoPE and SwiGLU follow) — written in Rust, compiled
+//! to PTX, and launched on your own [`cudarc`] device buffers.
+//!
+//! * **Device code** lives in the `kernels-gpu` crate (`#![no_std]`), compiled for
+//!   `nvptx64-nvidia-cuda` by a pinned nightly with `-Zbuild-std=core --emit=asm`. `build.rs`
+//!   runs that build (installing the nightly and `rust-src` with rustup if they are missing)
+//!   and embeds the PTX ([`PTX`]); the host crate itself builds on stable Rust.
+//! * **Host code** uses cudarc 0.19 with the driver loaded at run time: the crate builds and
+//!   its CPU tests run on machines without a CUDA toolkit or GPU. The module is loaded once per
+//!   CUDA context and cached. Calls are stream-ordered: no hidden synchronisation.
+//! * **Semantics** follow HuggingFace's modules with Liger-Kernel's cast points
+//!   ([`CastingMode`]); [`reference`] holds the CPU ground truth (f64 between cast points).
+//! * **Errors**: every bad shape, length, stride, mode or aliasing is an [`Error`] naming the
+//!   argument and the expected value; a missing driver or GPU is an `Err`, never a panic.
+//!
+//! ```no_run
+//! use liger_rs::{RmsNormArgs, rms_norm_backward_inplace, rms_norm_forward};
+//! use half::bf16;
+//!
+//! let ctx = liger_rs::cuda_context(0)?;
+//! let stream = ctx.default_stream();
+//! let (rows, cols) = (4, 4096);
+//! let x = stream.clone_htod(&vec![bf16::from_f32(0.5); rows * cols])?;
+//! let w = stream.clone_htod(&vec![bf16::ONE; cols])?;
+//! let (mut y, mut rstd) = (stream.alloc_zeros::<bf16>(rows * cols)?, stream.alloc_zeros::<f32>(rows)?);
+//! let args = RmsNormArgs::new(rows, cols).with_eps(1e-5);
+//! rms_norm_forward(&stream, &args, &x, Some(&w.as_view()), &mut y, &mut rstd)?;
+//! let mut dy = stream.clone_htod(&vec![bf16::ONE; rows * cols])?; // becomes dx
+//! let mut dw = stream.alloc_zeros::<bf16>(cols)?;
+//! rms_norm_backward_inplace(&stream, &args, &mut dy, &x, Some(&w.as_view()), &rstd, Some(&mut dw.as_view_mut()))?;
+//! let dx: Vec<bf16> = stream.clone_dtoh(&dy)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![warn(missing_docs)]
+
+mod dtype;
+mod error;
+mod launch;
+mod mode;
+mod module;
+pub mod reference;
+mod rms_norm;
+mod settings;
+
+pub use cudarc;
+pub use dtype::Dtype;
+pub use error::{Error, Result};
+pub use half;
+pub use mode::CastingMode;
+pub use module::{PTX, cuda_context};
+pub use rms_norm::{RmsNormArgs, rms_norm_backward, rms_norm_backward_inplace, rms_norm_forward};
+pub use settings::{LaunchSettings, MAX_FUSED_SIZE, calculate_settings};

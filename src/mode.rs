@@ -1,0 +1,70 @@
+//! Casting modes of RMSNorm (where values are rounded to the tensor dtype).
+use crate::error::{Error, Result};
+use std::{fmt, str::FromStr};
+
+/// Where RMSNorm rounds to the tensor dtype `D` (DESIGN.md §3; `r` is the inverse RMS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum CastingMode {
+    /// HF `LlamaRMSNorm`: statistics in f32, `y = D(D(x·r) · (offset + w))`; rstd is f32.
+    #[default]
+    Llama,
+    /// HF `GemmaRMSNorm`: everything in f32, `y = D(x·r·(offset + w))`; rstd is f32.
+    Gemma,
+    /// Everything in `D` (eps and offset rounded to `D`); rstd holds a `D` value.
+    None,
+}
+
+impl CastingMode {
+    /// All modes, in kernel order.
+    pub const ALL: [CastingMode; 3] = [CastingMode::Llama, CastingMode::Gemma, CastingMode::None];
+
+    /// The lowercase name used in kernel names and by [`FromStr`].
+    pub fn name(self) -> &'static str {
+        match self {
+            CastingMode::Llama => "llama",
+            CastingMode::Gemma => "gemma",
+            CastingMode::None => "none",
+        }
+    }
+}
+
+impl fmt::Display for CastingMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for CastingMode {
+    type Err = Error;
+
+    /// Parses `"llama"`, `"gemma"` or `"none"` (exact, lowercase, as Liger).
+    fn from_str(s: &str) -> Result<Self> {
+        CastingMode::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| Error::UnknownCastingMode(s.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_three_names() {
+        for m in CastingMode::ALL {
+            assert_eq!(m.name().parse::<CastingMode>().unwrap(), m);
+            assert_eq!(m.to_string(), m.name());
+        }
+    }
+
+    #[test]
+    fn rejects_others_naming_the_valid_set() {
+        for s in ["", "Llama", "gemma ", "bf16"] {
+            let e = s.parse::<CastingMode>().unwrap_err();
+            assert_eq!(e, Error::UnknownCastingMode(s.to_string()));
+            let msg = e.to_string();
+            assert!(msg.contains("\"llama\", \"gemma\", \"none\""), "{msg}");
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! The embedded PTX, loaded once per CUDA context and cached for the life of the process.
+use crate::error::{Error, Result};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, sys};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// PTX of every kernel, built from `kernels-gpu` by `build.rs` (sm_80 baseline, JIT-compiled
+/// forward by the driver on newer GPUs).
+pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
+
+/// One context's loaded module and the functions looked up in it so far.
+pub(crate) struct Kernels {
+    module: Arc<CudaModule>,
+    functions: Mutex<HashMap<String, CudaFunction>>,
+    sm_count: u32,
+}
+
+impl Kernels {
+    /// The kernel called `name`, looked up once.
+    pub(crate) fn function(&self, name: &str) -> Result<CudaFunction> {
+        let mut functions = lock(&self.functions);
+        if let Some(f) = functions.get(name) {
+            return Ok(f.clone());
+        }
+        let f = self.module.load_function(name)?;
+        functions.insert(name.to_string(), f.clone());
+        Ok(f)
+    }
+
+    /// Streaming multiprocessors on the context's device.
+    pub(crate) fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+}
+
+/// Contexts seen so far (keyed by `CUcontext`; the module keeps its context alive, so a key
+/// is never reused by another context while it is in the cache).
+static CACHE: Mutex<Vec<(usize, Arc<Kernels>)>> = Mutex::new(Vec::new());
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The kernels of `ctx`, loading the PTX into it on first use.
+pub(crate) fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
+    let key = ctx.cu_ctx() as usize;
+    let mut cache = lock(&CACHE);
+    if let Some((_, k)) = cache.iter().find(|(k, _)| *k == key) {
+        return Ok(k.clone());
+    }
+    let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(PTX))?;
+    let sm_count =
+        ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+    let kernels = Arc::new(Kernels {
+        module,
+        functions: Mutex::new(HashMap::new()),
+        sm_count: sm_count.max(1) as u32,
+    });
+    cache.push((key, kernels.clone()));
+    Ok(kernels)
+}
+
+/// Opens device `ordinal` (its primary context), or explains why it cannot.
+///
+/// Unlike `CudaContext::new`, this never panics when the driver library is missing: it returns
+/// [`Error::NoDriver`]; a missing device is [`Error::NoDevice`].
+///
+/// ```no_run
+/// let ctx = liger_rs::cuda_context(0)?;
+/// let stream = ctx.default_stream();
+/// # Ok::<(), liger_rs::Error>(())
+/// ```
+pub fn cuda_context(ordinal: usize) -> Result<Arc<CudaContext>> {
+    // SAFETY: only tries to dlopen the driver library.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(Error::NoDriver);
+    }
+    let count = match CudaContext::device_count() {
+        Ok(n) => n.max(0) as usize,
+        Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NO_DEVICE => 0,
+        Err(e) => return Err(e.into()),
+    };
+    if ordinal >= count {
+        return Err(Error::NoDevice { ordinal, count });
+    }
+    Ok(CudaContext::new(ordinal)?)
+}

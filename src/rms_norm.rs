@@ -1,0 +1,386 @@
+//! RMSNorm forward and backward launchers (kernels: `kernels-gpu/src/rms_norm.rs`,
+//! reference: [`crate::reference::rms_norm`], semantics: [`CastingMode`]).
+use crate::CastingMode;
+use crate::dtype::Dtype;
+use crate::error::{Result, invalid};
+use crate::launch::{Region, at_least, disjoint, exactly, same_context, span};
+use crate::module::kernels;
+use crate::settings::{LaunchSettings, calculate_settings};
+use cudarc::driver::{
+    CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
+use std::sync::Arc;
+
+/// Dynamic shared memory of the row kernels: one f32 per warp for the block reduction.
+const REDUCE_SMEM_BYTES: u32 = 32 * 4;
+/// Threads per block of the dW reduction.
+const DW_REDUCE_THREADS: u32 = 256;
+
+/// Shape and parameters of an RMSNorm call over `rows` rows of `cols` elements.
+///
+/// Rows of `x` start `x_stride` elements apart; rows of `y` (forward) and of `dy`/`dx`
+/// (backward) start `y_stride` elements apart, so a row-slice of a larger buffer works.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RmsNormArgs {
+    /// Number of rows (0 is allowed and launches nothing).
+    pub rows: usize,
+    /// Elements per row (the normalised dimension), 1 ..= 65536.
+    pub cols: usize,
+    /// Added to the mean square before the inverse square root (finite, ≥ 0).
+    pub eps: f32,
+    /// Added to the weight (`1.0` for Gemma-style `(1 + w)` weights).
+    pub offset: f32,
+    /// Where values are rounded to the tensor dtype.
+    pub mode: CastingMode,
+    /// Elements between the starts of consecutive rows of `x` (≥ `cols`).
+    pub x_stride: usize,
+    /// Elements between the starts of consecutive rows of `y`, `dy` and `dx` (≥ `cols`).
+    pub y_stride: usize,
+}
+
+impl RmsNormArgs {
+    /// Contiguous rows, `eps = 1e-6`, `offset = 0`, [`CastingMode::Llama`].
+    pub fn new(rows: usize, cols: usize) -> Self {
+        RmsNormArgs {
+            rows,
+            cols,
+            eps: 1e-6,
+            offset: 0.0,
+            mode: CastingMode::Llama,
+            x_stride: cols,
+            y_stride: cols,
+        }
+    }
+
+    /// Sets `eps`.
+    pub fn with_eps(self, eps: f32) -> Self {
+        RmsNormArgs { eps, ..self }
+    }
+
+    /// Sets the weight offset.
+    pub fn with_offset(self, offset: f32) -> Self {
+        RmsNormArgs { offset, ..self }
+    }
+
+    /// Sets the casting mode.
+    pub fn with_mode(self, mode: CastingMode) -> Self {
+        RmsNormArgs { mode, ..self }
+    }
+
+    /// Sets the row strides of `x` and of `y`/`dy`/`dx`.
+    pub fn with_strides(self, x_stride: usize, y_stride: usize) -> Self {
+        RmsNormArgs {
+            x_stride,
+            y_stride,
+            ..self
+        }
+    }
+
+    fn check(&self) -> Result<LaunchSettings> {
+        let settings = calculate_settings(self.cols)
+            .map_err(|_| invalid("args.cols", "1 ..= 65536 columns", self.cols))?;
+        if !(self.eps.is_finite() && self.eps >= 0.0) {
+            return Err(invalid("args.eps", "a finite value ≥ 0", self.eps));
+        }
+        if !self.offset.is_finite() {
+            return Err(invalid("args.offset", "a finite value", self.offset));
+        }
+        Ok(settings)
+    }
+
+    fn x_span(&self) -> Result<usize> {
+        span("args.x_stride", self.rows, self.cols, self.x_stride)
+    }
+
+    fn y_span(&self) -> Result<usize> {
+        span("args.y_stride", self.rows, self.cols, self.y_stride)
+    }
+}
+
+fn kernel_name<T: Dtype>(direction: &str, mode: CastingMode) -> String {
+    format!("rms_norm_{direction}_{}_{}", T::NAME, mode.name())
+}
+
+fn check_weight<T: Dtype>(
+    stream: &CudaStream,
+    weight: Option<&CudaView<'_, T>>,
+    cols: usize,
+) -> Result<()> {
+    if let Some(w) = weight {
+        same_context(stream, "weight", w)?;
+        exactly("weight", w.len(), cols, "cols")?;
+    }
+    Ok(())
+}
+
+fn weight_ptr<'a, T>(
+    stream: &'a CudaStream,
+    weight: Option<&'a CudaView<'_, T>>,
+) -> (u64, Option<cudarc::driver::SyncOnDrop<'a>>) {
+    match weight {
+        Some(w) => {
+            let (p, guard) = w.device_ptr(stream);
+            (p, Some(guard))
+        }
+        None => (0, None),
+    }
+}
+
+/// RMSNorm forward: `y = norm(x) · (offset + weight)` row by row, and each row's inverse RMS
+/// into `rstd` (needed by the backward).
+///
+/// `x` and `y` hold `rows` rows at their strides (see [`RmsNormArgs`]); `weight`, if given,
+/// holds `cols` elements (without it `y` is the normalised `x`); `rstd` holds at least `rows`
+/// f32 (in [`CastingMode::None`] each is a value of `T` widened to f32). One launch on
+/// `stream`, no allocation, no synchronisation. `y` and `rstd` must not overlap the inputs.
+///
+/// ```no_run
+/// use liger_rs::{RmsNormArgs, rms_norm_forward};
+/// let ctx = liger_rs::cuda_context(0)?;
+/// let stream = ctx.default_stream();
+/// let (rows, cols) = (8, 4096);
+/// let x = stream.clone_htod(&vec![half::bf16::ONE; rows * cols])?;
+/// let w = stream.clone_htod(&vec![half::bf16::ONE; cols])?;
+/// let mut y = stream.alloc_zeros::<half::bf16>(rows * cols)?;
+/// let mut rstd = stream.alloc_zeros::<f32>(rows)?;
+/// rms_norm_forward(&stream, &RmsNormArgs::new(rows, cols), &x, Some(&w.as_view()), &mut y, &mut rstd)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn rms_norm_forward<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &RmsNormArgs,
+    x: &impl DevicePtr<T>,
+    weight: Option<&CudaView<'_, T>>,
+    y: &mut impl DevicePtrMut<T>,
+    rstd: &mut impl DevicePtrMut<f32>,
+) -> Result<()> {
+    let settings = args.check()?;
+    let (x_span, y_span) = (args.x_span()?, args.y_span()?);
+    same_context(stream, "x", x)?;
+    same_context(stream, "y", y)?;
+    same_context(stream, "rstd", rstd)?;
+    check_weight(stream, weight, args.cols)?;
+    at_least("x", x.len(), x_span, "rows × x_stride")?;
+    at_least("y", y.len(), y_span, "rows × y_stride")?;
+    at_least("rstd", rstd.len(), args.rows, "rows")?;
+    if args.rows == 0 {
+        return Ok(());
+    }
+    let func = kernels(stream.context())?.function(&kernel_name::<T>("fwd", args.mode))?;
+    let (x_ptr, _x) = x.device_ptr(stream);
+    let (w_ptr, _w) = weight_ptr(stream, weight);
+    let (y_ptr, _y) = y.device_ptr_mut(stream);
+    let (r_ptr, _r) = rstd.device_ptr_mut(stream);
+    disjoint(
+        &[
+            Region::new::<T>("y", y_ptr, y_span),
+            Region::new::<f32>("rstd", r_ptr, args.rows),
+        ],
+        &[
+            Region::new::<T>("x", x_ptr, x_span),
+            Region::new::<T>("weight", w_ptr, if w_ptr == 0 { 0 } else { args.cols }),
+        ],
+    )?;
+    let cfg = LaunchConfig {
+        grid_dim: (args.rows.min(i32::MAX as usize) as u32, 1, 1),
+        block_dim: (settings.threads(), 1, 1),
+        shared_mem_bytes: REDUCE_SMEM_BYTES,
+    };
+    let (x_stride, y_stride) = (args.x_stride as u64, args.y_stride as u64);
+    let (rows, cols) = (args.rows as u64, args.cols as u64);
+    let mut launch = stream.launch_builder(&func);
+    launch
+        .arg(&x_ptr)
+        .arg(&x_stride)
+        .arg(&w_ptr)
+        .arg(&y_ptr)
+        .arg(&y_stride)
+        .arg(&r_ptr)
+        .arg(&rows)
+        .arg(&cols)
+        .arg(&args.eps)
+        .arg(&args.offset);
+    // SAFETY: argument order and types match `rms_norm_kernels!` in kernels-gpu; every pointer
+    // was checked above to cover `rows` rows of its stride (`rstd`: `rows` f32).
+    unsafe { launch.launch(cfg) }?;
+    Ok(())
+}
+
+/// RMSNorm backward into a separate `dx` buffer: `dx` (rows at `y_stride`) and, when a weight
+/// is given, `dw` (`cols` elements, required then and only then).
+///
+/// `dy` is read at `y_stride`, `x` at `x_stride`; `rstd` is the forward's output. dW is
+/// reduced on the GPU in f32 without a rows × cols temporary: each block accumulates its rows
+/// into one partial row, then a second launch sums the partial rows in a fixed order
+/// (deterministic). That scratch (`blocks × cols` f32, blocks ≤ SMs × resident blocks per SM)
+/// is allocated stream-ordered on `stream` per call and freed when the call returns.
+/// Outputs must not overlap inputs; use [`rms_norm_backward_inplace`] to write `dx` over `dy`.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_backward<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &RmsNormArgs,
+    dy: &impl DevicePtr<T>,
+    x: &impl DevicePtr<T>,
+    weight: Option<&CudaView<'_, T>>,
+    rstd: &impl DevicePtr<f32>,
+    dx: &mut impl DevicePtrMut<T>,
+    dw: Option<&mut CudaViewMut<'_, T>>,
+) -> Result<()> {
+    let y_span = args.y_span()?;
+    same_context(stream, "dy", dy)?;
+    same_context(stream, "dx", dx)?;
+    at_least("dy", dy.len(), y_span, "rows × y_stride")?;
+    at_least("dx", dx.len(), y_span, "rows × y_stride")?;
+    let (dy_ptr, _dy) = dy.device_ptr(stream);
+    let (dx_ptr, _dx) = dx.device_ptr_mut(stream);
+    backward(stream, args, Some(dy_ptr), dx_ptr, x, weight, rstd, dw)
+}
+
+/// RMSNorm backward writing `dx` over `dy` (Liger's memory-saving default); otherwise as
+/// [`rms_norm_backward`].
+pub fn rms_norm_backward_inplace<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &RmsNormArgs,
+    dy_dx: &mut impl DevicePtrMut<T>,
+    x: &impl DevicePtr<T>,
+    weight: Option<&CudaView<'_, T>>,
+    rstd: &impl DevicePtr<f32>,
+    dw: Option<&mut CudaViewMut<'_, T>>,
+) -> Result<()> {
+    let y_span = args.y_span()?;
+    same_context(stream, "dy_dx", dy_dx)?;
+    at_least("dy_dx", dy_dx.len(), y_span, "rows × y_stride")?;
+    let (ptr, _guard) = dy_dx.device_ptr_mut(stream);
+    backward(stream, args, None, ptr, x, weight, rstd, dw)
+}
+
+/// Shared backward: `dy_ptr` is `None` when `dx_ptr` also holds `dy` (in place).
+#[allow(clippy::too_many_arguments)]
+fn backward<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &RmsNormArgs,
+    dy_ptr: Option<u64>,
+    dx_ptr: u64,
+    x: &impl DevicePtr<T>,
+    weight: Option<&CudaView<'_, T>>,
+    rstd: &impl DevicePtr<f32>,
+    dw: Option<&mut CudaViewMut<'_, T>>,
+) -> Result<()> {
+    let settings = args.check()?;
+    let (x_span, y_span) = (args.x_span()?, args.y_span()?);
+    same_context(stream, "x", x)?;
+    same_context(stream, "rstd", rstd)?;
+    check_weight(stream, weight, args.cols)?;
+    at_least("x", x.len(), x_span, "rows × x_stride")?;
+    at_least("rstd", rstd.len(), args.rows, "rows")?;
+    let mut dw = match (weight.is_some(), dw) {
+        (true, Some(dw)) => {
+            same_context(stream, "dw", dw)?;
+            exactly("dw", dw.len(), args.cols, "cols")?;
+            Some(dw)
+        }
+        (true, None) => {
+            return Err(invalid(
+                "dw",
+                format!("a buffer of {} elements (a weight is given)", args.cols),
+                "None",
+            ));
+        }
+        (false, Some(_)) => return Err(invalid("dw", "None (no weight is given)", "a buffer")),
+        (false, None) => None,
+    };
+    if args.rows == 0 {
+        if let Some(dw) = dw.as_mut() {
+            stream.memset_zeros(*dw)?;
+        }
+        return Ok(());
+    }
+    let kernels = kernels(stream.context())?;
+    let func = kernels.function(&kernel_name::<T>("bwd", args.mode))?;
+    let (x_ptr, _x) = x.device_ptr(stream);
+    let (w_ptr, _w) = weight_ptr(stream, weight);
+    let (r_ptr, _r) = rstd.device_ptr(stream);
+    let (dw_ptr, _dw) = match dw.as_mut() {
+        Some(dw) => {
+            let (p, g) = dw.device_ptr_mut(stream);
+            (p, Some(g))
+        }
+        None => (0, None),
+    };
+    let mut inputs = vec![
+        Region::new::<T>("x", x_ptr, x_span),
+        Region::new::<T>("weight", w_ptr, if w_ptr == 0 { 0 } else { args.cols }),
+        Region::new::<f32>("rstd", r_ptr, args.rows),
+    ];
+    let dx_name = match dy_ptr {
+        Some(p) => {
+            inputs.push(Region::new::<T>("dy", p, y_span));
+            "dx"
+        }
+        None => "dy_dx",
+    };
+    disjoint(
+        &[
+            Region::new::<T>(dx_name, dx_ptr, y_span),
+            Region::new::<T>("dw", dw_ptr, if dw_ptr == 0 { 0 } else { args.cols }),
+        ],
+        &inputs,
+    )?;
+
+    let threads = settings.threads();
+    let per_sm = func
+        .occupancy_max_active_blocks_per_multiprocessor(threads, REDUCE_SMEM_BYTES as usize, None)?
+        .max(1);
+    let grid = args.rows.min((kernels.sm_count() * per_sm) as usize);
+    let mut partial = match dw_ptr {
+        0 => None,
+        // SAFETY: every element is written by its block's first row before it is read.
+        _ => Some(unsafe { stream.alloc::<f32>(grid * args.cols) }?),
+    };
+    let (p_ptr, _p) = match partial.as_mut() {
+        Some(p) => {
+            let (ptr, g) = p.device_ptr_mut(stream);
+            (ptr, Some(g))
+        }
+        None => (0, None),
+    };
+    let (x_stride, y_stride) = (args.x_stride as u64, args.y_stride as u64);
+    let (rows, cols) = (args.rows as u64, args.cols as u64);
+    let dy_ptr = dy_ptr.unwrap_or(dx_ptr);
+    let mut launch = stream.launch_builder(&func);
+    launch
+        .arg(&dy_ptr)
+        .arg(&y_stride)
+        .arg(&x_ptr)
+        .arg(&x_stride)
+        .arg(&w_ptr)
+        .arg(&r_ptr)
+        .arg(&dx_ptr)
+        .arg(&y_stride)
+        .arg(&p_ptr)
+        .arg(&rows)
+        .arg(&cols)
+        .arg(&args.offset);
+    let cfg = LaunchConfig {
+        grid_dim: (grid as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: REDUCE_SMEM_BYTES,
+    };
+    // SAFETY: argument order and types match `rms_norm_kernels!`; buffers were checked above,
+    // the partial buffer holds `grid × cols` f32.
+    unsafe { launch.launch(cfg) }?;
+    if dw_ptr != 0 {
+        let reduce = kernels.function(&format!("rms_norm_dw_reduce_{}", T::NAME))?;
+        let parts = grid as u64;
+        let mut launch = stream.launch_builder(&reduce);
+        launch.arg(&p_ptr).arg(&parts).arg(&cols).arg(&dw_ptr);
+        let cfg = LaunchConfig {
+            grid_dim: (args.cols.div_ceil(DW_REDUCE_THREADS as usize) as u32, 1, 1),
+            block_dim: (DW_REDUCE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches `dw_reduce_kernel!`; `partial` holds `parts × cols`, `dw` `cols`.
+        unsafe { launch.launch(cfg) }?;
+    }
+    Ok(())
+}

@@ -1,0 +1,130 @@
+//! Helpers shared by the op tests: the GPU (or a skip line), seeded random data, NaN
+//! poisoning and tolerance checks against the f64 reference.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use liger_rs::Dtype;
+use liger_rs::cudarc::driver::{CudaSlice, CudaStream};
+use liger_rs::reference::Element;
+use std::io::Write;
+use std::sync::Arc;
+
+/// The default stream of device 0, or `None` after printing one line saying why the GPU
+/// part of `test` is skipped.
+pub fn gpu(test: &str) -> Option<Arc<CudaStream>> {
+    match liger_rs::cuda_context(0) {
+        Ok(ctx) => Some(ctx.default_stream()),
+        Err(e) => {
+            // Straight to stderr: libtest captures print!/eprint! of passing tests.
+            let _ = writeln!(std::io::stderr(), "SKIP {test}: no GPU ({e})");
+            None
+        }
+    }
+}
+
+/// SplitMix64: small, seedable, good enough for test data.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in (0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+
+    /// Standard normal (Box–Muller).
+    pub fn normal(&mut self) -> f64 {
+        let (u, v) = (self.uniform(), self.uniform());
+        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+    }
+
+    /// `n` values `mean + scale·N(0,1)` rounded to `T`.
+    pub fn vec<T: Element>(&mut self, n: usize, mean: f64, scale: f64) -> Vec<T> {
+        (0..n)
+            .map(|_| T::from_f64(mean + scale * self.normal()))
+            .collect()
+    }
+}
+
+/// A device buffer of `n` NaNs: elements a kernel fails to write stay NaN and fail the check.
+pub fn poisoned<T: Dtype>(stream: &Arc<CudaStream>, n: usize) -> CudaSlice<T> {
+    stream
+        .clone_htod(&vec![T::from_f64(f64::NAN); n])
+        .expect("upload poison")
+}
+
+pub fn upload<T: Dtype>(stream: &Arc<CudaStream>, data: &[T]) -> CudaSlice<T> {
+    stream.clone_htod(data).expect("upload")
+}
+
+pub fn download<T: Dtype>(stream: &Arc<CudaStream>, buf: &CudaSlice<T>) -> Vec<T> {
+    stream.clone_dtoh(buf).expect("download")
+}
+
+/// A tolerance: `|got − want| ≤ ulps · ulp_T(want) + rel_rms · rms(want)`.
+///
+/// `ulp_T(v)` is the spacing of `T` at `|v|` (at least at its smallest normal), so `ulps`
+/// counts rounding differences in the output dtype; `rel_rms` bounds f32-arithmetic error
+/// that scales with the magnitude of the whole tensor (cancellation, long sums).
+#[derive(Debug, Clone, Copy)]
+pub struct Tol {
+    pub ulps: f64,
+    pub rel_rms: f64,
+}
+
+/// Spacing of `T` at `v`.
+pub fn ulp<T: Element>(v: f64) -> f64 {
+    let p = T::MANTISSA_DIGITS as i32;
+    let min_normal = match T::NAME {
+        "f16" => 2f64.powi(-14),
+        "f32" | "bf16" => 2f64.powi(-126),
+        _ => f64::MIN_POSITIVE,
+    };
+    let a = v.abs().max(min_normal);
+    2f64.powi(a.log2().floor() as i32 - (p - 1))
+}
+
+/// Checks `got` against `want` element by element; panics with the first failures, the case
+/// description (which includes the seed) and the worst error in ulps.
+pub fn assert_close<T: Element>(what: &str, case: &str, got: &[f64], want: &[f64], tol: Tol) {
+    assert_eq!(got.len(), want.len(), "{what} length, {case}");
+    let finite: Vec<f64> = want.iter().copied().filter(|v| v.is_finite()).collect();
+    let rms = (finite.iter().map(|v| v * v).sum::<f64>() / finite.len().max(1) as f64).sqrt();
+    let mut bad = Vec::new();
+    let mut worst = 0.0f64;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let ok = if w.is_nan() {
+            g.is_nan()
+        } else if w.is_infinite() {
+            g == w
+        } else {
+            let bound = tol.ulps * ulp::<T>(w) + tol.rel_rms * rms;
+            let err = (g - w).abs();
+            worst = worst.max(err / ulp::<T>(w));
+            err <= bound // NaN `g` fails here
+        };
+        if !ok && bad.len() < 5 {
+            bad.push(format!("[{i}] got {g:e} want {w:e}"));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{what} ({}) mismatch, {case}; tolerance {tol:?}, rms {rms:e}, worst {worst:.1} ulp: {}",
+        T::NAME,
+        bad.join("; ")
+    );
+}
+
+pub fn widen<T: Element>(v: &[T]) -> Vec<f64> {
+    v.iter().map(|x| x.to_f64()).collect()
+}

@@ -1,0 +1,751 @@
+//! RMSNorm: CPU reference against hand-computed values and finite differences (always run);
+//! GPU kernels against the reference on many shapes, dtypes and modes; bad input.
+mod common;
+
+use common::{Rng, Tol, assert_close, download, gpu, poisoned, upload, widen};
+use half::{bf16, f16};
+use liger_rs::reference::{
+    Element, rms_norm_backward as ref_backward, rms_norm_forward as ref_forward,
+};
+use liger_rs::{
+    CastingMode, Dtype, Error, RmsNormArgs, rms_norm_backward, rms_norm_backward_inplace,
+    rms_norm_forward,
+};
+
+// ---------------------------------------------------------------- CPU reference
+
+#[test]
+fn reference_matches_hand_computed_values() {
+    // x = [3, 4]: mean square 12.5, r = 1/√12.5; w = [1, 2].
+    let r = 1.0 / 12.5f64.sqrt();
+    let out = ref_forward(
+        &[3.0f64, 4.0],
+        Some(&[1.0, 2.0]),
+        2,
+        0.0,
+        0.0,
+        CastingMode::Llama,
+    )
+    .unwrap();
+    assert_eq!(out.rstd, vec![r]);
+    assert_eq!(out.y, vec![3.0 * r, 8.0 * r]);
+    // offset 1 (Gemma-style weights): y = x·r·(1 + w).
+    let out = ref_forward(
+        &[3.0f64, 4.0],
+        Some(&[1.0, 2.0]),
+        2,
+        0.0,
+        1.0,
+        CastingMode::Gemma,
+    )
+    .unwrap();
+    assert_eq!(out.y, vec![6.0 * r, 12.0 * r]);
+    // eps enters under the root: x = [0, 0], eps = 0.25 → r = 2, y = 0.
+    let out = ref_forward(&[0.0f64, 0.0], None, 2, 0.25, 0.0, CastingMode::Llama).unwrap();
+    assert_eq!((out.rstd, out.y), (vec![2.0], vec![0.0, 0.0]));
+    // In f32 the stored rstd is the f32 rounding of 1/√12.5.
+    let out = ref_forward(&[3.0f32, 4.0], None, 2, 0.0, 0.0, CastingMode::Llama).unwrap();
+    assert_eq!(out.rstd, vec![r as f32 as f64]);
+}
+
+#[test]
+fn reference_cast_points_differ_by_mode_as_specified() {
+    // bf16, x = 1.5, one column: r = 1/1.5 (f32). x·r rounds to 1 in bf16;
+    // weight 1 + 2^-7 (exact in bf16). llama: D(D(x·r)·w) = D(1·w) = w.
+    // gemma: D(x·r·w) with x·r = 1.5·f32(1/1.5) ≠ 1 exactly, times w, rounded once.
+    let x = [bf16::from_f32(1.5)];
+    let w = [bf16::from_f32(1.0 + 1.0 / 128.0)];
+    let llama = ref_forward(&x, Some(&w), 1, 0.0, 0.0, CastingMode::Llama).unwrap();
+    let gemma = ref_forward(&x, Some(&w), 1, 0.0, 0.0, CastingMode::Gemma).unwrap();
+    let none = ref_forward(&x, Some(&w), 1, 0.0, 0.0, CastingMode::None).unwrap();
+    assert_eq!(llama.y[0], w[0]);
+    let r = (1.0f64 / 1.5) as f32 as f64;
+    assert_eq!(gemma.y[0], bf16::from_f64(1.5 * r * w[0].to_f64()));
+    // none: r itself is a bf16 value.
+    assert_eq!(none.rstd[0], bf16::cast(1.0 / 1.5));
+    assert_ne!(none.rstd[0], llama.rstd[0]);
+}
+
+#[test]
+fn reference_rejects_bad_shapes() {
+    let x = [1.0f64; 6];
+    assert!(matches!(
+        ref_forward(&x, None, 4, 0.0, 0.0, CastingMode::Llama),
+        Err(Error::InvalidArgument { arg: "x", .. })
+    ));
+    assert!(matches!(
+        ref_forward(&x, None, 0, 0.0, 0.0, CastingMode::Llama),
+        Err(Error::InvalidArgument { arg: "cols", .. })
+    ));
+    assert!(matches!(
+        ref_forward(&x, Some(&[1.0; 2]), 3, 0.0, 0.0, CastingMode::Llama),
+        Err(Error::InvalidArgument { arg: "weight", .. })
+    ));
+    let rstd = [1.0; 2];
+    assert!(matches!(
+        ref_backward(&x[..3], &x, None, &rstd, 3, 0.0, CastingMode::Llama),
+        Err(Error::InvalidArgument { arg: "dy", .. })
+    ));
+    assert!(matches!(
+        ref_backward(&x, &x, None, &rstd[..1], 3, 0.0, CastingMode::Llama),
+        Err(Error::InvalidArgument { arg: "rstd", .. })
+    ));
+}
+
+/// `Σ g·y` for the f64 forward (every cast point is the identity in f64).
+fn loss(
+    x: &[f64],
+    w: Option<&[f64]>,
+    g: &[f64],
+    cols: usize,
+    offset: f32,
+    mode: CastingMode,
+) -> f64 {
+    let y = ref_forward(x, w, cols, 1e-3, offset, mode).unwrap().y;
+    y.iter().zip(g).map(|(a, b)| a * b).sum()
+}
+
+#[test]
+fn reference_backward_matches_finite_differences() {
+    let (rows, cols, h) = (3, 5, 1e-5);
+    for (seed, mode, offset, weighted) in [
+        (1, CastingMode::Llama, 0.0, true),
+        (2, CastingMode::Gemma, 1.0, true),
+        (3, CastingMode::None, 0.5, true),
+        (4, CastingMode::Llama, 0.0, false),
+    ] {
+        let mut rng = Rng::new(seed);
+        let x: Vec<f64> = rng.vec(rows * cols, 0.0, 1.0);
+        let w: Vec<f64> = rng.vec(cols, 1.0, 0.5);
+        let g: Vec<f64> = rng.vec(rows * cols, 0.0, 1.0);
+        let w = weighted.then_some(&w[..]);
+        let fwd = ref_forward(&x, w, cols, 1e-3, offset, mode).unwrap();
+        let grads = ref_backward(&g, &x, w, &fwd.rstd, cols, offset, mode).unwrap();
+        let case = format!("seed {seed}, {mode}, offset {offset}, weight {weighted}");
+        for i in 0..x.len() {
+            let (mut xp, mut xm) = (x.clone(), x.clone());
+            xp[i] += h;
+            xm[i] -= h;
+            let fd = (loss(&xp, w, &g, cols, offset, mode) - loss(&xm, w, &g, cols, offset, mode))
+                / (2.0 * h);
+            assert!(
+                (fd - grads.dx[i]).abs() < 1e-6 * (1.0 + fd.abs()),
+                "dx[{i}] {} vs fd {fd}, {case}",
+                grads.dx[i]
+            );
+        }
+        match (w, grads.dw) {
+            (Some(w), Some(dw)) => {
+                for j in 0..cols {
+                    let (mut wp, mut wm) = (w.to_vec(), w.to_vec());
+                    wp[j] += h;
+                    wm[j] -= h;
+                    let fd = (loss(&x, Some(&wp), &g, cols, offset, mode)
+                        - loss(&x, Some(&wm), &g, cols, offset, mode))
+                        / (2.0 * h);
+                    assert!(
+                        (fd - dw[j]).abs() < 1e-6 * (1.0 + fd.abs()),
+                        "dw[{j}] {} vs fd {fd}, {case}",
+                        dw[j]
+                    );
+                }
+            }
+            (None, None) => {}
+            _ => panic!("dw present without weight or missing with one, {case}"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- GPU vs reference
+
+/// (rows, cols): 1×1, odd and prime widths, just above powers of two, the 65536 maximum,
+/// Llama widths, and row counts that are multiples of nothing in particular.
+const SHAPES: [(usize, usize); 22] = [
+    (1, 1),
+    (3, 1),
+    (1, 3),
+    (2, 41),
+    (7, 123),
+    (257, 33),
+    (64, 96),
+    (31, 100),
+    (9, 257),
+    (5, 1025),
+    (13, 2047),
+    (1, 2048),
+    (33, 4096),
+    (3, 4097),
+    (6, 5120),
+    (17, 8193),
+    (5, 11008),
+    (4, 16385),
+    (2, 32769),
+    (2, 65536),
+    (1000, 64),
+    (129, 2048),
+];
+
+/// Tolerances per output and dtype, against the f64 reference with the same cast points.
+/// GPU and reference differ only where f32 arithmetic (sum order, f32 vs f64 products) moves
+/// an intermediate across a rounding boundary of `T`; each such flip costs at most one unit in
+/// the last place of `T`, and `y` has two rounding points (three in none mode).
+fn tolerances<T: Element>(mode: CastingMode, rows: usize) -> [Tol; 4] {
+    let f32_sum = 1e-6 * (rows as f64).sqrt().max(4.0); // dW: f32 accumulation over rows
+    if T::NAME == "f32" {
+        // f32: ~1e-5 relative, plus cancellation in dx (r·m − c·x) relative to the tensor.
+        let t = Tol {
+            ulps: 84.0,
+            rel_rms: 1e-6,
+        };
+        return [
+            t,
+            t,
+            t,
+            Tol {
+                ulps: 84.0,
+                rel_rms: f32_sum,
+            },
+        ];
+    }
+    let y_ulps = if mode == CastingMode::None { 3.0 } else { 2.0 };
+    let rstd = if mode == CastingMode::None {
+        Tol {
+            ulps: 1.0,
+            rel_rms: 0.0,
+        } // a T value: may flip by one ulp of T
+    } else {
+        Tol {
+            ulps: 2.0 * 2f64.powi(T::MANTISSA_DIGITS as i32 - 24),
+            rel_rms: 0.0,
+        } // ~2 f32 ulps
+    };
+    let dx = Tol {
+        ulps: 2.0,
+        rel_rms: 2f64.powi(-(T::MANTISSA_DIGITS as i32)),
+    };
+    let dw = Tol {
+        ulps: 2.0,
+        rel_rms: f32_sum,
+    };
+    [
+        Tol {
+            ulps: y_ulps,
+            rel_rms: 0.0,
+        },
+        rstd,
+        dx,
+        dw,
+    ]
+}
+
+struct Case {
+    rows: usize,
+    cols: usize,
+    mode: CastingMode,
+    weighted: bool,
+    inplace: bool,
+    offset: f32,
+    seed: u64,
+}
+
+fn run_case<T: Dtype>(stream: &std::sync::Arc<liger_rs::cudarc::driver::CudaStream>, c: &Case) {
+    let desc = format!(
+        "{}×{} {} {} weight={} inplace={} offset={} seed={}",
+        c.rows,
+        c.cols,
+        T::NAME,
+        c.mode,
+        c.weighted,
+        c.inplace,
+        c.offset,
+        c.seed
+    );
+    let n = c.rows * c.cols;
+    let mut rng = Rng::new(c.seed);
+    let x: Vec<T> = rng.vec(n, 0.0, 2.0);
+    let w: Vec<T> = rng.vec(c.cols, if c.offset == 0.0 { 1.0 } else { 0.0 }, 0.5);
+    let dy: Vec<T> = rng.vec(n, 0.0, 1.0);
+    let args = RmsNormArgs::new(c.rows, c.cols)
+        .with_mode(c.mode)
+        .with_offset(c.offset)
+        .with_eps(1e-6);
+    let [tol_y, tol_r, tol_dx, tol_dw] = tolerances::<T>(c.mode, c.rows);
+
+    let xd = upload(stream, &x);
+    let wd = upload(stream, &w);
+    let weight = c.weighted.then(|| wd.as_view());
+    let mut y = poisoned::<T>(stream, n);
+    let mut rstd = poisoned::<f32>(stream, c.rows);
+    rms_norm_forward(stream, &args, &xd, weight.as_ref(), &mut y, &mut rstd).expect(&desc);
+    let want = ref_forward(
+        &x,
+        c.weighted.then_some(&w[..]),
+        c.cols,
+        1e-6,
+        c.offset,
+        c.mode,
+    )
+    .unwrap();
+    let rstd_gpu = widen(&download(stream, &rstd));
+    assert_close::<T>(
+        "y",
+        &desc,
+        &widen(&download(stream, &y)),
+        &widen(&want.y),
+        tol_y,
+    );
+    assert_close::<T>("rstd", &desc, &rstd_gpu, &want.rstd, tol_r);
+
+    let mut dw = poisoned::<T>(stream, c.cols);
+    let mut dy_d = upload(stream, &dy);
+    let dx = if c.inplace {
+        let dwv = c.weighted.then(|| dw.as_view_mut());
+        call_inplace(
+            stream,
+            &args,
+            &mut dy_d,
+            &xd,
+            weight.as_ref(),
+            &rstd,
+            dwv,
+            &desc,
+        );
+        download(stream, &dy_d)
+    } else {
+        let mut dx = poisoned::<T>(stream, n);
+        let mut dwv = c.weighted.then(|| dw.as_view_mut());
+        rms_norm_backward(
+            stream,
+            &args,
+            &dy_d,
+            &xd,
+            weight.as_ref(),
+            &rstd,
+            &mut dx,
+            dwv.as_mut(),
+        )
+        .expect(&desc);
+        download(stream, &dx)
+    };
+    let grads = ref_backward(
+        &dy,
+        &x,
+        c.weighted.then_some(&w[..]),
+        &rstd_gpu,
+        c.cols,
+        c.offset,
+        c.mode,
+    )
+    .unwrap();
+    assert_close::<T>("dx", &desc, &widen(&dx), &widen(&grads.dx), tol_dx);
+    if let Some(want_dw) = grads.dw {
+        assert_close::<T>(
+            "dw",
+            &desc,
+            &widen(&download(stream, &dw)),
+            &widen(&want_dw),
+            tol_dw,
+        );
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn call_inplace<T: Dtype>(
+    stream: &std::sync::Arc<liger_rs::cudarc::driver::CudaStream>,
+    args: &RmsNormArgs,
+    dy: &mut liger_rs::cudarc::driver::CudaSlice<T>,
+    x: &liger_rs::cudarc::driver::CudaSlice<T>,
+    weight: Option<&liger_rs::cudarc::driver::CudaView<'_, T>>,
+    rstd: &liger_rs::cudarc::driver::CudaSlice<f32>,
+    mut dw: Option<liger_rs::cudarc::driver::CudaViewMut<'_, T>>,
+    desc: &str,
+) {
+    rms_norm_backward_inplace(stream, args, dy, x, weight, rstd, dw.as_mut()).expect(desc);
+}
+
+fn sweep<T: Dtype>(test: &str, seed_base: u64) {
+    let Some(stream) = gpu(test) else { return };
+    let mut cases = 0;
+    for (i, &(rows, cols)) in SHAPES.iter().enumerate() {
+        for mode in CastingMode::ALL {
+            for weighted in [true, false] {
+                for inplace in [false, true] {
+                    let offset = [0.0, 1.0, 0.25][(i + mode as usize) % 3];
+                    let seed = seed_base + cases;
+                    run_case::<T>(
+                        &stream,
+                        &Case {
+                            rows,
+                            cols,
+                            mode,
+                            weighted,
+                            inplace,
+                            offset,
+                            seed,
+                        },
+                    );
+                    cases += 1;
+                }
+            }
+        }
+    }
+    println!("{test}: {cases} cases passed");
+}
+
+#[test]
+fn gpu_matches_reference_f32() {
+    sweep::<f32>("gpu_matches_reference_f32", 10_000);
+}
+
+#[test]
+fn gpu_matches_reference_f16() {
+    sweep::<f16>("gpu_matches_reference_f16", 20_000);
+}
+
+#[test]
+fn gpu_matches_reference_bf16() {
+    sweep::<bf16>("gpu_matches_reference_bf16", 30_000);
+}
+
+#[test]
+fn gpu_strided_rows_leave_the_gaps_alone() {
+    let Some(stream) = gpu("gpu_strided_rows_leave_the_gaps_alone") else {
+        return;
+    };
+    let (rows, cols, xs, ys) = (37, 1000, 1013, 1024);
+    let mut rng = Rng::new(7);
+    let x: Vec<bf16> = rng.vec((rows - 1) * xs + cols, 0.0, 1.0);
+    let w: Vec<bf16> = rng.vec(cols, 1.0, 0.3);
+    let dy: Vec<bf16> = rng.vec((rows - 1) * ys + cols, 0.0, 1.0);
+    let args = RmsNormArgs::new(rows, cols).with_strides(xs, ys);
+    let (xd, wd, dyd) = (
+        upload(&stream, &x),
+        upload(&stream, &w),
+        upload(&stream, &dy),
+    );
+    let sentinel = bf16::from_f32(-7.0);
+    let mut y = upload(&stream, &vec![sentinel; (rows - 1) * ys + cols]);
+    let mut rstd = poisoned::<f32>(&stream, rows);
+    rms_norm_forward(&stream, &args, &xd, Some(&wd.as_view()), &mut y, &mut rstd).unwrap();
+    let mut dx = upload(&stream, &vec![sentinel; (rows - 1) * ys + cols]);
+    let mut dw = poisoned::<bf16>(&stream, cols);
+    rms_norm_backward(
+        &stream,
+        &args,
+        &dyd,
+        &xd,
+        Some(&wd.as_view()),
+        &rstd,
+        &mut dx,
+        Some(&mut dw.as_view_mut()),
+    )
+    .unwrap();
+    let (y, dx) = (download(&stream, &y), download(&stream, &dx));
+    let compact = |v: &[bf16], stride: usize| -> Vec<bf16> {
+        (0..rows)
+            .flat_map(|r| v[r * stride..r * stride + cols].to_vec())
+            .collect()
+    };
+    for (name, v) in [("y", &y), ("dx", &dx)] {
+        for r in 0..rows - 1 {
+            assert!(
+                v[r * ys + cols..(r + 1) * ys]
+                    .iter()
+                    .all(|&e| e == sentinel),
+                "{name}: gap after row {r} was written"
+            );
+        }
+    }
+    let want = ref_forward(
+        &compact(&x, xs),
+        Some(&w),
+        cols,
+        1e-6,
+        0.0,
+        CastingMode::Llama,
+    )
+    .unwrap();
+    let [ty, _, tdx, tdw] = tolerances::<bf16>(CastingMode::Llama, rows);
+    assert_close::<bf16>(
+        "y",
+        "strided",
+        &widen(&compact(&y, ys)),
+        &widen(&want.y),
+        ty,
+    );
+    let rstd_gpu = widen(&download(&stream, &rstd));
+    let grads = ref_backward(
+        &compact(&dy, ys),
+        &compact(&x, xs),
+        Some(&w),
+        &rstd_gpu,
+        cols,
+        0.0,
+        CastingMode::Llama,
+    )
+    .unwrap();
+    assert_close::<bf16>(
+        "dx",
+        "strided",
+        &widen(&compact(&dx, ys)),
+        &widen(&grads.dx),
+        tdx,
+    );
+    assert_close::<bf16>(
+        "dw",
+        "strided",
+        &widen(&download(&stream, &dw)),
+        &widen(&grads.dw.unwrap()),
+        tdw,
+    );
+}
+
+// ---------------------------------------------------------------- bad input
+
+#[test]
+fn no_driver_is_an_error_not_a_panic() {
+    match liger_rs::cuda_context(0) {
+        Ok(_) => println!("a GPU is present: cuda_context(0) succeeded"),
+        Err(e @ (Error::NoDriver | Error::NoDevice { .. } | Error::Driver(_))) => {
+            println!("no GPU, as an error: {e}")
+        }
+        Err(e) => panic!("unexpected error kind: {e:?}"),
+    }
+    let e = liger_rs::cuda_context(usize::MAX).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::NoDriver | Error::NoDevice { .. } | Error::Driver(_)
+        ),
+        "{e:?}"
+    );
+}
+
+fn expect_invalid(result: liger_rs::Result<()>, arg: &str, needle: &str) {
+    match result {
+        Err(e @ Error::InvalidArgument { arg: a, .. }) if a == arg => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains(needle),
+                "`{arg}`: message {msg:?} lacks {needle:?}"
+            );
+        }
+        other => panic!("expected InvalidArgument for `{arg}`, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_input_is_rejected_before_launch() {
+    let Some(stream) = gpu("bad_input_is_rejected_before_launch") else {
+        return;
+    };
+    let (rows, cols) = (4, 8);
+    let x = upload(&stream, &vec![1.0f32; rows * cols]);
+    let w = upload(&stream, &vec![1.0f32; cols]);
+    let short_w = upload(&stream, &vec![1.0f32; cols - 1]);
+    let mut y = poisoned::<f32>(&stream, rows * cols);
+    let mut rstd = poisoned::<f32>(&stream, rows);
+    let mut short_rstd = poisoned::<f32>(&stream, rows - 1);
+    let a = RmsNormArgs::new(rows, cols);
+    let wv = Some(w.as_view());
+
+    expect_invalid(
+        rms_norm_forward(
+            &stream,
+            &RmsNormArgs::new(rows, 0),
+            &x,
+            None,
+            &mut y,
+            &mut rstd,
+        ),
+        "args.cols",
+        "1 ..= 65536",
+    );
+    expect_invalid(
+        rms_norm_forward(
+            &stream,
+            &RmsNormArgs::new(1, 65537),
+            &x,
+            None,
+            &mut y,
+            &mut rstd,
+        ),
+        "args.cols",
+        "65536",
+    );
+    expect_invalid(
+        rms_norm_forward(
+            &stream,
+            &RmsNormArgs::new(rows + 1, cols),
+            &x,
+            None,
+            &mut y,
+            &mut rstd,
+        ),
+        "x",
+        "rows × x_stride",
+    );
+    expect_invalid(
+        rms_norm_forward(&stream, &a, &x, Some(&short_w.as_view()), &mut y, &mut rstd),
+        "weight",
+        "length 8",
+    );
+    expect_invalid(
+        rms_norm_forward(&stream, &a, &x, wv.as_ref(), &mut y, &mut short_rstd),
+        "rstd",
+        "length ≥ 4",
+    );
+    expect_invalid(
+        rms_norm_forward(
+            &stream,
+            &a.with_strides(cols - 1, cols),
+            &x,
+            None,
+            &mut y,
+            &mut rstd,
+        ),
+        "args.x_stride",
+        "row stride ≥ cols = 8",
+    );
+    expect_invalid(
+        rms_norm_forward(&stream, &a.with_eps(-1.0), &x, None, &mut y, &mut rstd),
+        "args.eps",
+        "≥ 0",
+    );
+    expect_invalid(
+        rms_norm_forward(&stream, &a.with_eps(f32::NAN), &x, None, &mut y, &mut rstd),
+        "args.eps",
+        "finite",
+    );
+    let mut short_y = poisoned::<f32>(&stream, rows * cols - 1);
+    expect_invalid(
+        rms_norm_forward(&stream, &a, &x, None, &mut short_y, &mut rstd),
+        "y",
+        "length ≥ 32",
+    );
+
+    // Backward: dw required with a weight and forbidden without; rstd and dw lengths.
+    let dy = upload(&stream, &vec![1.0f32; rows * cols]);
+    let mut dx = poisoned::<f32>(&stream, rows * cols);
+    let mut dw = poisoned::<f32>(&stream, cols);
+    expect_invalid(
+        rms_norm_backward(&stream, &a, &dy, &x, wv.as_ref(), &rstd, &mut dx, None),
+        "dw",
+        "a weight is given",
+    );
+    expect_invalid(
+        rms_norm_backward(
+            &stream,
+            &a,
+            &dy,
+            &x,
+            None,
+            &rstd,
+            &mut dx,
+            Some(&mut dw.as_view_mut()),
+        ),
+        "dw",
+        "no weight",
+    );
+    expect_invalid(
+        rms_norm_backward(&stream, &a, &dy, &x, None, &short_rstd, &mut dx, None),
+        "rstd",
+        "length ≥ 4",
+    );
+    let mut long_dw = poisoned::<f32>(&stream, cols + 1);
+    expect_invalid(
+        rms_norm_backward(
+            &stream,
+            &a,
+            &dy,
+            &x,
+            wv.as_ref(),
+            &rstd,
+            &mut dx,
+            Some(&mut long_dw.as_view_mut()),
+        ),
+        "dw",
+        "length 8",
+    );
+    let mut short_dy = upload(&stream, &vec![1.0f32; rows * cols - 1]);
+    expect_invalid(
+        rms_norm_backward_inplace(&stream, &a, &mut short_dy, &x, None, &rstd, None),
+        "dy_dx",
+        "length ≥ 32",
+    );
+    expect_invalid(
+        rms_norm_backward(&stream, &a, &short_dy, &x, None, &rstd, &mut dx, None),
+        "dy",
+        "length ≥ 32",
+    );
+    stream.synchronize().unwrap();
+}
+
+#[test]
+fn overlapping_outputs_are_rejected() {
+    let Some(stream) = gpu("overlapping_outputs_are_rejected") else {
+        return;
+    };
+    let (rows, cols) = (4, 8);
+    let n = rows * cols;
+    let a = RmsNormArgs::new(rows, cols);
+    let buf = upload(&stream, &vec![1.0f32; 2 * n]);
+    let base = {
+        use liger_rs::cudarc::driver::DevicePtr;
+        let (ptr, _guard) = buf.device_ptr(&stream);
+        ptr
+    };
+    // Safe Rust cannot hold a shared and a mutable view of the same memory, so the overlap is
+    // built from raw pointers: `alias` starts half-way into `buf`'s first n elements.
+    // SAFETY: `alias` lies inside `buf` and is leaked (never freed) below.
+    let mut alias = unsafe { stream.upgrade_device_ptr::<f32>(base + 4 * (n as u64 / 2), n) };
+    let first = buf.slice(..n);
+    let mut rstd = poisoned::<f32>(&stream, rows);
+    let e = rms_norm_forward(&stream, &a, &first, None, &mut alias, &mut rstd);
+    assert_eq!(
+        e,
+        Err(Error::Aliasing {
+            output: "y",
+            other: "x"
+        })
+    );
+    let mut y = poisoned::<f32>(&stream, n);
+    let e = rms_norm_forward(
+        &stream,
+        &a.with_strides(cols, cols),
+        &first,
+        None,
+        &mut y,
+        &mut alias,
+    );
+    assert_eq!(
+        e,
+        Err(Error::Aliasing {
+            output: "rstd",
+            other: "x"
+        })
+    );
+    let e = rms_norm_backward(&stream, &a, &first, &y, None, &rstd, &mut alias, None);
+    assert_eq!(
+        e,
+        Err(Error::Aliasing {
+            output: "dx",
+            other: "dy"
+        })
+    );
+    let e = rms_norm_backward_inplace(&stream, &a, &mut alias, &first, None, &rstd, None);
+    assert_eq!(
+        e,
+        Err(Error::Aliasing {
+            output: "dy_dx",
+            other: "x"
+        })
+    );
+    // Adjacent, not overlapping: accepted.
+    let second = buf.slice(n..);
+    // SAFETY: as above, the alias covers buf[0..n] exactly and is leaked.
+    let mut exact = unsafe { stream.upgrade_device_ptr::<f32>(base, n) };
+    assert!(rms_norm_forward(&stream, &a, &second, None, &mut exact, &mut rstd).is_ok());
+    stream.synchronize().unwrap();
+    let _ = (alias.leak(), exact.leak());
+}
