@@ -192,7 +192,8 @@ const F32_EPS: f64 = 1.0 / (1u64 << 24) as f64;
 /// reference with the same cast points. GPU and reference differ only where f32 arithmetic
 /// (sum order, f32 instead of f64 products) moves an intermediate across a rounding boundary
 /// of `T`; each crossing costs one ulp of `T`. `y` has two rounding points (three in none
-/// mode, whose rstd is itself a `T` value); an f32 rstd may differ by ~2 f32 ulps (sum order).
+/// mode, whose rstd is itself a `T` value); an f32 rstd may differ by a few f32 ulps (the sum
+/// of up to 65536 squares runs in another order: 64 per thread, then a tree).
 /// For f32 tensors the allowance is ~1e-5 relative (84 ulps).
 fn ulps<T: Element>(mode: CastingMode) -> [f64; 3] {
     if T::NAME == "f32" {
@@ -201,14 +202,14 @@ fn ulps<T: Element>(mode: CastingMode) -> [f64; 3] {
     let f32_ulps_in_t = 2f64.powi(T::MANTISSA_DIGITS as i32 - 24);
     match mode {
         CastingMode::None => [3.0, 1.0, 2.0],
-        _ => [2.0, 2.0 * f32_ulps_in_t, 2.0],
+        _ => [2.0, 8.0 * f32_ulps_in_t, 2.0],
     }
 }
 
 /// Per-element slack for `dx = D(r·m − c·x)` and `dw = D(Σ_rows dy·n)`, whose f32 terms can be
 /// far larger than the result (a single column cancels almost completely). `dx`: 8 f32
-/// roundings of `|r·m| + |c·x|`, plus one `T` ulp of `r·m` where `m` is rounded to `T` from an
-/// f32 product whose second rounding may differ from the reference's single one. `dw`: f32
+/// roundings of `|r·m| + |c·x|` (the reference rounds `m` at the kernel's cast points, so
+/// `m` itself agrees). `dw`: f32
 /// accumulation over the rows, `(8 + 2√rows)` roundings of `Σ|dy·x·r|`.
 fn grad_slack<T: Element>(
     dy: &[T],
@@ -219,7 +220,6 @@ fn grad_slack<T: Element>(
     offset: f32,
 ) -> (Vec<f64>, Vec<f64>) {
     let rows = rstd.len();
-    let t_ulp = 2f64.powi(1 - T::MANTISSA_DIGITS as i32);
     let mut dx_slack = Vec::with_capacity(x.len());
     let mut abs_terms = vec![0.0; cols];
     for (row, &r) in rstd.iter().enumerate() {
@@ -230,7 +230,7 @@ fn grad_slack<T: Element>(
         for (c, term) in abs_terms.iter_mut().enumerate() {
             let (g, v) = at(c);
             let rm = (r * g * wp(c)).abs();
-            dx_slack.push(8.0 * F32_EPS * (rm + coef * v.abs()) + t_ulp * rm);
+            dx_slack.push(8.0 * F32_EPS * (rm + coef * v.abs()));
             *term += (g * v * r).abs();
         }
     }

@@ -1,17 +1,18 @@
 //! RMSNorm on the CPU: the cast points of DESIGN.md §3 with f64 in between.
 //!
-//! With `r` the inverse RMS of a row, `x` widened exactly, `D(·)` a rounding to the element
-//! type and `f32(·)` a rounding to f32 ([`Element::cast_f32`]):
+//! `x` is widened exactly, `D(·)` rounds to the element type, `F(·)` rounds to f32
+//! ([`Element::cast_f32`]) where HuggingFace materialises an f32 tensor (`h = x·r`, the weight
+//! sum, their product), and `r` is the row's inverse RMS. Sums are f64.
 //!
-//! | mode  | `r`                                          | `y` (with weight `w`)             |
-//! |-------|----------------------------------------------|-----------------------------------|
-//! | llama | `f32(1/√(Σx²/n + eps))`                       | `D(D(x·r)·(offset + w))`          |
-//! | gemma | `f32(1/√(Σx²/n + eps))`                       | `D(x·r·(offset + w))`             |
-//! | none  | `D(1/D(√D(D(ΣD(x²)/n) + D(eps))))`           | `D(D(x·r)·D(D(offset) + w))`      |
+//! | mode  | `r`                                  | `y` (with weight `w`)                   |
+//! |-------|--------------------------------------|-----------------------------------------|
+//! | llama | `F(1/√(Σx²/n + eps))`                 | `D(F(D(F(x·r)) · F(offset + w)))`       |
+//! | gemma | `F(1/√(Σx²/n + eps))`                 | `D(F(F(x·r) · F(offset + w)))`          |
+//! | none  | `D(1/D(√D(D(ΣD(x²)/n) + D(eps))))`   | `D(D(x·r) · D(D(offset) + w))`          |
 //!
-//! Without a weight `y = D(x·r)`. Backward, with `wp = w + offset` (`D(w + D(offset))` in
-//! none; 1 without a weight): `m = D(dy·wp)` (llama, none) or `dy·wp` (gemma);
-//! `dx = D(r·m − r³/n·(Σ m·x)·x)`; `dw = D(Σ_rows dy·D(x·r))` (llama) or
+//! Without a weight `y = D(F(x·r))`. Backward, with `wp = F(w + offset)` (`D(w + D(offset))`
+//! in none; 1 without a weight): `m = D(F(dy·wp))` (llama), `F(dy·wp)` (gemma), `D(dy·wp)`
+//! (none); `dx = D(r·m − r³/n·(Σ m·x)·x)`; `dw = D(Σ_rows dy·D(F(x·r)))` (llama) or
 //! `D(Σ_rows dy·x·r)` (gemma, none).
 use super::Element;
 use crate::CastingMode;
@@ -92,11 +93,12 @@ pub fn rms_norm_forward<T: Element>(
         rstd.push(r);
         for (c, v) in row.iter().enumerate() {
             let v = v.to_f64();
+            let f = T::cast_f32;
             let out = match weight.map(|w| w[c].to_f64()) {
                 None => v * r,
                 Some(w) => match mode {
-                    CastingMode::Llama => T::cast(v * r) * (offset + w),
-                    CastingMode::Gemma => v * r * (offset + w),
+                    CastingMode::Llama => f(T::cast(f(v * r)) * f(offset + w)),
+                    CastingMode::Gemma => f(f(v * r) * f(offset + w)),
                     CastingMode::None => T::cast(v * r) * T::cast(T::cast(offset) + w),
                 },
             };
@@ -133,14 +135,15 @@ pub fn rms_norm_backward<T: Element>(
         w.iter()
             .map(|w| match mode {
                 CastingMode::None => T::cast(w.to_f64() + T::cast(offset)),
-                _ => w.to_f64() + offset,
+                _ => T::cast_f32(w.to_f64() + offset),
             })
             .collect()
     });
     let grad = |g: f64, c: usize| match (&wp, mode) {
         (None, _) => g,
-        (Some(wp), CastingMode::Gemma) => g * wp[c],
-        (Some(wp), _) => T::cast(g * wp[c]),
+        (Some(wp), CastingMode::Llama) => T::cast(T::cast_f32(g * wp[c])),
+        (Some(wp), CastingMode::Gemma) => T::cast_f32(g * wp[c]),
+        (Some(wp), CastingMode::None) => T::cast(g * wp[c]),
     };
     let mut dx = Vec::with_capacity(x.len());
     let mut dw_acc = vec![0.0f64; cols];
