@@ -11,7 +11,7 @@
 //!   its CPU tests run on machines without a CUDA toolkit or GPU. The module is loaded once per
 //!   CUDA context and cached. Calls are stream-ordered: no hidden synchronisation.
 //! * **Semantics** follow HuggingFace's modules with Liger-Kernel's cast points
-//!   ([`CastingMode`]); [`reference`] holds the CPU ground truth (f64 between cast points).
+//!   ([`CastingMode`]); [`mod@reference`] holds the CPU ground truth (f64 between cast points).
 //! * **Errors**: every bad shape, length, stride, mode or aliasing is an [`Error`] naming the
 //!   argument and the expected value; a missing driver or GPU is an `Err`, never a panic.
 //!

@@ -95,7 +95,8 @@ pub fn rms_norm_forward<T: Element>(
             let v = v.to_f64();
             let f = T::cast_f32;
             let out = match weight.map(|w| w[c].to_f64()) {
-                None => v * r,
+                None if mode == CastingMode::None => v * r,
+                None => f(v * r),
                 Some(w) => match mode {
                     CastingMode::Llama => f(T::cast(f(v * r)) * f(offset + w)),
                     CastingMode::Gemma => f(f(v * r) * f(offset + w)),
@@ -156,7 +157,7 @@ pub fn rms_norm_backward<T: Element>(
             let (g, v) = (dyr[c].to_f64(), xr[c].to_f64());
             dx.push(T::from_f64(r * grad(g, c) - coef * v));
             let normed = if mode == CastingMode::Llama {
-                T::cast(v * r)
+                T::cast(T::cast_f32(v * r))
             } else {
                 v * r
             };
