@@ -42,7 +42,9 @@ mod mode;
 mod module;
 pub mod reference;
 mod rms_norm;
+mod rope;
 mod settings;
+mod swiglu;
 
 pub use cudarc;
 pub use dtype::Dtype;
@@ -51,4 +53,6 @@ pub use half;
 pub use mode::CastingMode;
 pub use module::{PTX, cuda_context};
 pub use rms_norm::{RmsNormArgs, rms_norm_backward, rms_norm_backward_inplace, rms_norm_forward};
+pub use rope::*;
 pub use settings::{LaunchSettings, MAX_FUSED_SIZE, calculate_settings};
+pub use swiglu::*;

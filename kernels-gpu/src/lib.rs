@@ -13,6 +13,8 @@
 #![allow(internal_features)]
 
 pub mod rms_norm;
+pub mod rope;
+pub mod swiglu;
 
 use core::arch::nvptx;
 

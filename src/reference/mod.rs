@@ -5,6 +5,8 @@
 //! (`f32`, `f16`, `bf16`) decides where values are rounded; with `f64` every cast point is the
 //! identity, which gives the exact math (used for finite-difference gradient checks).
 pub mod rms_norm;
+pub mod rope;
+pub mod swiglu;
 
 pub use rms_norm::{rms_norm_backward, rms_norm_forward};
 
