@@ -97,8 +97,66 @@ impl RmsNormArgs {
     }
 }
 
-fn kernel_name<T: Dtype>(direction: &str, mode: CastingMode) -> String {
-    format!("rms_norm_{direction}_{}_{}", T::NAME, mode.name())
+/// Threads per block the vector kernels aim for (then more vectors per thread, up to 4).
+const VEC_THREADS: usize = 256;
+/// Vectors per thread the vector kernels exist for.
+const VEC_PER_THREAD: [usize; 3] = [1, 2, 4];
+
+/// Which kernel a call runs and with how many threads per block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    /// Scalar kernels, Liger's row-block shape (any alignment, any `cols`).
+    Scalar { threads: u32 },
+    /// 16-byte vector kernels `_v{per_thread}` (aligned rows, `cols` a multiple of the lanes).
+    Vector { per_thread: usize, threads: u32 },
+}
+
+impl Plan {
+    /// The vector plan when every pointer and row stride is 16-byte aligned and `cols` is a
+    /// multiple of the lanes per vector: the fewest vectors per thread that keep the block at
+    /// most `VEC_THREADS` threads, else the most vectors per thread if that needs at most
+    /// `max_threads`; otherwise the scalar plan.
+    fn choose<T: Dtype>(
+        settings: LaunchSettings,
+        cols: usize,
+        ptrs: &[u64],
+        strides: &[usize],
+        max_threads: usize,
+    ) -> Plan {
+        let size = std::mem::size_of::<T>();
+        let lanes = 16 / size;
+        let aligned = cols.is_multiple_of(lanes)
+            && ptrs.iter().all(|p| p.is_multiple_of(16))
+            && strides.iter().all(|s| (s * size).is_multiple_of(16));
+        let vecs = cols / lanes;
+        let threads = |k: usize| vecs.div_ceil(k).next_multiple_of(32);
+        let pick = |limit: usize| VEC_PER_THREAD.into_iter().find(|&k| threads(k) <= limit);
+        let most = VEC_PER_THREAD[VEC_PER_THREAD.len() - 1];
+        let wide = (threads(most) <= max_threads).then_some(most);
+        match pick(VEC_THREADS).or(wide) {
+            Some(k) if aligned => Plan::Vector {
+                per_thread: k,
+                threads: threads(k) as u32,
+            },
+            _ => Plan::Scalar {
+                threads: settings.threads(),
+            },
+        }
+    }
+
+    fn threads(self) -> u32 {
+        match self {
+            Plan::Scalar { threads } | Plan::Vector { threads, .. } => threads,
+        }
+    }
+
+    fn kernel<T: Dtype>(self, direction: &str, mode: CastingMode) -> String {
+        let variant = match self {
+            Plan::Scalar { .. } => String::new(),
+            Plan::Vector { per_thread, .. } => format!("v{per_thread}_"),
+        };
+        format!("rms_norm_{direction}_{variant}{}_{}", T::NAME, mode.name())
+    }
 }
 
 fn check_weight<T: Dtype>(
@@ -166,11 +224,18 @@ pub fn rms_norm_forward<T: Dtype>(
     if args.rows == 0 {
         return Ok(());
     }
-    let func = kernels(stream.context())?.function(&kernel_name::<T>("fwd", args.mode))?;
     let (x_ptr, _x) = x.device_ptr(stream);
     let (w_ptr, _w) = weight_ptr(stream, weight);
     let (y_ptr, _y) = y.device_ptr_mut(stream);
     let (r_ptr, _r) = rstd.device_ptr_mut(stream);
+    let plan = Plan::choose::<T>(
+        settings,
+        args.cols,
+        &[x_ptr, w_ptr, y_ptr],
+        &[args.x_stride, args.y_stride],
+        1024,
+    );
+    let func = kernels(stream.context())?.function(&plan.kernel::<T>("fwd", args.mode))?;
     disjoint(
         &[
             Region::new::<T>("y", y_ptr, y_span),
@@ -183,7 +248,7 @@ pub fn rms_norm_forward<T: Dtype>(
     )?;
     let cfg = LaunchConfig {
         grid_dim: (args.rows.min(i32::MAX as usize) as u32, 1, 1),
-        block_dim: (settings.threads(), 1, 1),
+        block_dim: (plan.threads(), 1, 1),
         shared_mem_bytes: REDUCE_SMEM_BYTES,
     };
     let (x_stride, y_stride) = (args.x_stride as u64, args.y_stride as u64);
@@ -295,8 +360,6 @@ fn backward<T: Dtype>(
         }
         return Ok(());
     }
-    let kernels = kernels(stream.context())?;
-    let func = kernels.function(&kernel_name::<T>("bwd", args.mode))?;
     let (x_ptr, _x) = x.device_ptr(stream);
     let (w_ptr, _w) = weight_ptr(stream, weight);
     let (r_ptr, _r) = rstd.device_ptr(stream);
@@ -327,14 +390,24 @@ fn backward<T: Dtype>(
         &inputs,
     )?;
 
-    let threads = settings.threads();
+    let plan = Plan::choose::<T>(
+        settings,
+        args.cols,
+        &[dy_ptr.unwrap_or(dx_ptr), x_ptr, w_ptr, dx_ptr],
+        &[args.x_stride, args.y_stride],
+        512,
+    );
+    let kernels = kernels(stream.context())?;
+    let func = kernels.function(&plan.kernel::<T>("bwd", args.mode))?;
+    let threads = plan.threads();
     let per_sm = func
         .occupancy_max_active_blocks_per_multiprocessor(threads, REDUCE_SMEM_BYTES as usize, None)?
         .max(1);
     let grid = args.rows.min((kernels.sm_count() * per_sm) as usize);
     let mut partial = match dw_ptr {
         0 => None,
-        // SAFETY: every element is written by its block's first row before it is read.
+        // SAFETY: every element is written by its block (the scalar kernel at its first row,
+        // the vector kernel at its end) before the reduction reads it.
         _ => Some(unsafe { stream.alloc::<f32>(grid * args.cols) }?),
     };
     let (p_ptr, _p) = match partial.as_mut() {
@@ -383,4 +456,56 @@ fn backward<T: Dtype>(
         unsafe { launch.launch(cfg) }?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16;
+
+    fn plan<T: Dtype>(cols: usize, ptrs: &[u64], strides: &[usize], max: usize) -> Plan {
+        Plan::choose::<T>(calculate_settings(cols).unwrap(), cols, ptrs, strides, max)
+    }
+
+    #[test]
+    fn vector_plan_needs_alignment_and_whole_vectors() {
+        let vector = |per_thread, threads| Plan::Vector {
+            per_thread,
+            threads,
+        };
+        assert_eq!(
+            plan::<bf16>(4096, &[256, 512], &[4096], 1024),
+            vector(2, 256)
+        );
+        assert_eq!(plan::<bf16>(2048, &[256], &[2048], 1024), vector(1, 256));
+        assert_eq!(plan::<f32>(4096, &[256], &[4096], 1024), vector(4, 256));
+        assert_eq!(plan::<bf16>(16384, &[256], &[16384], 1024), vector(4, 512));
+        assert_eq!(plan::<f32>(100, &[256], &[100], 1024), vector(1, 32));
+        // Misaligned pointer, odd stride, partial vector, too wide: the scalar kernels.
+        let scalar = |cols| Plan::Scalar {
+            threads: calculate_settings(cols).unwrap().threads(),
+        };
+        assert_eq!(plan::<bf16>(4096, &[256, 2], &[4096], 1024), scalar(4096));
+        assert_eq!(plan::<bf16>(4096, &[256], &[4100], 1024), scalar(4096));
+        assert_eq!(plan::<bf16>(4097, &[256], &[4097], 1024), scalar(4097));
+        assert_eq!(plan::<bf16>(16384, &[256], &[16384], 256), scalar(16384));
+        assert_eq!(plan::<bf16>(65536, &[256], &[65536], 1024), scalar(65536));
+    }
+
+    #[test]
+    fn kernel_names_match_the_device_crate() {
+        let v = Plan::Vector {
+            per_thread: 2,
+            threads: 256,
+        };
+        assert_eq!(
+            v.kernel::<bf16>("fwd", CastingMode::Gemma),
+            "rms_norm_fwd_v2_bf16_gemma"
+        );
+        let s = Plan::Scalar { threads: 128 };
+        assert_eq!(
+            s.kernel::<f32>("bwd", CastingMode::None),
+            "rms_norm_bwd_f32_none"
+        );
+    }
 }

@@ -28,12 +28,63 @@ pub mod mode {
     pub const NONE: u32 = 2;
 }
 
+/// 16 bytes, 16-byte aligned: the unit of vectorised loads and stores (`ld/st.global.v4.b32`).
+#[derive(Clone, Copy)]
+#[repr(C, align(16))]
+pub struct V16 {
+    /// Bytes 0..4.
+    pub a: u32,
+    /// Bytes 4..8.
+    pub b: u32,
+    /// Bytes 8..12.
+    pub c: u32,
+    /// Bytes 12..16.
+    pub d: u32,
+}
+
+impl V16 {
+    /// Loads 16 bytes from a 16-byte aligned address.
+    ///
+    /// # Safety
+    /// `p` must be valid for 16 bytes and 16-byte aligned.
+    #[inline(always)]
+    pub unsafe fn load(p: *const V16) -> V16 {
+        let r = unsafe { &*p };
+        V16 { a: r.a, b: r.b, c: r.c, d: r.d }
+    }
+
+    /// Stores 16 bytes to a 16-byte aligned address.
+    ///
+    /// # Safety
+    /// `p` must be valid for 16 bytes and 16-byte aligned.
+    #[inline(always)]
+    pub unsafe fn store(self, p: *mut V16) {
+        unsafe { *p = V16 { a: self.a, b: self.b, c: self.c, d: self.d } }
+    }
+
+    #[inline(always)]
+    fn word(&self, i: usize) -> u32 {
+        match i & 3 {
+            0 => self.a,
+            1 => self.b,
+            2 => self.c,
+            _ => self.d,
+        }
+    }
+}
+
 /// A storage element: widened to f32 for arithmetic, narrowed with round-to-nearest-even.
 pub trait Elem: Copy {
+    /// Elements per [`V16`].
+    const LANES: usize;
     /// Exact widening to f32.
     fn to_f32(self) -> f32;
     /// Round-to-nearest-even narrowing from f32 (NaN stays NaN).
     fn from_f32(v: f32) -> Self;
+    /// Lane `i` (< `LANES`) of a vector, widened.
+    fn lane(v: &V16, i: usize) -> f32;
+    /// Packs `LANES` values (rounded to this type) into a vector.
+    fn pack(v: &[f32; 8]) -> V16;
     /// `v` rounded to this type and widened back: the value an op "in D" produces.
     #[inline(always)]
     fn round(v: f32) -> f32 {
@@ -42,6 +93,7 @@ pub trait Elem: Copy {
 }
 
 impl Elem for f32 {
+    const LANES: usize = 4;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
@@ -50,9 +102,29 @@ impl Elem for f32 {
     fn from_f32(v: f32) -> Self {
         v
     }
+    #[inline(always)]
+    fn lane(v: &V16, i: usize) -> f32 {
+        f32::from_bits(v.word(i))
+    }
+    #[inline(always)]
+    fn pack(v: &[f32; 8]) -> V16 {
+        V16 { a: v[0].to_bits(), b: v[1].to_bits(), c: v[2].to_bits(), d: v[3].to_bits() }
+    }
+}
+
+/// Two 16-bit values in one word, element `2i` in the low half.
+#[inline(always)]
+fn pair(lo: u16, hi: u16) -> u32 {
+    lo as u32 | (hi as u32) << 16
+}
+
+#[inline(always)]
+fn half_word(v: &V16, i: usize) -> u16 {
+    (v.word(i >> 1) >> ((i & 1) * 16)) as u16
 }
 
 impl Elem for f16 {
+    const LANES: usize = 8;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self as f32
@@ -60,6 +132,15 @@ impl Elem for f16 {
     #[inline(always)]
     fn from_f32(v: f32) -> Self {
         v as f16
+    }
+    #[inline(always)]
+    fn lane(v: &V16, i: usize) -> f32 {
+        f16::from_bits(half_word(v, i)) as f32
+    }
+    #[inline(always)]
+    fn pack(v: &[f32; 8]) -> V16 {
+        let h = |i: usize| (v[i] as f16).to_bits();
+        V16 { a: pair(h(0), h(1)), b: pair(h(2), h(3)), c: pair(h(4), h(5)), d: pair(h(6), h(7)) }
     }
 }
 
@@ -69,6 +150,16 @@ impl Elem for f16 {
 pub struct Bf16(pub u16);
 
 impl Elem for Bf16 {
+    const LANES: usize = 8;
+    #[inline(always)]
+    fn lane(v: &V16, i: usize) -> f32 {
+        Bf16(half_word(v, i)).to_f32()
+    }
+    #[inline(always)]
+    fn pack(v: &[f32; 8]) -> V16 {
+        let h = |i: usize| Bf16::from_f32(v[i]).0;
+        V16 { a: pair(h(0), h(1)), b: pair(h(2), h(3)), c: pair(h(4), h(5)), d: pair(h(6), h(7)) }
+    }
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f32::from_bits((self.0 as u32) << 16)
@@ -153,6 +244,17 @@ pub fn block_sum(v: f32) -> f32 {
         0.0
     };
     warp_sum(partial)
+}
+
+/// Calls `f(0), f(1), …, f(N − 1)` as straight-line code (`N ≤ 8`), so that arrays indexed by
+/// the argument get constant indices and stay in registers (a `for` loop over a small array is
+/// not always unrolled, and a dynamically indexed array lives in local memory).
+#[inline(always)]
+pub fn unroll<const N: usize>(mut f: impl FnMut(usize)) {
+    macro_rules! step {
+        ($($i:literal)*) => { $( if N > $i { f($i); } )* };
+    }
+    step!(0 1 2 3 4 5 6 7);
 }
 
 /// Correctly rounded square root (`sqrt.rn.f32`).

@@ -5,7 +5,15 @@
 //! writes `dx` (possibly over `dy`: every element is read before the same thread writes it) and,
 //! when there is a weight, accumulates its dW contribution into one f32 partial row per block,
 //! which `rms_norm_dw_reduce_*` sums over blocks in a fixed order.
-use crate::{Bf16, Elem, block_dim, block_idx, block_sum, grid_dim, mode, sqrt, thread_idx};
+//!
+//! The `_v{K}` kernels are the fast path for rows of 16-byte aligned vectors (`cols` a multiple
+//! of the lanes per vector, aligned pointers and strides): thread `t` owns vectors
+//! `t, t + nt, …, t + (K − 1)·nt` of every row and keeps them in registers, so `x` (and `dy`) is
+//! read once with 16-byte loads. The vector backward is persistent: each block keeps its dW
+//! partial in registers across all its rows and writes it once at the end.
+use crate::{
+    Bf16, Elem, V16, block_dim, block_idx, block_sum, grid_dim, mode, sqrt, thread_idx, unroll,
+};
 
 /// Per-row inverse RMS from the row's sum of squares, with the mode's cast points.
 #[inline(always)]
@@ -139,6 +147,154 @@ unsafe fn backward<T: Elem, const MODE: u32>(
     }
 }
 
+const ZERO: V16 = V16 { a: 0, b: 0, c: 0, d: 0 };
+
+/// Loads this thread's `K` vectors of a row (vectors past `vecs` read as zeros).
+#[inline(always)]
+unsafe fn load_row<const K: usize>(row: *const V16, vecs: usize) -> [V16; K] {
+    let (tid, nt) = (thread_idx(), block_dim());
+    let mut v = [ZERO; K];
+    unroll::<K>(|k| {
+        let j = tid + k * nt;
+        if j < vecs {
+            v[k] = unsafe { V16::load(row.add(j)) };
+        }
+    });
+    v
+}
+
+/// Calls `f(i)` for each lane `i < T::LANES` as straight-line code.
+#[inline(always)]
+fn lanes<T: Elem>(mut f: impl FnMut(usize)) {
+    unroll::<8>(|i| {
+        if i < T::LANES {
+            f(i)
+        }
+    });
+}
+
+#[inline(always)]
+unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize>(
+    x: *const T,
+    x_stride: usize,
+    w: *const T,
+    y: *mut T,
+    y_stride: usize,
+    rstd: *mut f32,
+    rows: usize,
+    cols: usize,
+    eps: f32,
+    offset: f32,
+) {
+    let (tid, nt) = (thread_idx(), block_dim());
+    let vecs = cols / T::LANES;
+    let has_w = !w.is_null();
+    let wv = if has_w { unsafe { load_row::<K>(w as *const V16, vecs) } } else { [ZERO; K] };
+    let mut row = block_idx();
+    while row < rows {
+        let xv = unsafe { load_row::<K>(x.add(row * x_stride) as *const V16, vecs) };
+        let mut acc = 0.0f32;
+        unroll::<K>(|k| {
+            lanes::<T>(|i| {
+                let e = T::lane(&xv[k], i);
+                acc += if MODE == mode::NONE { T::round(e * e) } else { e * e };
+            })
+        });
+        let r = inverse_rms::<T, MODE>(block_sum(acc), cols, eps);
+        if tid == 0 {
+            unsafe { *rstd.add(row) = r };
+        }
+        let yr = unsafe { y.add(row * y_stride) } as *mut V16;
+        unroll::<K>(|k| {
+            let j = tid + k * nt;
+            if j < vecs {
+                let mut out = [0.0f32; 8];
+                lanes::<T>(|i| {
+                    let v = T::lane(&xv[k], i);
+                    let wc = T::lane(&wv[k], i);
+                    out[i] = match (has_w, MODE) {
+                        (false, _) => v * r,
+                        (true, mode::LLAMA) => T::round(v * r) * (offset + wc),
+                        (true, mode::GEMMA) => v * r * (offset + wc),
+                        (true, _) => T::round(v * r) * T::round(T::round(offset) + wc),
+                    };
+                });
+                unsafe { T::pack(&out).store(yr.add(j)) };
+            }
+        });
+        row += grid_dim();
+    }
+}
+
+#[inline(always)]
+unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize>(
+    dy: *const T,
+    dy_stride: usize,
+    x: *const T,
+    x_stride: usize,
+    w: *const T,
+    rstd: *const f32,
+    dx: *mut T,
+    dx_stride: usize,
+    dw_partial: *mut f32,
+    rows: usize,
+    cols: usize,
+    offset: f32,
+) {
+    let (tid, nt) = (thread_idx(), block_dim());
+    let vecs = cols / T::LANES;
+    let has_w = !w.is_null();
+    let wv = if has_w { unsafe { load_row::<K>(w as *const V16, vecs) } } else { [ZERO; K] };
+    let wc = |k: usize, i: usize| if has_w { Some(T::lane(&wv[k], i)) } else { None };
+    let mut dw_acc = [[0.0f32; 8]; K];
+    let mut row = block_idx();
+    while row < rows {
+        let gv = unsafe { load_row::<K>(dy.add(row * dy_stride) as *const V16, vecs) };
+        let xv = unsafe { load_row::<K>(x.add(row * x_stride) as *const V16, vecs) };
+        let r = unsafe { *rstd.add(row) };
+        let mut acc = 0.0f32;
+        unroll::<K>(|k| {
+            lanes::<T>(|i| {
+                let m = scaled_grad::<T, MODE>(T::lane(&gv[k], i), wc(k, i), offset);
+                acc += m * T::lane(&xv[k], i);
+            })
+        });
+        let dot = block_sum(acc);
+        let coef = r * r * r * dot / cols as f32;
+        let dxr = unsafe { dx.add(row * dx_stride) } as *mut V16;
+        unroll::<K>(|k| {
+            let j = tid + k * nt;
+            if j < vecs {
+                let mut out = [0.0f32; 8];
+                lanes::<T>(|i| {
+                    let (g, v) = (T::lane(&gv[k], i), T::lane(&xv[k], i));
+                    out[i] = r * scaled_grad::<T, MODE>(g, wc(k, i), offset) - coef * v;
+                    let normed = if MODE == mode::LLAMA { T::round(v * r) } else { v * r };
+                    dw_acc[k][i] += g * normed;
+                });
+                unsafe { T::pack(&out).store(dxr.add(j)) };
+            }
+        });
+        row += grid_dim();
+    }
+    if has_w {
+        let part = unsafe { dw_partial.add(block_idx() * cols) };
+        unroll::<K>(|k| {
+            let j = tid + k * nt;
+            if j < vecs {
+                let p = unsafe { part.add(j * T::LANES) } as *mut V16;
+                let acc = &dw_acc[k];
+                let lo = [acc[0], acc[1], acc[2], acc[3], 0.0, 0.0, 0.0, 0.0];
+                unsafe { f32::pack(&lo).store(p) };
+                if T::LANES == 8 {
+                    let hi = [acc[4], acc[5], acc[6], acc[7], 0.0, 0.0, 0.0, 0.0];
+                    unsafe { f32::pack(&hi).store(p.add(1)) };
+                }
+            }
+        });
+    }
+}
+
 /// `dw[c] = D(Σ_b partial[b][c])`, summed over blocks in index order (deterministic).
 #[inline(always)]
 unsafe fn dw_reduce<T: Elem>(partial: *const f32, parts: usize, cols: usize, dw: *mut T) {
@@ -260,3 +416,97 @@ macro_rules! dw_reduce_kernel {
 dw_reduce_kernel!(f32, rms_norm_dw_reduce_f32);
 dw_reduce_kernel!(f16, rms_norm_dw_reduce_f16);
 dw_reduce_kernel!(Bf16, rms_norm_dw_reduce_bf16);
+
+macro_rules! rms_norm_vec_kernels {
+    ($ty:ty, $mode:expr, $k:literal, $fwd:ident, $bwd:ident) => {
+        /// Vectorised RMSNorm forward (`K` vectors of 16 bytes per thread, see the module docs).
+        ///
+        /// # Safety
+        /// As the scalar forward, and every row, `w` and `y` row start 16-byte aligned with
+        /// `cols` a multiple of the lanes per vector.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "gpu-kernel" fn $fwd(
+            x: *const $ty,
+            x_stride: u64,
+            w: *const $ty,
+            y: *mut $ty,
+            y_stride: u64,
+            rstd: *mut f32,
+            rows: u64,
+            cols: u64,
+            eps: f32,
+            offset: f32,
+        ) {
+            unsafe {
+                forward_vec::<$ty, { $mode }, $k>(
+                    x,
+                    x_stride as usize,
+                    w,
+                    y,
+                    y_stride as usize,
+                    rstd,
+                    rows as usize,
+                    cols as usize,
+                    eps,
+                    offset,
+                )
+            }
+        }
+
+        /// Vectorised persistent RMSNorm backward (see the module docs).
+        ///
+        /// # Safety
+        /// As the scalar backward, with the forward's alignment rules for `dy`, `x`, `w`, `dx`;
+        /// `dw_partial` holds `gridDim.x × cols` f32 when `w` is not null.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "gpu-kernel" fn $bwd(
+            dy: *const $ty,
+            dy_stride: u64,
+            x: *const $ty,
+            x_stride: u64,
+            w: *const $ty,
+            rstd: *const f32,
+            dx: *mut $ty,
+            dx_stride: u64,
+            dw_partial: *mut f32,
+            rows: u64,
+            cols: u64,
+            offset: f32,
+        ) {
+            unsafe {
+                backward_vec::<$ty, { $mode }, $k>(
+                    dy,
+                    dy_stride as usize,
+                    x,
+                    x_stride as usize,
+                    w,
+                    rstd,
+                    dx,
+                    dx_stride as usize,
+                    dw_partial,
+                    rows as usize,
+                    cols as usize,
+                    offset,
+                )
+            }
+        }
+    };
+}
+
+macro_rules! rms_norm_vec_family {
+    ($ty:ty, $mode:expr, $f1:ident, $b1:ident, $f2:ident, $b2:ident, $f4:ident, $b4:ident) => {
+        rms_norm_vec_kernels!($ty, $mode, 1, $f1, $b1);
+        rms_norm_vec_kernels!($ty, $mode, 2, $f2, $b2);
+        rms_norm_vec_kernels!($ty, $mode, 4, $f4, $b4);
+    };
+}
+
+rms_norm_vec_family!(f32, mode::LLAMA, rms_norm_fwd_v1_f32_llama, rms_norm_bwd_v1_f32_llama, rms_norm_fwd_v2_f32_llama, rms_norm_bwd_v2_f32_llama, rms_norm_fwd_v4_f32_llama, rms_norm_bwd_v4_f32_llama);
+rms_norm_vec_family!(f32, mode::GEMMA, rms_norm_fwd_v1_f32_gemma, rms_norm_bwd_v1_f32_gemma, rms_norm_fwd_v2_f32_gemma, rms_norm_bwd_v2_f32_gemma, rms_norm_fwd_v4_f32_gemma, rms_norm_bwd_v4_f32_gemma);
+rms_norm_vec_family!(f32, mode::NONE, rms_norm_fwd_v1_f32_none, rms_norm_bwd_v1_f32_none, rms_norm_fwd_v2_f32_none, rms_norm_bwd_v2_f32_none, rms_norm_fwd_v4_f32_none, rms_norm_bwd_v4_f32_none);
+rms_norm_vec_family!(f16, mode::LLAMA, rms_norm_fwd_v1_f16_llama, rms_norm_bwd_v1_f16_llama, rms_norm_fwd_v2_f16_llama, rms_norm_bwd_v2_f16_llama, rms_norm_fwd_v4_f16_llama, rms_norm_bwd_v4_f16_llama);
+rms_norm_vec_family!(f16, mode::GEMMA, rms_norm_fwd_v1_f16_gemma, rms_norm_bwd_v1_f16_gemma, rms_norm_fwd_v2_f16_gemma, rms_norm_bwd_v2_f16_gemma, rms_norm_fwd_v4_f16_gemma, rms_norm_bwd_v4_f16_gemma);
+rms_norm_vec_family!(f16, mode::NONE, rms_norm_fwd_v1_f16_none, rms_norm_bwd_v1_f16_none, rms_norm_fwd_v2_f16_none, rms_norm_bwd_v2_f16_none, rms_norm_fwd_v4_f16_none, rms_norm_bwd_v4_f16_none);
+rms_norm_vec_family!(Bf16, mode::LLAMA, rms_norm_fwd_v1_bf16_llama, rms_norm_bwd_v1_bf16_llama, rms_norm_fwd_v2_bf16_llama, rms_norm_bwd_v2_bf16_llama, rms_norm_fwd_v4_bf16_llama, rms_norm_bwd_v4_bf16_llama);
+rms_norm_vec_family!(Bf16, mode::GEMMA, rms_norm_fwd_v1_bf16_gemma, rms_norm_bwd_v1_bf16_gemma, rms_norm_fwd_v2_bf16_gemma, rms_norm_bwd_v2_bf16_gemma, rms_norm_fwd_v4_bf16_gemma, rms_norm_bwd_v4_bf16_gemma);
+rms_norm_vec_family!(Bf16, mode::NONE, rms_norm_fwd_v1_bf16_none, rms_norm_bwd_v1_bf16_none, rms_norm_fwd_v2_bf16_none, rms_norm_bwd_v2_bf16_none, rms_norm_fwd_v4_bf16_none, rms_norm_bwd_v4_bf16_none);
