@@ -4,7 +4,7 @@ use crate::CastingMode;
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
 use crate::launch::{Region, at_least, disjoint, exactly, same_context, span};
-use crate::module::kernels;
+use crate::module::{Kernels, kernels};
 use crate::settings::{LaunchSettings, calculate_settings};
 use cudarc::driver::{
     CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
@@ -97,10 +97,13 @@ impl RmsNormArgs {
     }
 }
 
-/// Threads per block the vector kernels aim for (then more vectors per thread, up to 4).
+/// Threads per block the vector kernels aim for (then more vectors per thread).
 const VEC_THREADS: usize = 256;
-/// Vectors per thread the vector kernels exist for.
-const VEC_PER_THREAD: [usize; 3] = [1, 2, 4];
+/// Vectors per thread of the forward vector kernels (`rms_norm_fwd_v{K}_*`).
+const FWD_PER_THREAD: &[usize] = &[1, 2, 4];
+/// Vectors per thread of the backward vector kernels (`rms_norm_bwd_v{K}_*`): its dW
+/// accumulators need the registers a fourth vector would take.
+const BWD_PER_THREAD: &[usize] = &[1, 2];
 
 /// Which kernel a call runs and with how many threads per block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,35 +116,46 @@ enum Plan {
 
 impl Plan {
     /// The vector plan when every pointer and row stride is 16-byte aligned and `cols` is a
-    /// multiple of the lanes per vector: the fewest vectors per thread that keep the block at
-    /// most `VEC_THREADS` threads, else the most vectors per thread if that needs at most
-    /// `max_threads`; otherwise the scalar plan.
+    /// multiple of the lanes per vector: the fewest vectors per thread (from `per_thread`) that
+    /// keep the block at most `VEC_THREADS` threads, else the most vectors per thread whose
+    /// block fits; `capacity(k)` is the most threads per block the `_v{k}` kernel can launch
+    /// with (its register use decides). Otherwise the scalar plan.
     fn choose<T: Dtype>(
         settings: LaunchSettings,
         cols: usize,
         ptrs: &[u64],
         strides: &[usize],
-        max_threads: usize,
-    ) -> Plan {
+        per_thread: &[usize],
+        capacity: impl Fn(usize) -> Result<usize>,
+    ) -> Result<Plan> {
+        let scalar = Plan::Scalar {
+            threads: settings.threads(),
+        };
         let size = std::mem::size_of::<T>();
         let lanes = 16 / size;
         let aligned = cols.is_multiple_of(lanes)
             && ptrs.iter().all(|p| p.is_multiple_of(16))
             && strides.iter().all(|s| (s * size).is_multiple_of(16));
+        if !aligned {
+            return Ok(scalar);
+        }
         let vecs = cols / lanes;
         let threads = |k: usize| vecs.div_ceil(k).next_multiple_of(32);
-        let pick = |limit: usize| VEC_PER_THREAD.into_iter().find(|&k| threads(k) <= limit);
-        let most = VEC_PER_THREAD[VEC_PER_THREAD.len() - 1];
-        let wide = (threads(most) <= max_threads).then_some(most);
-        match pick(VEC_THREADS).or(wide) {
-            Some(k) if aligned => Plan::Vector {
-                per_thread: k,
-                threads: threads(k) as u32,
-            },
-            _ => Plan::Scalar {
-                threads: settings.threads(),
-            },
+        let vector = |k: usize| Plan::Vector {
+            per_thread: k,
+            threads: threads(k) as u32,
+        };
+        for &k in per_thread {
+            if threads(k) <= VEC_THREADS.min(capacity(k)?) {
+                return Ok(vector(k));
+            }
         }
+        for &k in per_thread.iter().rev() {
+            if threads(k) <= capacity(k)? {
+                return Ok(vector(k));
+            }
+        }
+        Ok(scalar)
     }
 
     fn threads(self) -> u32 {
@@ -151,12 +165,28 @@ impl Plan {
     }
 
     fn kernel<T: Dtype>(self, direction: &str, mode: CastingMode) -> String {
-        let variant = match self {
-            Plan::Scalar { .. } => String::new(),
-            Plan::Vector { per_thread, .. } => format!("v{per_thread}_"),
-        };
-        format!("rms_norm_{direction}_{variant}{}_{}", T::NAME, mode.name())
+        match self {
+            Plan::Scalar { .. } => scalar_kernel::<T>(direction, mode),
+            Plan::Vector { per_thread, .. } => vector_kernel::<T>(direction, per_thread, mode),
+        }
     }
+}
+
+fn scalar_kernel<T: Dtype>(direction: &str, mode: CastingMode) -> String {
+    format!("rms_norm_{direction}_{}_{}", T::NAME, mode.name())
+}
+
+fn vector_kernel<T: Dtype>(direction: &str, per_thread: usize, mode: CastingMode) -> String {
+    format!(
+        "rms_norm_{direction}_v{per_thread}_{}_{}",
+        T::NAME,
+        mode.name()
+    )
+}
+
+/// Most threads per block the named kernel can launch with (fewer when it uses many registers).
+fn capacity(kernels: &Kernels, name: &str) -> Result<usize> {
+    Ok(kernels.function(name)?.max_threads_per_block()?.max(0) as usize)
 }
 
 fn check_weight<T: Dtype>(
@@ -228,14 +258,16 @@ pub fn rms_norm_forward<T: Dtype>(
     let (w_ptr, _w) = weight_ptr(stream, weight);
     let (y_ptr, _y) = y.device_ptr_mut(stream);
     let (r_ptr, _r) = rstd.device_ptr_mut(stream);
+    let kernels = kernels(stream.context())?;
     let plan = Plan::choose::<T>(
         settings,
         args.cols,
         &[x_ptr, w_ptr, y_ptr],
         &[args.x_stride, args.y_stride],
-        1024,
-    );
-    let func = kernels(stream.context())?.function(&plan.kernel::<T>("fwd", args.mode))?;
+        FWD_PER_THREAD,
+        |k| capacity(&kernels, &vector_kernel::<T>("fwd", k, args.mode)),
+    )?;
+    let func = kernels.function(&plan.kernel::<T>("fwd", args.mode))?;
     disjoint(
         &[
             Region::new::<T>("y", y_ptr, y_span),
@@ -390,14 +422,15 @@ fn backward<T: Dtype>(
         &inputs,
     )?;
 
+    let kernels = kernels(stream.context())?;
     let plan = Plan::choose::<T>(
         settings,
         args.cols,
         &[dy_ptr.unwrap_or(dx_ptr), x_ptr, w_ptr, dx_ptr],
         &[args.x_stride, args.y_stride],
-        512,
-    );
-    let kernels = kernels(stream.context())?;
+        BWD_PER_THREAD,
+        |k| capacity(&kernels, &vector_kernel::<T>("bwd", k, args.mode)),
+    )?;
     let func = kernels.function(&plan.kernel::<T>("bwd", args.mode))?;
     let threads = plan.threads();
     let per_sm = func
@@ -463,8 +496,9 @@ mod tests {
     use super::*;
     use half::bf16;
 
-    fn plan<T: Dtype>(cols: usize, ptrs: &[u64], strides: &[usize], max: usize) -> Plan {
-        Plan::choose::<T>(calculate_settings(cols).unwrap(), cols, ptrs, strides, max)
+    fn plan<T: Dtype>(cols: usize, ptrs: &[u64], strides: &[usize], cap: usize) -> Plan {
+        let settings = calculate_settings(cols).unwrap();
+        Plan::choose::<T>(settings, cols, ptrs, strides, FWD_PER_THREAD, |_| Ok(cap)).unwrap()
     }
 
     #[test]
@@ -481,14 +515,16 @@ mod tests {
         assert_eq!(plan::<f32>(4096, &[256], &[4096], 1024), vector(4, 256));
         assert_eq!(plan::<bf16>(16384, &[256], &[16384], 1024), vector(4, 512));
         assert_eq!(plan::<f32>(100, &[256], &[100], 1024), vector(1, 32));
+        // A kernel whose registers allow only 256 threads caps the choice.
+        assert_eq!(plan::<bf16>(11008, &[256], &[11008], 1024), vector(4, 352));
         // Misaligned pointer, odd stride, partial vector, too wide: the scalar kernels.
         let scalar = |cols| Plan::Scalar {
             threads: calculate_settings(cols).unwrap().threads(),
         };
+        assert_eq!(plan::<bf16>(11008, &[256], &[11008], 256), scalar(11008));
         assert_eq!(plan::<bf16>(4096, &[256, 2], &[4096], 1024), scalar(4096));
         assert_eq!(plan::<bf16>(4096, &[256], &[4100], 1024), scalar(4096));
         assert_eq!(plan::<bf16>(4097, &[256], &[4097], 1024), scalar(4097));
-        assert_eq!(plan::<bf16>(16384, &[256], &[16384], 256), scalar(16384));
         assert_eq!(plan::<bf16>(65536, &[256], &[65536], 1024), scalar(65536));
     }
 

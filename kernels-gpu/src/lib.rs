@@ -9,14 +9,14 @@
 //! block-wide reduction. One file per op holds that op's kernels.
 #![no_std]
 #![feature(abi_gpu_kernel, f16, link_llvm_intrinsics, core_intrinsics, gpu_intrinsics)]
-#![feature(gpu_launch_sized_workgroup_mem, stdarch_nvptx)]
+#![feature(gpu_launch_sized_workgroup_mem, stdarch_nvptx, asm_experimental_arch)]
 #![allow(internal_features)]
 
 pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;
 
-use core::arch::nvptx;
+use core::arch::{asm, nvptx};
 
 /// Casting modes, as const-generic parameters of the kernels (must match the host's order).
 pub mod mode {
@@ -112,10 +112,28 @@ impl Elem for f32 {
     }
 }
 
-/// Two 16-bit values in one word, element `2i` in the low half.
+/// `lo` and `hi` rounded to f16 (RNE) and packed, `lo` in the low half (`cvt.rn.f16x2.f32`).
 #[inline(always)]
-fn pair(lo: u16, hi: u16) -> u32 {
-    lo as u32 | (hi as u32) << 16
+fn f16x2(lo: f32, hi: f32) -> u32 {
+    let d: u32;
+    // SAFETY: a pure register conversion (PTX ≥ 7.0, sm_80).
+    unsafe {
+        asm!("cvt.rn.f16x2.f32 {d}, {hi}, {lo};", d = out(reg32) d, hi = in(reg32) hi, lo = in(reg32) lo,
+             options(pure, nomem, nostack))
+    };
+    d
+}
+
+/// `lo` and `hi` rounded to bf16 (RNE) and packed, `lo` in the low half (`cvt.rn.bf16x2.f32`).
+#[inline(always)]
+fn bf16x2(lo: f32, hi: f32) -> u32 {
+    let d: u32;
+    // SAFETY: a pure register conversion (PTX ≥ 7.0, sm_80).
+    unsafe {
+        asm!("cvt.rn.bf16x2.f32 {d}, {hi}, {lo};", d = out(reg32) d, hi = in(reg32) hi, lo = in(reg32) lo,
+             options(pure, nomem, nostack))
+    };
+    d
 }
 
 #[inline(always)]
@@ -139,8 +157,7 @@ impl Elem for f16 {
     }
     #[inline(always)]
     fn pack(v: &[f32; 8]) -> V16 {
-        let h = |i: usize| (v[i] as f16).to_bits();
-        V16 { a: pair(h(0), h(1)), b: pair(h(2), h(3)), c: pair(h(4), h(5)), d: pair(h(6), h(7)) }
+        V16 { a: f16x2(v[0], v[1]), b: f16x2(v[2], v[3]), c: f16x2(v[4], v[5]), d: f16x2(v[6], v[7]) }
     }
 }
 
@@ -157,22 +174,21 @@ impl Elem for Bf16 {
     }
     #[inline(always)]
     fn pack(v: &[f32; 8]) -> V16 {
-        let h = |i: usize| Bf16::from_f32(v[i]).0;
-        V16 { a: pair(h(0), h(1)), b: pair(h(2), h(3)), c: pair(h(4), h(5)), d: pair(h(6), h(7)) }
+        V16 {
+            a: bf16x2(v[0], v[1]),
+            b: bf16x2(v[2], v[3]),
+            c: bf16x2(v[4], v[5]),
+            d: bf16x2(v[6], v[7]),
+        }
     }
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f32::from_bits((self.0 as u32) << 16)
     }
+    /// `cvt.rn.bf16.f32` (one instruction; NaN becomes the canonical quiet NaN).
     #[inline(always)]
     fn from_f32(v: f32) -> Self {
-        let u = v.to_bits();
-        if v != v {
-            // Quiet NaN with the sign kept.
-            return Bf16(((u >> 16) | 0x0040) as u16);
-        }
-        let rounded = u.wrapping_add(0x7FFF + ((u >> 16) & 1));
-        Bf16((rounded >> 16) as u16)
+        Bf16(bf16x2(v, 0.0) as u16)
     }
 }
 

@@ -244,11 +244,12 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize>(
     let (tid, nt) = (thread_idx(), block_dim());
     let vecs = cols / T::LANES;
     let has_w = !w.is_null();
-    let wv = if has_w { unsafe { load_row::<K>(w as *const V16, vecs) } } else { [ZERO; K] };
-    let wc = |k: usize, i: usize| if has_w { Some(T::lane(&wv[k], i)) } else { None };
     let mut dw_acc = [[0.0f32; 8]; K];
     let mut row = block_idx();
     while row < rows {
+        // w is re-read every row (an L1 hit) rather than held: registers go to dW instead.
+        let wv = if has_w { unsafe { load_row::<K>(w as *const V16, vecs) } } else { [ZERO; K] };
+        let wc = |k: usize, i: usize| if has_w { Some(T::lane(&wv[k], i)) } else { None };
         let gv = unsafe { load_row::<K>(dy.add(row * dy_stride) as *const V16, vecs) };
         let xv = unsafe { load_row::<K>(x.add(row * x_stride) as *const V16, vecs) };
         let r = unsafe { *rstd.add(row) };
@@ -417,8 +418,8 @@ dw_reduce_kernel!(f32, rms_norm_dw_reduce_f32);
 dw_reduce_kernel!(f16, rms_norm_dw_reduce_f16);
 dw_reduce_kernel!(Bf16, rms_norm_dw_reduce_bf16);
 
-macro_rules! rms_norm_vec_kernels {
-    ($ty:ty, $mode:expr, $k:literal, $fwd:ident, $bwd:ident) => {
+macro_rules! rms_norm_vec_fwd {
+    ($ty:ty, $mode:expr, $k:literal, $fwd:ident) => {
         /// Vectorised RMSNorm forward (`K` vectors of 16 bytes per thread, see the module docs).
         ///
         /// # Safety
@@ -453,6 +454,11 @@ macro_rules! rms_norm_vec_kernels {
             }
         }
 
+    };
+}
+
+macro_rules! rms_norm_vec_bwd {
+    ($ty:ty, $mode:expr, $k:literal, $bwd:ident) => {
         /// Vectorised persistent RMSNorm backward (see the module docs).
         ///
         /// # Safety
@@ -493,20 +499,95 @@ macro_rules! rms_norm_vec_kernels {
     };
 }
 
+/// Vector kernels per dtype and mode: forward with 1, 2, 4 vectors per thread, backward with
+/// 1 and 2 (its dW accumulators need the registers).
 macro_rules! rms_norm_vec_family {
-    ($ty:ty, $mode:expr, $f1:ident, $b1:ident, $f2:ident, $b2:ident, $f4:ident, $b4:ident) => {
-        rms_norm_vec_kernels!($ty, $mode, 1, $f1, $b1);
-        rms_norm_vec_kernels!($ty, $mode, 2, $f2, $b2);
-        rms_norm_vec_kernels!($ty, $mode, 4, $f4, $b4);
+    ($ty:ty, $mode:expr, $f1:ident, $b1:ident, $f2:ident, $b2:ident, $f4:ident) => {
+        rms_norm_vec_fwd!($ty, $mode, 1, $f1);
+        rms_norm_vec_fwd!($ty, $mode, 2, $f2);
+        rms_norm_vec_fwd!($ty, $mode, 4, $f4);
+        rms_norm_vec_bwd!($ty, $mode, 1, $b1);
+        rms_norm_vec_bwd!($ty, $mode, 2, $b2);
     };
 }
-
-rms_norm_vec_family!(f32, mode::LLAMA, rms_norm_fwd_v1_f32_llama, rms_norm_bwd_v1_f32_llama, rms_norm_fwd_v2_f32_llama, rms_norm_bwd_v2_f32_llama, rms_norm_fwd_v4_f32_llama, rms_norm_bwd_v4_f32_llama);
-rms_norm_vec_family!(f32, mode::GEMMA, rms_norm_fwd_v1_f32_gemma, rms_norm_bwd_v1_f32_gemma, rms_norm_fwd_v2_f32_gemma, rms_norm_bwd_v2_f32_gemma, rms_norm_fwd_v4_f32_gemma, rms_norm_bwd_v4_f32_gemma);
-rms_norm_vec_family!(f32, mode::NONE, rms_norm_fwd_v1_f32_none, rms_norm_bwd_v1_f32_none, rms_norm_fwd_v2_f32_none, rms_norm_bwd_v2_f32_none, rms_norm_fwd_v4_f32_none, rms_norm_bwd_v4_f32_none);
-rms_norm_vec_family!(f16, mode::LLAMA, rms_norm_fwd_v1_f16_llama, rms_norm_bwd_v1_f16_llama, rms_norm_fwd_v2_f16_llama, rms_norm_bwd_v2_f16_llama, rms_norm_fwd_v4_f16_llama, rms_norm_bwd_v4_f16_llama);
-rms_norm_vec_family!(f16, mode::GEMMA, rms_norm_fwd_v1_f16_gemma, rms_norm_bwd_v1_f16_gemma, rms_norm_fwd_v2_f16_gemma, rms_norm_bwd_v2_f16_gemma, rms_norm_fwd_v4_f16_gemma, rms_norm_bwd_v4_f16_gemma);
-rms_norm_vec_family!(f16, mode::NONE, rms_norm_fwd_v1_f16_none, rms_norm_bwd_v1_f16_none, rms_norm_fwd_v2_f16_none, rms_norm_bwd_v2_f16_none, rms_norm_fwd_v4_f16_none, rms_norm_bwd_v4_f16_none);
-rms_norm_vec_family!(Bf16, mode::LLAMA, rms_norm_fwd_v1_bf16_llama, rms_norm_bwd_v1_bf16_llama, rms_norm_fwd_v2_bf16_llama, rms_norm_bwd_v2_bf16_llama, rms_norm_fwd_v4_bf16_llama, rms_norm_bwd_v4_bf16_llama);
-rms_norm_vec_family!(Bf16, mode::GEMMA, rms_norm_fwd_v1_bf16_gemma, rms_norm_bwd_v1_bf16_gemma, rms_norm_fwd_v2_bf16_gemma, rms_norm_bwd_v2_bf16_gemma, rms_norm_fwd_v4_bf16_gemma, rms_norm_bwd_v4_bf16_gemma);
-rms_norm_vec_family!(Bf16, mode::NONE, rms_norm_fwd_v1_bf16_none, rms_norm_bwd_v1_bf16_none, rms_norm_fwd_v2_bf16_none, rms_norm_bwd_v2_bf16_none, rms_norm_fwd_v4_bf16_none, rms_norm_bwd_v4_bf16_none);
+rms_norm_vec_family!(
+    f32,
+    mode::LLAMA,
+    rms_norm_fwd_v1_f32_llama,
+    rms_norm_bwd_v1_f32_llama,
+    rms_norm_fwd_v2_f32_llama,
+    rms_norm_bwd_v2_f32_llama,
+    rms_norm_fwd_v4_f32_llama
+);
+rms_norm_vec_family!(
+    f32,
+    mode::GEMMA,
+    rms_norm_fwd_v1_f32_gemma,
+    rms_norm_bwd_v1_f32_gemma,
+    rms_norm_fwd_v2_f32_gemma,
+    rms_norm_bwd_v2_f32_gemma,
+    rms_norm_fwd_v4_f32_gemma
+);
+rms_norm_vec_family!(
+    f32,
+    mode::NONE,
+    rms_norm_fwd_v1_f32_none,
+    rms_norm_bwd_v1_f32_none,
+    rms_norm_fwd_v2_f32_none,
+    rms_norm_bwd_v2_f32_none,
+    rms_norm_fwd_v4_f32_none
+);
+rms_norm_vec_family!(
+    f16,
+    mode::LLAMA,
+    rms_norm_fwd_v1_f16_llama,
+    rms_norm_bwd_v1_f16_llama,
+    rms_norm_fwd_v2_f16_llama,
+    rms_norm_bwd_v2_f16_llama,
+    rms_norm_fwd_v4_f16_llama
+);
+rms_norm_vec_family!(
+    f16,
+    mode::GEMMA,
+    rms_norm_fwd_v1_f16_gemma,
+    rms_norm_bwd_v1_f16_gemma,
+    rms_norm_fwd_v2_f16_gemma,
+    rms_norm_bwd_v2_f16_gemma,
+    rms_norm_fwd_v4_f16_gemma
+);
+rms_norm_vec_family!(
+    f16,
+    mode::NONE,
+    rms_norm_fwd_v1_f16_none,
+    rms_norm_bwd_v1_f16_none,
+    rms_norm_fwd_v2_f16_none,
+    rms_norm_bwd_v2_f16_none,
+    rms_norm_fwd_v4_f16_none
+);
+rms_norm_vec_family!(
+    Bf16,
+    mode::LLAMA,
+    rms_norm_fwd_v1_bf16_llama,
+    rms_norm_bwd_v1_bf16_llama,
+    rms_norm_fwd_v2_bf16_llama,
+    rms_norm_bwd_v2_bf16_llama,
+    rms_norm_fwd_v4_bf16_llama
+);
+rms_norm_vec_family!(
+    Bf16,
+    mode::GEMMA,
+    rms_norm_fwd_v1_bf16_gemma,
+    rms_norm_bwd_v1_bf16_gemma,
+    rms_norm_fwd_v2_bf16_gemma,
+    rms_norm_bwd_v2_bf16_gemma,
+    rms_norm_fwd_v4_bf16_gemma
+);
+rms_norm_vec_family!(
+    Bf16,
+    mode::NONE,
+    rms_norm_fwd_v1_bf16_none,
+    rms_norm_bwd_v1_bf16_none,
+    rms_norm_fwd_v2_bf16_none,
+    rms_norm_bwd_v2_bf16_none,
+    rms_norm_fwd_v4_bf16_none
+);
