@@ -7,7 +7,8 @@ use crate::launch::{Region, at_least, disjoint, exactly, same_context, span};
 use crate::module::{Kernels, kernels};
 use crate::settings::{LaunchSettings, calculate_settings};
 use cudarc::driver::{
-    CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig,
+    PushKernelArg,
 };
 use std::sync::Arc;
 
@@ -184,6 +185,16 @@ fn vector_kernel<T: Dtype>(direction: &str, per_thread: usize, mode: CastingMode
     )
 }
 
+/// Blocks for a grid-stride row loop: as many as can be resident at once (SMs × blocks per SM
+/// at `threads` per block), at most one per row. The kernels prefetch a block's next row while
+/// finishing the current one, so a resident grid keeps two rows per block in flight.
+fn resident_grid(kernels: &Kernels, func: &CudaFunction, threads: u32, rows: usize) -> Result<u32> {
+    let per_sm = func
+        .occupancy_max_active_blocks_per_multiprocessor(threads, REDUCE_SMEM_BYTES as usize, None)?
+        .max(1);
+    Ok(rows.min((kernels.sm_count() * per_sm) as usize) as u32)
+}
+
 /// Most threads per block the named kernel can launch with (fewer when it uses many registers).
 fn capacity(kernels: &Kernels, name: &str) -> Result<usize> {
     Ok(kernels.function(name)?.max_threads_per_block()?.max(0) as usize)
@@ -279,7 +290,11 @@ pub fn rms_norm_forward<T: Dtype>(
         ],
     )?;
     let cfg = LaunchConfig {
-        grid_dim: (args.rows.min(i32::MAX as usize) as u32, 1, 1),
+        grid_dim: (
+            resident_grid(&kernels, &func, plan.threads(), args.rows)?,
+            1,
+            1,
+        ),
         block_dim: (plan.threads(), 1, 1),
         shared_mem_bytes: REDUCE_SMEM_BYTES,
     };
@@ -433,10 +448,7 @@ fn backward<T: Dtype>(
     )?;
     let func = kernels.function(&plan.kernel::<T>("bwd", args.mode))?;
     let threads = plan.threads();
-    let per_sm = func
-        .occupancy_max_active_blocks_per_multiprocessor(threads, REDUCE_SMEM_BYTES as usize, None)?
-        .max(1);
-    let grid = args.rows.min((kernels.sm_count() * per_sm) as usize);
+    let grid = resident_grid(&kernels, &func, threads, args.rows)? as usize;
     let mut partial = match dw_ptr {
         0 => None,
         // SAFETY: every element is written by its block (the scalar kernel at its first row,
