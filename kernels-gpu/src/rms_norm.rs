@@ -253,22 +253,10 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize>(
     let vecs = cols / T::LANES;
     let has_w = !w.is_null();
     let mut dw_acc = [[0.0f32; 8]; K];
-    let load = |row: usize| match row < rows {
-        true => unsafe {
-            (
-                load_row::<K>(dy.add(row * dy_stride) as *const V16, vecs),
-                load_row::<K>(x.add(row * x_stride) as *const V16, vecs),
-            )
-        },
-        false => ([ZERO; K], [ZERO; K]),
-    };
     let mut row = block_idx();
-    let mut next = load(row);
     while row < rows {
-        // Prefetch as in the forward; `dx` may overwrite `dy` of this row only, never of the
-        // prefetched one.
-        let (gv, xv) = next;
-        next = load(row + grid_dim());
+        let gv = unsafe { load_row::<K>(dy.add(row * dy_stride) as *const V16, vecs) };
+        let xv = unsafe { load_row::<K>(x.add(row * x_stride) as *const V16, vecs) };
         // w is re-read every row (an L1 hit) rather than held: registers go to dW instead.
         let wv = if has_w { unsafe { load_row::<K>(w as *const V16, vecs) } } else { [ZERO; K] };
         let wc = |k: usize, i: usize| if has_w { Some(T::lane(&wv[k], i)) } else { None };
