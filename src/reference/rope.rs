@@ -1,1 +1,197 @@
-//! rope (in progress).
+//! RoPE on the CPU: NeoX half-split rotation with the kernels' f32 cast points, f64 between.
+//!
+//! Layouts and argument rules are those of [`crate::rope_forward`] ([`RopeArgs`]): q
+//! `[B, S, Hq, d]`, k `[B, S, Hk, d]`, cos/sin rows of `rotary_dim` elements of which only the
+//! first half is read. With `h = rotary_dim / 2`, for `i < h`: `x1 = x[i]`, `x2 = x[i + h]`,
+//! `c = cos[i]`, `s = sin[i]` (`s → −s` in the backward, an exact negation), all widened
+//! exactly, `F(·)` = rounding to f32 ([`Element::cast_f32`], the identity for f64) and `D(·)`
+//! = the one rounding to the element type:
+//!
+//! | output      | value                              |
+//! |-------------|------------------------------------|
+//! | `x[i]`      | `D(F(F(x1·c) − F(x2·s)))`          |
+//! | `x[i + h]`  | `D(F(F(x2·c) + F(x1·s)))`          |
+//!
+//! This is exactly what the kernel computes (`mul.rn.f32` for each product, one
+//! `sub`/`add.rn.f32`, no FMA): the f64 product of two values of at most 24 significant bits
+//! is exact, so `F` of it is the f32 product; the f64 sum of two f32 values rounded to f32
+//! equals the f32 sum. So for f32/f16/bf16 the GPU should agree bit for bit. Dims
+//! `rotary_dim..head_dim` are left as they are. Unlike the kernels, which clamp device ids,
+//! the reference rejects out-of-range position ids.
+use super::Element;
+use crate::RopeArgs;
+use crate::error::{Result, invalid};
+
+/// Where each token's cos/sin row comes from (host form of [`crate::CosSinLayout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CosSinRows<'a> {
+    /// cos, sin: `[seq_len, rotary_dim]`; token `(b, s)` uses row `s`.
+    PerPosition,
+    /// cos, sin: `[batch, seq_len, rotary_dim]`; token `(b, s)` uses row `b·seq_len + s`.
+    PerBatch,
+    /// cos, sin: `[max_pos, rotary_dim]` (`max_pos = cos.len() / rotary_dim`); token `(b, s)`
+    /// uses row `position_ids[b·seq_len + s]`, which must lie in `0 .. max_pos`.
+    Gathered(&'a [i64]),
+}
+
+/// The RoPE forward, in place on `q` and `k` (see the module docs for the rounding).
+///
+/// ```
+/// use liger_rs::{RopeArgs, reference::rope::{CosSinRows, rope_forward}};
+/// // One token, one head of 2 dims, rotated by 90°: (x1, x2) → (−x2, x1).
+/// let (mut q, mut k) = (vec![1.0f64, 2.0], vec![3.0f64, 4.0]);
+/// let args = RopeArgs::new(1, 1, 1, 1, 2);
+/// rope_forward(&args, &mut q, &mut k, &[0.0, 0.0], &[1.0, 1.0], CosSinRows::PerPosition).unwrap();
+/// assert_eq!((q, k), (vec![-2.0, 1.0], vec![-4.0, 3.0]));
+/// ```
+pub fn rope_forward<T: Element>(
+    args: &RopeArgs,
+    q: &mut [T],
+    k: &mut [T],
+    cos: &[T],
+    sin: &[T],
+    rows: CosSinRows<'_>,
+) -> Result<()> {
+    rope(args, false, ["q", "k"], q, k, cos, sin, rows)
+}
+
+/// The RoPE backward (rotation by −θ), in place on `dq` and `dk`:
+/// `g1 = D(F(F(dy1·c) + F(dy2·s)))`, `g2 = D(F(F(dy2·c) − F(dy1·s)))`.
+pub fn rope_backward<T: Element>(
+    args: &RopeArgs,
+    dq: &mut [T],
+    dk: &mut [T],
+    cos: &[T],
+    sin: &[T],
+    rows: CosSinRows<'_>,
+) -> Result<()> {
+    rope(args, true, ["dq", "dk"], dq, dk, cos, sin, rows)
+}
+
+/// Checks everything, then returns each token's cos/sin row.
+fn token_rows<T>(
+    args: &RopeArgs,
+    tokens: usize,
+    cos: &[T],
+    sin: &[T],
+    rows: CosSinRows<'_>,
+) -> Result<Vec<usize>> {
+    let r = args.rotary_dim;
+    let need = |n: usize, what: &str| -> Result<()> {
+        let want = n
+            .checked_mul(r)
+            .ok_or_else(|| invalid("cos", what, "an overflow"))?;
+        if cos.len() != want {
+            return Err(invalid("cos", format!("length {want} ({what})"), cos.len()));
+        }
+        Ok(())
+    };
+    match rows {
+        CosSinRows::PerPosition => need(args.seq_len, "seq_len × rotary_dim")?,
+        CosSinRows::PerBatch => need(tokens, "batch × seq_len × rotary_dim")?,
+        CosSinRows::Gathered(_) => {
+            if cos.is_empty() || !cos.len().is_multiple_of(r) {
+                return Err(invalid(
+                    "cos",
+                    format!("a table of max_pos ≥ 1 rows of rotary_dim = {r} elements"),
+                    format!("length {}", cos.len()),
+                ));
+            }
+        }
+    }
+    if sin.len() != cos.len() {
+        return Err(invalid(
+            "sin",
+            format!("length {} (the length of cos)", cos.len()),
+            sin.len(),
+        ));
+    }
+    match rows {
+        CosSinRows::PerPosition => Ok((0..tokens).map(|t| t % args.seq_len).collect()),
+        CosSinRows::PerBatch => Ok((0..tokens).collect()),
+        CosSinRows::Gathered(ids) => {
+            if ids.len() != tokens {
+                return Err(invalid(
+                    "position_ids",
+                    format!("length {tokens} (batch × seq_len)"),
+                    ids.len(),
+                ));
+            }
+            let max_pos = cos.len() / r;
+            ids.iter()
+                .enumerate()
+                .map(|(i, &id)| {
+                    usize::try_from(id)
+                        .ok()
+                        .filter(|&p| p < max_pos)
+                        .ok_or_else(|| {
+                            invalid(
+                                "position_ids",
+                                format!("ids in 0 ..= {} (rows of the cos/sin table)", max_pos - 1),
+                                format!("position_ids[{i}] = {id}"),
+                            )
+                        })
+                })
+                .collect()
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rope<T: Element>(
+    args: &RopeArgs,
+    backward: bool,
+    names: [&'static str; 2],
+    q: &mut [T],
+    k: &mut [T],
+    cos: &[T],
+    sin: &[T],
+    rows: CosSinRows<'_>,
+) -> Result<()> {
+    let sizes = args.check()?;
+    for (name, len, want, what) in [
+        (
+            names[0],
+            q.len(),
+            sizes.q_len,
+            "batch × seq_len × q_heads × head_dim",
+        ),
+        (
+            names[1],
+            k.len(),
+            sizes.k_len,
+            "batch × seq_len × k_heads × head_dim",
+        ),
+    ] {
+        if len != want {
+            return Err(invalid(name, format!("length {want} ({what})"), len));
+        }
+    }
+    let token_rows = token_rows(args, sizes.tokens, cos, sin, rows)?;
+    let (d, r) = (args.head_dim, args.rotary_dim);
+    let h = r / 2;
+    let f = T::cast_f32;
+    for (buf, heads) in [(q, args.q_heads), (k, args.k_heads)] {
+        if buf.is_empty() {
+            continue;
+        }
+        for (token, x) in buf.chunks_mut(heads * d).enumerate() {
+            let row = token_rows[token] * r;
+            let (c_row, s_row) = (&cos[row..row + h], &sin[row..row + h]);
+            for head in x.chunks_mut(d) {
+                for i in 0..h {
+                    let (x1, x2) = (head[i].to_f64(), head[i + h].to_f64());
+                    let c = c_row[i].to_f64();
+                    let s = if backward {
+                        -s_row[i].to_f64()
+                    } else {
+                        s_row[i].to_f64()
+                    };
+                    head[i] = T::from_f64(f(f(x1 * c) - f(x2 * s)));
+                    head[i + h] = T::from_f64(f(f(x2 * c) + f(x1 * s)));
+                }
+            }
+        }
+    }
+    Ok(())
+}

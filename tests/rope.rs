@@ -1,0 +1,1086 @@
+//! RoPE: CPU reference against hand-computed rotations, finite differences and its own
+//! inverse (always run); GPU kernels against the reference on many shapes, dtypes and cos/sin
+//! forms, 64-bit offsets, clamped device ids; bad input.
+mod common;
+
+use common::{Rng, assert_close, download, gpu, upload};
+use half::{bf16, f16};
+use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use liger_rs::reference::Element;
+use liger_rs::reference::rope::{
+    CosSinRows, rope_backward as ref_backward, rope_forward as ref_forward,
+};
+use liger_rs::{CosSinLayout, Dtype, Error, PositionIds, RopeArgs, rope_backward, rope_forward};
+use std::sync::Arc;
+
+// ---------------------------------------------------------------- shared helpers
+
+/// `n` values uniform in (−2, 2) rounded to `T` (cheaper than normals for the big cases).
+fn uniform<T: Element>(rng: &mut Rng, n: usize) -> Vec<T> {
+    (0..n)
+        .map(|_| T::from_f64(4.0 * rng.uniform() - 2.0))
+        .collect()
+}
+
+/// HF-style cos/sin rows (`rotary_dim` long) for the given positions: `θ_i = p · 10000^(−2i/r)`,
+/// the row is `cat(f(θ), f(θ))`. With `poison`, the second half of every row is NaN instead:
+/// the kernels must read only the first half.
+fn cos_sin<T: Element>(positions: &[i64], r: usize, poison: bool) -> (Vec<T>, Vec<T>) {
+    let h = r / 2;
+    let (mut cos, mut sin) = (Vec::new(), Vec::new());
+    for &p in positions {
+        let theta = |i: usize| p as f64 * 10000f64.powf(-2.0 * i as f64 / r as f64);
+        for half in 0..2 {
+            for i in 0..h {
+                if half == 1 && poison {
+                    cos.push(T::from_f64(f64::NAN));
+                    sin.push(T::from_f64(f64::NAN));
+                } else {
+                    cos.push(T::from_f64(theta(i).cos()));
+                    sin.push(T::from_f64(theta(i).sin()));
+                }
+            }
+        }
+    }
+    (cos, sin)
+}
+
+/// Packed sequences: each batch row is cut into segments of random length whose positions
+/// restart (at 0, or at a small offset as for a continued sequence).
+fn packed_ids(rng: &mut Rng, batch: usize, seq: usize) -> Vec<i64> {
+    let mut ids = Vec::with_capacity(batch * seq);
+    for _ in 0..batch {
+        let mut s = 0;
+        while s < seq {
+            let len = 1 + (rng.next_u64() as usize) % seq.clamp(1, 64);
+            let start = if rng.next_u64().is_multiple_of(4) {
+                rng.next_u64() % 5
+            } else {
+                0
+            };
+            for p in 0..len.min(seq - s) {
+                ids.push((start as usize + p) as i64);
+            }
+            s += len;
+        }
+    }
+    ids
+}
+
+fn bits<T: Element>(v: T) -> u64 {
+    v.to_f64().to_bits()
+}
+
+// ---------------------------------------------------------------- CPU reference
+
+#[test]
+fn reference_matches_hand_computed_rotations() {
+    // d = 4, a 90° rotation (c = 0, s = 1): (x1, x2, x3, x4) → (−x3, −x4, x1, x2).
+    let args = RopeArgs::new(1, 1, 1, 1, 4);
+    let (mut q, mut k) = (vec![1.0f64, 2.0, 3.0, 4.0], vec![5.0f64, 6.0, 7.0, 8.0]);
+    let (cos, sin) = ([0.0; 4], [1.0; 4]);
+    ref_forward(&args, &mut q, &mut k, &cos, &sin, CosSinRows::PerPosition).unwrap();
+    assert_eq!(q, [-3.0, -4.0, 1.0, 2.0]);
+    assert_eq!(k, [-7.0, -8.0, 5.0, 6.0]);
+    // The backward rotates back by −90°.
+    ref_backward(&args, &mut q, &mut k, &cos, &sin, CosSinRows::PerPosition).unwrap();
+    assert_eq!((q, k), (vec![1.0, 2.0, 3.0, 4.0], vec![5.0, 6.0, 7.0, 8.0]));
+
+    // 60° on one pair: (1, 0) → (cos 60°, sin 60°); (0, 1) → (−sin 60°, cos 60°).
+    let (c, s) = (0.5f64, 3f64.sqrt() / 2.0);
+    let args = RopeArgs::new(1, 1, 2, 1, 2);
+    let (mut q, mut k) = (vec![1.0f64, 0.0, 0.0, 1.0], vec![2.0f64, 0.0]);
+    ref_forward(
+        &args,
+        &mut q,
+        &mut k,
+        &[c, c],
+        &[s, s],
+        CosSinRows::PerPosition,
+    )
+    .unwrap();
+    assert_eq!(q, [c, s, -s, c]);
+    assert_eq!(k, [2.0 * c, 2.0 * s]);
+
+    // Partial rotary r = 2 of d = 4, cos/sin rows of length r: dims 2, 3 stay.
+    let args = RopeArgs::new(1, 1, 1, 1, 4).with_rotary_dim(2);
+    let (mut q, mut k) = (vec![1.0f64, 2.0, 3.0, 4.0], vec![5.0f64, 6.0, 7.0, 8.0]);
+    ref_forward(
+        &args,
+        &mut q,
+        &mut k,
+        &[0.0; 2],
+        &[1.0; 2],
+        CosSinRows::PerPosition,
+    )
+    .unwrap();
+    assert_eq!(
+        (q, k),
+        (vec![-2.0, 1.0, 3.0, 4.0], vec![-6.0, 5.0, 7.0, 8.0])
+    );
+}
+
+#[test]
+fn reference_selects_rows_by_form() {
+    // B = 2, S = 2, one head of d = 2, x = (1, 0) everywhere: the output is the row's (c, s).
+    let args = RopeArgs::new(2, 2, 1, 1, 2);
+    let rows = |n: usize| -> (Vec<f64>, Vec<f64>) {
+        let c = (0..n).flat_map(|i| [i as f64, 99.0]).collect();
+        let s = (0..n).flat_map(|i| [10.0 + i as f64, 99.0]).collect();
+        (c, s)
+    };
+    let run = |cos: &[f64], sin: &[f64], form: CosSinRows<'_>| {
+        let (mut q, mut k) = ([1.0, 0.0].repeat(4), [1.0, 0.0].repeat(4));
+        ref_forward(&args, &mut q, &mut k, cos, sin, form).unwrap();
+        assert_eq!(q, k);
+        q.chunks(2).map(|p| p[0] as usize).collect::<Vec<_>>()
+    };
+    let (c, s) = rows(2);
+    assert_eq!(run(&c, &s, CosSinRows::PerPosition), [0, 1, 0, 1]);
+    let (c, s) = rows(4);
+    assert_eq!(run(&c, &s, CosSinRows::PerBatch), [0, 1, 2, 3]);
+    let (c, s) = rows(6);
+    let ids = [5, 0, 3, 3];
+    assert_eq!(run(&c, &s, CosSinRows::Gathered(&ids)), [5, 0, 3, 3]);
+}
+
+#[test]
+fn reference_rounds_products_and_sums_to_f32() {
+    // x1·c = (1 + 2⁻²³)² = 1 + 2⁻²² + 2⁻⁴⁶ rounds to 1 + 2⁻²² in f32; minus x2·s = 1 leaves
+    // 2⁻²² in f32, while the exact difference keeps the 2⁻⁴⁶.
+    let e = 2f64.powi(-23);
+    let args = RopeArgs::new(1, 1, 1, 1, 2);
+    let (cos, sin) = ([(1.0 + e) as f32; 2], [1.0f32; 2]);
+    let (mut q, mut k) = (vec![(1.0 + e) as f32, 1.0], vec![0.0f32, 0.0]);
+    ref_forward(&args, &mut q, &mut k, &cos, &sin, CosSinRows::PerPosition).unwrap();
+    assert_eq!(q[0] as f64, 2f64.powi(-22));
+    let (cos, sin) = ([1.0 + e; 2], [1.0f64; 2]);
+    let (mut q, mut k) = (vec![1.0 + e, 1.0], vec![0.0f64, 0.0]);
+    ref_forward(&args, &mut q, &mut k, &cos, &sin, CosSinRows::PerPosition).unwrap();
+    assert_eq!(q[0], 2f64.powi(-22) + 2f64.powi(-46));
+    // bf16: the f32 result is rounded once to bf16 (RNE).
+    let (cos, sin) = ([bf16::from_f32(0.5); 2], [bf16::from_f32(0.25); 2]);
+    let (mut q, mut k) = (
+        vec![bf16::from_f32(3.0), bf16::from_f32(1.0)],
+        vec![bf16::ZERO; 2],
+    );
+    ref_forward(&args, &mut q, &mut k, &cos, &sin, CosSinRows::PerPosition).unwrap();
+    assert_eq!(q, [bf16::from_f32(1.25), bf16::from_f32(1.25)]);
+}
+
+/// Small shapes × forms for the f64 checks: (B, S, Hq, Hk, d, r).
+const SMALL: [(usize, usize, usize, usize, usize, usize); 3] =
+    [(2, 3, 3, 1, 6, 4), (1, 4, 1, 2, 4, 4), (2, 2, 2, 2, 8, 2)];
+
+/// Positions, cos/sin table and row form for form index `f` (0 per position, 1 per batch,
+/// 2 gathered) in f64.
+fn f64_tables(
+    rng: &mut Rng,
+    b: usize,
+    s: usize,
+    r: usize,
+    f: usize,
+) -> (Vec<f64>, Vec<f64>, Vec<i64>) {
+    match f {
+        0 => {
+            let p: Vec<i64> = (0..s as i64).collect();
+            let (c, sn) = cos_sin(&p, r, false);
+            (c, sn, vec![])
+        }
+        1 => {
+            let p: Vec<i64> = (0..(b * s) as i64).map(|t| 3 * t + 1).collect();
+            let (c, sn) = cos_sin(&p, r, false);
+            (c, sn, vec![])
+        }
+        _ => {
+            let ids = packed_ids(rng, b, s);
+            let p: Vec<i64> = (0..(s as i64 + 5)).collect();
+            let (c, sn) = cos_sin(&p, r, false);
+            (c, sn, ids)
+        }
+    }
+}
+
+fn form(f: usize, ids: &[i64]) -> CosSinRows<'_> {
+    match f {
+        0 => CosSinRows::PerPosition,
+        1 => CosSinRows::PerBatch,
+        _ => CosSinRows::Gathered(ids),
+    }
+}
+
+#[test]
+fn reference_backward_matches_finite_differences() {
+    // L = Σ gq·q' + Σ gk·k' with (q', k') = forward(q, k); dL/dq = backward(gq), likewise k.
+    // The forward is linear in q and k, so central differences are exact up to rounding.
+    let h = 1e-4;
+    for (n, &(b, s, hq, hk, d, r)) in SMALL.iter().enumerate() {
+        for f in 0..3 {
+            let seed = 100 + 3 * n as u64 + f as u64;
+            let mut rng = Rng::new(seed);
+            let args = RopeArgs::new(b, s, hq, hk, d).with_rotary_dim(r);
+            let (cos, sin, ids) = f64_tables(&mut rng, b, s, r, f);
+            let q: Vec<f64> = rng.vec(b * s * hq * d, 0.0, 1.0);
+            let k: Vec<f64> = rng.vec(b * s * hk * d, 0.0, 1.0);
+            let gq: Vec<f64> = rng.vec(q.len(), 0.0, 1.0);
+            let gk: Vec<f64> = rng.vec(k.len(), 0.0, 1.0);
+            let loss = |q: &[f64], k: &[f64]| {
+                let (mut q, mut k) = (q.to_vec(), k.to_vec());
+                ref_forward(&args, &mut q, &mut k, &cos, &sin, form(f, &ids)).unwrap();
+                let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+                dot(&q, &gq) + dot(&k, &gk)
+            };
+            let (mut dq, mut dk) = (gq.clone(), gk.clone());
+            ref_backward(&args, &mut dq, &mut dk, &cos, &sin, form(f, &ids)).unwrap();
+            let case = format!("{:?} form {f} seed {seed}", (b, s, hq, hk, d, r));
+            for (which, grad) in [(0, &dq), (1, &dk)] {
+                for i in 0..grad.len() {
+                    let (mut qp, mut kp) = (q.clone(), k.clone());
+                    let (mut qm, mut km) = (q.clone(), k.clone());
+                    if which == 0 {
+                        qp[i] += h;
+                        qm[i] -= h;
+                    } else {
+                        kp[i] += h;
+                        km[i] -= h;
+                    }
+                    let fd = (loss(&qp, &kp) - loss(&qm, &km)) / (2.0 * h);
+                    assert!(
+                        (fd - grad[i]).abs() < 1e-8 * (1.0 + fd.abs()),
+                        "{} [{i}] {} vs fd {fd}, {case}",
+                        ["dq", "dk"][which],
+                        grad[i]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn reference_backward_inverts_forward_in_f64() {
+    // cos² + sin² = 1 up to f64 rounding, so rotating by −θ after θ is the identity.
+    for (n, &(b, s, hq, hk, d, r)) in SMALL.iter().enumerate() {
+        for f in 0..3 {
+            let mut rng = Rng::new(200 + 3 * n as u64 + f as u64);
+            let args = RopeArgs::new(b, s, hq, hk, d).with_rotary_dim(r);
+            let (cos, sin, ids) = f64_tables(&mut rng, b, s, r, f);
+            let q: Vec<f64> = rng.vec(b * s * hq * d, 0.0, 1.0);
+            let k: Vec<f64> = rng.vec(b * s * hk * d, 0.0, 1.0);
+            let (mut q2, mut k2) = (q.clone(), k.clone());
+            ref_forward(&args, &mut q2, &mut k2, &cos, &sin, form(f, &ids)).unwrap();
+            assert_ne!(q2, q, "the forward rotates");
+            ref_backward(&args, &mut q2, &mut k2, &cos, &sin, form(f, &ids)).unwrap();
+            for (got, want) in q2.iter().chain(&k2).zip(q.iter().chain(&k)) {
+                assert!(
+                    (got - want).abs() < 1e-12,
+                    "{got} vs {want}, shape {n} form {f}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn reference_partial_rotary_leaves_the_tail_bit_identical() {
+    let (b, s, hq, hk, d, r) = (2, 5, 3, 2, 12, 4);
+    let mut rng = Rng::new(300);
+    let args = RopeArgs::new(b, s, hq, hk, d).with_rotary_dim(r);
+    let p: Vec<i64> = (0..s as i64).collect();
+    let (cos, sin) = cos_sin::<bf16>(&p, r, false);
+    let q: Vec<bf16> = uniform(&mut rng, b * s * hq * d);
+    let k: Vec<bf16> = uniform(&mut rng, b * s * hk * d);
+    for backward in [false, true] {
+        let (mut q2, mut k2) = (q.clone(), k.clone());
+        let f = if backward { ref_backward } else { ref_forward };
+        f(&args, &mut q2, &mut k2, &cos, &sin, CosSinRows::PerPosition).unwrap();
+        for (got, input) in [(&q2, &q), (&k2, &k)] {
+            for (g, x) in got.chunks(d).zip(input.chunks(d)) {
+                assert_eq!(g[r..], x[r..], "tail changed");
+            }
+            assert_ne!(got, input);
+        }
+    }
+}
+
+fn expect_invalid(result: liger_rs::Result<()>, arg: &str, needle: &str) {
+    match result {
+        Err(e @ Error::InvalidArgument { arg: a, .. }) if a == arg => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains(needle),
+                "`{arg}`: message {msg:?} lacks {needle:?}"
+            );
+        }
+        other => panic!("expected InvalidArgument for `{arg}`, got {other:?}"),
+    }
+}
+
+#[test]
+fn reference_rejects_bad_input() {
+    let a = RopeArgs::new(2, 3, 2, 1, 4);
+    let (q, k) = (vec![0.0f64; 48], vec![0.0f64; 24]);
+    let table = vec![0.0f64; 12];
+    let run = |a: RopeArgs, ql: usize, kl: usize, cos: &[f64], sin: &[f64], rows| {
+        let (mut q, mut k) = (q[..ql.min(48)].to_vec(), k[..kl.min(24)].to_vec());
+        ref_forward(&a, &mut q, &mut k, cos, sin, rows)
+    };
+    let pp = CosSinRows::PerPosition;
+    assert!(run(a, 48, 24, &table, &table, pp).is_ok());
+    let bad_d = RopeArgs::new(2, 3, 2, 1, 3);
+    expect_invalid(
+        run(bad_d, 48, 24, &table, &table, pp),
+        "args.head_dim",
+        "even",
+    );
+    let bad_r = a.with_rotary_dim(6);
+    expect_invalid(
+        run(bad_r, 48, 24, &table, &table, pp),
+        "args.rotary_dim",
+        "2 ..= head_dim = 4",
+    );
+    expect_invalid(run(a, 47, 24, &table, &table, pp), "q", "length 48");
+    expect_invalid(run(a, 48, 20, &table, &table, pp), "k", "length 24");
+    expect_invalid(run(a, 48, 24, &table[..8], &table, pp), "cos", "length 12");
+    expect_invalid(run(a, 48, 24, &table, &table[..8], pp), "sin", "length 12");
+    expect_invalid(
+        run(a, 48, 24, &table, &table, CosSinRows::PerBatch),
+        "cos",
+        "length 24",
+    );
+    let ids = [0i64, 1, 2, 3, 4, 5];
+    expect_invalid(
+        run(a, 48, 24, &table, &table, CosSinRows::Gathered(&ids[..5])),
+        "position_ids",
+        "length 6",
+    );
+    expect_invalid(
+        run(a, 48, 24, &table, &table, CosSinRows::Gathered(&ids)),
+        "position_ids",
+        "position_ids[3] = 3",
+    );
+    let neg = [0i64, 1, -1, 0, 0, 0];
+    expect_invalid(
+        run(a, 48, 24, &table, &table, CosSinRows::Gathered(&neg)),
+        "position_ids",
+        "position_ids[2] = -1",
+    );
+    let (mut dq, mut dk) = (vec![0.0f64; 47], vec![0.0f64; 24]);
+    expect_invalid(
+        ref_backward(&a, &mut dq, &mut dk, &table, &table, pp),
+        "dq",
+        "length 48",
+    );
+}
+
+// ---------------------------------------------------------------- GPU vs reference
+
+/// (B, S, Hq, Hk, d, rotary_dim): the 1×1 minimum; HF-style GQA and MQA (Hk = 1), Hq < Hk;
+/// head dims 2, 6, 16, 64, 80, 92, 96, 128, 256, 1024; odd head counts (73, 213, 5, 3, 7);
+/// partial rotary (r < d); S ≥ 8192; per-token pair counts below, at and above the
+/// 256-thread block (2 → 128 tokens per block, 222, 301 → 2 uneven passes, 2560 → 10).
+const SHAPES: [(usize, usize, usize, usize, usize, usize); 19] = [
+    (1, 1, 1, 1, 2, 2),
+    (3, 423, 73, 213, 92, 92),
+    (2, 7, 4, 1, 64, 64),
+    (1, 33, 2, 8, 80, 80),
+    (4, 17, 8, 2, 96, 96),
+    (2, 9, 3, 3, 92, 92),
+    (1, 64, 32, 8, 128, 128),
+    (1, 8, 4, 4, 256, 256),
+    (2, 5, 5, 1, 128, 64),
+    (3, 11, 6, 2, 80, 32),
+    (1, 8192, 1, 1, 64, 64),
+    (1, 8200, 2, 1, 128, 64),
+    (5, 3, 1, 7, 16, 2),
+    (7, 13, 73, 1, 6, 6),
+    (2, 3, 1, 1, 2, 2),
+    (3, 100, 2, 2, 4, 4),
+    (1, 3, 40, 8, 128, 128),
+    (2, 4, 300, 1, 2, 2),
+    (1, 2, 1, 1, 1024, 1024),
+];
+
+/// Shapes whose CPU reference is expensive (> 10⁷ elements) run for one dtype only.
+const BIG_SHAPE_DTYPE: [(usize, &str); 1] = [(1, "bf16")];
+
+/// The cos/sin forms of the GPU sweep.
+#[derive(Debug, Clone, Copy)]
+enum Form {
+    /// `[S, r]`, positions 0..S.
+    PerPosition,
+    /// `[B, S, r]`, each batch row at its own offset.
+    PerBatch,
+    /// `[S + 5, r]` table, packed-sequence ids as i32 on the device.
+    Ids32,
+    /// As `Ids32` with i64 ids on the device.
+    Ids64,
+    /// As `Ids64` with the ids given as host data (checked, then uploaded).
+    Host,
+}
+
+const FORMS: [Form; 5] = [
+    Form::PerPosition,
+    Form::PerBatch,
+    Form::Ids32,
+    Form::Ids64,
+    Form::Host,
+];
+
+/// Rounding differences (ulps of `T`) allowed between GPU and reference. The reference
+/// rounds exactly where the kernel does (each product to f32, the sum to f32, one rounding
+/// to `T`; see `liger_rs::reference::rope`), and these roundings are deterministic, so the
+/// GPU is expected to match bit for bit; one ulp of `T` is a margin (an indexing or cast
+/// bug is off by far more: the values are O(1)). The f32 budget is not larger because no
+/// f32 rounding differs between the two (no reduction order, no FMA).
+const ULPS: f64 = 1.0;
+
+/// `got` against the reference `want`: dims `r..d` of every head bit-identical to `input`
+/// (partial rotary must not touch them), every element within [`ULPS`] of the reference.
+/// Elements with identical bits pass `assert_close` trivially, so only the others are given
+/// to it (this keeps the big cases fast).
+fn check<T: Element>(
+    what: &str,
+    case: &str,
+    got: &[T],
+    want: &[T],
+    input: &[T],
+    d: usize,
+    r: usize,
+) {
+    assert_eq!(got.len(), want.len(), "{what} length, {case}");
+    if r < d {
+        for (h, (g, x)) in got.chunks(d).zip(input.chunks(d)).enumerate() {
+            for j in r..d {
+                assert!(
+                    bits(g[j]) == bits(x[j]),
+                    "{what}: head {h} dim {j} beyond rotary_dim changed: {:?} → {:?}, {case}",
+                    x[j],
+                    g[j]
+                );
+            }
+        }
+    }
+    let differ: Vec<usize> = (0..got.len())
+        .filter(|&i| bits(got[i]) != bits(want[i]))
+        .collect();
+    if !differ.is_empty() {
+        let pick = |v: &[T]| differ.iter().map(|&i| v[i].to_f64()).collect::<Vec<_>>();
+        let case = format!(
+            "{case}; {} of {} elements differ in bits (first at {})",
+            differ.len(),
+            got.len(),
+            differ[0]
+        );
+        assert_close::<T>(what, &case, &pick(got), &pick(want), ULPS, &[]);
+    }
+}
+
+/// One GPU case: forward on (q, k) and backward on fresh (dq, dk), both against the reference.
+fn run_case<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    shape: (usize, usize, usize, usize, usize, usize),
+    form: Form,
+    poison: bool,
+    seed: u64,
+) {
+    let (b, s, hq, hk, d, r) = shape;
+    let desc = format!(
+        "B={b} S={s} Hq={hq} Hk={hk} d={d} r={r} {} {form:?} poisoned-second-half={poison} seed={seed}",
+        T::NAME
+    );
+    let args = RopeArgs::new(b, s, hq, hk, d).with_rotary_dim(r);
+    let mut rng = Rng::new(seed);
+    let q: Vec<T> = uniform(&mut rng, b * s * hq * d);
+    let k: Vec<T> = uniform(&mut rng, b * s * hk * d);
+    let dq: Vec<T> = uniform(&mut rng, q.len());
+    let dk: Vec<T> = uniform(&mut rng, k.len());
+    let (positions, ids): (Vec<i64>, Vec<i64>) = match form {
+        Form::PerPosition => ((0..s as i64).collect(), vec![]),
+        Form::PerBatch => (
+            (0..b)
+                .flat_map(|bi| (0..s).map(move |si| (7 * bi + si) as i64))
+                .collect(),
+            vec![],
+        ),
+        _ => ((0..s as i64 + 5).collect(), packed_ids(&mut rng, b, s)),
+    };
+    let (cos, sin) = cos_sin::<T>(&positions, r, poison);
+    let rows = match form {
+        Form::PerPosition => CosSinRows::PerPosition,
+        Form::PerBatch => CosSinRows::PerBatch,
+        _ => CosSinRows::Gathered(&ids),
+    };
+    let (cos_d, sin_d) = (upload(stream, &cos), upload(stream, &sin));
+    let ids32: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+    let ids32_d: Option<CudaSlice<i32>> =
+        (matches!(form, Form::Ids32) && !ids.is_empty()).then(|| upload_ids(stream, &ids32));
+    let ids64_d: Option<CudaSlice<i64>> =
+        (matches!(form, Form::Ids64) && !ids.is_empty()).then(|| upload_ids(stream, &ids));
+    let layout = match form {
+        Form::PerPosition => CosSinLayout::PerPosition,
+        Form::PerBatch => CosSinLayout::PerBatch,
+        Form::Ids32 => CosSinLayout::Gathered(PositionIds::DeviceI32(
+            ids32_d.as_ref().expect("ids").as_view(),
+        )),
+        Form::Ids64 => CosSinLayout::Gathered(PositionIds::DeviceI64(
+            ids64_d.as_ref().expect("ids").as_view(),
+        )),
+        Form::Host => CosSinLayout::Gathered(PositionIds::Host(&ids)),
+    };
+
+    let (mut q_d, mut k_d) = (upload(stream, &q), upload(stream, &k));
+    rope_forward(stream, &args, &mut q_d, &mut k_d, &cos_d, &sin_d, &layout).expect(&desc);
+    let (mut q_want, mut k_want) = (q.clone(), k.clone());
+    ref_forward(&args, &mut q_want, &mut k_want, &cos, &sin, rows).expect(&desc);
+    check("q", &desc, &download(stream, &q_d), &q_want, &q, d, r);
+    check("k", &desc, &download(stream, &k_d), &k_want, &k, d, r);
+
+    let (mut dq_d, mut dk_d) = (upload(stream, &dq), upload(stream, &dk));
+    rope_backward(stream, &args, &mut dq_d, &mut dk_d, &cos_d, &sin_d, &layout).expect(&desc);
+    let (mut dq_want, mut dk_want) = (dq.clone(), dk.clone());
+    ref_backward(&args, &mut dq_want, &mut dk_want, &cos, &sin, rows).expect(&desc);
+    check("dq", &desc, &download(stream, &dq_d), &dq_want, &dq, d, r);
+    check("dk", &desc, &download(stream, &dk_d), &dk_want, &dk, d, r);
+}
+
+fn upload_ids<I: liger_rs::cudarc::driver::DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    ids: &[I],
+) -> CudaSlice<I> {
+    stream.clone_htod(ids).expect("upload ids")
+}
+
+/// Runs every shape with a form that rotates with the shape and the dtype (so each dtype
+/// sees every form on several shapes); every other case poisons the second half of the
+/// cos/sin rows. All failures are collected and reported together.
+fn sweep<T: Dtype>(test: &str, dtype_index: usize, seed_base: u64) {
+    let Some(stream) = gpu(test) else { return };
+    let mut cases = 0;
+    let mut failures = Vec::new();
+    for (i, &shape) in SHAPES.iter().enumerate() {
+        if BIG_SHAPE_DTYPE
+            .iter()
+            .any(|&(j, dtype)| j == i && dtype != T::NAME)
+        {
+            continue;
+        }
+        let form = FORMS[(i + dtype_index) % FORMS.len()];
+        let poison = (i + dtype_index).is_multiple_of(2);
+        let seed = seed_base + i as u64;
+        let run =
+            std::panic::AssertUnwindSafe(|| run_case::<T>(&stream, shape, form, poison, seed));
+        if let Err(e) = std::panic::catch_unwind(run) {
+            let msg = e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            failures.push(msg);
+        }
+        cases += 1;
+    }
+    assert!(
+        failures.is_empty(),
+        "{test}: {} of {cases} cases failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    println!("{test}: {cases} cases passed");
+}
+
+#[test]
+fn gpu_matches_reference_f32() {
+    sweep::<f32>("gpu_matches_reference_f32", 0, 10_000);
+}
+
+#[test]
+fn gpu_matches_reference_f16() {
+    sweep::<f16>("gpu_matches_reference_f16", 1, 20_000);
+}
+
+#[test]
+fn gpu_matches_reference_bf16() {
+    sweep::<bf16>("gpu_matches_reference_bf16", 2, 30_000);
+}
+
+#[test]
+fn gpu_every_form_for_every_dtype() {
+    // The sweeps rotate forms; this pins one mid-size GQA + partial-rotary shape to every
+    // dtype × form × poisoning, so no combination is left to the rotation.
+    let Some(stream) = gpu("gpu_every_form_for_every_dtype") else {
+        return;
+    };
+    let shape = (3, 37, 5, 3, 92, 60);
+    let mut failures = Vec::new();
+    let mut cases = 0;
+    for (f, &form) in FORMS.iter().enumerate() {
+        for poison in [false, true] {
+            let seed = 40_000 + 2 * f as u64 + poison as u64;
+            let run = std::panic::AssertUnwindSafe(|| {
+                run_case::<f32>(&stream, shape, form, poison, seed);
+                run_case::<f16>(&stream, shape, form, poison, seed);
+                run_case::<bf16>(&stream, shape, form, poison, seed);
+            });
+            if let Err(e) = std::panic::catch_unwind(run) {
+                failures.push(e.downcast_ref::<String>().cloned().unwrap_or_default());
+            }
+            cases += 3;
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    println!("gpu_every_form_for_every_dtype: {cases} cases passed");
+}
+
+#[test]
+fn gpu_device_ids_are_clamped() {
+    // Device ids are not checked on the host: the kernel clamps each into [0, max_pos),
+    // so the result equals the reference with clamped ids, and nothing is read out of bounds.
+    let Some(stream) = gpu("gpu_device_ids_are_clamped") else {
+        return;
+    };
+    let (b, s, hq, hk, d, max_pos) = (2, 4, 3, 1, 8, 6);
+    let args = RopeArgs::new(b, s, hq, hk, d);
+    let mut rng = Rng::new(500);
+    let q: Vec<bf16> = uniform(&mut rng, b * s * hq * d);
+    let k: Vec<bf16> = uniform(&mut rng, b * s * hk * d);
+    let (cos, sin) = cos_sin::<bf16>(&(0..max_pos as i64).collect::<Vec<_>>(), d, false);
+    let (cos_d, sin_d) = (upload(&stream, &cos), upload(&stream, &sin));
+    let ids64: [i64; 8] = [i64::MIN, -1, 0, 5, 6, 1 << 40, i64::MAX, 3];
+    let ids32: [i32; 8] = [i32::MIN, -1, 0, 5, 6, 1 << 20, i32::MAX, 3];
+    let clamped: [i64; 8] = [0, 0, 0, 5, 5, 5, 5, 3];
+    let (ids64_d, ids32_d) = (upload_ids(&stream, &ids64), upload_ids(&stream, &ids32));
+    for layout in [
+        CosSinLayout::Gathered(PositionIds::DeviceI64(ids64_d.as_view())),
+        CosSinLayout::Gathered(PositionIds::DeviceI32(ids32_d.as_view())),
+    ] {
+        let (mut q_d, mut k_d) = (upload(&stream, &q), upload(&stream, &k));
+        rope_forward(&stream, &args, &mut q_d, &mut k_d, &cos_d, &sin_d, &layout).unwrap();
+        let (mut qw, mut kw) = (q.clone(), k.clone());
+        let rows = CosSinRows::Gathered(&clamped);
+        ref_forward(&args, &mut qw, &mut kw, &cos, &sin, rows).unwrap();
+        let case = format!("{layout:?}");
+        check("q", &case, &download(&stream, &q_d), &qw, &q, d, d);
+        check("k", &case, &download(&stream, &k_d), &kw, &k, d, d);
+    }
+    // The same ids as host data are rejected, naming the first bad one.
+    let (mut q_d, mut k_d) = (upload(&stream, &q), upload(&stream, &k));
+    expect_invalid(
+        rope_forward(
+            &stream,
+            &args,
+            &mut q_d,
+            &mut k_d,
+            &cos_d,
+            &sin_d,
+            &CosSinLayout::Gathered(PositionIds::Host(&ids64)),
+        ),
+        "position_ids",
+        &format!("position_ids[0] = {}", i64::MIN),
+    );
+}
+
+#[test]
+fn gpu_offsets_beyond_2_pow_32_elements() {
+    // q: 1 × (2²⁰ + 8) tokens × 32 heads × 128 = 2³² + 32768 bf16 elements (8 GiB): any 32-bit
+    // element or byte offset wraps. q and k are zero except three 8-token windows of random
+    // data (at the start, around element 2³¹, at the end) whose cos/sin rows come from host
+    // ids; each window must match the reference computed on that window alone (a wrapped
+    // write from the end would land in the first window and break it).
+    let Some(stream) = gpu("gpu_offsets_beyond_2_pow_32_elements") else {
+        return;
+    };
+    let (hq, hk, d, win) = (32, 1, 128, 8);
+    let s = (1usize << 20) + win;
+    let args = RopeArgs::new(1, s, hq, hk, d);
+    let mut q_d = stream.alloc_zeros::<bf16>(s * hq * d).expect("8 GiB for q");
+    let mut k_d = stream.alloc_zeros::<bf16>(s * hk * d).expect("k");
+    let max_pos = 16;
+    let (cos, sin) = cos_sin::<bf16>(&(0..max_pos as i64).collect::<Vec<_>>(), d, false);
+    let (cos_d, sin_d) = (upload(&stream, &cos), upload(&stream, &sin));
+    let mut ids = vec![0i64; s];
+    let starts = [0, (1usize << 31) / (hq * d) - win / 2, s - win];
+    let mut rng = Rng::new(600);
+    let mut windows = Vec::new();
+    for &t0 in &starts {
+        let q: Vec<bf16> = uniform(&mut rng, win * hq * d);
+        let k: Vec<bf16> = uniform(&mut rng, win * hk * d);
+        let w_ids: Vec<i64> = (0..win)
+            .map(|_| (rng.next_u64() % max_pos) as i64)
+            .collect();
+        ids[t0..t0 + win].copy_from_slice(&w_ids);
+        let mut qv = q_d.slice_mut(t0 * hq * d..(t0 + win) * hq * d);
+        stream.memcpy_htod(&q, &mut qv).unwrap();
+        let mut kv = k_d.slice_mut(t0 * hk * d..(t0 + win) * hk * d);
+        stream.memcpy_htod(&k, &mut kv).unwrap();
+        windows.push((t0, q, k, w_ids));
+    }
+    let layout = CosSinLayout::Gathered(PositionIds::Host(&ids));
+    rope_forward(&stream, &args, &mut q_d, &mut k_d, &cos_d, &sin_d, &layout).unwrap();
+    let wargs = RopeArgs::new(1, win, hq, hk, d);
+    for (t0, q, k, w_ids) in windows {
+        let got_q: Vec<bf16> = stream
+            .clone_dtoh(&q_d.slice(t0 * hq * d..(t0 + win) * hq * d))
+            .unwrap();
+        let got_k: Vec<bf16> = stream
+            .clone_dtoh(&k_d.slice(t0 * hk * d..(t0 + win) * hk * d))
+            .unwrap();
+        let (mut qw, mut kw) = (q.clone(), k.clone());
+        ref_forward(
+            &wargs,
+            &mut qw,
+            &mut kw,
+            &cos,
+            &sin,
+            CosSinRows::Gathered(&w_ids),
+        )
+        .unwrap();
+        let case = format!("window at token {t0}");
+        check("q", &case, &got_q, &qw, &q, d, d);
+        check("k", &case, &got_k, &kw, &k, d, d);
+    }
+}
+
+#[test]
+fn gpu_nan_inf_and_overflow_propagate_as_in_the_reference() {
+    // NaN stays NaN, ±Inf meets c = 1, s = 0 at position 0 (Inf·0 = NaN in the partner), and a
+    // pair of 60000s overflows f16 (x2·c + x1·s ≈ 84853 > 65504) to Inf: all as the reference.
+    let Some(stream) = gpu("gpu_nan_inf_and_overflow_propagate_as_in_the_reference") else {
+        return;
+    };
+    special_values::<f32>(&stream);
+    special_values::<f16>(&stream);
+    special_values::<bf16>(&stream);
+}
+
+fn special_values<T: Dtype>(stream: &Arc<CudaStream>) {
+    let (b, s, hq, hk, d) = (2, 3, 2, 1, 8);
+    let args = RopeArgs::new(b, s, hq, hk, d);
+    let mut rng = Rng::new(700);
+    let mut q: Vec<T> = uniform(&mut rng, b * s * hq * d);
+    let mut k: Vec<T> = uniform(&mut rng, b * s * hk * d);
+    q[0] = T::from_f64(f64::NAN);
+    q[5] = T::from_f64(f64::INFINITY);
+    k[2] = T::from_f64(f64::NEG_INFINITY);
+    // Token 1 (position 1): the first pair of its first q head.
+    let pair = hq * d;
+    q[pair] = T::from_f64(60000.0);
+    q[pair + d / 2] = T::from_f64(60000.0);
+    let positions: Vec<i64> = (0..s as i64).collect();
+    let (cos, sin) = cos_sin::<T>(&positions, d, false);
+    let (cos_d, sin_d) = (upload(stream, &cos), upload(stream, &sin));
+    let pp = CosSinLayout::PerPosition;
+    let case = format!("special values, {}", T::NAME);
+    let (mut q_d, mut k_d) = (upload(stream, &q), upload(stream, &k));
+    rope_forward(stream, &args, &mut q_d, &mut k_d, &cos_d, &sin_d, &pp).unwrap();
+    let (mut qw, mut kw) = (q.clone(), k.clone());
+    ref_forward(&args, &mut qw, &mut kw, &cos, &sin, CosSinRows::PerPosition).unwrap();
+    let got_q = download(stream, &q_d);
+    check("q", &case, &got_q, &qw, &q, d, d);
+    check("k", &case, &download(stream, &k_d), &kw, &k, d, d);
+    assert!(
+        got_q[0].to_f64().is_nan() && got_q[5].to_f64().is_infinite(),
+        "{case}"
+    );
+    // The backward, in place on the forward's output.
+    rope_backward(stream, &args, &mut q_d, &mut k_d, &cos_d, &sin_d, &pp).unwrap();
+    let (q1, k1) = (qw.clone(), kw.clone());
+    ref_backward(&args, &mut qw, &mut kw, &cos, &sin, CosSinRows::PerPosition).unwrap();
+    check("dq", &case, &download(stream, &q_d), &qw, &q1, d, d);
+    check("dk", &case, &download(stream, &k_d), &kw, &k1, d, d);
+}
+
+// ---------------------------------------------------------------- bad input
+
+#[test]
+fn bad_input_is_rejected_before_launch() {
+    let Some(stream) = gpu("bad_input_is_rejected_before_launch") else {
+        return;
+    };
+    let (b, s, hq, hk, d) = (2, 3, 4, 2, 8);
+    let a = RopeArgs::new(b, s, hq, hk, d);
+    let zeros = |n: usize| upload(&stream, &vec![0.0f32; n]);
+    let (mut q, mut k) = (zeros(b * s * hq * d), zeros(b * s * hk * d));
+    let (cos, sin) = (zeros(s * d), zeros(s * d));
+    let pp = CosSinLayout::PerPosition;
+    let call =
+        |a: &RopeArgs,
+         q: &mut CudaSlice<f32>,
+         k: &mut CudaSlice<f32>,
+         cos: &CudaSlice<f32>,
+         sin: &CudaSlice<f32>,
+         layout: &CosSinLayout<'_>| { rope_forward(&stream, a, q, k, cos, sin, layout) };
+    assert!(call(&a, &mut q, &mut k, &cos, &sin, &pp).is_ok());
+
+    // The shape itself.
+    let shape_errors = [
+        (
+            RopeArgs::new(b, s, hq, hk, 7),
+            "args.head_dim",
+            "even value ≥ 2",
+        ),
+        (
+            RopeArgs::new(b, s, hq, hk, 0),
+            "args.head_dim",
+            "even value ≥ 2",
+        ),
+        (
+            a.with_rotary_dim(5),
+            "args.rotary_dim",
+            "2 ..= head_dim = 8",
+        ),
+        (
+            a.with_rotary_dim(0),
+            "args.rotary_dim",
+            "2 ..= head_dim = 8",
+        ),
+        (
+            a.with_rotary_dim(10),
+            "args.rotary_dim",
+            "2 ..= head_dim = 8",
+        ),
+        (RopeArgs::new(b, s, 0, hk, d), "args.q_heads", "at least 1"),
+        (RopeArgs::new(b, s, hq, 0, d), "args.k_heads", "at least 1"),
+        (
+            RopeArgs::new(usize::MAX, s, hq, hk, d),
+            "args",
+            "within usize",
+        ),
+        (RopeArgs::new(b, s, 1 << 40, hk, d), "args", "< 2^31"),
+    ];
+    for (args, arg, needle) in shape_errors {
+        expect_invalid(call(&args, &mut q, &mut k, &cos, &sin, &pp), arg, needle);
+    }
+
+    // q/k lengths: a k with another batch or sequence length, a q with other heads.
+    let mut k_other_seq = zeros(b * (s + 1) * hk * d);
+    expect_invalid(
+        call(&a, &mut q, &mut k_other_seq, &cos, &sin, &pp),
+        "k",
+        "length 96 (batch × seq_len × k_heads × head_dim)",
+    );
+    let mut q_other_heads = zeros(b * s * (hq + 1) * d);
+    expect_invalid(
+        call(&a, &mut q_other_heads, &mut k, &cos, &sin, &pp),
+        "q",
+        "length 192",
+    );
+
+    // cos/sin lengths for each form; sin unlike cos.
+    let short = zeros(s * d - 2);
+    expect_invalid(
+        call(&a, &mut q, &mut k, &short, &sin, &pp),
+        "cos",
+        "length 24 (seq_len × rotary_dim)",
+    );
+    expect_invalid(
+        call(&a, &mut q, &mut k, &cos, &short, &pp),
+        "sin",
+        "length 24 (the length of cos)",
+    );
+    expect_invalid(
+        call(&a, &mut q, &mut k, &cos, &sin, &CosSinLayout::PerBatch),
+        "cos",
+        "length 48 (batch × seq_len × rotary_dim)",
+    );
+    // Partial rotary: rows are rotary_dim long, so a head_dim-wide table is rejected.
+    expect_invalid(
+        call(&a.with_rotary_dim(4), &mut q, &mut k, &cos, &sin, &pp),
+        "cos",
+        "length 12",
+    );
+    let ids_ok = [0i64, 1, 2, 0, 1, 2];
+    let gathered = CosSinLayout::Gathered(PositionIds::Host(&ids_ok));
+    let ragged = zeros(3 * d + 1);
+    expect_invalid(
+        call(&a, &mut q, &mut k, &ragged, &ragged, &gathered),
+        "cos",
+        "rows of rotary_dim = 8",
+    );
+    let empty = zeros(1);
+    expect_invalid(
+        rope_forward(
+            &stream,
+            &a,
+            &mut q,
+            &mut k,
+            &empty.slice(0..0),
+            &sin,
+            &gathered,
+        ),
+        "cos",
+        "max_pos ≥ 1",
+    );
+    assert!(call(&a, &mut q, &mut k, &cos, &sin, &gathered).is_ok());
+
+    // Position ids: length (host and device) and host range.
+    let host_short = CosSinLayout::Gathered(PositionIds::Host(&ids_ok[..5]));
+    expect_invalid(
+        call(&a, &mut q, &mut k, &cos, &sin, &host_short),
+        "position_ids",
+        "length 6 (batch × seq_len)",
+    );
+    let dev_long = upload_ids(&stream, &[0i32; 7]);
+    let dev_long = CosSinLayout::Gathered(PositionIds::DeviceI32(dev_long.as_view()));
+    expect_invalid(
+        call(&a, &mut q, &mut k, &cos, &sin, &dev_long),
+        "position_ids",
+        "length 6",
+    );
+    let too_big = [0i64, 1, 2, 3, 0, 0];
+    expect_invalid(
+        call(
+            &a,
+            &mut q,
+            &mut k,
+            &cos,
+            &sin,
+            &CosSinLayout::Gathered(PositionIds::Host(&too_big)),
+        ),
+        "position_ids",
+        "position_ids[3] = 3",
+    );
+    let negative = [0i64, 1, 2, 0, -2, 0];
+    expect_invalid(
+        call(
+            &a,
+            &mut q,
+            &mut k,
+            &cos,
+            &sin,
+            &CosSinLayout::Gathered(PositionIds::Host(&negative)),
+        ),
+        "position_ids",
+        "ids in 0 ..= 2",
+    );
+
+    // The backward names its own buffers.
+    let mut short_dq = zeros(b * s * hq * d - 1);
+    expect_invalid(
+        rope_backward(&stream, &a, &mut short_dq, &mut k, &cos, &sin, &pp),
+        "dq",
+        "length 192",
+    );
+    expect_invalid(
+        rope_backward(&stream, &a, &mut q, &mut k_other_seq, &cos, &sin, &pp),
+        "dk",
+        "length 96",
+    );
+    stream.synchronize().unwrap();
+}
+
+#[test]
+fn zero_tokens_launch_nothing() {
+    // B = 0 or S = 0: every form is validated against its (possibly empty) length, then the
+    // call returns Ok without a launch (a zero-block launch would be a driver error).
+    let Some(stream) = gpu("zero_tokens_launch_nothing") else {
+        return;
+    };
+    let (mut q_buf, mut k_buf) = (upload(&stream, &[1.0f32; 8]), upload(&stream, &[1.0f32; 8]));
+    let table = upload(&stream, &[0.0f32; 40]); // 5 rows of 8
+    let no_ids: [i64; 0] = [];
+    for (b, s) in [(0, 5), (3, 0)] {
+        let args = RopeArgs::new(b, s, 2, 1, 8);
+        let (mut q, mut k) = (q_buf.slice_mut(0..0), k_buf.slice_mut(0..0));
+        let per_position = table.slice(0..s * 8);
+        let per_batch = table.slice(0..0);
+        let forms = [
+            (CosSinLayout::PerPosition, &per_position),
+            (CosSinLayout::PerBatch, &per_batch),
+            (
+                CosSinLayout::Gathered(PositionIds::Host(&no_ids)),
+                &table.as_view(),
+            ),
+        ];
+        for (layout, cos) in &forms {
+            let result = rope_forward(&stream, &args, &mut q, &mut k, *cos, *cos, layout);
+            assert!(result.is_ok(), "{b}×{s} {layout:?}: {result:?}");
+            let result = rope_backward(&stream, &args, &mut q, &mut k, *cos, *cos, layout);
+            assert!(result.is_ok(), "{b}×{s} {layout:?}: {result:?}");
+        }
+        // Lengths are still checked: [S, r] with S = 5 is 40 elements, not 0.
+        if s > 0 {
+            let empty = table.slice(0..0);
+            let pp = CosSinLayout::PerPosition;
+            let result = rope_forward(&stream, &args, &mut q, &mut k, &empty, &empty, &pp);
+            expect_invalid(result, "cos", "length 40");
+        }
+    }
+    assert_eq!(download(&stream, &q_buf), vec![1.0f32; 8]);
+    assert_eq!(download(&stream, &k_buf), vec![1.0f32; 8]);
+}
+
+#[test]
+fn overlapping_buffers_are_rejected() {
+    let Some(stream) = gpu("overlapping_buffers_are_rejected") else {
+        return;
+    };
+    let (b, s, hq, hk, d) = (1, 2, 2, 2, 4);
+    let a = RopeArgs::new(b, s, hq, hk, d);
+    let n = b * s * hq * d; // 16, also the length of k
+    let buf = upload(&stream, &vec![0.0f32; 5 * n]);
+    let base = {
+        let (ptr, _guard) = buf.device_ptr(&stream);
+        ptr
+    };
+    // Safe Rust cannot hold a shared and a mutable view of the same memory, so overlaps are
+    // built from raw pointers into `buf`.
+    // SAFETY: every alias lies inside `buf` and is leaked (never freed) below.
+    let alias = |offset: usize, len: usize| unsafe {
+        stream.upgrade_device_ptr::<f32>(base + 4 * offset as u64, len)
+    };
+    let (mut q, mut k_over_q) = (alias(0, n), alias(n / 2, n));
+    let cos = buf.slice(2 * n..2 * n + s * d);
+    let sin = buf.slice(3 * n..3 * n + s * d);
+    let pp = CosSinLayout::PerPosition;
+    let e = rope_forward(&stream, &a, &mut q, &mut k_over_q, &cos, &sin, &pp);
+    assert_eq!(
+        e,
+        Err(Error::Aliasing {
+            output: "q",
+            other: "k"
+        })
+    );
+    let mut k = alias(n, n);
+    let mut q_over_cos = alias(2 * n - 4, n);
+    let e = rope_forward(&stream, &a, &mut q_over_cos, &mut k, &cos, &sin, &pp);
+    assert_eq!(
+        e,
+        Err(Error::Aliasing {
+            output: "q",
+            other: "cos"
+        })
+    );
+    let mut dk_over_sin = alias(3 * n + 4, n);
+    let e = rope_backward(&stream, &a, &mut q, &mut dk_over_sin, &cos, &sin, &pp);
+    assert_eq!(
+        e,
+        Err(Error::Aliasing {
+            output: "dk",
+            other: "sin"
+        })
+    );
+    // Device position ids (2 × i64) inside k.
+    // SAFETY: the ids are only compared as addresses: the call is rejected before a launch.
+    let ids_in_k = unsafe { buf.slice(n..n + 4).transmute::<i64>(2) }.expect("4 f32 = 2 i64");
+    let layout = CosSinLayout::Gathered(PositionIds::DeviceI64(ids_in_k));
+    let e = rope_forward(&stream, &a, &mut q, &mut k, &cos, &sin, &layout);
+    assert_eq!(
+        e,
+        Err(Error::Aliasing {
+            output: "k",
+            other: "position_ids"
+        })
+    );
+    // Adjacent, not overlapping: accepted (cos and sin may share memory: both are inputs).
+    let e = rope_forward(&stream, &a, &mut q, &mut k, &cos, &cos, &pp);
+    assert!(e.is_ok(), "{e:?}");
+    stream.synchronize().unwrap();
+    let _ = (
+        q.leak(),
+        k.leak(),
+        k_over_q.leak(),
+        q_over_cos.leak(),
+        dk_over_sin.leak(),
+    );
+}
