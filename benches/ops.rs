@@ -4,7 +4,10 @@
 //! Without a GPU it prints one line and exits 0.
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, sys::CUevent_flags};
-use liger_rs::{Dtype, RmsNormArgs, rms_norm_backward_inplace, rms_norm_forward};
+use liger_rs::{
+    CosSinLayout, Dtype, RmsNormArgs, RopeArgs, SwigluArgs, rms_norm_backward_inplace,
+    rms_norm_forward, rope_backward, rope_forward, swiglu_backward, swiglu_forward,
+};
 use std::sync::Arc;
 
 const WARMUP: usize = 10;
@@ -104,6 +107,73 @@ fn rms_norm<T: Dtype>(stream: &Arc<CudaStream>, rows: usize, cols: usize, out: &
     });
 }
 
+/// RoPE on q [b, s, hq, d] and k [b, s, hk, d] with [s, d] tables, in place (HF layout).
+fn rope<T: Dtype>(stream: &Arc<CudaStream>, shape: [usize; 5], out: &mut Vec<Row>) {
+    let [b, s, hq, hk, d] = shape;
+    let args = RopeArgs::new(b, s, hq, hk, d);
+    let (nq, nk) = (b * s * hq * d, b * s * hk * d);
+    let mut q = random::<T>(stream, nq, 4);
+    let mut k = random::<T>(stream, nk, 5);
+    let cos = random::<T>(stream, s * d, 6);
+    let sin = random::<T>(stream, s * d, 7);
+    let layout = CosSinLayout::PerPosition;
+    let fwd = time_us(stream, || {
+        rope_forward(stream, &args, &mut q, &mut k, &cos, &sin, &layout).expect("rope fwd")
+    });
+    let bwd = time_us(stream, || {
+        rope_backward(stream, &args, &mut q, &mut k, &cos, &sin, &layout).expect("rope bwd")
+    });
+    let shape = format!("{b}x{s}x{hq}/{hk}x{d}");
+    let bytes = 2.0 * (nq + nk) as f64 * std::mem::size_of::<T>() as f64;
+    out.push(Row {
+        op: "rope_fwd",
+        shape: shape.clone(),
+        dtype: T::NAME,
+        us: fwd,
+        bytes,
+    });
+    out.push(Row {
+        op: "rope_bwd",
+        shape,
+        dtype: T::NAME,
+        us: bwd,
+        bytes,
+    });
+}
+
+/// SwiGLU forward and out-of-place backward on separate gate/up buffers.
+fn swiglu<T: Dtype>(stream: &Arc<CudaStream>, rows: usize, cols: usize, out: &mut Vec<Row>) {
+    let args = SwigluArgs::new(rows, cols);
+    let n = rows * cols;
+    let a = random::<T>(stream, n, 8);
+    let b = random::<T>(stream, n, 9);
+    let dc = random::<T>(stream, n, 10);
+    let mut c = stream.alloc_zeros::<T>(n).expect("alloc");
+    let mut da = stream.alloc_zeros::<T>(n).expect("alloc");
+    let mut db = stream.alloc_zeros::<T>(n).expect("alloc");
+    let fwd = time_us(stream, || {
+        swiglu_forward(stream, &args, &a, &b, &mut c).expect("swiglu fwd")
+    });
+    let bwd = time_us(stream, || {
+        swiglu_backward(stream, &args, &dc, &a, &b, &mut da, &mut db).expect("swiglu bwd")
+    });
+    let (shape, s) = (format!("{rows}x{cols}"), std::mem::size_of::<T>() as f64);
+    out.push(Row {
+        op: "swiglu_fwd",
+        shape: shape.clone(),
+        dtype: T::NAME,
+        us: fwd,
+        bytes: 3.0 * n as f64 * s,
+    });
+    out.push(Row {
+        op: "swiglu_bwd",
+        shape,
+        dtype: T::NAME,
+        us: bwd,
+        bytes: 5.0 * n as f64 * s,
+    });
+}
+
 fn main() {
     let ctx = match liger_rs::cuda_context(0) {
         Ok(ctx) => ctx,
@@ -123,9 +193,17 @@ fn main() {
     rms_norm::<f32>(&stream, 16384, 4096, &mut rows);
     rms_norm::<f16>(&stream, 16384, 4096, &mut rows);
     rms_norm::<bf16>(&stream, 2048, 4096, &mut rows);
+    rope::<bf16>(&stream, [4, 4096, 32, 8, 128], &mut rows);
+    rope::<f32>(&stream, [4, 4096, 32, 8, 128], &mut rows);
+    rope::<f16>(&stream, [4, 4096, 32, 8, 128], &mut rows);
+    rope::<bf16>(&stream, [1, 1024, 32, 8, 128], &mut rows);
+    swiglu::<bf16>(&stream, 16384, 14336, &mut rows);
+    swiglu::<f32>(&stream, 16384, 8192, &mut rows);
+    swiglu::<f16>(&stream, 16384, 14336, &mut rows);
+    swiglu::<bf16>(&stream, 2048, 14336, &mut rows);
 
     println!(
-        "{:<14} {:<14} {:<5} {:>10} {:>8} {:>7}",
+        "{:<14} {:<20} {:<5} {:>10} {:>8} {:>7}",
         "op", "shape", "dtype", "median µs", "GB/s", "% copy"
     );
     let mut csv = String::from("op,shape,dtype,median_us,gbps,pct_copy\n");
@@ -133,7 +211,7 @@ fn main() {
         let gbps = r.bytes / r.us / 1e3;
         let pct = 100.0 * gbps / copy;
         println!(
-            "{:<14} {:<14} {:<5} {:>10.1} {:>8.0} {:>6.1}%",
+            "{:<14} {:<20} {:<5} {:>10.1} {:>8.0} {:>6.1}%",
             r.op, r.shape, r.dtype, r.us, gbps, pct
         );
         csv.push_str(&format!(

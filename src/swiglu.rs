@@ -1,1 +1,631 @@
-//! swiglu (in progress).
+//! SwiGLU (SiLU-mul) forward and backward launchers (kernels: `kernels-gpu/src/swiglu.rs`,
+//! reference: [`crate::reference::swiglu`]).
+//!
+//! With `z = f32(a)·gm`: forward `c = T(T(silu(z)) · b)` (silu in f32, rounded to `T`, then the
+//! product of two `T` values — Liger ≥ 0.6); backward, from `g = f32(dc)·dm`,
+//! `db = T(g·silu(z))`, `da = T(g·silu'(z)·gm·b)` with `silu'(z) = σ(1 + z(1 − σ))`, all in f32.
+//! silu never overflows or turns NaN for finite `z`: large negative `z` gives −0, large
+//! positive `z` gives `z` (and `silu'` 0 and 1). One launch per call, no allocation, no
+//! synchronisation.
+use crate::dtype::Dtype;
+use crate::error::{Result, invalid};
+use crate::launch::{Region, at_least, disjoint, same_context, span};
+use crate::module::kernels;
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use std::sync::Arc;
+
+/// Elements per thread per tile (must match `ITEMS` in kernels-gpu/src/swiglu.rs).
+const ITEMS: usize = 4;
+/// Most threads per block.
+const MAX_THREADS: usize = 256;
+
+/// Shape and parameters of a SwiGLU call over `rows` rows of `cols` elements.
+///
+/// Separate layout ([`swiglu_forward`], [`swiglu_backward`], [`swiglu_backward_inplace`]):
+/// rows of `a` and `da` start `a_stride` elements apart, rows of `b` and `db` `b_stride`
+/// apart, rows of `c` and `dc` `c_stride` apart, so row-slices of larger buffers work.
+///
+/// Fused gate-up layout ([`swiglu_forward_fused`], [`swiglu_backward_fused`],
+/// [`swiglu_backward_fused_inplace`]): one `[rows, 2·cols]` buffer with the gate in the first
+/// `cols` elements of each row and the up projection in the next `cols`; its rows (and those
+/// of its gradient) start `a_stride ≥ 2·cols` elements apart; `b_stride` is not used.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SwigluArgs {
+    /// Number of rows (0 is allowed and launches nothing).
+    pub rows: usize,
+    /// Elements per row of `a`, `b` and `c` (≥ 1; no upper limit).
+    pub cols: usize,
+    /// `gm`: the gate is `z = a·gm` (finite; 1.0 for plain SwiGLU).
+    pub gate_multiplier: f32,
+    /// `dm`: the backward uses `dc·dm` as the gradient of `c` (finite; 1.0 for plain SwiGLU).
+    pub down_multiplier: f32,
+    /// Elements between the starts of consecutive rows of `a`/`da` (≥ `cols`), or of the
+    /// fused gate-up buffer and its gradient (≥ `2·cols`).
+    pub a_stride: usize,
+    /// Elements between the starts of consecutive rows of `b`/`db` (≥ `cols`; separate layout).
+    pub b_stride: usize,
+    /// Elements between the starts of consecutive rows of `c`/`dc` (≥ `cols`).
+    pub c_stride: usize,
+}
+
+impl SwigluArgs {
+    /// Separate contiguous `a`, `b`, `c` of `rows × cols`; both multipliers 1.
+    pub fn new(rows: usize, cols: usize) -> Self {
+        SwigluArgs {
+            rows,
+            cols,
+            gate_multiplier: 1.0,
+            down_multiplier: 1.0,
+            a_stride: cols,
+            b_stride: cols,
+            c_stride: cols,
+        }
+    }
+
+    /// A contiguous fused gate-up buffer of `rows × 2·cols` (`a_stride = 2·cols`) and a
+    /// contiguous `c` of `rows × cols`; both multipliers 1.
+    pub fn fused(rows: usize, cols: usize) -> Self {
+        let stride = cols.saturating_mul(2);
+        SwigluArgs {
+            a_stride: stride,
+            b_stride: stride,
+            ..SwigluArgs::new(rows, cols)
+        }
+    }
+
+    /// Sets the gate multiplier `gm`.
+    pub fn with_gate_multiplier(self, gate_multiplier: f32) -> Self {
+        SwigluArgs {
+            gate_multiplier,
+            ..self
+        }
+    }
+
+    /// Sets the down multiplier `dm` (backward only).
+    pub fn with_down_multiplier(self, down_multiplier: f32) -> Self {
+        SwigluArgs {
+            down_multiplier,
+            ..self
+        }
+    }
+
+    /// Sets the row strides of `a`/`da` (or the fused buffer), `b`/`db` and `c`/`dc`.
+    pub fn with_strides(self, a_stride: usize, b_stride: usize, c_stride: usize) -> Self {
+        SwigluArgs {
+            a_stride,
+            b_stride,
+            c_stride,
+            ..self
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.cols == 0 {
+            return Err(invalid("args.cols", "at least 1 column", 0));
+        }
+        if !self.gate_multiplier.is_finite() {
+            return Err(invalid(
+                "args.gate_multiplier",
+                "a finite value",
+                self.gate_multiplier,
+            ));
+        }
+        if !self.down_multiplier.is_finite() {
+            return Err(invalid(
+                "args.down_multiplier",
+                "a finite value",
+                self.down_multiplier,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Spans (elements) of `a`, `b` and `c` in the separate layout.
+    fn separate_spans(&self) -> Result<[usize; 3]> {
+        self.check()?;
+        Ok([
+            span("args.a_stride", self.rows, self.cols, self.a_stride)?,
+            span("args.b_stride", self.rows, self.cols, self.b_stride)?,
+            span("args.c_stride", self.rows, self.cols, self.c_stride)?,
+        ])
+    }
+
+    /// Spans (elements) of the fused gate-up buffer and of `c`.
+    fn fused_spans(&self) -> Result<[usize; 2]> {
+        self.check()?;
+        let width = self
+            .cols
+            .checked_mul(2)
+            .ok_or_else(|| invalid("args.cols", "2 × cols within usize", self.cols))?;
+        if self.a_stride < width {
+            return Err(invalid(
+                "args.a_stride",
+                format!("fused row stride ≥ 2 × cols = {width}"),
+                self.a_stride,
+            ));
+        }
+        Ok([
+            span("args.a_stride", self.rows, width, self.a_stride)?,
+            span("args.c_stride", self.rows, self.cols, self.c_stride)?,
+        ])
+    }
+}
+
+const SPAN_A: &str = "(rows − 1) × a_stride + cols";
+const SPAN_B: &str = "(rows − 1) × b_stride + cols";
+const SPAN_C: &str = "(rows − 1) × c_stride + cols";
+const SPAN_FUSED: &str = "(rows − 1) × a_stride + 2 × cols";
+
+/// Byte offset of the up half in a fused row.
+fn up_offset<T>(cols: usize) -> u64 {
+    (cols * std::mem::size_of::<T>()) as u64
+}
+
+/// Threads per block: enough for `cols` at `ITEMS` per thread, 32 ..= 256.
+fn threads_for(cols: usize) -> usize {
+    cols.div_ceil(ITEMS)
+        .next_power_of_two()
+        .clamp(32, MAX_THREADS)
+}
+
+/// Launch shape: `threads` per block, one tile (`ITEMS·threads` columns of one row) per block
+/// at a time, as many blocks as fit on the device at once (the kernel walks the tiles
+/// grid-stride), never more than there are tiles.
+fn config(
+    func: &cudarc::driver::CudaFunction,
+    sm_count: u32,
+    rows: usize,
+    cols: usize,
+) -> Result<LaunchConfig> {
+    let threads = threads_for(cols);
+    let tiles = (rows as u64).saturating_mul(cols.div_ceil(ITEMS * threads) as u64);
+    let per_sm = func
+        .occupancy_max_active_blocks_per_multiprocessor(threads as u32, 0, None)?
+        .max(1);
+    let resident = (sm_count as u64 * per_sm as u64).clamp(1, i32::MAX as u64);
+    Ok(LaunchConfig {
+        grid_dim: (tiles.min(resident) as u32, 1, 1),
+        block_dim: (threads as u32, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// Pointers and strides of one forward launch.
+struct Forward {
+    a: u64,
+    a_stride: usize,
+    b: u64,
+    b_stride: usize,
+    c: u64,
+}
+
+fn launch_forward<T: Dtype>(stream: &Arc<CudaStream>, args: &SwigluArgs, p: Forward) -> Result<()> {
+    let kernels = kernels(stream.context())?;
+    let func = kernels.function(&format!("swiglu_fwd_{}", T::NAME))?;
+    let cfg = config(&func, kernels.sm_count(), args.rows, args.cols)?;
+    let (a_stride, b_stride, c_stride) =
+        (p.a_stride as u64, p.b_stride as u64, args.c_stride as u64);
+    let (rows, cols) = (args.rows as u64, args.cols as u64);
+    let mut launch = stream.launch_builder(&func);
+    launch
+        .arg(&p.a)
+        .arg(&a_stride)
+        .arg(&p.b)
+        .arg(&b_stride)
+        .arg(&p.c)
+        .arg(&c_stride)
+        .arg(&rows)
+        .arg(&cols)
+        .arg(&args.gate_multiplier);
+    // SAFETY: argument order and types match `swiglu_kernels!` in kernels-gpu; the caller
+    // checked that each pointer covers `rows` rows of its stride and `cols` columns and that
+    // `c` overlaps no input; the guards of every pointer outlive this call.
+    unsafe { launch.launch(cfg) }?;
+    Ok(())
+}
+
+/// Pointers and strides of one backward launch (`da` uses `a_stride`, `db` `b_stride`).
+struct Backward {
+    dc: u64,
+    a: u64,
+    a_stride: usize,
+    b: u64,
+    b_stride: usize,
+    da: u64,
+    db: u64,
+}
+
+fn launch_backward<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &SwigluArgs,
+    p: Backward,
+) -> Result<()> {
+    let kernels = kernels(stream.context())?;
+    let func = kernels.function(&format!("swiglu_bwd_{}", T::NAME))?;
+    let cfg = config(&func, kernels.sm_count(), args.rows, args.cols)?;
+    let (a_stride, b_stride, c_stride) =
+        (p.a_stride as u64, p.b_stride as u64, args.c_stride as u64);
+    let (rows, cols) = (args.rows as u64, args.cols as u64);
+    let mut launch = stream.launch_builder(&func);
+    launch
+        .arg(&p.dc)
+        .arg(&c_stride)
+        .arg(&p.a)
+        .arg(&a_stride)
+        .arg(&p.b)
+        .arg(&b_stride)
+        .arg(&p.da)
+        .arg(&p.db)
+        .arg(&rows)
+        .arg(&cols)
+        .arg(&args.gate_multiplier)
+        .arg(&args.down_multiplier);
+    // SAFETY: argument order and types match `swiglu_kernels!` in kernels-gpu; the caller
+    // checked every pointer against its stride and length, and that outputs overlap no input
+    // (in place, `da = a` and `db = b` exactly: each element is read, then written, by the
+    // same thread); the guards of every pointer outlive this call.
+    unsafe { launch.launch(cfg) }?;
+    Ok(())
+}
+
+/// SwiGLU forward, separate gate and up: `c = T(T(silu(a·gm)) · b)`, element-wise over
+/// `rows × cols`.
+///
+/// `a`, `b` and `c` hold `rows` rows at `args.a_stride`, `args.b_stride`, `args.c_stride`
+/// (see [`SwigluArgs`]). `c` must not overlap `a` or `b`. One launch on `stream`, no
+/// allocation, no synchronisation.
+///
+/// ```no_run
+/// use liger_rs::{SwigluArgs, swiglu_forward};
+/// use half::bf16;
+/// let ctx = liger_rs::cuda_context(0)?;
+/// let stream = ctx.default_stream();
+/// let (rows, cols) = (8, 14336);
+/// let gate = stream.clone_htod(&vec![bf16::ONE; rows * cols])?;
+/// let up = stream.clone_htod(&vec![bf16::ONE; rows * cols])?;
+/// let mut c = stream.alloc_zeros::<bf16>(rows * cols)?;
+/// swiglu_forward(&stream, &SwigluArgs::new(rows, cols), &gate, &up, &mut c)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn swiglu_forward<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &SwigluArgs,
+    a: &impl DevicePtr<T>,
+    b: &impl DevicePtr<T>,
+    c: &mut impl DevicePtrMut<T>,
+) -> Result<()> {
+    let [a_span, b_span, c_span] = args.separate_spans()?;
+    same_context(stream, "a", a)?;
+    same_context(stream, "b", b)?;
+    same_context(stream, "c", c)?;
+    at_least("a", a.len(), a_span, SPAN_A)?;
+    at_least("b", b.len(), b_span, SPAN_B)?;
+    at_least("c", c.len(), c_span, SPAN_C)?;
+    if args.rows == 0 {
+        return Ok(());
+    }
+    let (a_ptr, _a) = a.device_ptr(stream);
+    let (b_ptr, _b) = b.device_ptr(stream);
+    let (c_ptr, _c) = c.device_ptr_mut(stream);
+    disjoint(
+        &[Region::new::<T>("c", c_ptr, c_span)],
+        &[
+            Region::new::<T>("a", a_ptr, a_span),
+            Region::new::<T>("b", b_ptr, b_span),
+        ],
+    )?;
+    let p = Forward {
+        a: a_ptr,
+        a_stride: args.a_stride,
+        b: b_ptr,
+        b_stride: args.b_stride,
+        c: c_ptr,
+    };
+    launch_forward::<T>(stream, args, p)
+}
+
+/// SwiGLU forward from a fused gate-up buffer `[rows, 2·cols]` (gate first in each row, rows
+/// `args.a_stride` apart) into `c` `[rows, cols]` (rows `args.c_stride` apart); otherwise as
+/// [`swiglu_forward`].
+///
+/// ```no_run
+/// use liger_rs::{SwigluArgs, swiglu_forward_fused};
+/// let ctx = liger_rs::cuda_context(0)?;
+/// let stream = ctx.default_stream();
+/// let (rows, cols) = (8, 11008);
+/// let gate_up = stream.clone_htod(&vec![0.5f32; rows * 2 * cols])?;
+/// let mut c = stream.alloc_zeros::<f32>(rows * cols)?;
+/// swiglu_forward_fused(&stream, &SwigluArgs::fused(rows, cols), &gate_up, &mut c)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn swiglu_forward_fused<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &SwigluArgs,
+    gate_up: &impl DevicePtr<T>,
+    c: &mut impl DevicePtrMut<T>,
+) -> Result<()> {
+    let [in_span, c_span] = args.fused_spans()?;
+    same_context(stream, "gate_up", gate_up)?;
+    same_context(stream, "c", c)?;
+    at_least("gate_up", gate_up.len(), in_span, SPAN_FUSED)?;
+    at_least("c", c.len(), c_span, SPAN_C)?;
+    if args.rows == 0 {
+        return Ok(());
+    }
+    let (in_ptr, _in) = gate_up.device_ptr(stream);
+    let (c_ptr, _c) = c.device_ptr_mut(stream);
+    disjoint(
+        &[Region::new::<T>("c", c_ptr, c_span)],
+        &[Region::new::<T>("gate_up", in_ptr, in_span)],
+    )?;
+    let p = Forward {
+        a: in_ptr,
+        a_stride: args.a_stride,
+        b: in_ptr + up_offset::<T>(args.cols),
+        b_stride: args.a_stride,
+        c: c_ptr,
+    };
+    launch_forward::<T>(stream, args, p)
+}
+
+/// SwiGLU backward into separate buffers: `da` (rows at `args.a_stride`) and `db` (rows at
+/// `args.b_stride`) from `dc` (rows at `args.c_stride`), recomputing silu from `a` and `b`.
+///
+/// With `g = dc·dm` and `z = a·gm` (f32): `db = g·silu(z)`, `da = g·silu'(z)·gm·b`, each
+/// rounded once to `T`. `da` and `db` must not overlap each other or any input; use
+/// [`swiglu_backward_inplace`] to write them over `a` and `b`. One launch, no allocation.
+///
+/// ```no_run
+/// use liger_rs::{SwigluArgs, swiglu_backward};
+/// use half::bf16;
+/// let ctx = liger_rs::cuda_context(0)?;
+/// let stream = ctx.default_stream();
+/// let (rows, cols) = (8, 14336);
+/// let a = stream.clone_htod(&vec![bf16::ONE; rows * cols])?;
+/// let b = stream.clone_htod(&vec![bf16::ONE; rows * cols])?;
+/// let dc = stream.clone_htod(&vec![bf16::ONE; rows * cols])?;
+/// let (mut da, mut db) = (stream.alloc_zeros::<bf16>(rows * cols)?, stream.alloc_zeros::<bf16>(rows * cols)?);
+/// swiglu_backward(&stream, &SwigluArgs::new(rows, cols), &dc, &a, &b, &mut da, &mut db)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn swiglu_backward<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &SwigluArgs,
+    dc: &impl DevicePtr<T>,
+    a: &impl DevicePtr<T>,
+    b: &impl DevicePtr<T>,
+    da: &mut impl DevicePtrMut<T>,
+    db: &mut impl DevicePtrMut<T>,
+) -> Result<()> {
+    let [a_span, b_span, c_span] = args.separate_spans()?;
+    same_context(stream, "dc", dc)?;
+    same_context(stream, "a", a)?;
+    same_context(stream, "b", b)?;
+    same_context(stream, "da", da)?;
+    same_context(stream, "db", db)?;
+    at_least("dc", dc.len(), c_span, SPAN_C)?;
+    at_least("a", a.len(), a_span, SPAN_A)?;
+    at_least("b", b.len(), b_span, SPAN_B)?;
+    at_least("da", da.len(), a_span, SPAN_A)?;
+    at_least("db", db.len(), b_span, SPAN_B)?;
+    if args.rows == 0 {
+        return Ok(());
+    }
+    let (dc_ptr, _dc) = dc.device_ptr(stream);
+    let (a_ptr, _a) = a.device_ptr(stream);
+    let (b_ptr, _b) = b.device_ptr(stream);
+    let (da_ptr, _da) = da.device_ptr_mut(stream);
+    let (db_ptr, _db) = db.device_ptr_mut(stream);
+    disjoint(
+        &[
+            Region::new::<T>("da", da_ptr, a_span),
+            Region::new::<T>("db", db_ptr, b_span),
+        ],
+        &[
+            Region::new::<T>("dc", dc_ptr, c_span),
+            Region::new::<T>("a", a_ptr, a_span),
+            Region::new::<T>("b", b_ptr, b_span),
+        ],
+    )?;
+    let p = Backward {
+        dc: dc_ptr,
+        a: a_ptr,
+        a_stride: args.a_stride,
+        b: b_ptr,
+        b_stride: args.b_stride,
+        da: da_ptr,
+        db: db_ptr,
+    };
+    launch_backward::<T>(stream, args, p)
+}
+
+/// SwiGLU backward writing `da` over `a` and `db` over `b` (the memory-saving mode of
+/// Liger's seed); otherwise as [`swiglu_backward`].
+///
+/// `a` and `b` must not overlap each other ([`crate::Error::Aliasing`]; an interleaved
+/// gate-up buffer goes through [`swiglu_backward_fused_inplace`]), nor `dc`.
+///
+/// ```no_run
+/// use liger_rs::{SwigluArgs, swiglu_backward_inplace};
+/// let ctx = liger_rs::cuda_context(0)?;
+/// let stream = ctx.default_stream();
+/// let (rows, cols) = (8, 4096);
+/// let mut a = stream.clone_htod(&vec![0.5f32; rows * cols])?; // becomes da
+/// let mut b = stream.clone_htod(&vec![2.0f32; rows * cols])?; // becomes db
+/// let dc = stream.clone_htod(&vec![1.0f32; rows * cols])?;
+/// let args = SwigluArgs::new(rows, cols).with_down_multiplier(0.5);
+/// swiglu_backward_inplace(&stream, &args, &dc, &mut a, &mut b)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn swiglu_backward_inplace<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &SwigluArgs,
+    dc: &impl DevicePtr<T>,
+    a: &mut impl DevicePtrMut<T>,
+    b: &mut impl DevicePtrMut<T>,
+) -> Result<()> {
+    let [a_span, b_span, c_span] = args.separate_spans()?;
+    same_context(stream, "dc", dc)?;
+    same_context(stream, "a", a)?;
+    same_context(stream, "b", b)?;
+    at_least("dc", dc.len(), c_span, SPAN_C)?;
+    at_least("a", a.len(), a_span, SPAN_A)?;
+    at_least("b", b.len(), b_span, SPAN_B)?;
+    if args.rows == 0 {
+        return Ok(());
+    }
+    let (dc_ptr, _dc) = dc.device_ptr(stream);
+    let (a_ptr, _a) = a.device_ptr_mut(stream);
+    let (b_ptr, _b) = b.device_ptr_mut(stream);
+    disjoint(
+        &[
+            Region::new::<T>("a", a_ptr, a_span),
+            Region::new::<T>("b", b_ptr, b_span),
+        ],
+        &[Region::new::<T>("dc", dc_ptr, c_span)],
+    )?;
+    let p = Backward {
+        dc: dc_ptr,
+        a: a_ptr,
+        a_stride: args.a_stride,
+        b: b_ptr,
+        b_stride: args.b_stride,
+        da: a_ptr,
+        db: b_ptr,
+    };
+    launch_backward::<T>(stream, args, p)
+}
+
+/// SwiGLU backward from a fused gate-up buffer into a separate fused gradient buffer
+/// `d_gate_up` `[rows, 2·cols]` (`da` in the first `cols` of each row, `db` in the next;
+/// rows `args.a_stride` apart, like `gate_up`). `d_gate_up` must not overlap `gate_up` or
+/// `dc`; otherwise as [`swiglu_backward`].
+///
+/// ```no_run
+/// use liger_rs::{SwigluArgs, swiglu_backward_fused};
+/// let ctx = liger_rs::cuda_context(0)?;
+/// let stream = ctx.default_stream();
+/// let (rows, cols) = (8, 11008);
+/// let gate_up = stream.clone_htod(&vec![0.5f32; rows * 2 * cols])?;
+/// let dc = stream.clone_htod(&vec![1.0f32; rows * cols])?;
+/// let mut d_gate_up = stream.alloc_zeros::<f32>(rows * 2 * cols)?;
+/// swiglu_backward_fused(&stream, &SwigluArgs::fused(rows, cols), &dc, &gate_up, &mut d_gate_up)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn swiglu_backward_fused<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &SwigluArgs,
+    dc: &impl DevicePtr<T>,
+    gate_up: &impl DevicePtr<T>,
+    d_gate_up: &mut impl DevicePtrMut<T>,
+) -> Result<()> {
+    let [in_span, c_span] = args.fused_spans()?;
+    same_context(stream, "dc", dc)?;
+    same_context(stream, "gate_up", gate_up)?;
+    same_context(stream, "d_gate_up", d_gate_up)?;
+    at_least("dc", dc.len(), c_span, SPAN_C)?;
+    at_least("gate_up", gate_up.len(), in_span, SPAN_FUSED)?;
+    at_least("d_gate_up", d_gate_up.len(), in_span, SPAN_FUSED)?;
+    if args.rows == 0 {
+        return Ok(());
+    }
+    let (dc_ptr, _dc) = dc.device_ptr(stream);
+    let (in_ptr, _in) = gate_up.device_ptr(stream);
+    let (out_ptr, _out) = d_gate_up.device_ptr_mut(stream);
+    disjoint(
+        &[Region::new::<T>("d_gate_up", out_ptr, in_span)],
+        &[
+            Region::new::<T>("dc", dc_ptr, c_span),
+            Region::new::<T>("gate_up", in_ptr, in_span),
+        ],
+    )?;
+    let up = up_offset::<T>(args.cols);
+    let p = Backward {
+        dc: dc_ptr,
+        a: in_ptr,
+        a_stride: args.a_stride,
+        b: in_ptr + up,
+        b_stride: args.a_stride,
+        da: out_ptr,
+        db: out_ptr + up,
+    };
+    launch_backward::<T>(stream, args, p)
+}
+
+/// SwiGLU backward writing the fused gradient over the fused gate-up buffer (`da` over the
+/// gate half, `db` over the up half of each row); `dc` must not overlap `gate_up`.
+/// Otherwise as [`swiglu_backward_fused`].
+///
+/// ```no_run
+/// use liger_rs::{SwigluArgs, swiglu_backward_fused_inplace};
+/// use half::f16;
+/// let ctx = liger_rs::cuda_context(0)?;
+/// let stream = ctx.default_stream();
+/// let (rows, cols) = (8, 11008);
+/// let mut gate_up = stream.clone_htod(&vec![f16::ONE; rows * 2 * cols])?; // becomes d_gate_up
+/// let dc = stream.clone_htod(&vec![f16::ONE; rows * cols])?;
+/// swiglu_backward_fused_inplace(&stream, &SwigluArgs::fused(rows, cols), &dc, &mut gate_up)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn swiglu_backward_fused_inplace<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &SwigluArgs,
+    dc: &impl DevicePtr<T>,
+    gate_up: &mut impl DevicePtrMut<T>,
+) -> Result<()> {
+    let [in_span, c_span] = args.fused_spans()?;
+    same_context(stream, "dc", dc)?;
+    same_context(stream, "gate_up", gate_up)?;
+    at_least("dc", dc.len(), c_span, SPAN_C)?;
+    at_least("gate_up", gate_up.len(), in_span, SPAN_FUSED)?;
+    if args.rows == 0 {
+        return Ok(());
+    }
+    let (dc_ptr, _dc) = dc.device_ptr(stream);
+    let (ptr, _guard) = gate_up.device_ptr_mut(stream);
+    disjoint(
+        &[Region::new::<T>("gate_up", ptr, in_span)],
+        &[Region::new::<T>("dc", dc_ptr, c_span)],
+    )?;
+    let up = up_offset::<T>(args.cols);
+    let p = Backward {
+        dc: dc_ptr,
+        a: ptr,
+        a_stride: args.a_stride,
+        b: ptr + up,
+        b_stride: args.a_stride,
+        da: ptr,
+        db: ptr + up,
+    };
+    launch_backward::<T>(stream, args, p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_cover_small_rows_without_waste_and_cap_at_256() {
+        assert_eq!(threads_for(1), 32);
+        assert_eq!(threads_for(128), 32);
+        assert_eq!(threads_for(129), 64);
+        assert_eq!(threads_for(1000), 256);
+        assert_eq!(threads_for(70001), 256);
+    }
+
+    #[test]
+    fn fused_spans_need_twice_the_columns() {
+        let args = SwigluArgs::fused(3, 5);
+        assert_eq!(args.fused_spans().unwrap(), [30, 15]);
+        let e = args.with_strides(9, 0, 5).fused_spans().unwrap_err();
+        assert!(e.to_string().contains("2 × cols = 10"), "{e}");
+        assert!(SwigluArgs::fused(1, usize::MAX).fused_spans().is_err());
+        assert_eq!(
+            SwigluArgs::new(2, 4)
+                .with_strides(6, 5, 4)
+                .separate_spans()
+                .unwrap(),
+            [10, 9, 8]
+        );
+    }
+}

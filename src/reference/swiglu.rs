@@ -1,1 +1,202 @@
-//! swiglu (in progress).
+//! SwiGLU (SiLU-mul) on the CPU: the cast points of DESIGN.md §3 with f64 in between.
+//!
+//! `D(·)` rounds to the element type, `F(·)` to f32 ([`Element::cast_f32`], the identity for
+//! f64) where the kernels materialise an f32 value from a product of inputs:
+//!
+//! | value | reference                                   |
+//! |-------|---------------------------------------------|
+//! | gate  | `z = F(a·gm)`                                |
+//! | `c`   | `D(D(silu(z)) · b)` (Liger ≥ 0.6)            |
+//! | `g`   | `F(dc·dm)`                                   |
+//! | `db`  | `D(g · silu(z))`                             |
+//! | `da`  | `D(g · silu'(z) · gm · b)`                   |
+//!
+//! with `silu(z) = z·σ(z)` and `silu'(z) = σ(z)·(1 + z·(1 − σ(z)))` in f64. [`sigmoid`] never
+//! overflows (it exponentiates only `−|z|`), so silu is finite for every finite `z`; an
+//! infinite `z` takes the limits silu(−∞) = −0, silu(+∞) = +∞, silu'(−∞) = 0, silu'(+∞) = 1
+//! (the GPU kernels do the same). NaN propagates.
+use super::Element;
+use crate::error::{Result, invalid};
+
+/// Backward results: the gradients of the gate `a` and of the up projection `b`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SwigluGrads<T> {
+    /// Gradient of `a` (same layout as `a`).
+    pub da: Vec<T>,
+    /// Gradient of `b` (same layout as `b`).
+    pub db: Vec<T>,
+}
+
+/// `(σ(z), 1 − σ(z))` without overflow or cancellation: from `t = e^{−|z|} ∈ [0, 1]`,
+/// `r = 1/(1 + t)`, they are `(r, t·r)` for `z ≥ 0` and `(t·r, r)` otherwise.
+fn sigmoid_pair(z: f64) -> (f64, f64) {
+    let t = (-z.abs()).exp();
+    let r = 1.0 / (1.0 + t);
+    if z >= 0.0 { (r, t * r) } else { (t * r, r) }
+}
+
+/// The logistic function `1/(1 + e^{−z})`, finite for every `z` (0 at −∞, 1 at +∞).
+///
+/// ```
+/// use liger_rs::reference::swiglu::sigmoid;
+/// assert_eq!(sigmoid(0.0), 0.5);
+/// assert_eq!(sigmoid(-1e300), 0.0);
+/// assert_eq!(sigmoid(f64::INFINITY), 1.0);
+/// ```
+pub fn sigmoid(z: f64) -> f64 {
+    sigmoid_pair(z).0
+}
+
+/// `silu(z) = z·σ(z)`; −0 for large negative `z` (and −∞), `z` for large positive `z`.
+///
+/// ```
+/// use liger_rs::reference::swiglu::silu;
+/// assert_eq!(silu(1e4), 1e4);
+/// assert_eq!(silu(-1e4), 0.0);
+/// assert_eq!(silu(f64::NEG_INFINITY), 0.0);
+/// ```
+pub fn silu(z: f64) -> f64 {
+    let sig = sigmoid(z);
+    if sig == 0.0 { -0.0 } else { z * sig }
+}
+
+/// `silu'(z) = σ(z)·(1 + z·(1 − σ(z)))`; 0 for large negative `z`, 1 for large positive.
+///
+/// ```
+/// use liger_rs::reference::swiglu::silu_grad;
+/// assert_eq!(silu_grad(0.0), 0.5);
+/// assert_eq!(silu_grad(1e4), 1.0);
+/// assert_eq!(silu_grad(f64::NEG_INFINITY), 0.0);
+/// ```
+pub fn silu_grad(z: f64) -> f64 {
+    let (sig, one_minus) = sigmoid_pair(z);
+    if sig == 0.0 {
+        return 0.0;
+    }
+    let z_one_minus = if one_minus == 0.0 { 0.0 } else { z * one_minus };
+    sig * (1.0 + z_one_minus)
+}
+
+fn check_multiplier(arg: &'static str, m: f32) -> Result<f64> {
+    if m.is_finite() {
+        Ok(m as f64)
+    } else {
+        Err(invalid(arg, "a finite value", m))
+    }
+}
+
+fn check_like<T>(arg: &'static str, v: &[T], like: usize) -> Result<()> {
+    if v.len() != like {
+        return Err(invalid(arg, format!("length {like} (like a)"), v.len()));
+    }
+    Ok(())
+}
+
+/// The gate `z = F(a·gm)`.
+fn gate<T: Element>(a: T, gm: f64) -> f64 {
+    T::cast_f32(a.to_f64() * gm)
+}
+
+/// The SwiGLU forward `c = D(D(silu(F(a·gm))) · b)`, element by element (any layout; `a` and
+/// `b` have the same length).
+///
+/// ```
+/// use liger_rs::reference::swiglu::{sigmoid, swiglu_forward};
+/// let c = swiglu_forward(&[0.0f64, 1.0], &[3.0, 2.0], 1.0).unwrap();
+/// assert_eq!(c, vec![0.0, 2.0 * sigmoid(1.0)]);
+/// ```
+pub fn swiglu_forward<T: Element>(a: &[T], b: &[T], gate_multiplier: f32) -> Result<Vec<T>> {
+    check_like("b", b, a.len())?;
+    let gm = check_multiplier("gate_multiplier", gate_multiplier)?;
+    Ok(a.iter()
+        .zip(b)
+        .map(|(&a, &b)| T::from_f64(T::cast(silu(gate(a, gm))) * b.to_f64()))
+        .collect())
+}
+
+/// The SwiGLU backward: with `z = F(a·gm)` and `g = F(dc·dm)`, `db = D(g·silu(z))` and
+/// `da = D(g·silu'(z)·gm·b)`, element by element (`dc`, `a`, `b` of the same length).
+///
+/// ```
+/// use liger_rs::reference::swiglu::swiglu_backward;
+/// // z = 0: σ = 1/2, silu = 0, silu' = 1/2.
+/// let g = swiglu_backward(&[1.0f64], &[0.0], &[4.0], 1.0, 1.0).unwrap();
+/// assert_eq!((g.da[0], g.db[0]), (2.0, 0.0));
+/// ```
+pub fn swiglu_backward<T: Element>(
+    dc: &[T],
+    a: &[T],
+    b: &[T],
+    gate_multiplier: f32,
+    down_multiplier: f32,
+) -> Result<SwigluGrads<T>> {
+    check_like("b", b, a.len())?;
+    check_like("dc", dc, a.len())?;
+    let gm = check_multiplier("gate_multiplier", gate_multiplier)?;
+    let dm = check_multiplier("down_multiplier", down_multiplier)?;
+    let mut da = Vec::with_capacity(a.len());
+    let mut db = Vec::with_capacity(a.len());
+    for ((&dc, &a), &b) in dc.iter().zip(a).zip(b) {
+        let z = gate(a, gm);
+        let g = T::cast_f32(dc.to_f64() * dm);
+        db.push(T::from_f64(g * silu(z)));
+        da.push(T::from_f64(g * silu_grad(z) * gm * b.to_f64()));
+    }
+    Ok(SwigluGrads { da, db })
+}
+
+fn check_fused<T>(arg: &'static str, v: &[T], cols: usize) -> Result<usize> {
+    let width = cols
+        .checked_mul(2)
+        .filter(|&w| w > 0)
+        .ok_or_else(|| invalid("cols", "1 ..= usize::MAX / 2", cols))?;
+    if !v.len().is_multiple_of(width) {
+        return Err(invalid(
+            arg,
+            format!("a multiple of 2 × cols = {width} elements"),
+            v.len(),
+        ));
+    }
+    Ok(v.len() / width)
+}
+
+/// Splits a contiguous fused gate-up buffer `[rows, 2·cols]` into its gate and up halves
+/// (each `[rows, cols]`, contiguous).
+///
+/// ```
+/// use liger_rs::reference::swiglu::split_gate_up;
+/// let (a, b) = split_gate_up(&[1, 2, 3, 4, 5, 6, 7, 8], 2).unwrap();
+/// assert_eq!((a, b), (vec![1, 2, 5, 6], vec![3, 4, 7, 8]));
+/// ```
+pub fn split_gate_up<T: Copy>(gate_up: &[T], cols: usize) -> Result<(Vec<T>, Vec<T>)> {
+    check_fused("gate_up", gate_up, cols)?;
+    let mut a = Vec::with_capacity(gate_up.len() / 2);
+    let mut b = Vec::with_capacity(gate_up.len() / 2);
+    for row in gate_up.chunks(2 * cols) {
+        a.extend_from_slice(&row[..cols]);
+        b.extend_from_slice(&row[cols..]);
+    }
+    Ok((a, b))
+}
+
+/// Interleaves contiguous `[rows, cols]` halves into one fused `[rows, 2·cols]` buffer (gate
+/// first): the inverse of [`split_gate_up`], e.g. to compare `da`, `db` with a fused gradient.
+pub fn join_gate_up<T: Copy>(a: &[T], b: &[T], cols: usize) -> Result<Vec<T>> {
+    if cols == 0 {
+        return Err(invalid("cols", "at least 1", 0));
+    }
+    if !a.len().is_multiple_of(cols) {
+        return Err(invalid(
+            "a",
+            format!("a multiple of cols = {cols} elements"),
+            a.len(),
+        ));
+    }
+    check_like("b", b, a.len())?;
+    let mut out = Vec::with_capacity(2 * a.len());
+    for (ra, rb) in a.chunks(cols).zip(b.chunks(cols)) {
+        out.extend_from_slice(ra);
+        out.extend_from_slice(rb);
+    }
+    Ok(out)
+}
