@@ -1,7 +1,8 @@
 //! # liger-rs
 //!
-//! Fused LLM training kernels — RMSNorm (RoPE and SwiGLU follow) — written in Rust, compiled
-//! to PTX, and launched on your own [`cudarc`] device buffers.
+//! Fused LLM training kernels — RMSNorm ([`rms_norm_forward`]), RoPE ([`rope_forward`]) and
+//! SwiGLU ([`swiglu_forward`]), forward and backward — written in Rust, compiled to PTX, and
+//! launched on your own [`cudarc`] device buffers.
 //!
 //! * **Device code** lives in the `kernels-gpu` crate (`#![no_std]`), compiled for
 //!   `nvptx64-nvidia-cuda` by a pinned nightly with `-Zbuild-std=core --emit=asm`. `build.rs`
@@ -53,6 +54,9 @@ pub use half;
 pub use mode::CastingMode;
 pub use module::{PTX, cuda_context};
 pub use rms_norm::{RmsNormArgs, rms_norm_backward, rms_norm_backward_inplace, rms_norm_forward};
-pub use rope::*;
+pub use rope::{CosSinLayout, PositionIds, RopeArgs, rope_backward, rope_forward};
 pub use settings::{LaunchSettings, MAX_FUSED_SIZE, calculate_settings};
-pub use swiglu::*;
+pub use swiglu::{
+    SwigluArgs, swiglu_backward, swiglu_backward_fused, swiglu_backward_fused_inplace,
+    swiglu_backward_inplace, swiglu_forward, swiglu_forward_fused,
+};

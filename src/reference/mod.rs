@@ -9,6 +9,8 @@ pub mod rope;
 pub mod swiglu;
 
 pub use rms_norm::{rms_norm_backward, rms_norm_forward};
+pub use rope::{rope_backward, rope_forward};
+pub use swiglu::{swiglu_backward, swiglu_forward};
 
 use half::{bf16, f16};
 use std::fmt::Debug;
