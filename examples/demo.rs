@@ -1,11 +1,26 @@
-//! First-run demo: RMSNorm forward and backward on a Llama-3-8B-shaped activation (bf16,
-//! 4096 tokens × 4096 hidden) on GPU 0, a sample of the results checked against the CPU
-//! reference, and the time of each call. Without a GPU it says why and runs the reference on a
-//! small shape instead.
+//! First-run demo: one Llama-3-8B-shaped norm → attention-RoPE → MLP step on GPU 0, forward and
+//! backward, in bf16: RMSNorm over [4096 tokens, 4096 hidden], RoPE on q [1, 4096, 32, 128] and
+//! k [1, 4096, 8, 128], SwiGLU over [4096, 14336]. A sample of every output is checked against
+//! the CPU reference, and each op's time and throughput is printed. Without a GPU it says why
+//! and runs the CPU reference on a small shape instead.
 use half::bf16;
-use liger_rs::reference;
-use liger_rs::{CastingMode, RmsNormArgs, rms_norm_backward_inplace, rms_norm_forward};
+use liger_rs::cudarc::driver::{CudaEvent, CudaStream, sys::CUevent_flags};
+use liger_rs::reference::{self, rope::CosSinRows};
+use liger_rs::{
+    CastingMode, CosSinLayout, RmsNormArgs, RopeArgs, SwigluArgs, rms_norm_backward_inplace,
+    rms_norm_forward, rope_backward, rope_forward, swiglu_backward, swiglu_forward,
+};
+use std::sync::Arc;
 
+const TOKENS: usize = 4096;
+const HIDDEN: usize = 4096;
+const HEADS: (usize, usize, usize) = (32, 8, 128);
+const INTERMEDIATE: usize = 14336;
+const EPS: f32 = 1e-5;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// Deterministic pseudo-random bf16 values in [−2, 2).
 fn data(n: usize, seed: u64) -> Vec<bf16> {
     let mut s = seed;
     (0..n)
@@ -18,147 +33,317 @@ fn data(n: usize, seed: u64) -> Vec<bf16> {
         .collect()
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (rows, cols) = (4096, 4096);
-    let args = RmsNormArgs::new(rows, cols)
-        .with_eps(1e-5)
-        .with_mode(CastingMode::Llama);
-    let (x, w, dy) = (data(rows * cols, 1), data(cols, 2), data(rows * cols, 3));
+/// HF's cos/sin tables [positions, head_dim]: cat(freqs, freqs), base 500000 (Llama 3).
+fn tables(positions: usize, d: usize) -> (Vec<bf16>, Vec<bf16>) {
+    let (mut cos, mut sin) = (Vec::new(), Vec::new());
+    for p in 0..positions {
+        for i in 0..d {
+            let theta = p as f64 * 500000f64.powf(-2.0 * (i % (d / 2)) as f64 / d as f64);
+            cos.push(bf16::from_f64(theta.cos()));
+            sin.push(bf16::from_f64(theta.sin()));
+        }
+    }
+    (cos, sin)
+}
+
+/// Largest |got − want| / max(|want|, rms(want)): a few bf16 ulps (2⁻⁸ each) is agreement.
+fn worst_error(got: &[bf16], want: &[bf16]) -> f64 {
+    let rms = (want.iter().map(|v| v.to_f64().powi(2)).sum::<f64>() / want.len() as f64).sqrt();
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| (g.to_f64() - w.to_f64()).abs() / w.to_f64().abs().max(rms))
+        .fold(0.0, f64::max)
+}
+
+struct Timer<'a> {
+    stream: &'a Arc<CudaStream>,
+    rows: Vec<(&'static str, f64, f64)>,
+}
+
+impl Timer<'_> {
+    /// Runs `f` once to warm up, then once between two events; records ms and GB/s.
+    fn time(&mut self, name: &'static str, bytes: f64, mut f: impl FnMut() -> Res<()>) -> Res<()> {
+        println!("[{}/8] {name} …", self.rows.len() + 1);
+        f()?;
+        let event = || -> Res<CudaEvent> {
+            let e = self
+                .stream
+                .context()
+                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            e.record(self.stream)?;
+            Ok(e)
+        };
+        let start = event()?;
+        f()?;
+        let end = event()?;
+        let ms = start.elapsed_ms(&end)? as f64;
+        self.rows.push((name, ms, bytes / ms / 1e6));
+        Ok(())
+    }
+}
+
+fn main() -> Res<()> {
     let ctx = match liger_rs::cuda_context(0) {
         Ok(ctx) => ctx,
-        Err(e) => {
-            println!("no GPU ({e}); running the CPU reference on 4 × 64 instead");
-            let out = reference::rms_norm_forward(
-                &x[..256],
-                Some(&w[..64]),
-                64,
-                1e-5,
-                0.0,
-                CastingMode::Llama,
-            )?;
-            let g = reference::rms_norm_backward(
-                &dy[..256],
-                &x[..256],
-                Some(&w[..64]),
-                &out.rstd,
-                64,
-                0.0,
-                CastingMode::Llama,
-            )?;
-            println!(
-                "reference: rstd[0] = {:.6}, y[0] = {}, dx[0] = {}, dw[0] = {}",
-                out.rstd[0],
-                out.y[0],
-                g.dx[0],
-                g.dw.unwrap()[0]
-            );
-            return Ok(());
-        }
+        Err(e) => return cpu_only(&e.to_string()),
     };
     let stream = ctx.default_stream();
+    let (hq, hk, d) = HEADS;
     println!(
-        "device: {}  shape {rows} × {cols} bf16, llama mode",
+        "device: {}; bf16; {TOKENS} tokens, hidden {HIDDEN}, heads {hq}/{hk}×{d}, MLP {INTERMEDIATE}",
         ctx.name()?
     );
-    let (xd, wd) = (stream.clone_htod(&x)?, stream.clone_htod(&w)?);
-    let mut dyd = stream.clone_htod(&dy)?;
-    let (mut y, mut rstd) = (
-        stream.alloc_zeros::<bf16>(rows * cols)?,
-        stream.alloc_zeros::<f32>(rows)?,
+    let (x, w, dy) = (
+        data(TOKENS * HIDDEN, 1),
+        data(HIDDEN, 2),
+        data(TOKENS * HIDDEN, 3),
     );
-    let mut dw = stream.alloc_zeros::<bf16>(cols)?;
+    let (q, k) = (data(TOKENS * hq * d, 4), data(TOKENS * hk * d, 5));
+    let (dq, dk) = (data(TOKENS * hq * d, 6), data(TOKENS * hk * d, 7));
+    let (cos, sin) = tables(TOKENS, d);
+    let (a, b, dc) = (
+        data(TOKENS * INTERMEDIATE, 8),
+        data(TOKENS * INTERMEDIATE, 9),
+        data(TOKENS * INTERMEDIATE, 10),
+    );
+
+    let up = |v: &[bf16]| stream.clone_htod(v);
+    let (xd, wd, cosd, sind) = (up(&x)?, up(&w)?, up(&cos)?, up(&sin)?);
+    let (ad, bd, dcd) = (up(&a)?, up(&b)?, up(&dc)?);
+    let (mut y, mut rstd) = (
+        stream.alloc_zeros::<bf16>(TOKENS * HIDDEN)?,
+        stream.alloc_zeros::<f32>(TOKENS)?,
+    );
+    let mut dw = stream.alloc_zeros::<bf16>(HIDDEN)?;
+    let mut c = stream.alloc_zeros::<bf16>(TOKENS * INTERMEDIATE)?;
+    let (mut da, mut db) = (
+        stream.alloc_zeros::<bf16>(TOKENS * INTERMEDIATE)?,
+        stream.alloc_zeros::<bf16>(TOKENS * INTERMEDIATE)?,
+    );
+    let (mut qd, mut kd, mut dqd, mut dkd, mut dyd) =
+        (up(&q)?, up(&k)?, up(&dq)?, up(&dk)?, up(&dy)?);
+
+    let rms = RmsNormArgs::new(TOKENS, HIDDEN)
+        .with_eps(EPS)
+        .with_mode(CastingMode::Llama);
+    let rope = RopeArgs::new(1, TOKENS, hq, hk, d);
+    let mlp = SwigluArgs::new(TOKENS, INTERMEDIATE);
     let wv = wd.as_view();
-    let start = ctx.new_event(Some(
-        liger_rs::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT,
-    ))?;
-    let mid = ctx.new_event(Some(
-        liger_rs::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT,
-    ))?;
-    let end = ctx.new_event(Some(
-        liger_rs::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT,
-    ))?;
-    // One warm-up pair (module load, JIT of the PTX), then the timed pair on fresh dy.
-    rms_norm_forward(&stream, &args, &xd, Some(&wv), &mut y, &mut rstd)?;
-    start.record(&stream)?;
-    rms_norm_forward(&stream, &args, &xd, Some(&wv), &mut y, &mut rstd)?;
-    mid.record(&stream)?;
+    let s = 2.0; // bytes per bf16
+    let (nx, nqk, nm) = (
+        (TOKENS * HIDDEN) as f64,
+        (TOKENS * (hq + hk) * d) as f64,
+        (TOKENS * INTERMEDIATE) as f64,
+    );
+    let mut t = Timer {
+        stream: &stream,
+        rows: Vec::new(),
+    };
+    t.time("rms_norm forward", 2.0 * nx * s, || {
+        Ok(rms_norm_forward(
+            &stream,
+            &rms,
+            &xd,
+            Some(&wv),
+            &mut y,
+            &mut rstd,
+        )?)
+    })?;
+    let layout = CosSinLayout::PerPosition;
+    // RoPE is in place: the warm-up run rotates too, so the check below expects two rotations.
+    t.time("rope forward", 2.0 * nqk * s, || {
+        Ok(rope_forward(
+            &stream, &rope, &mut qd, &mut kd, &cosd, &sind, &layout,
+        )?)
+    })?;
+    t.time("rope backward", 2.0 * nqk * s, || {
+        Ok(rope_backward(
+            &stream, &rope, &mut dqd, &mut dkd, &cosd, &sind, &layout,
+        )?)
+    })?;
+    t.time("swiglu forward", 3.0 * nm * s, || {
+        Ok(swiglu_forward(&stream, &mlp, &ad, &bd, &mut c)?)
+    })?;
+    t.time("swiglu backward", 5.0 * nm * s, || {
+        Ok(swiglu_backward(
+            &stream, &mlp, &dcd, &ad, &bd, &mut da, &mut db,
+        )?)
+    })?;
+    // In place over dy: the timed run sees dx from the warm-up as its dy, so dx is checked
+    // from a separate run on fresh dy below.
+    t.time("rms_norm backward", 3.0 * nx * s, || {
+        Ok(rms_norm_backward_inplace(
+            &stream,
+            &rms,
+            &mut dyd,
+            &xd,
+            Some(&wv),
+            &rstd,
+            Some(&mut dw.as_view_mut()),
+        )?)
+    })?;
+    println!("[7/8] checking samples against the CPU reference …");
+    let mut dyd = up(&dy)?;
     rms_norm_backward_inplace(
         &stream,
-        &args,
+        &rms,
         &mut dyd,
         &xd,
         Some(&wv),
         &rstd,
         Some(&mut dw.as_view_mut()),
     )?;
-    end.record(&stream)?;
-    let (y, rstd, dx, dw) = (
-        stream.clone_dtoh(&y)?,
-        stream.clone_dtoh(&rstd)?,
-        stream.clone_dtoh(&dyd)?,
-        stream.clone_dtoh(&dw)?,
+    let down = |v| stream.clone_dtoh(v);
+    let (y, dx, dw, c, da, db) = (
+        down(&y)?,
+        down(&dyd)?,
+        down(&dw)?,
+        down(&c)?,
+        down(&da)?,
+        down(&db)?,
     );
-    let (fwd_ms, bwd_ms) = (start.elapsed_ms(&mid)? as f64, mid.elapsed_ms(&end)? as f64);
+    let (qg, kg, dqg, dkg) = (down(&qd)?, down(&kd)?, down(&dqd)?, down(&dkd)?);
+    let rstd = stream.clone_dtoh(&rstd)?;
 
-    // Check 16 sampled rows (and the whole dW) against the reference.
-    let sample: Vec<usize> = (0..16).map(|i| i * (rows / 16) + i).collect();
-    let mut worst = 0.0f64;
+    let mut worst: Vec<(&str, f64)> = Vec::new();
+    let sample: Vec<usize> = (0..16).map(|i| i * (TOKENS / 16) + 7 * i).collect();
+    let (mut got, mut want) = (Vec::new(), Vec::new());
     for &r in &sample {
-        let row = r * cols..(r + 1) * cols;
-        let want = reference::rms_norm_forward(
+        let row = r * HIDDEN..(r + 1) * HIDDEN;
+        let f = reference::rms_norm_forward(
             &x[row.clone()],
             Some(&w),
-            cols,
-            1e-5,
+            HIDDEN,
+            EPS,
             0.0,
             CastingMode::Llama,
         )?;
+        got.extend_from_slice(&y[row.clone()]);
+        want.extend(f.y);
         let g = reference::rms_norm_backward(
             &dy[row.clone()],
             &x[row.clone()],
             Some(&w),
             &[rstd[r] as f64],
-            cols,
+            HIDDEN,
             0.0,
             CastingMode::Llama,
         )?;
-        for (got, want) in y[row.clone()]
-            .iter()
-            .zip(&want.y)
-            .chain(dx[row].iter().zip(&g.dx))
-        {
-            let scale = want.to_f64().abs().max(1e-3);
-            worst = worst.max((got.to_f64() - want.to_f64()).abs() / scale);
-        }
+        got.extend_from_slice(&dx[row]);
+        want.extend(g.dx);
     }
-    let full = reference::rms_norm_forward(&x, Some(&w), cols, 1e-5, 0.0, CastingMode::Llama)?;
-    let g =
-        reference::rms_norm_backward(&dy, &x, Some(&w), &full.rstd, cols, 0.0, CastingMode::Llama)?;
-    let dw_err = dw
-        .iter()
-        .zip(g.dw.as_ref().unwrap())
-        .map(|(a, b)| (a.to_f64() - b.to_f64()).abs() / b.to_f64().abs().max(1.0))
-        .fold(0.0, f64::max);
-    let bytes = (rows * cols * 2) as f64;
-    println!("{:<14} {:>9} {:>9}", "op", "ms", "GB/s");
-    println!(
-        "{:<14} {:>9.3} {:>9.0}",
-        "rms_norm fwd",
-        fwd_ms,
-        2.0 * bytes / fwd_ms / 1e6
-    );
-    println!(
-        "{:<14} {:>9.3} {:>9.0}",
-        "rms_norm bwd",
-        bwd_ms,
-        3.0 * bytes / bwd_ms / 1e6
-    );
-    println!(
-        "largest relative error vs reference: y/dx {worst:.2e} (bf16 ulp 7.8e-3), dw {dw_err:.2e}"
-    );
-    if worst > 1.6e-2 || dw_err > 1.6e-2 {
+    worst.push(("rms_norm y, dx (16 rows)", worst_error(&got, &want)));
+    let full = reference::rms_norm_forward(&x, Some(&w), HIDDEN, EPS, 0.0, CastingMode::Llama)?;
+    let g = reference::rms_norm_backward(
+        &dy,
+        &x,
+        Some(&w),
+        &full.rstd,
+        HIDDEN,
+        0.0,
+        CastingMode::Llama,
+    )?;
+    worst.push((
+        "rms_norm dw (all)",
+        worst_error(&dw, &g.dw.unwrap_or_default()),
+    ));
+
+    let (mut got, mut want) = (Vec::new(), Vec::new());
+    let one = RopeArgs::new(1, 1, hq, hk, d);
+    for &tk in &sample {
+        let (qs, ks) = (
+            tk * hq * d..(tk + 1) * hq * d,
+            tk * hk * d..(tk + 1) * hk * d,
+        );
+        let (cr, sr) = (&cos[tk * d..(tk + 1) * d], &sin[tk * d..(tk + 1) * d]);
+        let (mut q1, mut k1) = (q[qs.clone()].to_vec(), k[ks.clone()].to_vec());
+        for _ in 0..2 {
+            reference::rope_forward(&one, &mut q1, &mut k1, cr, sr, CosSinRows::PerPosition)?;
+        }
+        let (mut dq1, mut dk1) = (dq[qs.clone()].to_vec(), dk[ks.clone()].to_vec());
+        for _ in 0..2 {
+            reference::rope_backward(&one, &mut dq1, &mut dk1, cr, sr, CosSinRows::PerPosition)?;
+        }
+        got.extend(
+            qg[qs.clone()]
+                .iter()
+                .chain(&kg[ks.clone()])
+                .chain(&dqg[qs])
+                .chain(&dkg[ks]),
+        );
+        want.extend(q1.into_iter().chain(k1).chain(dq1).chain(dk1));
+    }
+    worst.push(("rope q, k, dq, dk (16 tokens)", worst_error(&got, &want)));
+
+    let (mut got, mut want) = (Vec::new(), Vec::new());
+    for &r in &sample {
+        let row = r * INTERMEDIATE..(r + 1) * INTERMEDIATE;
+        let cw = reference::swiglu_forward(&a[row.clone()], &b[row.clone()], 1.0)?;
+        let gw = reference::swiglu_backward(
+            &dc[row.clone()],
+            &a[row.clone()],
+            &b[row.clone()],
+            1.0,
+            1.0,
+        )?;
+        got.extend(
+            c[row.clone()]
+                .iter()
+                .chain(&da[row.clone()])
+                .chain(&db[row]),
+        );
+        want.extend(cw.into_iter().chain(gw.da).chain(gw.db));
+    }
+    worst.push(("swiglu c, da, db (16 rows)", worst_error(&got, &want)));
+
+    println!("[8/8] done\n");
+    println!("{:<18} {:>9} {:>9}", "op", "ms", "GB/s");
+    for (name, ms, gbps) in &t.rows {
+        println!("{name:<18} {ms:>9.3} {gbps:>9.0}");
+    }
+    println!("\nworst error vs reference (relative; one bf16 ulp is 3.9e-3..7.8e-3):");
+    let mut ok = true;
+    for (name, e) in &worst {
+        let pass = *e <= 1.6e-2;
+        ok &= pass;
+        println!(
+            "  {name:<30} {e:.2e} {}",
+            if pass { "ok" } else { "MISMATCH" }
+        );
+    }
+    if !ok {
         return Err("results disagree with the CPU reference".into());
     }
-    println!("ok");
+    Ok(())
+}
+
+/// No GPU: one line saying why, then the reference on a small shape.
+fn cpu_only(why: &str) -> Res<()> {
+    println!("no GPU ({why}); running the CPU reference on a small shape instead");
+    let (rows, hidden, inter, (hq, hk, d)) = (4, 64, 96, (4, 2, 16));
+    let (x, w, dy) = (
+        data(rows * hidden, 1),
+        data(hidden, 2),
+        data(rows * hidden, 3),
+    );
+    let f = reference::rms_norm_forward(&x, Some(&w), hidden, EPS, 0.0, CastingMode::Llama)?;
+    let g =
+        reference::rms_norm_backward(&dy, &x, Some(&w), &f.rstd, hidden, 0.0, CastingMode::Llama)?;
+    let (mut q, mut k) = (data(rows * hq * d, 4), data(rows * hk * d, 5));
+    let (cos, sin) = tables(rows, d);
+    reference::rope_forward(
+        &RopeArgs::new(1, rows, hq, hk, d),
+        &mut q,
+        &mut k,
+        &cos,
+        &sin,
+        CosSinRows::PerPosition,
+    )?;
+    let (a, b) = (data(rows * inter, 8), data(rows * inter, 9));
+    let c = reference::swiglu_forward(&a, &b, 1.0)?;
+    println!(
+        "reference: rms y[0] = {}, dx[0] = {}, rope q[1] = {}, swiglu c[0] = {}",
+        f.y[0], g.dx[0], q[1], c[0]
+    );
     Ok(())
 }
