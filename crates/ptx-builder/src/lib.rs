@@ -306,6 +306,30 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_toolchain_is_an_error_naming_the_install_command_when_install_is_off() {
+        let dir = std::env::temp_dir().join(format!("ptx-builder-missing-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(
+            dir.join("rust-toolchain.toml"),
+            "[toolchain]\nchannel = \"nightly-2001-01-01\"\n",
+        )
+        .unwrap();
+        let build = PtxBuild {
+            crate_dir: dir.clone(),
+            target_dir: dir.join("target"),
+            target_cpu: "sm_80".into(),
+            install_missing: false,
+        };
+        let msg = build.build().unwrap_err().to_string();
+        fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            msg.starts_with("the device toolchain nightly-2001-01-01 is not installed: rustup toolchain install nightly-2001-01-01 --profile minimal --component rust-src"),
+            "{msg}"
+        );
+        assert!(msg.contains(NO_INSTALL_ENV), "{msg}");
+    }
+
+    #[test]
     fn missing_piece_names_the_command() {
         let err = BuildError::Missing {
             what: "rust-src".into(),
