@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 /// Dynamic shared memory of the row kernels: one f32 per warp for the block reduction.
 const REDUCE_SMEM_BYTES: u32 = 32 * 4;
-/// Threads per block of the dW reduction.
-const DW_REDUCE_THREADS: u32 = 256;
+/// Block of the dW reduction: 32 columns × `DW_REDUCE_PART_LANES` parallel sums over the parts.
+const DW_REDUCE_PART_LANES: u32 = 32;
 
 /// Shape and parameters of an RMSNorm call over `rows` rows of `cols` elements.
 ///
@@ -493,9 +493,9 @@ fn backward<T: Dtype>(
         let mut launch = stream.launch_builder(&reduce);
         launch.arg(&p_ptr).arg(&parts).arg(&cols).arg(&dw_ptr);
         let cfg = LaunchConfig {
-            grid_dim: (args.cols.div_ceil(DW_REDUCE_THREADS as usize) as u32, 1, 1),
-            block_dim: (DW_REDUCE_THREADS, 1, 1),
-            shared_mem_bytes: 0,
+            grid_dim: (args.cols.div_ceil(32) as u32, 1, 1),
+            block_dim: (32, DW_REDUCE_PART_LANES, 1),
+            shared_mem_bytes: 32 * DW_REDUCE_PART_LANES * 4,
         };
         // SAFETY: matches `dw_reduce_kernel!`; `partial` holds `parts × cols`, `dw` `cols`.
         unsafe { launch.launch(cfg) }?;

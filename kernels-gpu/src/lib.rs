@@ -215,6 +215,18 @@ pub fn block_idx() -> usize {
     unsafe { nvptx::_block_idx_x() as usize }
 }
 
+/// This thread's y index in its block.
+#[inline(always)]
+pub fn thread_idx_y() -> usize {
+    unsafe { nvptx::_thread_idx_y() as usize }
+}
+
+/// Threads per block along y.
+#[inline(always)]
+pub fn block_dim_y() -> usize {
+    unsafe { nvptx::_block_dim_y() as usize }
+}
+
 /// Blocks in the grid.
 #[inline(always)]
 pub fn grid_dim() -> usize {

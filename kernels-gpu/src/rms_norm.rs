@@ -12,7 +12,8 @@
 //! read once with 16-byte loads. The vector backward is persistent: each block keeps its dW
 //! partial in registers across all its rows and writes it once at the end.
 use crate::{
-    Bf16, Elem, V16, block_dim, block_idx, block_sum, grid_dim, mode, sqrt, thread_idx, unroll,
+    Bf16, Elem, V16, block_dim, block_dim_y, block_idx, block_sum, grid_dim, mode, sqrt,
+    sync_threads, thread_idx, thread_idx_y, unroll,
 };
 
 /// Per-row inverse RMS from the row's sum of squares, with the mode's cast points.
@@ -304,18 +305,35 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize>(
     }
 }
 
-/// `dw[c] = D(Σ_b partial[b][c])`, summed over blocks in index order (deterministic).
+/// `dw[c] = D(Σ_b partial[b][c])` in a fixed order (deterministic).
+///
+/// Block `(32, ny)`: `threadIdx.x` picks one of 32 consecutive columns (coalesced rows of the
+/// partial buffer), `threadIdx.y` sums parts `y, y + ny, …` of it — `ny` independent load
+/// streams per column instead of one serial walk over hundreds of parts — and the `ny` sums
+/// are added in `y` order through shared memory (`32·ny` f32).
 #[inline(always)]
 unsafe fn dw_reduce<T: Elem>(partial: *const f32, parts: usize, cols: usize, dw: *mut T) {
-    let c = block_idx() * block_dim() + thread_idx();
+    let smem = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>();
+    let (x, y, ny) = (thread_idx(), thread_idx_y(), block_dim_y());
+    let c = block_idx() * 32 + x;
+    let mut acc = 0.0f32;
     if c < cols {
-        let mut acc = 0.0f32;
-        let mut b = 0;
-        while b < parts {
-            acc += unsafe { *partial.add(b * cols + c) };
-            b += 1;
+        let mut p = y;
+        while p < parts {
+            acc += unsafe { *partial.add(p * cols + c) };
+            p += ny;
         }
-        unsafe { *dw.add(c) = T::from_f32(acc) };
+    }
+    unsafe { *smem.add(y * 32 + x) = acc };
+    sync_threads();
+    if y == 0 && c < cols {
+        let mut total = 0.0f32;
+        let mut i = 0;
+        while i < ny {
+            total += unsafe { *smem.add(i * 32 + x) };
+            i += 1;
+        }
+        unsafe { *dw.add(c) = T::from_f32(total) };
     }
 }
 
