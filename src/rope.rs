@@ -9,7 +9,11 @@ use cudarc::driver::{
 };
 use std::sync::Arc;
 
-/// Threads per block: one block covers `BLOCK_THREADS / pairs` tokens when a token has fewer
+/// Heads one thread of a vector kernel rotates per step (`VEC_HEADS` in
+/// `kernels-gpu/src/rope.rs`; must match).
+const VEC_HEADS: usize = 4;
+
+/// Threads per block of the scalar kernels: one block covers `BLOCK_THREADS / pairs` tokens when a token has fewer
 /// pairs than this, else one token in `⌈pairs / BLOCK_THREADS⌉` passes.
 const BLOCK_THREADS: usize = 256;
 
@@ -274,6 +278,55 @@ fn block_shape(pairs: usize) -> (u32, u32) {
     }
 }
 
+/// Elements per 16-byte vector if the vector kernels (`rope_{dir}_v_*`) apply, else `None`.
+///
+/// They need 16-byte aligned `q`, `k`, `cos`, `sin` (`ptrs`); `head_dim` and
+/// `half = rotary_dim / 2` multiples of the lanes (so each half of each head, and each cos/sin
+/// row, is whole aligned vectors; the dims past `rotary_dim` are then never touched, as in the
+/// scalar kernels); at most `BLOCK_THREADS` vectors per half (one thread each); and a token's
+/// `(q_heads + k_heads) × head_dim` below 2^31 (32-bit offsets within a token).
+fn vector_lanes(args: &RopeArgs, elem_bytes: usize, ptrs: [u64; 4]) -> Option<usize> {
+    let lanes = 16 / elem_bytes;
+    let half = args.rotary_dim / 2;
+    let token_elems = (args.q_heads.checked_add(args.k_heads))
+        .and_then(|h| h.checked_mul(args.head_dim))
+        .unwrap_or(usize::MAX);
+    let ok = ptrs.iter().all(|p| p.is_multiple_of(16))
+        && args.head_dim.is_multiple_of(lanes)
+        && half.is_multiple_of(lanes)
+        && half / lanes <= BLOCK_THREADS
+        && token_elems < 1 << 31;
+    ok.then_some(lanes)
+}
+
+/// `(bx, by, bz)` block of a vector kernel: `bx` = vectors per half (one per thread), `by` =
+/// head lanes (each thread rotates heads `y, y + by, …`, `VEC_HEADS` per step: `by` is
+/// `⌈heads / VEC_HEADS⌉` so one step covers the token, capped at `BLOCK_THREADS` threads per
+/// token), `bz` = tokens per block (≤ `tokens`, ≤ 64), chosen up to `BLOCK_THREADS` threads to
+/// waste the smallest fraction of the block's lanes, the most tokens among equals (small
+/// blocks would hit the per-SM block limit before the thread limit).
+fn vector_block(vph: usize, heads: usize, tokens: usize) -> (u32, u32, u32) {
+    let bx = vph.clamp(1, BLOCK_THREADS);
+    let by = heads
+        .div_ceil(VEC_HEADS)
+        .clamp(1, (BLOCK_THREADS / bx).max(1));
+    let per_token = bx * by;
+    let max_bz = (BLOCK_THREADS / per_token).clamp(1, 64).min(tokens.max(1));
+    // Fraction of idle lanes: (padded − used) / padded, compared without division.
+    let waste = |bz: usize| {
+        let used = per_token * bz;
+        let padded = used.next_multiple_of(32);
+        ((padded - used) as u64, padded as u64)
+    };
+    let bz = (1..=max_bz)
+        .min_by(|&a, &b| {
+            let ((wa, pa), (wb, pb)) = (waste(a), waste(b));
+            (wa * pb).cmp(&(wb * pa)).then(b.cmp(&a))
+        })
+        .unwrap_or(1);
+    (bx as u32, by as u32, bz as u32)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn rope<T: Dtype>(
     stream: &Arc<CudaStream>,
@@ -381,7 +434,6 @@ fn rope<T: Dtype>(
         return Ok(());
     }
 
-    let func = kernels(stream.context())?.function(&format!("rope_{dir}_{}_{variant}", T::NAME))?;
     let (q_ptr, _q) = q.device_ptr_mut(stream);
     let (k_ptr, _k) = k.device_ptr_mut(stream);
     let (cos_ptr, _cos) = cos.device_ptr(stream);
@@ -422,13 +474,45 @@ fn rope<T: Dtype>(
         None => (ids_ptr, None),
     };
 
-    let (tx, ty) = block_shape(sizes.pairs);
-    let blocks = sizes.tokens.div_ceil(ty as usize).min(i32::MAX as usize);
-    let cfg = LaunchConfig {
-        grid_dim: (blocks as u32, 1, 1),
-        block_dim: (tx, ty, 1),
-        shared_mem_bytes: 0,
+    let kernels = kernels(stream.context())?;
+    let ptrs = [q_ptr, k_ptr, cos_ptr, sin_ptr];
+    let cfg = match vector_lanes(args, std::mem::size_of::<T>(), ptrs) {
+        Some(lanes) => {
+            let func = kernels.function(&format!("rope_{dir}_v_{}_{variant}", T::NAME))?;
+            let heads = args.q_heads + args.k_heads;
+            let (bx, by, bz) = vector_block(r / 2 / lanes, heads, sizes.tokens);
+            let threads = bx * by * bz;
+            // Grid-stride over tokens: as many blocks as are resident at once, at most one per
+            // `bz` tokens.
+            let per_sm = func
+                .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?
+                .max(1);
+            let resident = (kernels.sm_count() as usize * per_sm as usize).min(i32::MAX as usize);
+            let blocks = sizes.tokens.div_ceil(bz as usize).min(resident);
+            (
+                func,
+                LaunchConfig {
+                    grid_dim: (blocks as u32, 1, 1),
+                    block_dim: (bx, by, bz),
+                    shared_mem_bytes: 0,
+                },
+            )
+        }
+        None => {
+            let func = kernels.function(&format!("rope_{dir}_{}_{variant}", T::NAME))?;
+            let (tx, ty) = block_shape(sizes.pairs);
+            let blocks = sizes.tokens.div_ceil(ty as usize).min(i32::MAX as usize);
+            (
+                func,
+                LaunchConfig {
+                    grid_dim: (blocks as u32, 1, 1),
+                    block_dim: (tx, ty, 1),
+                    shared_mem_bytes: 0,
+                },
+            )
+        }
     };
+    let (func, cfg) = cfg;
     let dims = [
         sizes.tokens,
         args.seq_len,
@@ -449,13 +533,16 @@ fn rope<T: Dtype>(
     for v in &dims {
         launch.arg(v);
     }
-    // SAFETY: argument order and types match `rope_kernel!` in kernels-gpu (5 pointers, then
+    // SAFETY: argument order and types match `rope_kernel!` in kernels-gpu (the same for the
+    // scalar and the `_v_` kernels: 5 pointers, then
     // tokens, seq_len, q_heads, k_heads, head_dim, rotary_dim, table_rows as u64). `q`/`k` were
     // checked to hold exactly tokens × heads × head_dim elements and to be disjoint from each
     // other and the inputs; cos/sin hold every row the variant selects (`seq_len` rows for
     // `pos`, `tokens` for `batch`, `table_rows` for `ids*`, whose ids the kernel clamps), and
     // the ids buffer holds `tokens` ids of the variant's type. `rotary_dim` is even,
-    // 2 ..= head_dim, and the per-token pair count is < 2^31.
+    // 2 ..= head_dim, and the per-token pair count is < 2^31. A `_v_` kernel runs only where
+    // `vector_lanes` established its alignment and divisibility requirements, with
+    // `blockDim.x = half / lanes` as it requires.
     unsafe { launch.launch(cfg) }?;
     Ok(())
 }
@@ -478,6 +565,80 @@ mod tests {
         assert_eq!(block_shape(2560), (256, 1));
         assert_eq!(block_shape(300), (160, 1));
         assert_eq!(block_shape(2), (2, 128));
+    }
+
+    #[test]
+    fn vector_path_needs_whole_aligned_vectors_in_each_half() {
+        let a = |d: usize, r: usize| RopeArgs::new(2, 3, 32, 8, d).with_rotary_dim(r);
+        let aligned = [0x1000u64, 0x2000, 0x3000, 0x4000];
+        // (d, r, bytes per element) → lanes or None.
+        let cases = [
+            ((128, 128, 2), Some(8)),
+            ((128, 128, 4), Some(4)),
+            ((64, 64, 2), Some(8)),
+            ((256, 256, 2), Some(8)),
+            ((96, 96, 2), Some(8)),  // half 48 = 6 vectors
+            ((80, 80, 2), Some(8)),  // half 40 = 5 vectors
+            ((80, 80, 4), Some(4)),  // half 40 = 10 vectors
+            ((128, 64, 2), Some(8)), // partial rotary, half 32
+            ((80, 32, 2), Some(8)),  // partial rotary, half 16
+            ((8, 8, 4), Some(4)),    // half 4 = 1 vector
+            ((92, 92, 2), None),     // head_dim·2 = 184 not a multiple of 16
+            ((92, 92, 4), None),     // half 46 not a multiple of 4
+            ((128, 40, 2), None),    // partial rotary, half 20 not a multiple of 8
+            ((80, 60, 4), None),     // partial rotary, half 30 not a multiple of 4
+            ((8, 8, 2), None),       // half 4 < 8 lanes
+            ((6, 6, 4), None),
+            ((16, 2, 2), None),
+        ];
+        for ((d, r, bytes), want) in cases {
+            assert_eq!(
+                vector_lanes(&a(d, r), bytes, aligned),
+                want,
+                "d={d} r={r} {bytes}B"
+            );
+        }
+        // Any misaligned pointer (a view at an odd offset) takes the scalar path.
+        for i in 0..4 {
+            let mut p = aligned;
+            p[i] += 2;
+            assert_eq!(vector_lanes(&a(128, 128), 2, p), None, "pointer {i}");
+            p[i] += 6; // 8-byte aligned: still not 16
+            assert_eq!(vector_lanes(&a(128, 128), 2, p), None, "pointer {i}");
+        }
+        // More than BLOCK_THREADS vectors in a half, or 2^31 elements per token: scalar.
+        let wide = RopeArgs::new(1, 1, 1, 1, 4096);
+        assert_eq!(vector_lanes(&wide, 2, aligned), Some(8)); // 256 vectors per half
+        assert_eq!(vector_lanes(&wide, 4, aligned), None); // 512
+        let many = RopeArgs::new(1, 1, 1 << 24, 1 << 24, 64);
+        assert_eq!(vector_lanes(&many, 2, aligned), None);
+    }
+
+    #[test]
+    fn vector_block_covers_the_token_in_one_step_within_256_threads() {
+        // The benchmark shape: 40 heads, d = 128 → 8 (bf16) or 16 (f32) vectors per half.
+        assert_eq!(vector_block(8, 40, 16384), (8, 10, 2)); // 160 threads, 5 full warps
+        assert_eq!(vector_block(16, 40, 16384), (16, 10, 1));
+        // 15 threads per token: 17 tokens fill 255 of 8 warps' 256 lanes (the least waste);
+        // with 4 tokens, 4 fill 60 of 64 (as good as 2 in 32, and more per block).
+        assert_eq!(vector_block(5, 10, 100), (5, 3, 17));
+        assert_eq!(vector_block(5, 10, 4), (5, 3, 4));
+        // Tiny tokens (f32 d = 16, 1 + 1 heads): 64 tokens of 2 threads, not 16 of them.
+        assert_eq!(vector_block(2, 2, 1 << 20), (2, 1, 64));
+        for vph in 1..=256 {
+            for heads in [2, 3, 5, 10, 40, 41, 300, 1 << 20] {
+                for tokens in [1, 3, 1000] {
+                    let (bx, by, bz) = vector_block(vph, heads, tokens);
+                    let (bx, by, bz) = (bx as usize, by as usize, bz as usize);
+                    assert_eq!(bx, vph);
+                    assert!(bx * by * bz <= BLOCK_THREADS && by >= 1 && bz >= 1);
+                    assert!(bz <= tokens && bz <= 64);
+                    if heads.div_ceil(VEC_HEADS) * vph <= BLOCK_THREADS {
+                        assert!(by * VEC_HEADS >= heads, "{vph} {heads}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -376,10 +376,19 @@ fn reference_rejects_bad_input() {
 // ---------------------------------------------------------------- GPU vs reference
 
 /// (B, S, Hq, Hk, d, rotary_dim): the 1×1 minimum; HF-style GQA and MQA (Hk = 1), Hq < Hk;
-/// head dims 2, 6, 16, 64, 80, 92, 96, 128, 256, 1024; odd head counts (73, 213, 5, 3, 7);
+/// head dims 2, 6, 8, 16, 64, 80, 92, 96, 128, 256, 1024; odd head counts (73, 213, 5, 3, 7);
 /// partial rotary (r < d); S ≥ 8192; per-token pair counts below, at and above the
-/// 256-thread block (2 → 128 tokens per block, 222, 301 → 2 uneven passes, 2560 → 10).
-const SHAPES: [(usize, usize, usize, usize, usize, usize); 19] = [
+/// 256-thread block of the scalar kernels (2 → 128 tokens per block, 222, 301 → 2 uneven
+/// passes, 2560 → 10).
+///
+/// Both kernel families (buffers from `upload` are 16-byte aligned): the 16-byte vector
+/// kernels take every shape whose `head_dim` and `rotary_dim / 2` are multiples of the lanes
+/// (8 for f16/bf16, 4 for f32): d = 64, 80 (5 vectors per half in bf16), 96, 128, 256, 1024,
+/// partial rotary 64 of 128 and 32 of 80, and for f32 only d = 8 (1 vector per half) and
+/// r = 40 of 128 (5 vectors); 320 heads need several head steps per thread. The scalar
+/// kernels take the rest: d = 2, 4, 6, 16 with r = 2, 92 (odd multiples of 2), and in
+/// f16/bf16 d = 8 and r = 40 of 128 (20 not a multiple of 8).
+const SHAPES: [(usize, usize, usize, usize, usize, usize); 22] = [
     (1, 1, 1, 1, 2, 2),
     (3, 423, 73, 213, 92, 92),
     (2, 7, 4, 1, 64, 64),
@@ -399,6 +408,9 @@ const SHAPES: [(usize, usize, usize, usize, usize, usize); 19] = [
     (1, 3, 40, 8, 128, 128),
     (2, 4, 300, 1, 2, 2),
     (1, 2, 1, 1, 1024, 1024),
+    (2, 6, 3, 2, 128, 40),
+    (2, 3, 300, 20, 128, 128),
+    (3, 5, 3, 1, 8, 8),
 ];
 
 /// Shapes whose CPU reference is expensive (> 10⁷ elements) run for one dtype only.
@@ -630,6 +642,80 @@ fn gpu_every_form_for_every_dtype() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     println!("gpu_every_form_for_every_dtype: {cases} cases passed");
+}
+
+#[test]
+fn gpu_vector_kernels_walk_many_tokens_grid_stride() {
+    // The vector kernels launch at most one resident grid and walk tokens grid-stride; the
+    // per-position row is advanced incrementally (wrapping at S) and gathered ids are loaded
+    // one token ahead. 200 k tokens of 1 + 1 heads of d = 16 f32 (2 vectors per half, 64
+    // tokens per block) are several passes on any current GPU (an H200 holds ~50 k such tokens
+    // at once); S = 50021 makes the stride wrap S at a different place every pass. (About 2 s,
+    // mostly the CPU reference.)
+    let Some(stream) = gpu("gpu_vector_kernels_walk_many_tokens_grid_stride") else {
+        return;
+    };
+    let shape = (4, 50021, 1, 1, 16, 16);
+    for (f, form) in [Form::PerPosition, Form::Ids32].into_iter().enumerate() {
+        run_case::<f32>(&stream, shape, form, f == 1, 45_000 + f as u64);
+    }
+}
+
+#[test]
+fn gpu_misaligned_views_take_the_scalar_path() {
+    // A view that starts one element into its allocation is not 16-byte aligned: the launcher
+    // must fall back to the scalar kernels for d = 128 (the vector kernels would misread).
+    // Each of q, k, cos, sin in turn, bf16 and f32.
+    let Some(stream) = gpu("gpu_misaligned_views_take_the_scalar_path") else {
+        return;
+    };
+    for which in 0..4 {
+        misaligned::<bf16>(&stream, which);
+        misaligned::<f32>(&stream, which);
+    }
+}
+
+fn misaligned<T: Dtype>(stream: &Arc<CudaStream>, which: usize) {
+    let (b, s, hq, hk, d) = (2, 5, 4, 2, 128);
+    let args = RopeArgs::new(b, s, hq, hk, d);
+    let mut rng = Rng::new(800 + which as u64);
+    let q: Vec<T> = uniform(&mut rng, b * s * hq * d);
+    let k: Vec<T> = uniform(&mut rng, b * s * hk * d);
+    let (cos, sin) = cos_sin::<T>(&(0..s as i64).collect::<Vec<_>>(), d, false);
+    // Buffer `i` gets one leading element when `i == which`; the call sees the view after it.
+    let padded = |i: usize, v: &[T]| {
+        let lead = usize::from(i == which);
+        let mut data = vec![T::from_f64(0.0); lead];
+        data.extend_from_slice(v);
+        (upload(stream, &data), lead)
+    };
+    let (mut q_buf, q0) = padded(0, &q);
+    let (mut k_buf, k0) = padded(1, &k);
+    let (cos_buf, c0) = padded(2, &cos);
+    let (sin_buf, s0) = padded(3, &sin);
+    let (cos_v, sin_v) = (cos_buf.slice(c0..), sin_buf.slice(s0..));
+    let pp = CosSinLayout::PerPosition;
+    let case = format!("{} misaligned buffer {which}", T::NAME);
+    {
+        let (mut q_v, mut k_v) = (q_buf.slice_mut(q0..), k_buf.slice_mut(k0..));
+        rope_forward(stream, &args, &mut q_v, &mut k_v, &cos_v, &sin_v, &pp).expect(&case);
+    }
+    let (mut qw, mut kw) = (q.clone(), k.clone());
+    ref_forward(&args, &mut qw, &mut kw, &cos, &sin, CosSinRows::PerPosition).unwrap();
+    let got_q = stream.clone_dtoh(&q_buf.slice(q0..)).unwrap();
+    let got_k = stream.clone_dtoh(&k_buf.slice(k0..)).unwrap();
+    check("q", &case, &got_q, &qw, &q, d, d);
+    check("k", &case, &got_k, &kw, &k, d, d);
+    {
+        let (mut q_v, mut k_v) = (q_buf.slice_mut(q0..), k_buf.slice_mut(k0..));
+        rope_backward(stream, &args, &mut q_v, &mut k_v, &cos_v, &sin_v, &pp).expect(&case);
+    }
+    let (q1, k1) = (qw.clone(), kw.clone());
+    ref_backward(&args, &mut qw, &mut kw, &cos, &sin, CosSinRows::PerPosition).unwrap();
+    let got_q = stream.clone_dtoh(&q_buf.slice(q0..)).unwrap();
+    let got_k = stream.clone_dtoh(&k_buf.slice(k0..)).unwrap();
+    check("dq", &case, &got_q, &qw, &q1, d, d);
+    check("dk", &case, &got_k, &kw, &k1, d, d);
 }
 
 #[test]

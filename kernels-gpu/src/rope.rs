@@ -19,10 +19,13 @@
 //! The cos/sin row of a token is chosen by the kernel variant (`ROWS`, see [`rows`]); with
 //! position ids the id is clamped into `[0, table_rows)`, so no id can read outside the table.
 //!
+//! Vector path (`rope_{fwd,bwd}_v_*`, see [`rotate_vec`]): 16-byte loads and stores when both
+//! halves of the rotary part are whole [`V16`]s. Same math, bit for bit.
+//!
 //! Math in f32, one rounding to the element type per output, no FMA contraction:
 //! `o1 = T(x1·c − x2·s)`, `o2 = T(x2·c + x1·s)` with each product rounded to f32. The backward
 //! is the same with `s → −s` (exact), i.e. `g1 = dy1·c + dy2·s`, `g2 = dy2·c − dy1·s`.
-use crate::{Bf16, Elem, block_idx, grid_dim};
+use crate::{Bf16, Elem, V16, block_idx, grid_dim, unroll};
 use core::arch::nvptx;
 
 /// Where a token's cos/sin row comes from (the `ROWS` const parameter; the host's kernel-name
@@ -56,6 +59,16 @@ fn bdim_x() -> usize {
 #[inline(always)]
 fn bdim_y() -> usize {
     unsafe { nvptx::_block_dim_y() as usize }
+}
+
+#[inline(always)]
+fn tid_z() -> usize {
+    unsafe { nvptx::_thread_idx_z() as usize }
+}
+
+#[inline(always)]
+fn bdim_z() -> usize {
+    unsafe { nvptx::_block_dim_z() as usize }
 }
 
 /// A position id clamped into `[0, rows)` (`rows ≥ 1`).
@@ -145,16 +158,186 @@ unsafe fn rotate<T: Elem, const ROWS: u32, const BWD: bool>(
     }
 }
 
+/// Heads one thread of the vector path rotates per step: their `2·VEC_HEADS` 16-byte loads are
+/// all issued before the first result is stored (the host sizes `blockDim.y` so that one step
+/// usually covers every head of the token: `blockDim.y = ⌈heads / VEC_HEADS⌉`).
+pub const VEC_HEADS: usize = 4;
+
+const ZERO: V16 = V16 {
+    a: 0,
+    b: 0,
+    c: 0,
+    d: 0,
+};
+
+/// Calls `f(i)` for each lane `i < T::LANES` as straight-line code.
+#[inline(always)]
+fn lanes<T: Elem>(mut f: impl FnMut(usize)) {
+    unroll::<8>(|i| {
+        if i < T::LANES {
+            f(i)
+        }
+    });
+}
+
+/// `v`, hidden from the optimiser: a value it cannot reason about.
+#[inline(always)]
+fn opaque(v: u32) -> u32 {
+    let o: u32;
+    // SAFETY: a register move.
+    unsafe {
+        core::arch::asm!("mov.b32 {o}, {v};", o = out(reg32) o, v = in(reg32) v,
+             options(pure, nomem, nostack))
+    };
+    o
+}
+
+/// Position id of `token` for the gathered variants (0 past the end and for the others).
+#[inline(always)]
+unsafe fn raw_id<const ROWS: u32>(ids: *const u8, token: usize, tokens: usize) -> i64 {
+    match ROWS {
+        _ if token >= tokens => 0,
+        rows::IDS_I32 => (unsafe { *(ids as *const i32).add(token) }) as i64,
+        rows::IDS_I64 => unsafe { *(ids as *const i64).add(token) },
+        _ => 0,
+    }
+}
+
+/// The vector path. Requires (host-checked) 16-byte aligned `q`, `k`, `cos`, `sin`;
+/// `head_dim` and `half = rotary_dim / 2` multiples of `T::LANES`, so every half of every head
+/// and every cos/sin row is made of whole aligned [`V16`]s; `half / T::LANES ≤ blockDim.x`
+/// (one vector of a half per thread, no loop); `(q_heads + k_heads)·head_dim < 2³¹`, so offsets
+/// within a token are 32-bit (token offsets stay 64-bit).
+///
+/// Mapping: a 3-D block. `threadIdx.z` picks one of the block's `blockDim.z` tokens, tokens
+/// walked grid-stride (`token = blockIdx.x·blockDim.z + threadIdx.z`). `threadIdx.x` is the
+/// vector `v` within a half (threads with `v ≥ half / LANES` idle): the thread loads `cos[v]`
+/// and `sin[v]` once per token and reuses them for every head it rotates. `threadIdx.y` picks
+/// heads `y, y + blockDim.y, …` of the token's `q_heads + k_heads` (q heads first, then k
+/// heads: q and k share the launch), [`VEC_HEADS`] per step with all `2·VEC_HEADS` loads of
+/// the step in flight before the first store. Consecutive threads (x fastest, then y) touch
+/// consecutive 16-byte vectors of a half, then the next head, so a warp's accesses cover whole
+/// contiguous segments. No division in the loops (the per-position row follows the token
+/// incrementally).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool>(
+    q: *mut T,
+    k: *mut T,
+    cos: *const T,
+    sin: *const T,
+    ids: *const u8,
+    tokens: usize,
+    seq_len: usize,
+    q_heads: usize,
+    k_heads: usize,
+    head_dim: usize,
+    rotary_dim: usize,
+    table_rows: usize,
+) {
+    // Everything below counts 16-byte vectors; in-token offsets are u32 (host-checked).
+    let vph = (rotary_dim / 2 / T::LANES) as u32;
+    let head_vecs = (head_dim / T::LANES) as u32;
+    let row_vecs = rotary_dim / T::LANES;
+    let (q_heads32, heads) = (q_heads as u32, (q_heads + k_heads) as u32);
+    let v = tid_x() as u32;
+    if v >= vph {
+        return;
+    }
+    let by = bdim_y() as u32;
+    let (q, k) = (q as *mut V16, k as *mut V16);
+    let (cos, sin) = (cos as *const V16, sin as *const V16);
+    let bz = bdim_z();
+    let mut token = block_idx() * bz + tid_z();
+    let step = grid_dim() * bz;
+    // Per-position row (token mod seq_len), advanced without a division per token.
+    let (mut pos, pos_step) = if ROWS == rows::PER_POSITION {
+        (token % seq_len, step % seq_len)
+    } else {
+        (0, 0)
+    };
+    // Gathered rows: the next token's id is loaded one iteration ahead (and clamped only when
+    // used), so the cos/sin loads never wait for it.
+    let mut id = unsafe { raw_id::<ROWS>(ids, token, tokens) };
+    while token < tokens {
+        let row = match ROWS {
+            rows::PER_POSITION => pos,
+            rows::PER_BATCH => token,
+            _ => clamp_id(id, table_rows),
+        };
+        id = unsafe { raw_id::<ROWS>(ids, token + step, tokens) };
+        let c = unsafe { V16::load(cos.add(row * row_vecs + v as usize)) };
+        let s = unsafe { V16::load(sin.add(row * row_vecs + v as usize)) };
+        // Head h of the token starts at `base + h·head_vecs`, base = q_tok for q heads and
+        // k_tok − q_heads·head_vecs for k heads (so the k base needs no subtraction per head).
+        let q_tok = unsafe { q.add(token * q_heads * head_vecs as usize + v as usize) };
+        let k_tok = unsafe { k.add(token * k_heads * head_vecs as usize + v as usize) }
+            .wrapping_sub(q_heads * head_vecs as usize);
+        let mut h0 = tid_y() as u32;
+        while h0 < heads {
+            // All `2·VEC_HEADS` loads are issued before any math, so their latencies overlap:
+            // - every load is unconditional: a head past the last one re-reads this thread's
+            //   own head `h0` (live, written only later by this same thread: no race) and is
+            //   not stored. Predicated loads into zeroed registers let ptxas schedule the
+            //   first head's math between the loads;
+            // - `live` is computed from an opaque copy of `heads`, so head 0's math (otherwise
+            //   known live) stays in its own block after the loads; in the same block ptxas
+            //   interleaves it with the other heads' loads, which then wait for head 0's.
+            let mut live = [false; VEC_HEADS];
+            let mut at = [core::ptr::null_mut::<V16>(); VEC_HEADS];
+            let mut x1 = [ZERO; VEC_HEADS];
+            let mut x2 = [ZERO; VEC_HEADS];
+            unroll::<VEC_HEADS>(|j| {
+                let h = h0 + j as u32 * by;
+                live[j] = h < opaque(heads);
+                let h = if h < heads { h } else { h0 };
+                let base = if h < q_heads32 { q_tok } else { k_tok };
+                at[j] = base.wrapping_add((h * head_vecs) as usize);
+                x1[j] = unsafe { V16::load(at[j]) };
+                x2[j] = unsafe { V16::load(at[j].add(vph as usize)) };
+            });
+            unroll::<VEC_HEADS>(|j| {
+                if live[j] {
+                    let (mut o1, mut o2) = ([0.0f32; 8], [0.0f32; 8]);
+                    lanes::<T>(|i| {
+                        let a = T::lane(&x1[j], i);
+                        let b = T::lane(&x2[j], i);
+                        let cc = T::lane(&c, i);
+                        let ss = T::lane(&s, i);
+                        let ss = if BWD { -ss } else { ss };
+                        o1[i] = a * cc - b * ss;
+                        o2[i] = b * cc + a * ss;
+                    });
+                    unsafe {
+                        T::pack(&o1).store(at[j]);
+                        T::pack(&o2).store(at[j].add(vph as usize));
+                    }
+                }
+            });
+            h0 += VEC_HEADS as u32 * by;
+        }
+        token += step;
+        if ROWS == rows::PER_POSITION {
+            pos += pos_step;
+            if pos >= seq_len {
+                pos -= seq_len;
+            }
+        }
+    }
+}
+
 macro_rules! rope_kernel {
-    ($ty:ty, $name:ident, $rows:expr, $bwd:expr) => {
-        /// RoPE for one dtype, direction and cos/sin row source (see the module docs).
+    ($ty:ty, $name:ident, $body:ident, $rows:expr, $bwd:expr) => {
+        /// RoPE for one dtype, direction and cos/sin row source (see the module docs); the
+        /// `_v_` variants are the vector path ([`rotate_vec`]).
         ///
         /// # Safety
         /// `q` holds `tokens × q_heads × head_dim` elements, `k` `tokens × k_heads × head_dim`,
         /// disjoint; `cos`/`sin` hold every row the variant can select (`seq_len`, `tokens` or
         /// `table_rows` rows of `rotary_dim`); `ids` holds `tokens` ids of the variant's
         /// integer type (unused, may be null, for the per-position and per-batch variants).
-        /// `2 ≤ rotary_dim ≤ head_dim`, `(q_heads + k_heads)·rotary_dim/2 < 2³¹`.
+        /// `2 ≤ rotary_dim ≤ head_dim`, `(q_heads + k_heads)·rotary_dim/2 < 2³¹`. The `_v_`
+        /// variants also need the alignment and divisibility listed at [`rotate_vec`].
         #[unsafe(no_mangle)]
         pub unsafe extern "gpu-kernel" fn $name(
             q: *mut $ty,
@@ -171,7 +354,7 @@ macro_rules! rope_kernel {
             table_rows: u64,
         ) {
             unsafe {
-                rotate::<$ty, { $rows }, { $bwd }>(
+                $body::<$ty, { $rows }, { $bwd }>(
                     q,
                     k,
                     cos,
@@ -191,38 +374,62 @@ macro_rules! rope_kernel {
 }
 
 macro_rules! rope_kernels {
-    ($ty:ty, $($name:ident: $rows:expr, $bwd:expr;)*) => {
-        $(rope_kernel!($ty, $name, $rows, $bwd);)*
+    ($ty:ty, $($name:ident: $body:ident, $rows:expr, $bwd:expr;)*) => {
+        $(rope_kernel!($ty, $name, $body, $rows, $bwd);)*
     };
 }
 
 rope_kernels!(f32,
-    rope_fwd_f32_pos: rows::PER_POSITION, false;
-    rope_fwd_f32_batch: rows::PER_BATCH, false;
-    rope_fwd_f32_ids32: rows::IDS_I32, false;
-    rope_fwd_f32_ids64: rows::IDS_I64, false;
-    rope_bwd_f32_pos: rows::PER_POSITION, true;
-    rope_bwd_f32_batch: rows::PER_BATCH, true;
-    rope_bwd_f32_ids32: rows::IDS_I32, true;
-    rope_bwd_f32_ids64: rows::IDS_I64, true;
+    rope_fwd_f32_pos: rotate, rows::PER_POSITION, false;
+    rope_fwd_f32_batch: rotate, rows::PER_BATCH, false;
+    rope_fwd_f32_ids32: rotate, rows::IDS_I32, false;
+    rope_fwd_f32_ids64: rotate, rows::IDS_I64, false;
+    rope_bwd_f32_pos: rotate, rows::PER_POSITION, true;
+    rope_bwd_f32_batch: rotate, rows::PER_BATCH, true;
+    rope_bwd_f32_ids32: rotate, rows::IDS_I32, true;
+    rope_bwd_f32_ids64: rotate, rows::IDS_I64, true;
+    rope_fwd_v_f32_pos: rotate_vec, rows::PER_POSITION, false;
+    rope_fwd_v_f32_batch: rotate_vec, rows::PER_BATCH, false;
+    rope_fwd_v_f32_ids32: rotate_vec, rows::IDS_I32, false;
+    rope_fwd_v_f32_ids64: rotate_vec, rows::IDS_I64, false;
+    rope_bwd_v_f32_pos: rotate_vec, rows::PER_POSITION, true;
+    rope_bwd_v_f32_batch: rotate_vec, rows::PER_BATCH, true;
+    rope_bwd_v_f32_ids32: rotate_vec, rows::IDS_I32, true;
+    rope_bwd_v_f32_ids64: rotate_vec, rows::IDS_I64, true;
 );
 rope_kernels!(f16,
-    rope_fwd_f16_pos: rows::PER_POSITION, false;
-    rope_fwd_f16_batch: rows::PER_BATCH, false;
-    rope_fwd_f16_ids32: rows::IDS_I32, false;
-    rope_fwd_f16_ids64: rows::IDS_I64, false;
-    rope_bwd_f16_pos: rows::PER_POSITION, true;
-    rope_bwd_f16_batch: rows::PER_BATCH, true;
-    rope_bwd_f16_ids32: rows::IDS_I32, true;
-    rope_bwd_f16_ids64: rows::IDS_I64, true;
+    rope_fwd_f16_pos: rotate, rows::PER_POSITION, false;
+    rope_fwd_f16_batch: rotate, rows::PER_BATCH, false;
+    rope_fwd_f16_ids32: rotate, rows::IDS_I32, false;
+    rope_fwd_f16_ids64: rotate, rows::IDS_I64, false;
+    rope_bwd_f16_pos: rotate, rows::PER_POSITION, true;
+    rope_bwd_f16_batch: rotate, rows::PER_BATCH, true;
+    rope_bwd_f16_ids32: rotate, rows::IDS_I32, true;
+    rope_bwd_f16_ids64: rotate, rows::IDS_I64, true;
+    rope_fwd_v_f16_pos: rotate_vec, rows::PER_POSITION, false;
+    rope_fwd_v_f16_batch: rotate_vec, rows::PER_BATCH, false;
+    rope_fwd_v_f16_ids32: rotate_vec, rows::IDS_I32, false;
+    rope_fwd_v_f16_ids64: rotate_vec, rows::IDS_I64, false;
+    rope_bwd_v_f16_pos: rotate_vec, rows::PER_POSITION, true;
+    rope_bwd_v_f16_batch: rotate_vec, rows::PER_BATCH, true;
+    rope_bwd_v_f16_ids32: rotate_vec, rows::IDS_I32, true;
+    rope_bwd_v_f16_ids64: rotate_vec, rows::IDS_I64, true;
 );
 rope_kernels!(Bf16,
-    rope_fwd_bf16_pos: rows::PER_POSITION, false;
-    rope_fwd_bf16_batch: rows::PER_BATCH, false;
-    rope_fwd_bf16_ids32: rows::IDS_I32, false;
-    rope_fwd_bf16_ids64: rows::IDS_I64, false;
-    rope_bwd_bf16_pos: rows::PER_POSITION, true;
-    rope_bwd_bf16_batch: rows::PER_BATCH, true;
-    rope_bwd_bf16_ids32: rows::IDS_I32, true;
-    rope_bwd_bf16_ids64: rows::IDS_I64, true;
+    rope_fwd_bf16_pos: rotate, rows::PER_POSITION, false;
+    rope_fwd_bf16_batch: rotate, rows::PER_BATCH, false;
+    rope_fwd_bf16_ids32: rotate, rows::IDS_I32, false;
+    rope_fwd_bf16_ids64: rotate, rows::IDS_I64, false;
+    rope_bwd_bf16_pos: rotate, rows::PER_POSITION, true;
+    rope_bwd_bf16_batch: rotate, rows::PER_BATCH, true;
+    rope_bwd_bf16_ids32: rotate, rows::IDS_I32, true;
+    rope_bwd_bf16_ids64: rotate, rows::IDS_I64, true;
+    rope_fwd_v_bf16_pos: rotate_vec, rows::PER_POSITION, false;
+    rope_fwd_v_bf16_batch: rotate_vec, rows::PER_BATCH, false;
+    rope_fwd_v_bf16_ids32: rotate_vec, rows::IDS_I32, false;
+    rope_fwd_v_bf16_ids64: rotate_vec, rows::IDS_I64, false;
+    rope_bwd_v_bf16_pos: rotate_vec, rows::PER_POSITION, true;
+    rope_bwd_v_bf16_batch: rotate_vec, rows::PER_BATCH, true;
+    rope_bwd_v_bf16_ids32: rotate_vec, rows::IDS_I32, true;
+    rope_bwd_v_bf16_ids64: rotate_vec, rows::IDS_I64, true;
 );
