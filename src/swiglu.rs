@@ -11,13 +11,24 @@ use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
 use crate::launch::{Region, at_least, disjoint, same_context, span};
 use crate::module::kernels;
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
-use std::sync::Arc;
+use cudarc::driver::{
+    CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
-/// Elements per thread per tile (must match `ITEMS` in kernels-gpu/src/swiglu.rs).
+/// Elements per thread per tile of the scalar kernels (must match `ITEMS` in
+/// kernels-gpu/src/swiglu.rs).
 const ITEMS: usize = 4;
 /// Most threads per block.
 const MAX_THREADS: usize = 256;
+/// 16-byte vectors per thread per tile of the forward vector kernels `swiglu_fwd_v_*` (must
+/// match `FWD_VECS` in kernels-gpu/src/swiglu.rs).
+const FWD_VECS: usize = 2;
+/// The same for the backward vector kernels `swiglu_bwd_v_*` (`BWD_VECS` there).
+const BWD_VECS: usize = 2;
+/// Largest `rows`, `cols` and row stride the vector kernels take (they index in 32 bits).
+const VEC_MAX: usize = i32::MAX as usize;
 
 /// Shape and parameters of a SwiGLU call over `rows` rows of `cols` elements.
 ///
@@ -168,21 +179,105 @@ fn threads_for(cols: usize) -> usize {
         .clamp(32, MAX_THREADS)
 }
 
-/// Launch shape: `threads` per block, one tile (`ITEMS·threads` columns of one row) per block
-/// at a time, as many blocks as fit on the device at once (the kernel walks the tiles
+/// Which kernels a launch uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    /// `swiglu_{fwd,bwd}_{dtype}`: any alignment, any shape.
+    Scalar,
+    /// `swiglu_{fwd,bwd}_v_{dtype}`: 16-byte vectors, `per_thread` of each operand per thread
+    /// per tile.
+    Vector { per_thread: usize },
+}
+
+impl Path {
+    /// The vector path when `cols` is a multiple of the lanes per 16-byte vector, every
+    /// pointer (including a fused layout's up half) is 16-byte aligned, every row stride is a
+    /// whole number of vectors, and `rows`, `cols` and the strides fit the kernels' 32-bit
+    /// indexing; otherwise the scalar path.
+    fn choose<T>(
+        rows: usize,
+        cols: usize,
+        ptrs: &[u64],
+        strides: &[usize],
+        per_thread: usize,
+    ) -> Path {
+        let size = std::mem::size_of::<T>();
+        let lanes = 16 / size;
+        let vector = cols.is_multiple_of(lanes)
+            && rows <= VEC_MAX
+            && cols <= VEC_MAX
+            && ptrs.iter().all(|p| p.is_multiple_of(16))
+            && strides
+                .iter()
+                .all(|&s| s <= VEC_MAX && (s * size).is_multiple_of(16));
+        if vector {
+            Path::Vector { per_thread }
+        } else {
+            Path::Scalar
+        }
+    }
+
+    fn kernel<T: Dtype>(self, direction: &str) -> String {
+        match self {
+            Path::Scalar => format!("swiglu_{direction}_{}", T::NAME),
+            Path::Vector { .. } => format!("swiglu_{direction}_v_{}", T::NAME),
+        }
+    }
+}
+
+/// Blocks per SM of `func` at `threads` per block (no dynamic shared memory), asked of the
+/// driver once per function and block size.
+fn blocks_per_sm(func: &CudaFunction, threads: u32) -> Result<u32> {
+    type Cache = Mutex<HashMap<(usize, u32), u32>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    // Functions live as long as their module, which the module cache keeps for the life of
+    // the process, so a handle is never reused for another function.
+    let key = (func.cu_function() as usize, threads);
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(&n) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(n);
+    }
+    let n = func
+        .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?
+        .max(1);
+    cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, n);
+    Ok(n)
+}
+
+/// Launch shape: as many blocks as fit on the device at once (the kernels walk their tiles
 /// grid-stride), never more than there are tiles.
-fn config(
-    func: &cudarc::driver::CudaFunction,
+///
+/// Scalar: `threads` per block for `cols` (see [`threads_for`]), a tile is `ITEMS · threads`
+/// columns of one row. Vector: the `rows × cols / lanes` vectors form one flat range, a tile
+/// is `per_thread · threads` consecutive vectors, up to 256 threads per block.
+fn config<T>(
+    func: &CudaFunction,
     sm_count: u32,
+    path: Path,
     rows: usize,
     cols: usize,
 ) -> Result<LaunchConfig> {
-    let threads = threads_for(cols);
-    let tiles = (rows as u64).saturating_mul(cols.div_ceil(ITEMS * threads) as u64);
-    let per_sm = func
-        .occupancy_max_active_blocks_per_multiprocessor(threads as u32, 0, None)?
-        .max(1);
-    let resident = (sm_count as u64 * per_sm as u64).clamp(1, i32::MAX as u64);
+    let (threads, tiles, per_tile) = match path {
+        Path::Scalar => {
+            let threads = threads_for(cols);
+            let tiles = (rows as u64).saturating_mul(cols.div_ceil(ITEMS * threads) as u64);
+            (threads, tiles, (ITEMS * threads) as u64)
+        }
+        Path::Vector { per_thread } => {
+            let vecs = rows as u64 * (cols / (16 / std::mem::size_of::<T>())) as u64;
+            let threads =
+                (vecs.div_ceil(per_thread as u64).next_multiple_of(32) as usize).min(MAX_THREADS);
+            let per_tile = (per_thread * threads) as u64;
+            (threads, vecs.div_ceil(per_tile), per_tile)
+        }
+    };
+    let per_sm = blocks_per_sm(func, threads as u32)?;
+    // The vector kernels step `grid · per_tile` vectors in 32 bits.
+    let most = (i32::MAX as u64 / per_tile).max(1);
+    let resident = (sm_count as u64 * per_sm as u64).clamp(1, most);
     Ok(LaunchConfig {
         grid_dim: (tiles.min(resident) as u32, 1, 1),
         block_dim: (threads as u32, 1, 1),
@@ -200,9 +295,16 @@ struct Forward {
 }
 
 fn launch_forward<T: Dtype>(stream: &Arc<CudaStream>, args: &SwigluArgs, p: Forward) -> Result<()> {
+    let path = Path::choose::<T>(
+        args.rows,
+        args.cols,
+        &[p.a, p.b, p.c],
+        &[p.a_stride, p.b_stride, args.c_stride],
+        FWD_VECS,
+    );
     let kernels = kernels(stream.context())?;
-    let func = kernels.function(&format!("swiglu_fwd_{}", T::NAME))?;
-    let cfg = config(&func, kernels.sm_count(), args.rows, args.cols)?;
+    let func = kernels.function(&path.kernel::<T>("fwd"))?;
+    let cfg = config::<T>(&func, kernels.sm_count(), path, args.rows, args.cols)?;
     let (a_stride, b_stride, c_stride) =
         (p.a_stride as u64, p.b_stride as u64, args.c_stride as u64);
     let (rows, cols) = (args.rows as u64, args.cols as u64);
@@ -217,7 +319,9 @@ fn launch_forward<T: Dtype>(stream: &Arc<CudaStream>, args: &SwigluArgs, p: Forw
         .arg(&rows)
         .arg(&cols)
         .arg(&args.gate_multiplier);
-    // SAFETY: argument order and types match `swiglu_kernels!` in kernels-gpu; the caller
+    // SAFETY: argument order and types match `swiglu_fwd_kernel!` in kernels-gpu (scalar and
+    // vector kernels alike; the vector kernel only where `Path::choose` found every pointer
+    // and stride aligned and the shape within 32 bits, with `config`'s grid); the caller
     // checked that each pointer covers `rows` rows of its stride and `cols` columns and that
     // `c` overlaps no input; the guards of every pointer outlive this call.
     unsafe { launch.launch(cfg) }?;
@@ -240,9 +344,16 @@ fn launch_backward<T: Dtype>(
     args: &SwigluArgs,
     p: Backward,
 ) -> Result<()> {
+    let path = Path::choose::<T>(
+        args.rows,
+        args.cols,
+        &[p.dc, p.a, p.b, p.da, p.db],
+        &[args.c_stride, p.a_stride, p.b_stride],
+        BWD_VECS,
+    );
     let kernels = kernels(stream.context())?;
-    let func = kernels.function(&format!("swiglu_bwd_{}", T::NAME))?;
-    let cfg = config(&func, kernels.sm_count(), args.rows, args.cols)?;
+    let func = kernels.function(&path.kernel::<T>("bwd"))?;
+    let cfg = config::<T>(&func, kernels.sm_count(), path, args.rows, args.cols)?;
     let (a_stride, b_stride, c_stride) =
         (p.a_stride as u64, p.b_stride as u64, args.c_stride as u64);
     let (rows, cols) = (args.rows as u64, args.cols as u64);
@@ -260,10 +371,11 @@ fn launch_backward<T: Dtype>(
         .arg(&cols)
         .arg(&args.gate_multiplier)
         .arg(&args.down_multiplier);
-    // SAFETY: argument order and types match `swiglu_kernels!` in kernels-gpu; the caller
-    // checked every pointer against its stride and length, and that outputs overlap no input
-    // (in place, `da = a` and `db = b` exactly: each element is read, then written, by the
-    // same thread); the guards of every pointer outlive this call.
+    // SAFETY: argument order and types match `swiglu_bwd_kernel!` in kernels-gpu (scalar and
+    // vector kernels alike, chosen as in the forward); the caller checked every pointer
+    // against its stride and length, and that outputs overlap no input (in place, `da = a`
+    // and `db = b` exactly: each element is read, then written, by the same thread); the
+    // guards of every pointer outlive this call.
     unsafe { launch.launch(cfg) }?;
     Ok(())
 }
@@ -603,6 +715,72 @@ pub fn swiglu_backward_fused_inplace<T: Dtype>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::{bf16, f16};
+
+    #[test]
+    fn vector_path_needs_alignment_whole_vectors_and_32_bit_shapes() {
+        let v = Path::Vector { per_thread: 2 };
+        let choose = |rows, cols, ptrs: &[u64], strides: &[usize]| {
+            (
+                Path::choose::<f32>(rows, cols, ptrs, strides, 2),
+                Path::choose::<f16>(rows, cols, ptrs, strides, 2),
+                Path::choose::<bf16>(rows, cols, ptrs, strides, 2),
+            )
+        };
+        // Aligned, contiguous, whole vectors (4 f32 or 8 half lanes): every dtype.
+        assert_eq!(choose(3, 11008, &[256, 512, 1024], &[11008; 3]), (v, v, v));
+        assert_eq!(choose(2, 14336, &[256, 512, 1024], &[14336; 3]), (v, v, v));
+        assert_eq!(choose(1000, 64, &[256, 512, 1024], &[64; 3]), (v, v, v));
+        // Padded strides that stay whole vectors (8 elements: 32 or 16 bytes).
+        assert_eq!(
+            choose(9, 2048, &[256, 512, 1024], &[2056, 2064, 2072]),
+            (v, v, v)
+        );
+        // Fused gate-up: the up half starts `cols` elements in, so it must be aligned too.
+        let fused = |cols: usize, size: usize| [256, 256 + (cols * size) as u64, 4096];
+        assert_eq!(
+            Path::choose::<f32>(4, 20, &fused(20, 4), &[40, 40, 20], 2),
+            v
+        );
+        assert_eq!(
+            Path::choose::<bf16>(4, 24, &fused(24, 2), &[48, 48, 24], 2),
+            v
+        );
+        assert_eq!(
+            Path::choose::<bf16>(4, 20, &fused(20, 2), &[40, 40, 20], 2),
+            Path::Scalar
+        );
+        // Whole vectors for f32 (4 lanes) but not for the half types (8 lanes).
+        let s = Path::Scalar;
+        assert_eq!(choose(5, 20, &[256, 512, 1024], &[24, 28, 32]), (v, s, s));
+        // Partial vectors: the scalar kernels.
+        assert_eq!(choose(2, 14337, &[256, 512, 1024], &[14337; 3]), (s, s, s));
+        assert_eq!(choose(1, 3, &[256, 512, 1024], &[3; 3]), (s, s, s));
+        assert_eq!(choose(33, 4097, &[256, 512, 1024], &[4097; 3]), (s, s, s));
+        // A misaligned pointer (an offset view) or a stride that is not whole vectors.
+        assert_eq!(choose(3, 11008, &[256, 520, 1024], &[11008; 3]), (s, s, s));
+        assert_eq!(
+            choose(3, 11008, &[256, 512, 1024], &[11008, 11010, 11008]),
+            (s, s, s)
+        );
+        assert_eq!(
+            choose(37, 1000, &[256, 512, 1024], &[1013, 1026, 1039]),
+            (s, s, s)
+        );
+        // Beyond the vector kernels' 32-bit indexing.
+        let big = VEC_MAX + 1;
+        assert_eq!(choose(big, 8, &[256], &[8]), (s, s, s));
+        assert_eq!(choose(2, 8, &[256], &[big.next_multiple_of(8)]), (s, s, s));
+        assert_eq!(choose(2, VEC_MAX - 7, &[256], &[VEC_MAX - 7]), (v, v, v));
+    }
+
+    #[test]
+    fn kernel_names_match_the_device_crate() {
+        let v = Path::Vector { per_thread: 2 };
+        assert_eq!(v.kernel::<bf16>("fwd"), "swiglu_fwd_v_bf16");
+        assert_eq!(v.kernel::<f32>("bwd"), "swiglu_bwd_v_f32");
+        assert_eq!(Path::Scalar.kernel::<f16>("fwd"), "swiglu_fwd_f16");
+    }
 
     #[test]
     fn threads_cover_small_rows_without_waste_and_cap_at_256() {

@@ -289,7 +289,15 @@ fn slacks<T: Element>(a: &[T], b: &[T], dc: &[T], gm: f32, dm: f32) -> [Vec<f64>
 /// (rows, cols, pad): 1×1, 1 column, odd and prime widths, Llama widths (11008, 14336) and
 /// one past, n > 65536, many short rows (rows far beyond the grid: grid-stride), and padded
 /// row strides (pad > 0: every buffer gets its own stride, gaps must stay untouched).
-const SHAPES: [(usize, usize, usize); 15] = [
+///
+/// Both launch paths: the 16-byte vector kernels take the shapes whose `cols` is a multiple
+/// of the lanes per vector (4 for f32, 8 for f16/bf16) and whose strides stay whole vectors
+/// (pad a multiple of 8): 3×11008, 2×14336, 1000×64 contiguous; 9×2048 pad 8 (every buffer
+/// strided, and the fused up half 16-byte aligned); 24000×56 pad 8 (7 or 14 vectors per
+/// row, so tiles span many rows and the f32 walk sweeps the grid more than once); 5×20 pad
+/// 4 takes the vector path for f32 only (20 is not a multiple of 8). The rest (odd widths,
+/// 14337, pad 13/7/1) take the scalar kernels.
+const SHAPES: [(usize, usize, usize); 18] = [
     (1, 1, 0),
     (1, 3, 0),
     (3, 1, 0),
@@ -305,6 +313,9 @@ const SHAPES: [(usize, usize, usize); 15] = [
     (37, 1000, 13),
     (5, 129, 7),
     (2, 1025, 1),
+    (9, 2048, 8),
+    (24000, 56, 8),
+    (5, 20, 4),
 ];
 
 /// Gate values mixed into the data (~2 %): the tails where σ is 0/1 or subnormal in f32, and

@@ -17,19 +17,55 @@
 //! finite `z` the products `z·σ`, `z·(1 − σ)` are then finite; infinite `z` (an infinite gate,
 //! or `a·gm` overflowing f32) takes the limits silu(−∞) = −0, silu(+∞) = +∞,
 //! silu'(−∞) = 0, silu'(+∞) = 1 instead of `∞·0 = NaN`. NaN propagates.
-use crate::{Bf16, Elem, block_dim, block_idx, grid_dim, thread_idx};
+//!
+//! The `_v` kernels are the fast path when every pointer and row stride is 16-byte aligned,
+//! `cols` is a multiple of the lanes per vector (`T::LANES`) and `rows`, `cols`, strides and
+//! `gridDim.x · K · blockDim.x` are below 2³¹ (the host checks): the `rows × cols/LANES`
+//! vectors form one flat range (a vector never crosses a row) walked grid-stride in tiles of
+//! `K · blockDim.x` vectors (`K` = `FWD_VECS`, `BWD_VECS`). Thread `t` of a tile takes
+//! vectors `t, t + blockDim.x, …` (coalesced `ld/st.global.v4`), and loads its next tile
+//! before computing the current one, so all `K` vectors of every operand are in flight at
+//! once. Each thread tracks the (row, column) of its vectors incrementally in 32 bits (three
+//! divisions per thread at start, none per vector), so row strides and the fused layout cost
+//! one wide multiply-add per pointer per vector. The f32 math per element is the scalar
+//! kernels' (same functions, same order), so both paths give the same bits.
+use crate::{Bf16, Elem, V16, block_dim, block_idx, grid_dim, thread_idx, unroll};
 
-/// Elements per thread per tile.
+/// Elements per thread per tile (scalar kernels).
 const ITEMS: usize = 4;
 
+/// 16-byte vectors of each operand per thread per tile in the forward `_v` kernels (the
+/// host's `FWD_VECS` must match).
+const FWD_VECS: usize = 2;
+/// The same for the backward `_v` kernels (`BWD_VECS` on the host).
+const BWD_VECS: usize = 2;
+
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
+
+unsafe extern "C" {
+    #[link_name = "llvm.nvvm.rcp.approx.ftz.f"]
+    fn rcp_approx_ftz(x: f32) -> f32;
+}
+
+/// `1/x` correctly rounded for `x ∈ [1, 2]` (and NaN for NaN): the fast path of the
+/// `rcp.rn.f32` expansion (`MUFU.RCP`, then one Newton step with two FMAs), the same operations
+/// and so the same bits as `1.0 / x`, without its range check, branch and slow-path call
+/// (never needed here: no subnormal, huge or infinite `x`).
+#[inline(always)]
+fn recip_1_2(x: f32) -> f32 {
+    // SAFETY: a pure register operation.
+    let r0 = unsafe { rcp_approx_ftz(x) };
+    let e = core::intrinsics::fmaf32(x, r0, -1.0);
+    core::intrinsics::fmaf32(r0, -e, r0)
+}
 
 /// `(σ(z), 1 − σ(z))`, both accurate to a few f32 ulps (relative) for every `z`.
 #[inline(always)]
 fn sigmoid_pair(z: f32) -> (f32, f32) {
     // e^{−|z|} = 2^{−|z|·log2 e}; an argument of −∞ gives +0, NaN stays NaN.
     let t = core::intrinsics::exp2f32(-(z.abs()) * LOG2_E);
-    let r = 1.0 / (1.0 + t);
+    // 1 + t ∈ [1, 2] (or NaN).
+    let r = recip_1_2(1.0 + t);
     let tr = t * r;
     if z >= 0.0 { (r, tr) } else { (tr, r) }
 }
@@ -171,15 +207,273 @@ unsafe fn backward<T: Elem>(
     }
 }
 
-macro_rules! swiglu_kernels {
-    ($ty:ty, $fwd:ident, $bwd:ident) => {
+const ZERO: V16 = V16 {
+    a: 0,
+    b: 0,
+    c: 0,
+    d: 0,
+};
+
+/// Calls `f(i)` for each lane `i < T::LANES` as straight-line code.
+#[inline(always)]
+fn lanes<T: Elem>(mut f: impl FnMut(usize)) {
+    unroll::<8>(|i| {
+        if i < T::LANES {
+            f(i)
+        }
+    });
+}
+
+/// A vector's place in the `rows × per_row` grid of vectors (32-bit: the host takes this
+/// path only for `rows`, `cols` and strides below 2³¹).
+#[derive(Clone, Copy)]
+struct Pos {
+    row: u32,
+    col: u32,
+}
+
+impl Pos {
+    /// Offset (in vectors) of this vector in an operand whose rows are `stride` vectors apart
+    /// (one wide multiply-add).
+    #[inline(always)]
+    fn at(self, stride: u32) -> usize {
+        (self.row as u64 * stride as u64 + self.col as u64) as usize
+    }
+}
+
+/// A fixed distance in the flattened vector range, as whole rows plus columns (< `per_row`).
+#[derive(Clone, Copy)]
+struct Step {
+    rows: u32,
+    cols: u32,
+}
+
+/// This thread's walk through the flattened `rows × per_row` vectors: `K` vectors
+/// `block_dim` apart per tile, tiles `grid_dim · K · block_dim` apart.
+struct Walk<const K: usize> {
+    rows: u32,
+    per_row: u32,
+    /// From one of a thread's vectors to its next in the same tile (`block_dim` vectors).
+    in_tile: Step,
+    /// From a thread's first vector of a tile to its first of the next tile.
+    to_next: Step,
+}
+
+impl<const K: usize> Walk<K> {
+    #[inline(always)]
+    fn new(rows: u32, per_row: u32) -> Self {
+        // The host never launches with cols < LANES; `max(1)` keeps the divisions trap-free.
+        let per_row = per_row.max(1);
+        let nt = block_dim() as u32;
+        let step = |n: u32| Step {
+            rows: n / per_row,
+            cols: n % per_row,
+        };
+        Walk {
+            rows,
+            per_row,
+            in_tile: step(nt),
+            to_next: step(grid_dim() as u32 * K as u32 * nt),
+        }
+    }
+
+    /// This thread's first vector.
+    #[inline(always)]
+    fn first(&self) -> Pos {
+        let j = (block_idx() * K * block_dim() + thread_idx()) as u32;
+        Pos {
+            row: j / self.per_row,
+            col: j % self.per_row,
+        }
+    }
+
+    /// Whether `p` is inside the range (positions only grow, so once one is past the end,
+    /// all later ones are).
+    #[inline(always)]
+    fn inside(&self, p: Pos) -> bool {
+        p.row < self.rows
+    }
+
+    #[inline(always)]
+    fn advance(&self, p: Pos, s: Step) -> Pos {
+        let mut row = p.row + s.rows;
+        let mut col = p.col + s.cols;
+        if col >= self.per_row {
+            col -= self.per_row;
+            row += 1;
+        }
+        Pos { row, col }
+    }
+
+    /// This thread's `K` vectors of the tile that starts at `p` (inside the range). Those past
+    /// the end are replaced by `p`: their loads read `p`'s vectors again and their stores
+    /// write `p`'s results again (the same values, after every load of the tile, so in place
+    /// too), which keeps the tile straight-line code with every load issued up front (a load
+    /// used only under a condition gets sunk into it, one load in flight at a time).
+    #[inline(always)]
+    fn tile(&self, p: Pos) -> [Pos; K] {
+        let mut pos = [p; K];
+        let mut q = p;
+        unroll::<K>(|k| {
+            if k > 0 {
+                q = self.advance(q, self.in_tile);
+                if self.inside(q) {
+                    pos[k] = q;
+                }
+            }
+        });
+        pos
+    }
+
+    /// This thread's first vector of the next tile.
+    #[inline(always)]
+    fn next(&self, p: Pos) -> Pos {
+        self.advance(p, self.to_next)
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn forward_vec<T: Elem, const K: usize>(
+    a: *const T,
+    a_stride: usize,
+    b: *const T,
+    b_stride: usize,
+    c: *mut T,
+    c_stride: usize,
+    rows: usize,
+    cols: usize,
+    gm: f32,
+) {
+    let (a, b, c) = (a as *const V16, b as *const V16, c as *mut V16);
+    let (sa, sb, sc) = (
+        (a_stride / T::LANES) as u32,
+        (b_stride / T::LANES) as u32,
+        (c_stride / T::LANES) as u32,
+    );
+    let walk = Walk::<K>::new(rows as u32, (cols / T::LANES) as u32);
+    let load = |pos: &[Pos; K]| {
+        let (mut av, mut bv) = ([ZERO; K], [ZERO; K]);
+        unroll::<K>(|k| {
+            av[k] = unsafe { V16::load(a.add(pos[k].at(sa))) };
+            bv[k] = unsafe { V16::load(b.add(pos[k].at(sb))) };
+        });
+        (av, bv)
+    };
+    let mut p = walk.first();
+    if !walk.inside(p) {
+        return;
+    }
+    let mut pos = walk.tile(p);
+    let (mut av, mut bv) = load(&pos);
+    loop {
+        // The next tile's loads are issued before this tile's math (double buffering): their
+        // uses are past the back edge, so ptxas keeps them together (loads in the same block
+        // as their uses get sunk next to each use, one round trip per vector). Without a next
+        // tile they re-read this one (L1 hits), keeping the code straight-line.
+        let pn = walk.next(p);
+        let more = walk.inside(pn);
+        let pos_n = if more { walk.tile(pn) } else { pos };
+        let (an, bn) = load(&pos_n);
+        unroll::<K>(|k| {
+            let mut s = [0.0f32; 8];
+            lanes::<T>(|i| {
+                let z = T::lane(&av[k], i) * gm;
+                let (sig, _) = sigmoid_pair(z);
+                s[i] = silu_of(z, sig);
+            });
+            // T(silu) per lane (the packing conversion rounds each lane like `T::round`),
+            // then the product of two T values, rounded once more.
+            let s = T::pack(&s);
+            let mut out = [0.0f32; 8];
+            lanes::<T>(|i| out[i] = T::lane(&s, i) * T::lane(&bv[k], i));
+            unsafe { T::pack(&out).store(c.add(pos[k].at(sc))) };
+        });
+        if !more {
+            return;
+        }
+        (p, pos, av, bv) = (pn, pos_n, an, bn);
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn backward_vec<T: Elem, const K: usize>(
+    dc: *const T,
+    dc_stride: usize,
+    a: *const T,
+    a_stride: usize,
+    b: *const T,
+    b_stride: usize,
+    da: *mut T,
+    db: *mut T,
+    rows: usize,
+    cols: usize,
+    gm: f32,
+    dm: f32,
+) {
+    let (dc, a, b) = (dc as *const V16, a as *const V16, b as *const V16);
+    let (da, db) = (da as *mut V16, db as *mut V16);
+    let (sc, sa, sb) = (
+        (dc_stride / T::LANES) as u32,
+        (a_stride / T::LANES) as u32,
+        (b_stride / T::LANES) as u32,
+    );
+    let walk = Walk::<K>::new(rows as u32, (cols / T::LANES) as u32);
+    let load = |pos: &[Pos; K]| {
+        let (mut gv, mut av, mut bv) = ([ZERO; K], [ZERO; K], [ZERO; K]);
+        unroll::<K>(|k| {
+            gv[k] = unsafe { V16::load(dc.add(pos[k].at(sc))) };
+            av[k] = unsafe { V16::load(a.add(pos[k].at(sa))) };
+            bv[k] = unsafe { V16::load(b.add(pos[k].at(sb))) };
+        });
+        (gv, av, bv)
+    };
+    let mut p = walk.first();
+    if !walk.inside(p) {
+        return;
+    }
+    let mut pos = walk.tile(p);
+    let (mut gv, mut av, mut bv) = load(&pos);
+    loop {
+        // Double buffered as in the forward. In place, the next tile's loads come before this
+        // tile's stores, and the tiles are disjoint (or the same tile, re-read before its stores).
+        let pn = walk.next(p);
+        let more = walk.inside(pn);
+        let pos_n = if more { walk.tile(pn) } else { pos };
+        let (gn, an, bn) = load(&pos_n);
+        unroll::<K>(|k| {
+            let mut da_v = [0.0f32; 8];
+            let mut db_v = [0.0f32; 8];
+            lanes::<T>(|i| {
+                let g = T::lane(&gv[k], i) * dm;
+                let z = T::lane(&av[k], i) * gm;
+                let (sig, one_minus) = sigmoid_pair(z);
+                db_v[i] = g * silu_of(z, sig);
+                da_v[i] = g * (silu_grad_of(z, sig, one_minus) * gm) * T::lane(&bv[k], i);
+            });
+            // In place (da = a, db = b) each vector is loaded above, by this thread,
+            // before these stores.
+            unsafe { T::pack(&da_v).store(da.add(pos[k].at(sa))) };
+            unsafe { T::pack(&db_v).store(db.add(pos[k].at(sb))) };
+        });
+        if !more {
+            return;
+        }
+        (p, pos, gv, av, bv) = (pn, pos_n, gn, an, bn);
+    }
+}
+
+macro_rules! swiglu_fwd_kernel {
+    ($ty:ty, $name:ident, $body:ident $(:: $k:ident)?, $doc:literal) => {
         /// SwiGLU forward `c = T(T(silu(a·gm)) · b)` for one dtype (see the module docs).
+        #[doc = $doc]
         ///
         /// # Safety
         /// `a`, `b`, `c` must cover `rows` rows of their strides and `cols` columns; `c` must
         /// not overlap `a` or `b`.
         #[unsafe(no_mangle)]
-        pub unsafe extern "gpu-kernel" fn $fwd(
+        pub unsafe extern "gpu-kernel" fn $name(
             a: *const $ty,
             a_stride: u64,
             b: *const $ty,
@@ -191,7 +485,7 @@ macro_rules! swiglu_kernels {
             gm: f32,
         ) {
             unsafe {
-                forward::<$ty>(
+                $body::<$ty $(, $k)?>(
                     a,
                     a_stride as usize,
                     b,
@@ -204,16 +498,21 @@ macro_rules! swiglu_kernels {
                 )
             }
         }
+    };
+}
 
+macro_rules! swiglu_bwd_kernel {
+    ($ty:ty, $name:ident, $body:ident $(:: $k:ident)?, $doc:literal) => {
         /// SwiGLU backward for one dtype (see the module docs): with `g = dc·dm`,
         /// `db = g·silu(z)`, `da = g·silu'(z)·gm·b`, `z = a·gm`.
+        #[doc = $doc]
         ///
         /// # Safety
         /// Every pointer must cover `rows` rows of its stride (`da`: `a_stride`, `db`:
         /// `b_stride`) and `cols` columns. `da` may equal `a` and `db` may equal `b`;
         /// otherwise outputs must not overlap inputs or each other.
         #[unsafe(no_mangle)]
-        pub unsafe extern "gpu-kernel" fn $bwd(
+        pub unsafe extern "gpu-kernel" fn $name(
             dc: *const $ty,
             dc_stride: u64,
             a: *const $ty,
@@ -228,7 +527,7 @@ macro_rules! swiglu_kernels {
             dm: f32,
         ) {
             unsafe {
-                backward::<$ty>(
+                $body::<$ty $(, $k)?>(
                     dc,
                     dc_stride as usize,
                     a,
@@ -247,6 +546,33 @@ macro_rules! swiglu_kernels {
     };
 }
 
-swiglu_kernels!(f32, swiglu_fwd_f32, swiglu_bwd_f32);
-swiglu_kernels!(f16, swiglu_fwd_f16, swiglu_bwd_f16);
-swiglu_kernels!(Bf16, swiglu_fwd_bf16, swiglu_bwd_bf16);
+macro_rules! swiglu_kernels {
+    ($ty:ty, $fwd:ident, $bwd:ident, $fwd_v:ident, $bwd_v:ident) => {
+        swiglu_fwd_kernel!($ty, $fwd, forward, "Scalar kernel: any alignment, any `cols`.");
+        swiglu_bwd_kernel!($ty, $bwd, backward, "Scalar kernel: any alignment, any `cols`.");
+        swiglu_fwd_kernel!($ty, $fwd_v, forward_vec::FWD_VECS, "16-byte vector kernel: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per vector.");
+        swiglu_bwd_kernel!($ty, $bwd_v, backward_vec::BWD_VECS, "16-byte vector kernel: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per vector.");
+    };
+}
+
+swiglu_kernels!(
+    f32,
+    swiglu_fwd_f32,
+    swiglu_bwd_f32,
+    swiglu_fwd_v_f32,
+    swiglu_bwd_v_f32
+);
+swiglu_kernels!(
+    f16,
+    swiglu_fwd_f16,
+    swiglu_bwd_f16,
+    swiglu_fwd_v_f16,
+    swiglu_bwd_v_f16
+);
+swiglu_kernels!(
+    Bf16,
+    swiglu_fwd_bf16,
+    swiglu_bwd_bf16,
+    swiglu_fwd_v_bf16,
+    swiglu_bwd_v_bf16
+);
