@@ -24,9 +24,9 @@ const ITEMS: usize = 4;
 const MAX_THREADS: usize = 256;
 /// 16-byte vectors per thread per tile of the forward vector kernels `swiglu_fwd_v_*` (must
 /// match `FWD_VECS` in kernels-gpu/src/swiglu.rs).
-const FWD_VECS: usize = 2;
+const FWD_VECS: usize = 3;
 /// The same for the backward vector kernels `swiglu_bwd_v_*` (`BWD_VECS` there).
-const BWD_VECS: usize = 2;
+const BWD_VECS: usize = 3;
 /// Largest `rows`, `cols` and row stride the vector kernels take (they index in 32 bits).
 const VEC_MAX: usize = i32::MAX as usize;
 

@@ -36,9 +36,9 @@ const ITEMS: usize = 4;
 
 /// 16-byte vectors of each operand per thread per tile in the forward `_v` kernels (the
 /// host's `FWD_VECS` must match).
-const FWD_VECS: usize = 2;
+const FWD_VECS: usize = 3;
 /// The same for the backward `_v` kernels (`BWD_VECS` on the host).
-const BWD_VECS: usize = 2;
+const BWD_VECS: usize = 3;
 
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
 
