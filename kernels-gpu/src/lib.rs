@@ -8,7 +8,13 @@
 //! Shared building blocks live here: element types ([`Elem`]), thread/block indices and the
 //! block-wide reduction. One file per op holds that op's kernels.
 #![no_std]
-#![feature(abi_gpu_kernel, f16, link_llvm_intrinsics, core_intrinsics, gpu_intrinsics)]
+#![feature(
+    abi_gpu_kernel,
+    f16,
+    link_llvm_intrinsics,
+    core_intrinsics,
+    gpu_intrinsics
+)]
 #![feature(gpu_launch_sized_workgroup_mem, stdarch_nvptx, asm_experimental_arch)]
 #![allow(internal_features)]
 
@@ -43,6 +49,14 @@ pub struct V16 {
 }
 
 impl V16 {
+    /// All bits zero (0.0 in every lane of every element type).
+    pub const ZERO: V16 = V16 {
+        a: 0,
+        b: 0,
+        c: 0,
+        d: 0,
+    };
+
     /// Loads 16 bytes from a 16-byte aligned address.
     ///
     /// # Safety
@@ -50,7 +64,12 @@ impl V16 {
     #[inline(always)]
     pub unsafe fn load(p: *const V16) -> V16 {
         let r = unsafe { &*p };
-        V16 { a: r.a, b: r.b, c: r.c, d: r.d }
+        V16 {
+            a: r.a,
+            b: r.b,
+            c: r.c,
+            d: r.d,
+        }
     }
 
     /// Stores 16 bytes to a 16-byte aligned address.
@@ -59,7 +78,14 @@ impl V16 {
     /// `p` must be valid for 16 bytes and 16-byte aligned.
     #[inline(always)]
     pub unsafe fn store(self, p: *mut V16) {
-        unsafe { *p = V16 { a: self.a, b: self.b, c: self.c, d: self.d } }
+        unsafe {
+            *p = V16 {
+                a: self.a,
+                b: self.b,
+                c: self.c,
+                d: self.d,
+            }
+        }
     }
 
     #[inline(always)]
@@ -108,7 +134,12 @@ impl Elem for f32 {
     }
     #[inline(always)]
     fn pack(v: &[f32; 8]) -> V16 {
-        V16 { a: v[0].to_bits(), b: v[1].to_bits(), c: v[2].to_bits(), d: v[3].to_bits() }
+        V16 {
+            a: v[0].to_bits(),
+            b: v[1].to_bits(),
+            c: v[2].to_bits(),
+            d: v[3].to_bits(),
+        }
     }
 }
 
@@ -157,7 +188,12 @@ impl Elem for f16 {
     }
     #[inline(always)]
     fn pack(v: &[f32; 8]) -> V16 {
-        V16 { a: f16x2(v[0], v[1]), b: f16x2(v[2], v[3]), c: f16x2(v[4], v[5]), d: f16x2(v[6], v[7]) }
+        V16 {
+            a: f16x2(v[0], v[1]),
+            b: f16x2(v[2], v[3]),
+            c: f16x2(v[4], v[5]),
+            d: f16x2(v[6], v[7]),
+        }
     }
 }
 
@@ -227,6 +263,18 @@ pub fn block_dim_y() -> usize {
     unsafe { nvptx::_block_dim_y() as usize }
 }
 
+/// This thread's z index in its block.
+#[inline(always)]
+pub fn thread_idx_z() -> usize {
+    unsafe { nvptx::_thread_idx_z() as usize }
+}
+
+/// Threads per block along z.
+#[inline(always)]
+pub fn block_dim_z() -> usize {
+    unsafe { nvptx::_block_dim_z() as usize }
+}
+
 /// Blocks in the grid.
 #[inline(always)]
 pub fn grid_dim() -> usize {
@@ -283,6 +331,16 @@ pub fn unroll<const N: usize>(mut f: impl FnMut(usize)) {
         ($($i:literal)*) => { $( if N > $i { f($i); } )* };
     }
     step!(0 1 2 3 4 5 6 7);
+}
+
+/// Calls `f(i)` for each lane `i < T::LANES` of a [`V16`] as straight-line code.
+#[inline(always)]
+pub fn lanes<T: Elem>(mut f: impl FnMut(usize)) {
+    unroll::<8>(|i| {
+        if i < T::LANES {
+            f(i)
+        }
+    });
 }
 
 /// Correctly rounded square root (`sqrt.rn.f32`).

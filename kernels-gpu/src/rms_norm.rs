@@ -12,7 +12,7 @@
 //! read once with 16-byte loads. The vector backward is persistent: each block keeps its dW
 //! partial in registers across all its rows and writes it once at the end.
 use crate::{
-    Bf16, Elem, V16, block_dim, block_dim_y, block_idx, block_sum, grid_dim, mode, sqrt,
+    Bf16, Elem, V16, block_dim, block_dim_y, block_idx, block_sum, grid_dim, lanes, mode, sqrt,
     sync_threads, thread_idx, thread_idx_y, unroll,
 };
 
@@ -49,7 +49,11 @@ unsafe fn forward<T: Elem, const MODE: u32>(
         let mut c = tid;
         while c < cols {
             let v = unsafe { *xr.add(c) }.to_f32();
-            acc += if MODE == mode::NONE { T::round(v * v) } else { v * v };
+            acc += if MODE == mode::NONE {
+                T::round(v * v)
+            } else {
+                v * v
+            };
             c += nt;
         }
         let r = inverse_rms::<T, MODE>(block_sum(acc), cols, eps);
@@ -136,7 +140,11 @@ unsafe fn backward<T: Elem, const MODE: u32>(
             let m = scaled_grad::<T, MODE>(g, wc, offset);
             unsafe { *dxr.add(c) = T::from_f32(r * m - coef * v) };
             if wc.is_some() {
-                let normed = if MODE == mode::LLAMA { T::round(v * r) } else { v * r };
+                let normed = if MODE == mode::LLAMA {
+                    T::round(v * r)
+                } else {
+                    v * r
+                };
                 let contrib = g * normed;
                 let slot = unsafe { part.add(c) };
                 unsafe { *slot = if first { contrib } else { *slot + contrib } };
@@ -148,13 +156,11 @@ unsafe fn backward<T: Elem, const MODE: u32>(
     }
 }
 
-const ZERO: V16 = V16 { a: 0, b: 0, c: 0, d: 0 };
-
 /// Loads this thread's `K` vectors of a row (vectors past `vecs` read as zeros).
 #[inline(always)]
 unsafe fn load_row<const K: usize>(row: *const V16, vecs: usize) -> [V16; K] {
     let (tid, nt) = (thread_idx(), block_dim());
-    let mut v = [ZERO; K];
+    let mut v = [V16::ZERO; K];
     unroll::<K>(|k| {
         let j = tid + k * nt;
         if j < vecs {
@@ -162,16 +168,6 @@ unsafe fn load_row<const K: usize>(row: *const V16, vecs: usize) -> [V16; K] {
         }
     });
     v
-}
-
-/// Calls `f(i)` for each lane `i < T::LANES` as straight-line code.
-#[inline(always)]
-fn lanes<T: Elem>(mut f: impl FnMut(usize)) {
-    unroll::<8>(|i| {
-        if i < T::LANES {
-            f(i)
-        }
-    });
 }
 
 #[inline(always)]
@@ -190,10 +186,14 @@ unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize>(
     let (tid, nt) = (thread_idx(), block_dim());
     let vecs = cols / T::LANES;
     let has_w = !w.is_null();
-    let wv = if has_w { unsafe { load_row::<K>(w as *const V16, vecs) } } else { [ZERO; K] };
+    let wv = if has_w {
+        unsafe { load_row::<K>(w as *const V16, vecs) }
+    } else {
+        [V16::ZERO; K]
+    };
     let load_x = |row: usize| match row < rows {
         true => unsafe { load_row::<K>(x.add(row * x_stride) as *const V16, vecs) },
-        false => [ZERO; K],
+        false => [V16::ZERO; K],
     };
     let mut row = block_idx();
     let mut next = load_x(row);
@@ -206,7 +206,11 @@ unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize>(
         unroll::<K>(|k| {
             lanes::<T>(|i| {
                 let e = T::lane(&xv[k], i);
-                acc += if MODE == mode::NONE { T::round(e * e) } else { e * e };
+                acc += if MODE == mode::NONE {
+                    T::round(e * e)
+                } else {
+                    e * e
+                };
             })
         });
         let r = inverse_rms::<T, MODE>(block_sum(acc), cols, eps);
@@ -259,8 +263,18 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize>(
         let gv = unsafe { load_row::<K>(dy.add(row * dy_stride) as *const V16, vecs) };
         let xv = unsafe { load_row::<K>(x.add(row * x_stride) as *const V16, vecs) };
         // w is re-read every row (an L1 hit) rather than held: registers go to dW instead.
-        let wv = if has_w { unsafe { load_row::<K>(w as *const V16, vecs) } } else { [ZERO; K] };
-        let wc = |k: usize, i: usize| if has_w { Some(T::lane(&wv[k], i)) } else { None };
+        let wv = if has_w {
+            unsafe { load_row::<K>(w as *const V16, vecs) }
+        } else {
+            [V16::ZERO; K]
+        };
+        let wc = |k: usize, i: usize| {
+            if has_w {
+                Some(T::lane(&wv[k], i))
+            } else {
+                None
+            }
+        };
         let r = unsafe { *rstd.add(row) };
         let mut acc = 0.0f32;
         unroll::<K>(|k| {
@@ -279,7 +293,11 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize>(
                 lanes::<T>(|i| {
                     let (g, v) = (T::lane(&gv[k], i), T::lane(&xv[k], i));
                     out[i] = r * scaled_grad::<T, MODE>(g, wc(k, i), offset) - coef * v;
-                    let normed = if MODE == mode::LLAMA { T::round(v * r) } else { v * r };
+                    let normed = if MODE == mode::LLAMA {
+                        T::round(v * r)
+                    } else {
+                        v * r
+                    };
                     dw_acc[k][i] += g * normed;
                 });
                 unsafe { T::pack(&out).store(dxr.add(j)) };
@@ -412,15 +430,60 @@ macro_rules! rms_norm_kernels {
     };
 }
 
-rms_norm_kernels!(f32, rms_norm_fwd_f32_llama, rms_norm_bwd_f32_llama, mode::LLAMA);
-rms_norm_kernels!(f32, rms_norm_fwd_f32_gemma, rms_norm_bwd_f32_gemma, mode::GEMMA);
-rms_norm_kernels!(f32, rms_norm_fwd_f32_none, rms_norm_bwd_f32_none, mode::NONE);
-rms_norm_kernels!(f16, rms_norm_fwd_f16_llama, rms_norm_bwd_f16_llama, mode::LLAMA);
-rms_norm_kernels!(f16, rms_norm_fwd_f16_gemma, rms_norm_bwd_f16_gemma, mode::GEMMA);
-rms_norm_kernels!(f16, rms_norm_fwd_f16_none, rms_norm_bwd_f16_none, mode::NONE);
-rms_norm_kernels!(Bf16, rms_norm_fwd_bf16_llama, rms_norm_bwd_bf16_llama, mode::LLAMA);
-rms_norm_kernels!(Bf16, rms_norm_fwd_bf16_gemma, rms_norm_bwd_bf16_gemma, mode::GEMMA);
-rms_norm_kernels!(Bf16, rms_norm_fwd_bf16_none, rms_norm_bwd_bf16_none, mode::NONE);
+rms_norm_kernels!(
+    f32,
+    rms_norm_fwd_f32_llama,
+    rms_norm_bwd_f32_llama,
+    mode::LLAMA
+);
+rms_norm_kernels!(
+    f32,
+    rms_norm_fwd_f32_gemma,
+    rms_norm_bwd_f32_gemma,
+    mode::GEMMA
+);
+rms_norm_kernels!(
+    f32,
+    rms_norm_fwd_f32_none,
+    rms_norm_bwd_f32_none,
+    mode::NONE
+);
+rms_norm_kernels!(
+    f16,
+    rms_norm_fwd_f16_llama,
+    rms_norm_bwd_f16_llama,
+    mode::LLAMA
+);
+rms_norm_kernels!(
+    f16,
+    rms_norm_fwd_f16_gemma,
+    rms_norm_bwd_f16_gemma,
+    mode::GEMMA
+);
+rms_norm_kernels!(
+    f16,
+    rms_norm_fwd_f16_none,
+    rms_norm_bwd_f16_none,
+    mode::NONE
+);
+rms_norm_kernels!(
+    Bf16,
+    rms_norm_fwd_bf16_llama,
+    rms_norm_bwd_bf16_llama,
+    mode::LLAMA
+);
+rms_norm_kernels!(
+    Bf16,
+    rms_norm_fwd_bf16_gemma,
+    rms_norm_bwd_bf16_gemma,
+    mode::GEMMA
+);
+rms_norm_kernels!(
+    Bf16,
+    rms_norm_fwd_bf16_none,
+    rms_norm_bwd_bf16_none,
+    mode::NONE
+);
 
 macro_rules! dw_reduce_kernel {
     ($ty:ty, $name:ident) => {
@@ -479,7 +542,6 @@ macro_rules! rms_norm_vec_fwd {
                 )
             }
         }
-
     };
 }
 

@@ -25,8 +25,10 @@
 //! Math in f32, one rounding to the element type per output, no FMA contraction:
 //! `o1 = T(x1·c − x2·s)`, `o2 = T(x2·c + x1·s)` with each product rounded to f32. The backward
 //! is the same with `s → −s` (exact), i.e. `g1 = dy1·c + dy2·s`, `g2 = dy2·c − dy1·s`.
-use crate::{Bf16, Elem, V16, block_idx, grid_dim, unroll};
-use core::arch::nvptx;
+use crate::{
+    Bf16, Elem, V16, block_dim, block_dim_y, block_dim_z, block_idx, grid_dim, lanes, thread_idx,
+    thread_idx_y, thread_idx_z, unroll,
+};
 
 /// Where a token's cos/sin row comes from (the `ROWS` const parameter; the host's kernel-name
 /// suffixes `pos`, `batch`, `ids32`, `ids64` map to these in order).
@@ -39,36 +41,6 @@ pub mod rows {
     pub const IDS_I32: u32 = 2;
     /// As [`IDS_I32`] with i64 ids.
     pub const IDS_I64: u32 = 3;
-}
-
-#[inline(always)]
-fn tid_x() -> usize {
-    unsafe { nvptx::_thread_idx_x() as usize }
-}
-
-#[inline(always)]
-fn tid_y() -> usize {
-    unsafe { nvptx::_thread_idx_y() as usize }
-}
-
-#[inline(always)]
-fn bdim_x() -> usize {
-    unsafe { nvptx::_block_dim_x() as usize }
-}
-
-#[inline(always)]
-fn bdim_y() -> usize {
-    unsafe { nvptx::_block_dim_y() as usize }
-}
-
-#[inline(always)]
-fn tid_z() -> usize {
-    unsafe { nvptx::_thread_idx_z() as usize }
-}
-
-#[inline(always)]
-fn bdim_z() -> usize {
-    unsafe { nvptx::_block_dim_z() as usize }
 }
 
 /// A position id clamped into `[0, rows)` (`rows ≥ 1`).
@@ -122,10 +94,10 @@ unsafe fn rotate<T: Elem, const ROWS: u32, const BWD: bool>(
     let half32 = half as u32;
     let q_pairs = (q_heads * half) as u32;
     let pairs = q_pairs + (k_heads * half) as u32;
-    let (tx, ty) = (bdim_x() as u32, bdim_y());
+    let (tx, ty) = (block_dim() as u32, block_dim_y());
     let q_token = q_heads * head_dim;
     let k_token = k_heads * head_dim;
-    let mut token = block_idx() * ty + tid_y();
+    let mut token = block_idx() * ty + thread_idx_y();
     let step = grid_dim() * ty;
     while token < tokens {
         let row = unsafe { table_row::<ROWS>(token, seq_len, ids, table_rows) };
@@ -133,7 +105,7 @@ unsafe fn rotate<T: Elem, const ROWS: u32, const BWD: bool>(
         let sin_row = unsafe { sin.add(row * rotary_dim) };
         let q_tok = unsafe { q.add(token * q_token) };
         let k_tok = unsafe { k.add(token * k_token) };
-        let mut j = tid_x() as u32;
+        let mut j = thread_idx() as u32;
         while j < pairs {
             let (base, jj) = if j < q_pairs {
                 (q_tok, j)
@@ -162,23 +134,6 @@ unsafe fn rotate<T: Elem, const ROWS: u32, const BWD: bool>(
 /// all issued before the first result is stored (the host sizes `blockDim.y` so that one step
 /// usually covers every head of the token: `blockDim.y = ⌈heads / VEC_HEADS⌉`).
 pub const VEC_HEADS: usize = 4;
-
-const ZERO: V16 = V16 {
-    a: 0,
-    b: 0,
-    c: 0,
-    d: 0,
-};
-
-/// Calls `f(i)` for each lane `i < T::LANES` as straight-line code.
-#[inline(always)]
-fn lanes<T: Elem>(mut f: impl FnMut(usize)) {
-    unroll::<8>(|i| {
-        if i < T::LANES {
-            f(i)
-        }
-    });
-}
 
 /// `v`, hidden from the optimiser: a value it cannot reason about.
 #[inline(always)]
@@ -240,15 +195,15 @@ unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool>(
     let head_vecs = (head_dim / T::LANES) as u32;
     let row_vecs = rotary_dim / T::LANES;
     let (q_heads32, heads) = (q_heads as u32, (q_heads + k_heads) as u32);
-    let v = tid_x() as u32;
+    let v = thread_idx() as u32;
     if v >= vph {
         return;
     }
-    let by = bdim_y() as u32;
+    let by = block_dim_y() as u32;
     let (q, k) = (q as *mut V16, k as *mut V16);
     let (cos, sin) = (cos as *const V16, sin as *const V16);
-    let bz = bdim_z();
-    let mut token = block_idx() * bz + tid_z();
+    let bz = block_dim_z();
+    let mut token = block_idx() * bz + thread_idx_z();
     let step = grid_dim() * bz;
     // Per-position row (token mod seq_len), advanced without a division per token.
     let (mut pos, pos_step) = if ROWS == rows::PER_POSITION {
@@ -273,7 +228,7 @@ unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool>(
         let q_tok = unsafe { q.add(token * q_heads * head_vecs as usize + v as usize) };
         let k_tok = unsafe { k.add(token * k_heads * head_vecs as usize + v as usize) }
             .wrapping_sub(q_heads * head_vecs as usize);
-        let mut h0 = tid_y() as u32;
+        let mut h0 = thread_idx_y() as u32;
         while h0 < heads {
             // All `2·VEC_HEADS` loads are issued before any math, so their latencies overlap:
             // - every load is unconditional: a head past the last one re-reads this thread's
@@ -285,8 +240,8 @@ unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool>(
             //   interleaves it with the other heads' loads, which then wait for head 0's.
             let mut live = [false; VEC_HEADS];
             let mut at = [core::ptr::null_mut::<V16>(); VEC_HEADS];
-            let mut x1 = [ZERO; VEC_HEADS];
-            let mut x2 = [ZERO; VEC_HEADS];
+            let mut x1 = [V16::ZERO; VEC_HEADS];
+            let mut x2 = [V16::ZERO; VEC_HEADS];
             unroll::<VEC_HEADS>(|j| {
                 let h = h0 + j as u32 * by;
                 live[j] = h < opaque(heads);

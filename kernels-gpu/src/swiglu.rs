@@ -29,7 +29,7 @@
 //! divisions per thread at start, none per vector), so row strides and the fused layout cost
 //! one wide multiply-add per pointer per vector. The f32 math per element is the scalar
 //! kernels' (same functions, same order), so both paths give the same bits.
-use crate::{Bf16, Elem, V16, block_dim, block_idx, grid_dim, thread_idx, unroll};
+use crate::{Bf16, Elem, V16, block_dim, block_idx, grid_dim, lanes, thread_idx, unroll};
 
 /// Elements per thread per tile (scalar kernels).
 const ITEMS: usize = 4;
@@ -207,23 +207,6 @@ unsafe fn backward<T: Elem>(
     }
 }
 
-const ZERO: V16 = V16 {
-    a: 0,
-    b: 0,
-    c: 0,
-    d: 0,
-};
-
-/// Calls `f(i)` for each lane `i < T::LANES` as straight-line code.
-#[inline(always)]
-fn lanes<T: Elem>(mut f: impl FnMut(usize)) {
-    unroll::<8>(|i| {
-        if i < T::LANES {
-            f(i)
-        }
-    });
-}
-
 /// A vector's place in the `rows × per_row` grid of vectors (32-bit: the host takes this
 /// path only for `rows`, `cols` and strides below 2³¹).
 #[derive(Clone, Copy)]
@@ -353,7 +336,7 @@ unsafe fn forward_vec<T: Elem, const K: usize>(
     );
     let walk = Walk::<K>::new(rows as u32, (cols / T::LANES) as u32);
     let load = |pos: &[Pos; K]| {
-        let (mut av, mut bv) = ([ZERO; K], [ZERO; K]);
+        let (mut av, mut bv) = ([V16::ZERO; K], [V16::ZERO; K]);
         unroll::<K>(|k| {
             av[k] = unsafe { V16::load(a.add(pos[k].at(sa))) };
             bv[k] = unsafe { V16::load(b.add(pos[k].at(sb))) };
@@ -421,7 +404,7 @@ unsafe fn backward_vec<T: Elem, const K: usize>(
     );
     let walk = Walk::<K>::new(rows as u32, (cols / T::LANES) as u32);
     let load = |pos: &[Pos; K]| {
-        let (mut gv, mut av, mut bv) = ([ZERO; K], [ZERO; K], [ZERO; K]);
+        let (mut gv, mut av, mut bv) = ([V16::ZERO; K], [V16::ZERO; K], [V16::ZERO; K]);
         unroll::<K>(|k| {
             gv[k] = unsafe { V16::load(dc.add(pos[k].at(sc))) };
             av[k] = unsafe { V16::load(a.add(pos[k].at(sa))) };
