@@ -1,0 +1,266 @@
+//! Cross-op guarantees: thread safety of the public types, bitwise determinism of every op
+//! (dW included), and every op driven from several threads on several streams at once.
+mod common;
+
+use common::{Rng, download, gpu, upload};
+use half::bf16;
+use liger_rs::cudarc::driver::{CudaSlice, CudaStream};
+use liger_rs::reference::{self, rope::CosSinRows};
+use liger_rs::{
+    CastingMode, CosSinLayout, RmsNormArgs, RopeArgs, SwigluArgs, rms_norm_backward,
+    rms_norm_forward, rope_backward, rope_forward, swiglu_backward, swiglu_forward,
+};
+use std::sync::Arc;
+
+fn send_sync<T: Send + Sync>() {}
+
+#[test]
+fn public_types_are_send_and_sync() {
+    send_sync::<RmsNormArgs>();
+    send_sync::<RopeArgs>();
+    send_sync::<SwigluArgs>();
+    send_sync::<CastingMode>();
+    send_sync::<liger_rs::Error>();
+    send_sync::<CosSinLayout<'static>>();
+}
+
+fn bits(v: &[bf16]) -> Vec<u16> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Outputs of one pass of every op, forward and backward, on fixed inputs.
+struct Pass {
+    y: Vec<u16>,
+    rstd: Vec<u32>,
+    dx: Vec<u16>,
+    dw: Vec<u16>,
+    q: Vec<u16>,
+    k: Vec<u16>,
+    c: Vec<u16>,
+    da: Vec<u16>,
+    db: Vec<u16>,
+}
+
+/// Shapes: `cols` 4096 takes the vector kernels, 4095 the scalar ones (RMSNorm).
+fn one_pass(stream: &Arc<CudaStream>, seed: u64, rows: usize, cols: usize) -> Pass {
+    let mut rng = Rng::new(seed);
+    let x: Vec<bf16> = rng.vec(rows * cols, 0.0, 1.0);
+    let w: Vec<bf16> = rng.vec(cols, 1.0, 0.3);
+    let dy: Vec<bf16> = rng.vec(rows * cols, 0.0, 1.0);
+    let args = RmsNormArgs::new(rows, cols);
+    let (xd, wd, dyd) = (upload(stream, &x), upload(stream, &w), upload(stream, &dy));
+    let (mut y, mut rstd) = (
+        common::poisoned::<bf16>(stream, rows * cols),
+        common::poisoned::<f32>(stream, rows),
+    );
+    let (mut dx, mut dw) = (
+        common::poisoned::<bf16>(stream, rows * cols),
+        common::poisoned::<bf16>(stream, cols),
+    );
+    let wv = wd.as_view();
+    rms_norm_forward(stream, &args, &xd, Some(&wv), &mut y, &mut rstd).unwrap();
+    rms_norm_backward(
+        stream,
+        &args,
+        &dyd,
+        &xd,
+        Some(&wv),
+        &rstd,
+        &mut dx,
+        Some(&mut dw.as_view_mut()),
+    )
+    .unwrap();
+
+    let (b, s, hq, hk, d) = (2, 33, 8, 2, 128);
+    let rope_args = RopeArgs::new(b, s, hq, hk, d);
+    let (mut q, mut k) = (
+        upload(stream, &rng.vec::<bf16>(b * s * hq * d, 0.0, 1.0)),
+        upload(stream, &rng.vec::<bf16>(b * s * hk * d, 0.0, 1.0)),
+    );
+    let (cos, sin) = (
+        upload(stream, &rng.vec::<bf16>(s * d, 0.0, 0.7)),
+        upload(stream, &rng.vec::<bf16>(s * d, 0.0, 0.7)),
+    );
+    rope_forward(
+        stream,
+        &rope_args,
+        &mut q,
+        &mut k,
+        &cos,
+        &sin,
+        &CosSinLayout::PerPosition,
+    )
+    .unwrap();
+    rope_backward(
+        stream,
+        &rope_args,
+        &mut q,
+        &mut k,
+        &cos,
+        &sin,
+        &CosSinLayout::PerPosition,
+    )
+    .unwrap();
+
+    let sw = SwigluArgs::new(rows, cols);
+    let (a, bb, dc) = (
+        upload(stream, &rng.vec::<bf16>(rows * cols, 0.0, 3.0)),
+        upload(stream, &rng.vec::<bf16>(rows * cols, 0.0, 1.0)),
+        upload(stream, &rng.vec::<bf16>(rows * cols, 0.0, 1.0)),
+    );
+    let mut c = common::poisoned::<bf16>(stream, rows * cols);
+    let (mut da, mut db) = (
+        common::poisoned::<bf16>(stream, rows * cols),
+        common::poisoned::<bf16>(stream, rows * cols),
+    );
+    swiglu_forward(stream, &sw, &a, &bb, &mut c).unwrap();
+    swiglu_backward(stream, &sw, &dc, &a, &bb, &mut da, &mut db).unwrap();
+    let dl = |v: &CudaSlice<bf16>| bits(&download(stream, v));
+    Pass {
+        y: dl(&y),
+        rstd: download(stream, &rstd)
+            .iter()
+            .map(|r| r.to_bits())
+            .collect(),
+        dx: dl(&dx),
+        dw: dl(&dw),
+        q: dl(&q),
+        k: dl(&k),
+        c: dl(&c),
+        da: dl(&da),
+        db: dl(&db),
+    }
+}
+
+#[test]
+fn gpu_every_op_is_bitwise_deterministic() {
+    let Some(stream) = gpu("gpu_every_op_is_bitwise_deterministic") else {
+        return;
+    };
+    // 3000 rows: the RMSNorm backward spreads them over hundreds of blocks, so dW is a sum of
+    // many partial rows whose order must not depend on scheduling.
+    for (rows, cols) in [(3000, 4096), (3000, 4095)] {
+        let first = one_pass(&stream, 99, rows, cols);
+        for run in 1..=3 {
+            let again = one_pass(&stream, 99, rows, cols);
+            let case = format!("{rows}×{cols}, run {run}");
+            assert!(first.y == again.y, "rms y differs, {case}");
+            assert!(first.rstd == again.rstd, "rms rstd differs, {case}");
+            assert!(first.dx == again.dx, "rms dx differs, {case}");
+            assert!(first.dw == again.dw, "rms dw differs, {case}");
+            assert!(
+                first.q == again.q && first.k == again.k,
+                "rope differs, {case}"
+            );
+            assert!(first.c == again.c, "swiglu c differs, {case}");
+            assert!(
+                first.da == again.da && first.db == again.db,
+                "swiglu grads differ, {case}"
+            );
+        }
+    }
+}
+
+/// One thread's work on its own stream: every op on its own data, checked against the CPU
+/// reference (same cast points; the kernels agree with it to within a few ulps, see the op
+/// tests — here a looser 2⁻⁶ relative bound suffices to catch cross-talk between threads).
+fn worker(stream: Arc<CudaStream>, id: u64) {
+    let mut rng = Rng::new(1000 + id);
+    let (rows, cols) = (64 + id as usize, 1024);
+    let close = |what: &str, got: &[bf16], want: &[bf16]| {
+        let rms = (want.iter().map(|v| v.to_f64().powi(2)).sum::<f64>() / want.len() as f64).sqrt();
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            let err = (g.to_f64() - w.to_f64()).abs() / w.to_f64().abs().max(rms);
+            assert!(err < 1.0 / 64.0, "thread {id}: {what}[{i}] {g} vs {w}");
+        }
+    };
+    for iter in 0..4 {
+        let x: Vec<bf16> = rng.vec(rows * cols, 0.0, 1.0);
+        let w: Vec<bf16> = rng.vec(cols, 1.0, 0.3);
+        let args = RmsNormArgs::new(rows, cols);
+        let (xd, wd) = (upload(&stream, &x), upload(&stream, &w));
+        let (mut y, mut rstd) = (
+            common::poisoned::<bf16>(&stream, rows * cols),
+            common::poisoned::<f32>(&stream, rows),
+        );
+        rms_norm_forward(&stream, &args, &xd, Some(&wd.as_view()), &mut y, &mut rstd).unwrap();
+        let want =
+            reference::rms_norm_forward(&x, Some(&w), cols, 1e-6, 0.0, CastingMode::Llama).unwrap();
+        close(
+            &format!("rms y (iter {iter})"),
+            &download(&stream, &y),
+            &want.y,
+        );
+
+        let dy: Vec<bf16> = rng.vec(rows * cols, 0.0, 1.0);
+        let mut dx = common::poisoned::<bf16>(&stream, rows * cols);
+        let mut dw = common::poisoned::<bf16>(&stream, cols);
+        let dyd = upload(&stream, &dy);
+        rms_norm_backward(
+            &stream,
+            &args,
+            &dyd,
+            &xd,
+            Some(&wd.as_view()),
+            &rstd,
+            &mut dx,
+            Some(&mut dw.as_view_mut()),
+        )
+        .unwrap();
+        let rstd_h: Vec<f64> = download(&stream, &rstd).iter().map(|&r| r as f64).collect();
+        let g =
+            reference::rms_norm_backward(&dy, &x, Some(&w), &rstd_h, cols, 0.0, CastingMode::Llama)
+                .unwrap();
+        close("rms dx", &download(&stream, &dx), &g.dx);
+        close("rms dw", &download(&stream, &dw), &g.dw.unwrap());
+
+        let (s, hq, hk, d) = (17, 4, 2, 64);
+        let ra = RopeArgs::new(1, s, hq, hk, d);
+        let (mut qh, mut kh): (Vec<bf16>, Vec<bf16>) =
+            (rng.vec(s * hq * d, 0.0, 1.0), rng.vec(s * hk * d, 0.0, 1.0));
+        let (ch, sh): (Vec<bf16>, Vec<bf16>) = (rng.vec(s * d, 0.0, 0.7), rng.vec(s * d, 0.0, 0.7));
+        let (mut q, mut k) = (upload(&stream, &qh), upload(&stream, &kh));
+        let (cd, sd) = (upload(&stream, &ch), upload(&stream, &sh));
+        rope_forward(
+            &stream,
+            &ra,
+            &mut q,
+            &mut k,
+            &cd,
+            &sd,
+            &CosSinLayout::PerPosition,
+        )
+        .unwrap();
+        reference::rope_forward(&ra, &mut qh, &mut kh, &ch, &sh, CosSinRows::PerPosition).unwrap();
+        close("rope q", &download(&stream, &q), &qh);
+        close("rope k", &download(&stream, &k), &kh);
+
+        let sw = SwigluArgs::new(rows, cols);
+        let (ah, bh): (Vec<bf16>, Vec<bf16>) = (
+            rng.vec(rows * cols, 0.0, 3.0),
+            rng.vec(rows * cols, 0.0, 1.0),
+        );
+        let (ad, bd) = (upload(&stream, &ah), upload(&stream, &bh));
+        let mut c = common::poisoned::<bf16>(&stream, rows * cols);
+        swiglu_forward(&stream, &sw, &ad, &bd, &mut c).unwrap();
+        close(
+            "swiglu c",
+            &download(&stream, &c),
+            &reference::swiglu_forward(&ah, &bh, 1.0).unwrap(),
+        );
+    }
+}
+
+#[test]
+fn gpu_ops_from_many_threads_and_streams() {
+    let Some(stream) = gpu("gpu_ops_from_many_threads_and_streams") else {
+        return;
+    };
+    let ctx = stream.context().clone();
+    std::thread::scope(|scope| {
+        for id in 0..6 {
+            let s = ctx.new_stream().expect("new stream");
+            scope.spawn(move || worker(s, id));
+        }
+    });
+}
