@@ -8,10 +8,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// forward by the driver on newer GPUs).
 pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
 
-/// One context's loaded module and the functions looked up in it so far.
+/// One context's loaded module, the functions looked up in it so far, and their occupancy.
 pub(crate) struct Kernels {
     module: Arc<CudaModule>,
     functions: Mutex<HashMap<String, CudaFunction>>,
+    /// Resident blocks per SM, keyed by (function handle, threads, dynamic shared bytes).
+    occupancy: Mutex<HashMap<(usize, u32, u32), u32>>,
     sm_count: u32,
 }
 
@@ -27,9 +29,25 @@ impl Kernels {
         Ok(f)
     }
 
-    /// Streaming multiprocessors on the context's device.
-    pub(crate) fn sm_count(&self) -> u32 {
-        self.sm_count
+    /// Blocks of `func` that fit on the whole device at once with `threads` threads and
+    /// `smem` bytes of dynamic shared memory per block (SMs × resident blocks per SM, at least
+    /// 1): the grid of a grid-stride kernel. Asked of the driver once per shape; a handle is
+    /// never reused for another function, since the module lives as long as the process.
+    pub(crate) fn resident_blocks(
+        &self,
+        func: &CudaFunction,
+        threads: u32,
+        smem: u32,
+    ) -> Result<usize> {
+        let key = (func.cu_function() as usize, threads, smem);
+        if let Some(&n) = lock(&self.occupancy).get(&key) {
+            return Ok(self.sm_count as usize * n as usize);
+        }
+        let n = func
+            .occupancy_max_active_blocks_per_multiprocessor(threads, smem as usize, None)?
+            .max(1);
+        lock(&self.occupancy).insert(key, n);
+        Ok(self.sm_count as usize * n as usize)
     }
 }
 
@@ -54,6 +72,7 @@ pub(crate) fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
     let kernels = Arc::new(Kernels {
         module,
         functions: Mutex::new(HashMap::new()),
+        occupancy: Mutex::new(HashMap::new()),
         sm_count: sm_count.max(1) as u32,
     });
     cache.push((key, kernels.clone()));

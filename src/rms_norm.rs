@@ -189,10 +189,8 @@ fn vector_kernel<T: Dtype>(direction: &str, per_thread: usize, mode: CastingMode
 /// at `threads` per block), at most one per row. The kernels prefetch a block's next row while
 /// finishing the current one, so a resident grid keeps two rows per block in flight.
 fn resident_grid(kernels: &Kernels, func: &CudaFunction, threads: u32, rows: usize) -> Result<u32> {
-    let per_sm = func
-        .occupancy_max_active_blocks_per_multiprocessor(threads, REDUCE_SMEM_BYTES as usize, None)?
-        .max(1);
-    Ok(rows.min((kernels.sm_count() * per_sm) as usize) as u32)
+    let resident = kernels.resident_blocks(func, threads, REDUCE_SMEM_BYTES)?;
+    Ok(rows.min(resident).min(i32::MAX as usize) as u32)
 }
 
 /// Most threads per block the named kernel can launch with (fewer when it uses many registers).

@@ -484,10 +484,9 @@ fn rope<T: Dtype>(
             let threads = bx * by * bz;
             // Grid-stride over tokens: as many blocks as are resident at once, at most one per
             // `bz` tokens.
-            let per_sm = func
-                .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?
-                .max(1);
-            let resident = (kernels.sm_count() as usize * per_sm as usize).min(i32::MAX as usize);
+            let resident = kernels
+                .resident_blocks(&func, threads, 0)?
+                .min(i32::MAX as usize);
             let blocks = sizes.tokens.div_ceil(bz as usize).min(resident);
             (
                 func,

@@ -10,12 +10,11 @@
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
 use crate::launch::{Region, at_least, disjoint, same_context, span};
-use crate::module::kernels;
+use crate::module::{Kernels, kernels};
 use cudarc::driver::{
     CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 /// Elements per thread per tile of the scalar kernels (must match `ITEMS` in
 /// kernels-gpu/src/swiglu.rs).
@@ -225,28 +224,6 @@ impl Path {
     }
 }
 
-/// Blocks per SM of `func` at `threads` per block (no dynamic shared memory), asked of the
-/// driver once per function and block size.
-fn blocks_per_sm(func: &CudaFunction, threads: u32) -> Result<u32> {
-    type Cache = Mutex<HashMap<(usize, u32), u32>>;
-    static CACHE: OnceLock<Cache> = OnceLock::new();
-    // Functions live as long as their module, which the module cache keeps for the life of
-    // the process, so a handle is never reused for another function.
-    let key = (func.cu_function() as usize, threads);
-    let cache = CACHE.get_or_init(Default::default);
-    if let Some(&n) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-        return Ok(n);
-    }
-    let n = func
-        .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?
-        .max(1);
-    cache
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(key, n);
-    Ok(n)
-}
-
 /// Launch shape: as many blocks as fit on the device at once (the kernels walk their tiles
 /// grid-stride), never more than there are tiles.
 ///
@@ -254,8 +231,8 @@ fn blocks_per_sm(func: &CudaFunction, threads: u32) -> Result<u32> {
 /// columns of one row. Vector: the `rows × cols / lanes` vectors form one flat range, a tile
 /// is `per_thread · threads` consecutive vectors, up to 256 threads per block.
 fn config<T>(
+    kernels: &Kernels,
     func: &CudaFunction,
-    sm_count: u32,
     path: Path,
     rows: usize,
     cols: usize,
@@ -274,10 +251,9 @@ fn config<T>(
             (threads, vecs.div_ceil(per_tile), per_tile)
         }
     };
-    let per_sm = blocks_per_sm(func, threads as u32)?;
+    let resident = kernels.resident_blocks(func, threads as u32, 0)? as u64;
     // The vector kernels step `grid · per_tile` vectors in 32 bits.
-    let most = (i32::MAX as u64 / per_tile).max(1);
-    let resident = (sm_count as u64 * per_sm as u64).clamp(1, most);
+    let resident = resident.clamp(1, (i32::MAX as u64 / per_tile).max(1));
     Ok(LaunchConfig {
         grid_dim: (tiles.min(resident) as u32, 1, 1),
         block_dim: (threads as u32, 1, 1),
@@ -304,7 +280,7 @@ fn launch_forward<T: Dtype>(stream: &Arc<CudaStream>, args: &SwigluArgs, p: Forw
     );
     let kernels = kernels(stream.context())?;
     let func = kernels.function(&path.kernel::<T>("fwd"))?;
-    let cfg = config::<T>(&func, kernels.sm_count(), path, args.rows, args.cols)?;
+    let cfg = config::<T>(&kernels, &func, path, args.rows, args.cols)?;
     let (a_stride, b_stride, c_stride) =
         (p.a_stride as u64, p.b_stride as u64, args.c_stride as u64);
     let (rows, cols) = (args.rows as u64, args.cols as u64);
@@ -353,7 +329,7 @@ fn launch_backward<T: Dtype>(
     );
     let kernels = kernels(stream.context())?;
     let func = kernels.function(&path.kernel::<T>("bwd"))?;
-    let cfg = config::<T>(&func, kernels.sm_count(), path, args.rows, args.cols)?;
+    let cfg = config::<T>(&kernels, &func, path, args.rows, args.cols)?;
     let (a_stride, b_stride, c_stride) =
         (p.a_stride as u64, p.b_stride as u64, args.c_stride as u64);
     let (rows, cols) = (args.rows as u64, args.cols as u64);
