@@ -2,7 +2,7 @@
 //! GPU kernels against the reference on many shapes, dtypes and modes; bad input.
 mod common;
 
-use common::{Rng, assert_close, download, gpu, poisoned, upload, widen};
+use common::{Rng, assert_close, download, expect_invalid, gpu, poisoned, upload, widen};
 use half::{bf16, f16};
 use liger_rs::reference::{
     Element, rms_norm_backward as ref_backward, rms_norm_forward as ref_forward,
@@ -513,19 +513,6 @@ fn no_driver_is_an_error_not_a_panic() {
         ),
         "{e:?}"
     );
-}
-
-fn expect_invalid(result: liger_rs::Result<()>, arg: &str, needle: &str) {
-    match result {
-        Err(e @ Error::InvalidArgument { arg: a, .. }) if a == arg => {
-            let msg = e.to_string();
-            assert!(
-                msg.contains(needle),
-                "`{arg}`: message {msg:?} lacks {needle:?}"
-            );
-        }
-        other => panic!("expected InvalidArgument for `{arg}`, got {other:?}"),
-    }
 }
 
 #[test]

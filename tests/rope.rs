@@ -3,7 +3,7 @@
 //! forms, 64-bit offsets, clamped device ids; bad input.
 mod common;
 
-use common::{Rng, assert_close, download, gpu, upload};
+use common::{Rng, assert_close, download, expect_invalid, gpu, upload};
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use liger_rs::reference::Element;
@@ -300,19 +300,6 @@ fn reference_partial_rotary_leaves_the_tail_bit_identical() {
             }
             assert_ne!(got, input);
         }
-    }
-}
-
-fn expect_invalid(result: liger_rs::Result<()>, arg: &str, needle: &str) {
-    match result {
-        Err(e @ Error::InvalidArgument { arg: a, .. }) if a == arg => {
-            let msg = e.to_string();
-            assert!(
-                msg.contains(needle),
-                "`{arg}`: message {msg:?} lacks {needle:?}"
-            );
-        }
-        other => panic!("expected InvalidArgument for `{arg}`, got {other:?}"),
     }
 }
 

@@ -4,7 +4,7 @@
 //! bad input.
 mod common;
 
-use common::{Rng, assert_close, download, gpu, poisoned, ulp, upload, widen};
+use common::{Rng, assert_close, download, expect_invalid, gpu, poisoned, ulp, upload, widen};
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use liger_rs::reference::Element;
@@ -760,19 +760,6 @@ fn gpu_nan_and_inf_propagate_as_in_the_reference() {
 }
 
 // ---------------------------------------------------------------- bad input
-
-fn expect_invalid(result: liger_rs::Result<()>, arg: &str, needle: &str) {
-    match result {
-        Err(e @ Error::InvalidArgument { arg: a, .. }) if a == arg => {
-            let msg = e.to_string();
-            assert!(
-                msg.contains(needle),
-                "`{arg}`: message {msg:?} lacks {needle:?}"
-            );
-        }
-        other => panic!("expected InvalidArgument for `{arg}`, got {other:?}"),
-    }
-}
 
 #[test]
 fn bad_input_is_rejected_before_launch() {

@@ -2,9 +2,9 @@
 //! poisoning and tolerance checks against the f64 reference.
 #![allow(dead_code)] // each test binary uses its own subset
 
-use liger_rs::Dtype;
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream};
 use liger_rs::reference::Element;
+use liger_rs::{Dtype, Error};
 use std::io::Write;
 use std::sync::Arc;
 
@@ -132,4 +132,19 @@ pub fn assert_close<T: Element>(
 
 pub fn widen<T: Element>(v: &[T]) -> Vec<f64> {
     v.iter().map(|x| x.to_f64()).collect()
+}
+
+/// Asserts that `result` is an [`Error::InvalidArgument`] for `arg` whose message contains
+/// `needle` (the expected value it names).
+pub fn expect_invalid(result: liger_rs::Result<()>, arg: &str, needle: &str) {
+    match result {
+        Err(e @ Error::InvalidArgument { arg: a, .. }) if a == arg => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains(needle),
+                "`{arg}`: message {msg:?} lacks {needle:?}"
+            );
+        }
+        other => panic!("expected InvalidArgument for `{arg}`, got {other:?}"),
+    }
 }
