@@ -2,7 +2,7 @@
 //! GPU kernels against the reference on many shapes, dtypes and modes; bad input.
 mod common;
 
-use common::{Rng, assert_close, download, expect_invalid, gpu, poisoned, upload, widen};
+use common::{Failures, Rng, assert_close, download, expect_invalid, gpu, poisoned, upload, widen};
 use half::{bf16, f16};
 use liger_rs::reference::{
     Element, rms_norm_backward as ref_backward, rms_norm_forward as ref_forward,
@@ -363,14 +363,13 @@ fn call_inplace<T: Dtype>(
 /// others: all failures are collected and reported together.
 fn sweep<T: Dtype>(test: &str, seed_base: u64) {
     let Some(stream) = gpu(test) else { return };
-    let mut cases = 0;
-    let mut failures = Vec::new();
+    let mut failures = Failures::new(test);
+    let mut seed = seed_base;
     for (i, &(rows, cols)) in SHAPES.iter().enumerate() {
         for mode in CastingMode::ALL {
             for weighted in [true, false] {
                 for inplace in [false, true] {
                     let offset = [0.0, 1.0, 0.25][(i + mode as usize) % 3];
-                    let seed = seed_base + cases;
                     let case = Case {
                         rows,
                         cols,
@@ -380,23 +379,13 @@ fn sweep<T: Dtype>(test: &str, seed_base: u64) {
                         offset,
                         seed,
                     };
-                    let run = std::panic::AssertUnwindSafe(|| run_case::<T>(&stream, &case));
-                    if let Err(e) = std::panic::catch_unwind(run) {
-                        let msg = e.downcast_ref::<String>().cloned().unwrap_or_default();
-                        failures.push(msg);
-                    }
-                    cases += 1;
+                    failures.run(|| run_case::<T>(&stream, &case));
+                    seed += 1;
                 }
             }
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{test}: {} of {cases} cases failed:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
-    println!("{test}: {cases} cases passed");
+    failures.finish();
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! forms, 64-bit offsets, clamped device ids; bad input.
 mod common;
 
-use common::{Rng, assert_close, download, expect_invalid, gpu, upload};
+use common::{Failures, Rng, assert_close, download, expect_invalid, gpu, upload};
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use liger_rs::reference::Element;
@@ -555,8 +555,7 @@ fn upload_ids<I: liger_rs::cudarc::driver::DeviceRepr>(
 /// cos/sin rows. All failures are collected and reported together.
 fn sweep<T: Dtype>(test: &str, dtype_index: usize, seed_base: u64) {
     let Some(stream) = gpu(test) else { return };
-    let mut cases = 0;
-    let mut failures = Vec::new();
+    let mut failures = Failures::new(test);
     for (i, &shape) in SHAPES.iter().enumerate() {
         if BIG_SHAPE_DTYPE
             .iter()
@@ -567,25 +566,9 @@ fn sweep<T: Dtype>(test: &str, dtype_index: usize, seed_base: u64) {
         let form = FORMS[(i + dtype_index) % FORMS.len()];
         let poison = (i + dtype_index).is_multiple_of(2);
         let seed = seed_base + i as u64;
-        let run =
-            std::panic::AssertUnwindSafe(|| run_case::<T>(&stream, shape, form, poison, seed));
-        if let Err(e) = std::panic::catch_unwind(run) {
-            let msg = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            failures.push(msg);
-        }
-        cases += 1;
+        failures.run(|| run_case::<T>(&stream, shape, form, poison, seed));
     }
-    assert!(
-        failures.is_empty(),
-        "{test}: {} of {cases} cases failed:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
-    println!("{test}: {cases} cases passed");
+    failures.finish();
 }
 
 #[test]

@@ -4,7 +4,9 @@
 //! bad input.
 mod common;
 
-use common::{Rng, assert_close, download, expect_invalid, gpu, poisoned, ulp, upload, widen};
+use common::{
+    Failures, Rng, assert_close, download, expect_invalid, gpu, poisoned, ulp, upload, widen,
+};
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use liger_rs::reference::Element;
@@ -548,24 +550,11 @@ fn run_case<T: Dtype>(stream: &Stream, c: &Case) {
 
 /// Runs one closure per case, collecting every failure instead of stopping at the first.
 fn collect(test: &str, cases: usize, mut run: impl FnMut(usize)) {
-    let mut failures = Vec::new();
+    let mut failures = Failures::new(test);
     for i in 0..cases {
-        if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(i))) {
-            let msg = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            failures.push(msg);
-        }
+        failures.run(|| run(i));
     }
-    assert!(
-        failures.is_empty(),
-        "{test}: {} of {cases} cases failed:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
-    println!("{test}: {cases} cases passed");
+    failures.finish();
 }
 
 /// Every shape × {separate, fused} × {out of place, in place}, with the multipliers cycling

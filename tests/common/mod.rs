@@ -148,3 +148,50 @@ pub fn expect_invalid(result: liger_rs::Result<()>, arg: &str, needle: &str) {
         other => panic!("expected InvalidArgument for `{arg}`, got {other:?}"),
     }
 }
+
+/// Runs many cases of one test, catching each case's panic, so that one (device) run reports
+/// every failing case rather than the first; [`Failures::finish`] fails the test if any did.
+pub struct Failures {
+    test: String,
+    cases: usize,
+    failed: Vec<String>,
+}
+
+impl Failures {
+    pub fn new(test: &str) -> Self {
+        Failures {
+            test: test.to_string(),
+            cases: 0,
+            failed: Vec::new(),
+        }
+    }
+
+    /// Runs one case; a panic is recorded with its message.
+    pub fn run(&mut self, case: impl FnOnce()) {
+        self.cases += 1;
+        if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(case)) {
+            let msg = e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            self.failed.push(msg);
+        }
+    }
+
+    /// Panics listing every failed case; otherwise prints how many passed.
+    pub fn finish(self) {
+        let Failures {
+            test,
+            cases,
+            failed,
+        } = self;
+        assert!(
+            failed.is_empty(),
+            "{test}: {} of {cases} cases failed:\n{}",
+            failed.len(),
+            failed.join("\n")
+        );
+        println!("{test}: {cases} cases passed");
+    }
+}
