@@ -355,14 +355,16 @@ unsafe fn dw_reduce<T: Elem>(partial: *const f32, parts: usize, cols: usize, dw:
     }
 }
 
-macro_rules! rms_norm_kernels {
-    ($ty:ty, $fwd:ident, $bwd:ident, $mode:expr) => {
-        /// RMSNorm forward for one dtype and casting mode (see the module docs).
+/// One forward entry point: `$body` is the generic body (`forward::<T, MODE>` or
+/// `forward_vec::<T, MODE, K>`), `$doc` its summary, `$safety` what the caller guarantees.
+macro_rules! fwd_entry {
+    ($name:ident, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
+        #[doc = $doc]
         ///
         /// # Safety
-        /// Pointers must cover `rows` rows of their strides and `cols` columns; `w` may be null.
+        #[doc = $safety]
         #[unsafe(no_mangle)]
-        pub unsafe extern "gpu-kernel" fn $fwd(
+        pub unsafe extern "gpu-kernel" fn $name(
             x: *const $ty,
             x_stride: u64,
             w: *const $ty,
@@ -374,29 +376,22 @@ macro_rules! rms_norm_kernels {
             eps: f32,
             offset: f32,
         ) {
-            unsafe {
-                forward::<$ty, { $mode }>(
-                    x,
-                    x_stride as usize,
-                    w,
-                    y,
-                    y_stride as usize,
-                    rstd,
-                    rows as usize,
-                    cols as usize,
-                    eps,
-                    offset,
-                )
-            }
+            let (x_stride, y_stride) = (x_stride as usize, y_stride as usize);
+            let (rows, cols) = (rows as usize, cols as usize);
+            unsafe { $body(x, x_stride, w, y, y_stride, rstd, rows, cols, eps, offset) }
         }
+    };
+}
 
-        /// RMSNorm backward for one dtype and casting mode (see the module docs).
+/// One backward entry point (see [`fwd_entry`]).
+macro_rules! bwd_entry {
+    ($name:ident, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
+        #[doc = $doc]
         ///
         /// # Safety
-        /// As the forward; `dx` may equal `dy`; `dw_partial` holds `gridDim.x × cols` f32 when
-        /// `w` is not null.
+        #[doc = $safety]
         #[unsafe(no_mangle)]
-        pub unsafe extern "gpu-kernel" fn $bwd(
+        pub unsafe extern "gpu-kernel" fn $name(
             dy: *const $ty,
             dy_stride: u64,
             x: *const $ty,
@@ -410,23 +405,36 @@ macro_rules! rms_norm_kernels {
             cols: u64,
             offset: f32,
         ) {
+            let (dy_stride, x_stride, dx_stride) =
+                (dy_stride as usize, x_stride as usize, dx_stride as usize);
+            let (rows, cols) = (rows as usize, cols as usize);
             unsafe {
-                backward::<$ty, { $mode }>(
-                    dy,
-                    dy_stride as usize,
-                    x,
-                    x_stride as usize,
-                    w,
-                    rstd,
-                    dx,
-                    dx_stride as usize,
-                    dw_partial,
-                    rows as usize,
-                    cols as usize,
+                $body(
+                    dy, dy_stride, x, x_stride, w, rstd, dx, dx_stride, dw_partial, rows, cols,
                     offset,
                 )
             }
         }
+    };
+}
+
+/// The scalar kernels of one dtype and casting mode.
+macro_rules! rms_norm_kernels {
+    ($ty:ty, $fwd:ident, $bwd:ident, $mode:expr) => {
+        fwd_entry!(
+            $fwd,
+            $ty,
+            forward::<$ty, { $mode }>,
+            "RMSNorm forward for one dtype and casting mode (see the module docs).",
+            "Pointers cover `rows` rows of their strides and `cols` columns; `w` may be null."
+        );
+        bwd_entry!(
+            $bwd,
+            $ty,
+            backward::<$ty, { $mode }>,
+            "RMSNorm backward for one dtype and casting mode (see the module docs).",
+            "As the forward; `dx` may equal `dy`; `dw_partial` holds `gridDim.x × cols` f32 when `w` is not null."
+        );
     };
 }
 
@@ -507,97 +515,36 @@ dw_reduce_kernel!(f32, rms_norm_dw_reduce_f32);
 dw_reduce_kernel!(f16, rms_norm_dw_reduce_f16);
 dw_reduce_kernel!(Bf16, rms_norm_dw_reduce_bf16);
 
-macro_rules! rms_norm_vec_fwd {
-    ($ty:ty, $mode:expr, $k:literal, $fwd:ident) => {
-        /// Vectorised RMSNorm forward (`K` vectors of 16 bytes per thread, see the module docs).
-        ///
-        /// # Safety
-        /// As the scalar forward, and every row, `w` and `y` row start 16-byte aligned with
-        /// `cols` a multiple of the lanes per vector.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "gpu-kernel" fn $fwd(
-            x: *const $ty,
-            x_stride: u64,
-            w: *const $ty,
-            y: *mut $ty,
-            y_stride: u64,
-            rstd: *mut f32,
-            rows: u64,
-            cols: u64,
-            eps: f32,
-            offset: f32,
-        ) {
-            unsafe {
-                forward_vec::<$ty, { $mode }, $k>(
-                    x,
-                    x_stride as usize,
-                    w,
-                    y,
-                    y_stride as usize,
-                    rstd,
-                    rows as usize,
-                    cols as usize,
-                    eps,
-                    offset,
-                )
-            }
-        }
-    };
-}
-
-macro_rules! rms_norm_vec_bwd {
-    ($ty:ty, $mode:expr, $k:literal, $bwd:ident) => {
-        /// Vectorised persistent RMSNorm backward (see the module docs).
-        ///
-        /// # Safety
-        /// As the scalar backward, with the forward's alignment rules for `dy`, `x`, `w`, `dx`;
-        /// `dw_partial` holds `gridDim.x × cols` f32 when `w` is not null.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "gpu-kernel" fn $bwd(
-            dy: *const $ty,
-            dy_stride: u64,
-            x: *const $ty,
-            x_stride: u64,
-            w: *const $ty,
-            rstd: *const f32,
-            dx: *mut $ty,
-            dx_stride: u64,
-            dw_partial: *mut f32,
-            rows: u64,
-            cols: u64,
-            offset: f32,
-        ) {
-            unsafe {
-                backward_vec::<$ty, { $mode }, $k>(
-                    dy,
-                    dy_stride as usize,
-                    x,
-                    x_stride as usize,
-                    w,
-                    rstd,
-                    dx,
-                    dx_stride as usize,
-                    dw_partial,
-                    rows as usize,
-                    cols as usize,
-                    offset,
-                )
-            }
-        }
-    };
-}
-
-/// Vector kernels per dtype and mode: forward with 1, 2, 4 vectors per thread, backward with
-/// 1 and 2 (its dW accumulators need the registers).
+/// The vector kernels of one dtype and mode: forward with 1, 2, 4 vectors per thread,
+/// backward with 1 and 2 (its dW accumulators need the registers).
 macro_rules! rms_norm_vec_family {
     ($ty:ty, $mode:expr, $f1:ident, $b1:ident, $f2:ident, $b2:ident, $f4:ident) => {
-        rms_norm_vec_fwd!($ty, $mode, 1, $f1);
-        rms_norm_vec_fwd!($ty, $mode, 2, $f2);
-        rms_norm_vec_fwd!($ty, $mode, 4, $f4);
-        rms_norm_vec_bwd!($ty, $mode, 1, $b1);
-        rms_norm_vec_bwd!($ty, $mode, 2, $b2);
+        rms_norm_vec_family!(@fwd $ty, $mode, $f1, 1);
+        rms_norm_vec_family!(@fwd $ty, $mode, $f2, 2);
+        rms_norm_vec_family!(@fwd $ty, $mode, $f4, 4);
+        rms_norm_vec_family!(@bwd $ty, $mode, $b1, 1);
+        rms_norm_vec_family!(@bwd $ty, $mode, $b2, 2);
+    };
+    (@fwd $ty:ty, $mode:expr, $name:ident, $k:literal) => {
+        fwd_entry!(
+            $name,
+            $ty,
+            forward_vec::<$ty, { $mode }, $k>,
+            "Vectorised RMSNorm forward (`K` vectors of 16 bytes per thread, see the module docs).",
+            "As the scalar forward, and every row of `x` and `y` and `w` start 16-byte aligned with `cols` a multiple of the lanes per vector."
+        );
+    };
+    (@bwd $ty:ty, $mode:expr, $name:ident, $k:literal) => {
+        bwd_entry!(
+            $name,
+            $ty,
+            backward_vec::<$ty, { $mode }, $k>,
+            "Vectorised persistent RMSNorm backward (see the module docs).",
+            "As the scalar backward, with the forward's alignment rules for `dy`, `x`, `w`, `dx`."
+        );
     };
 }
+
 rms_norm_vec_family!(
     f32,
     mode::LLAMA,
