@@ -12,7 +12,21 @@ mod sealed {
 /// A tensor element type with device kernels: `f32`, [`half::f16`] or [`half::bf16`].
 ///
 /// Sealed: the kernels exist for exactly these three. [`Element::NAME`] is the suffix of the
-/// kernel names (`rms_norm_fwd_bf16_llama`, …).
+/// kernel names (`rms_norm_fwd_bf16_llama`, …). Write code generic over the dtype with it:
+///
+/// ```no_run
+/// use liger_rs::{Dtype, RmsNormArgs, rms_norm_forward};
+/// use liger_rs::cudarc::driver::{CudaSlice, CudaStream};
+/// use std::sync::Arc;
+///
+/// fn normalise<T: Dtype>(stream: &Arc<CudaStream>, x: &CudaSlice<T>, rows: usize) -> liger_rs::Result<CudaSlice<T>> {
+///     let cols = x.len() / rows;
+///     let mut y = stream.alloc_zeros::<T>(x.len())?;
+///     let mut rstd = stream.alloc_zeros::<f32>(rows)?;
+///     rms_norm_forward(stream, &RmsNormArgs::new(rows, cols), x, None, &mut y, &mut rstd)?;
+///     Ok(y)
+/// }
+/// ```
 pub trait Dtype: Element + DeviceRepr + ValidAsZeroBits + sealed::Sealed {}
 
 impl Dtype for f32 {}

@@ -3,6 +3,16 @@ use cudarc::driver::DriverError;
 use std::fmt;
 
 /// Everything a liger-rs call can fail with. Messages name the argument and what was expected.
+///
+/// ```
+/// use liger_rs::{Error, calculate_settings};
+/// match calculate_settings(0) {
+///     Err(Error::InvalidArgument { arg, expected, got }) => {
+///         assert_eq!((arg, expected.as_str(), got.as_str()), ("n_cols", "1 ..= 65536 columns", "0"));
+///     }
+///     other => panic!("{other:?}"),
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Error {

@@ -34,6 +34,27 @@
 //! let dx: Vec<bf16> = stream.clone_dtoh(&dy)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! ## Conventions
+//!
+//! * **Buffers** are anything cudarc can give a device pointer for (`CudaSlice`, `CudaView`,
+//!   `CudaViewMut`) and must belong to the stream's context. Lengths are checked against the
+//!   shape before anything is launched; rows may be strided (`with_strides` on the argument
+//!   types) so a row-slice of a larger buffer works.
+//! * **In place**: RoPE rotates q and k in place (forward) and dq, dk in place (backward), as
+//!   Liger does. RMSNorm and SwiGLU backward come in two forms: `*_backward` writes gradients
+//!   to their own buffers (which must not overlap any input), `*_backward_inplace` writes them
+//!   over `dy` (RMSNorm) or over `a` and `b` (SwiGLU), the memory-saving default of Liger.
+//! * **Scratch**: only the RMSNorm backward with a weight allocates (stream-ordered, one f32
+//!   partial row per resident block, freed when the call returns), so that dW is reduced on
+//!   the GPU deterministically. Everything else launches on buffers you own.
+//! * **Precision**: arithmetic is f32; values are rounded to the tensor dtype exactly where
+//!   HuggingFace's modules round them ([`CastingMode`] for RMSNorm). The CPU functions in
+//!   [`mod@reference`] implement the same cast points in f64, and the test suite holds the
+//!   kernels to within a few units in the last place of the dtype against them.
+//! * **Launch shape**: [`calculate_settings`] is Liger's row-block rule; the launchers use
+//!   16-byte vector kernels when pointers, strides and widths allow and fall back to scalar
+//!   kernels otherwise, so any shape and alignment works.
 #![warn(missing_docs)]
 
 mod dtype;

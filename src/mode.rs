@@ -2,7 +2,16 @@
 use crate::error::{Error, Result};
 use std::{fmt, str::FromStr};
 
-/// Where RMSNorm rounds to the tensor dtype `D` (DESIGN.md §3; `r` is the inverse RMS).
+/// Where RMSNorm rounds to the tensor dtype `D` (`r` is the inverse RMS of the row; the exact
+/// cast points are in [`crate::reference::rms_norm`]).
+///
+/// ```
+/// use liger_rs::CastingMode;
+/// let mode: CastingMode = "gemma".parse()?;
+/// assert_eq!(mode, CastingMode::Gemma);
+/// assert!("Gemma".parse::<CastingMode>().is_err()); // exact names, as Liger
+/// # Ok::<(), liger_rs::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum CastingMode {
     /// HF `LlamaRMSNorm`: statistics in f32, `y = D(D(x·r) · (offset + w))`; rstd is f32.

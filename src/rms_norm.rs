@@ -21,6 +21,18 @@ const DW_REDUCE_PART_LANES: u32 = 32;
 ///
 /// Rows of `x` start `x_stride` elements apart; rows of `y` (forward) and of `dy`/`dx`
 /// (backward) start `y_stride` elements apart, so a row-slice of a larger buffer works.
+///
+/// ```
+/// use liger_rs::{CastingMode, RmsNormArgs};
+/// // Gemma-style: (1 + w) weights, f32 math throughout; x is the first 2048 columns of a
+/// // [tokens, 3 × 2048] buffer.
+/// let args = RmsNormArgs::new(8, 2048)
+///     .with_mode(CastingMode::Gemma)
+///     .with_offset(1.0)
+///     .with_eps(1e-6)
+///     .with_strides(3 * 2048, 2048);
+/// assert_eq!((args.x_stride, args.y_stride), (6144, 2048));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RmsNormArgs {
     /// Number of rows (0 is allowed and launches nothing).
@@ -325,6 +337,21 @@ pub fn rms_norm_forward<T: Dtype>(
 /// (deterministic). That scratch (`blocks × cols` f32, blocks ≤ SMs × resident blocks per SM)
 /// is allocated stream-ordered on `stream` per call and freed when the call returns.
 /// Outputs must not overlap inputs; use [`rms_norm_backward_inplace`] to write `dx` over `dy`.
+///
+/// ```no_run
+/// use liger_rs::{RmsNormArgs, rms_norm_backward, rms_norm_forward};
+/// let stream = liger_rs::cuda_context(0)?.default_stream();
+/// let (rows, cols) = (8, 4096);
+/// let x = stream.clone_htod(&vec![0.5f32; rows * cols])?;
+/// let w = stream.clone_htod(&vec![1.0f32; cols])?;
+/// let (mut y, mut rstd) = (stream.alloc_zeros::<f32>(rows * cols)?, stream.alloc_zeros::<f32>(rows)?);
+/// let args = RmsNormArgs::new(rows, cols);
+/// rms_norm_forward(&stream, &args, &x, Some(&w.as_view()), &mut y, &mut rstd)?;
+/// let dy = stream.clone_htod(&vec![1.0f32; rows * cols])?;
+/// let (mut dx, mut dw) = (stream.alloc_zeros::<f32>(rows * cols)?, stream.alloc_zeros::<f32>(cols)?);
+/// rms_norm_backward(&stream, &args, &dy, &x, Some(&w.as_view()), &rstd, &mut dx, Some(&mut dw.as_view_mut()))?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm_backward<T: Dtype>(
     stream: &Arc<CudaStream>,

@@ -16,6 +16,15 @@ use half::{bf16, f16};
 use std::fmt::Debug;
 
 /// A host element type: how values are widened to f64 and rounded back.
+///
+/// ```
+/// use liger_rs::reference::Element;
+/// use half::bf16;
+/// // 1 + 2⁻⁸ is half-way between two bf16 values: ties go to even.
+/// assert_eq!(bf16::cast(1.0 + 2f64.powi(-8)), 1.0);
+/// assert_eq!(bf16::cast_f32(1.0 + 2f64.powi(-30)), 1.0); // the f32 cast point
+/// assert_eq!(f64::cast_f32(1.0 + 2f64.powi(-30)), 1.0 + 2f64.powi(-30)); // exact in f64
+/// ```
 pub trait Element: Copy + Debug + Default + PartialEq + Send + Sync + 'static {
     /// Short name: `f64`, `f32`, `f16`, `bf16`.
     const NAME: &'static str;
