@@ -5,7 +5,8 @@
 mod common;
 
 use common::{
-    Failures, Rng, assert_close, download, expect_invalid, gpu, poisoned, ulp, upload, widen,
+    Failures, Rng, assert_close, download, expect_invalid, gpu, poisoned, poisoned_on_device, ulp,
+    upload, widen,
 };
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
@@ -746,6 +747,71 @@ fn gpu_nan_and_inf_propagate_as_in_the_reference() {
             _ => non_finite::<bf16>(&stream),
         },
     );
+}
+
+#[test]
+fn gpu_offsets_beyond_2_pow_32_elements() {
+    // A fused gate-up buffer of 2³² / (2·cols) + 64 rows: over 2³² bf16 elements (8 GiB), c
+    // and dc over 2³¹ (4 GiB), so any 32-bit element or byte offset wraps; 14336 columns take
+    // the vector kernels, 14337 the scalar ones. All rows are zero except 8-row windows of
+    // random data at the start, around gate-up element 2³¹, around c element 2³¹ (gate-up
+    // element 2³²) and at the end: each must match the reference on its own, forward and
+    // backward (in place over gate-up).
+    let Some(stream) = gpu("gpu_offsets_beyond_2_pow_32_elements") else {
+        return;
+    };
+    for cols in [14336, 14337] {
+        huge_case(&stream, cols);
+    }
+}
+
+fn huge_case(stream: &Stream, cols: usize) {
+    let (win, width) = (8, 2 * cols);
+    let rows = (1usize << 32) / width + 64;
+    let starts = [
+        0,
+        (1usize << 31) / width - win / 2,
+        (1usize << 31) / cols - win / 2,
+        rows - win,
+    ];
+    let desc = format!("{rows}×{cols} fused bf16, windows at rows {starts:?}");
+    let mut rng = Rng::new(1000 + cols as u64);
+    let mut gate_up_d = stream
+        .alloc_zeros::<bf16>(rows * width)
+        .expect("8 GiB gate-up");
+    let mut dc_d = stream.alloc_zeros::<bf16>(rows * cols).expect("4 GiB dc");
+    let (mut a, mut b, mut dc) = (Vec::new(), Vec::new(), Vec::new());
+    for &r0 in &starts {
+        let aw: Vec<bf16> = (0..win * cols).map(|_| gate_value(&mut rng)).collect();
+        let bw: Vec<bf16> = rng.vec(win * cols, 0.0, 1.0);
+        let dcw: Vec<bf16> = rng.vec(win * cols, 0.0, 1.0);
+        let joined = join_gate_up(&aw, &bw, cols).unwrap();
+        let mut g = gate_up_d.slice_mut(r0 * width..(r0 + win) * width);
+        stream.memcpy_htod(&joined, &mut g).unwrap();
+        let mut d = dc_d.slice_mut(r0 * cols..(r0 + win) * cols);
+        stream.memcpy_htod(&dcw, &mut d).unwrap();
+        a.extend(aw);
+        b.extend(bw);
+        dc.extend(dcw);
+    }
+    let windows = |buf: &CudaSlice<bf16>, w: usize| -> Vec<bf16> {
+        let rows = starts.iter().map(|&r0| buf.slice(r0 * w..(r0 + win) * w));
+        rows.flat_map(|v| stream.clone_dtoh(&v).unwrap()).collect()
+    };
+    let args = SwigluArgs::fused(rows, cols);
+    let [slack_c, slack_da, slack_db] = slacks(&a, &b, &dc, 1.0, 1.0);
+
+    let mut c_d = poisoned_on_device::<bf16>(stream, rows * cols);
+    swiglu_forward_fused(stream, &args, &gate_up_d, &mut c_d).expect(&desc);
+    let want_c = widen(&ref_forward(&a, &b, 1.0).unwrap());
+    let got_c = widen(&windows(&c_d, cols));
+    assert_close::<bf16>("c", &desc, &got_c, &want_c, ULPS, &slack_c);
+
+    swiglu_backward_fused_inplace(stream, &args, &dc_d, &mut gate_up_d).expect(&desc);
+    let (da, db) = split_gate_up(&windows(&gate_up_d, width), cols).unwrap();
+    let grads = ref_backward(&dc, &a, &b, 1.0, 1.0).unwrap();
+    assert_close::<bf16>("da", &desc, &widen(&da), &widen(&grads.da), ULPS, &slack_da);
+    assert_close::<bf16>("db", &desc, &widen(&db), &widen(&grads.db), ULPS, &slack_db);
 }
 
 // ---------------------------------------------------------------- bad input
