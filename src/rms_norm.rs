@@ -5,7 +5,7 @@ use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
 use crate::launch::{Region, at_least, disjoint, exactly, same_context, span};
 use crate::module::{Kernels, kernels};
-use crate::settings::{LaunchSettings, calculate_settings};
+use crate::settings::{LaunchSettings, MAX_FUSED_SIZE, calculate_settings};
 use cudarc::driver::{
     CudaFunction, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig,
     PushKernelArg,
@@ -14,6 +14,9 @@ use std::sync::Arc;
 
 /// Dynamic shared memory of the row kernels: one f32 per warp for the block reduction.
 const REDUCE_SMEM_BYTES: u32 = 32 * 4;
+/// Most f32 elements of dW partial rows (256 MiB): very wide rows get fewer, longer-lived
+/// blocks in the backward instead of a larger scratch buffer.
+const DW_PARTIAL_MAX: usize = 1 << 26;
 /// Block of the dW reduction: 32 columns × `DW_REDUCE_PART_LANES` parallel sums over the parts.
 const DW_REDUCE_PART_LANES: u32 = 32;
 
@@ -37,7 +40,9 @@ const DW_REDUCE_PART_LANES: u32 = 32;
 pub struct RmsNormArgs {
     /// Number of rows (0 is allowed and launches nothing).
     pub rows: usize,
-    /// Elements per row (the normalised dimension), 1 ..= 65536.
+    /// Elements per row (the normalised dimension), ≥ 1. Rows up to [`MAX_FUSED_SIZE`]
+    /// (65536) take the fast paths; wider rows run the scalar kernels with 1024 threads
+    /// walking the row in chunks (one extra read of the row from cache).
     pub cols: usize,
     /// Added to the mean square before the inverse square root (finite, ≥ 0).
     pub eps: f32,
@@ -90,8 +95,7 @@ impl RmsNormArgs {
     }
 
     fn check(&self) -> Result<LaunchSettings> {
-        let settings = calculate_settings(self.cols)
-            .map_err(|_| invalid("args.cols", "1 ..= 65536 columns", self.cols))?;
+        let settings = row_settings(self.cols)?;
         if !(self.eps.is_finite() && self.eps >= 0.0) {
             return Err(invalid("args.eps", "a finite value ≥ 0", self.eps));
         }
@@ -108,6 +112,21 @@ impl RmsNormArgs {
     fn y_span(&self) -> Result<usize> {
         span("args.y_stride", self.rows, self.cols, self.y_stride)
     }
+}
+
+/// Block shape for rows of `cols` columns: Liger's [`calculate_settings`] up to
+/// [`MAX_FUSED_SIZE`], beyond it the widest block (32 warps), whose threads stride the row.
+fn row_settings(cols: usize) -> Result<LaunchSettings> {
+    if cols == 0 {
+        return Err(invalid("args.cols", "at least 1 column", cols));
+    }
+    if cols > MAX_FUSED_SIZE {
+        return Ok(LaunchSettings {
+            block_size: MAX_FUSED_SIZE,
+            num_warps: 32,
+        });
+    }
+    calculate_settings(cols)
 }
 
 /// Threads per block the vector kernels aim for (then more vectors per thread).
@@ -334,7 +353,8 @@ pub fn rms_norm_forward<T: Dtype>(
 /// `dy` is read at `y_stride`, `x` at `x_stride`; `rstd` is the forward's output. dW is
 /// reduced on the GPU in f32 without a rows × cols temporary: each block accumulates its rows
 /// into one partial row, then a second launch sums the partial rows in a fixed order
-/// (deterministic). That scratch (`blocks × cols` f32, blocks ≤ SMs × resident blocks per SM)
+/// (deterministic). That scratch (`blocks × cols` f32, blocks ≤ SMs × resident blocks per SM
+/// and ≤ max(1, 2²⁶ / cols), so at most 256 MiB for rows of up to 2²⁶ columns)
 /// is allocated stream-ordered on `stream` per call and freed when the call returns.
 /// Outputs must not overlap inputs; use [`rms_norm_backward_inplace`] to write `dx` over `dy`.
 ///
@@ -473,7 +493,10 @@ fn backward<T: Dtype>(
     )?;
     let func = kernels.function(&plan.kernel::<T>("bwd", args.mode))?;
     let threads = plan.threads();
-    let grid = resident_grid(&kernels, &func, threads, args.rows)? as usize;
+    let mut grid = resident_grid(&kernels, &func, threads, args.rows)? as usize;
+    if dw_ptr != 0 {
+        grid = grid.min((DW_PARTIAL_MAX / args.cols).max(1));
+    }
     let mut partial = match dw_ptr {
         0 => None,
         // SAFETY: every element is written by its block (the scalar kernel at its first row,
@@ -534,7 +557,7 @@ mod tests {
     use half::bf16;
 
     fn plan<T: Dtype>(cols: usize, ptrs: &[u64], strides: &[usize], cap: usize) -> Plan {
-        let settings = calculate_settings(cols).unwrap();
+        let settings = row_settings(cols).unwrap();
         Plan::choose::<T>(settings, cols, ptrs, strides, FWD_PER_THREAD, |_| Ok(cap)).unwrap()
     }
 
@@ -556,13 +579,27 @@ mod tests {
         assert_eq!(plan::<bf16>(11008, &[256], &[11008], 1024), vector(4, 352));
         // Misaligned pointer, odd stride, partial vector, too wide: the scalar kernels.
         let scalar = |cols| Plan::Scalar {
-            threads: calculate_settings(cols).unwrap().threads(),
+            threads: row_settings(cols).unwrap().threads(),
         };
         assert_eq!(plan::<bf16>(11008, &[256], &[11008], 256), scalar(11008));
         assert_eq!(plan::<bf16>(4096, &[256, 2], &[4096], 1024), scalar(4096));
         assert_eq!(plan::<bf16>(4096, &[256], &[4100], 1024), scalar(4096));
         assert_eq!(plan::<bf16>(4097, &[256], &[4097], 1024), scalar(4097));
         assert_eq!(plan::<bf16>(65536, &[256], &[65536], 1024), scalar(65536));
+        // Wider than one pass: the scalar kernels with the widest block.
+        assert_eq!(plan::<f32>(65540, &[256], &[65540], 1024), scalar(65540));
+        assert_eq!(scalar(1 << 20), Plan::Scalar { threads: 1024 });
+    }
+
+    #[test]
+    fn cols_must_be_positive_and_may_exceed_one_pass() {
+        let err = RmsNormArgs::new(1, 0).check().unwrap_err();
+        assert!(err.to_string().contains("args.cols"), "{err}");
+        assert_eq!(RmsNormArgs::new(1, 65536).check().unwrap().threads(), 1024);
+        assert_eq!(
+            RmsNormArgs::new(1, 1 << 24).check().unwrap().threads(),
+            1024
+        );
     }
 
     #[test]

@@ -287,25 +287,27 @@ pub fn sync_threads() {
     unsafe { nvptx::_syncthreads() }
 }
 
-/// Sum over the 32 lanes of a (full) warp; every lane gets the same bits (a + b = b + a).
+/// `op` over the 32 lanes of a (full) warp by butterfly exchange; every lane gets the same
+/// bits when `op` is commutative (a + b = b + a, max).
 #[inline(always)]
-pub fn warp_sum(mut v: f32) -> f32 {
+fn warp_reduce(mut v: f32, op: impl Fn(f32, f32) -> f32) -> f32 {
     let mut lane_mask = 16;
     while lane_mask > 0 {
-        v += unsafe { shfl_bfly_f32(u32::MAX, v, lane_mask, 0x1f) };
+        v = op(v, unsafe { shfl_bfly_f32(u32::MAX, v, lane_mask, 0x1f) });
         lane_mask >>= 1;
     }
     v
 }
 
-/// Sum of `v` over the whole block, returned to every thread, in a fixed order (deterministic).
+/// `op` over the whole block (`identity` fills the slots of missing warps), returned to every
+/// thread, in a fixed order (deterministic).
 ///
 /// Needs the block size to be a multiple of 32 and 32 f32 of dynamic shared memory.
 /// Starts with a barrier so back-to-back calls may reuse the shared slots.
 #[inline(always)]
-pub fn block_sum(v: f32) -> f32 {
+fn block_reduce(v: f32, identity: f32, op: impl Fn(f32, f32) -> f32 + Copy) -> f32 {
     let smem = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>();
-    let warp_total = warp_sum(v);
+    let warp_total = warp_reduce(v, op);
     let lane = thread_idx() & 31;
     let warp = thread_idx() >> 5;
     let warps = block_dim() >> 5;
@@ -317,9 +319,21 @@ pub fn block_sum(v: f32) -> f32 {
     let partial = if lane < warps {
         unsafe { *smem.add(lane) }
     } else {
-        0.0
+        identity
     };
-    warp_sum(partial)
+    warp_reduce(partial, op)
+}
+
+/// Sum of `v` over the whole block (see [`block_reduce`]).
+#[inline(always)]
+pub fn block_sum(v: f32) -> f32 {
+    block_reduce(v, 0.0, |a, b| a + b)
+}
+
+/// Largest of the non-negative `v` over the whole block (see [`block_reduce`]).
+#[inline(always)]
+pub fn block_max(v: f32) -> f32 {
+    block_reduce(v, 0.0, |a, b| if a > b { a } else { b })
 }
 
 /// Calls `f(0), f(1), …, f(N − 1)` as straight-line code (`N ≤ 8`), so that arrays indexed by

@@ -6,25 +6,63 @@
 //! when there is a weight, accumulates its dW contribution into one f32 partial row per block,
 //! which `rms_norm_dw_reduce_*` sums over blocks in a fixed order.
 //!
+//! `dx = r·m − r³/n·(Σ m·x)·x` is evaluated as `r·(m − mean(m·h)·h)` with `h = x·r`: every
+//! factor stays near 1 whatever the row's scale (`r³` underflows f32 once the row's RMS
+//! passes 2⁴², and `Σ m·x` overflows near the bf16 maximum).
+//!
 //! The `_v{K}` kernels are the fast path for rows of 16-byte aligned vectors (`cols` a multiple
 //! of the lanes per vector, aligned pointers and strides): thread `t` owns vectors
 //! `t, t + nt, …, t + (K − 1)·nt` of every row and keeps them in registers, so `x` (and `dy`) is
 //! read once with 16-byte loads. The vector backward is persistent: each block keeps its dW
 //! partial in registers across all its rows and writes it once at the end.
 use crate::{
-    Bf16, Elem, V16, block_dim, block_dim_y, block_idx, block_sum, grid_dim, lanes, mode, sqrt,
-    sync_threads, thread_idx, thread_idx_y, unroll,
+    Bf16, Elem, V16, block_dim, block_dim_y, block_idx, block_max, block_sum, grid_dim, lanes,
+    mode, sqrt, sync_threads, thread_idx, thread_idx_y, unroll,
 };
 
-/// Per-row inverse RMS from the row's sum of squares, with the mode's cast points.
+/// Per-row inverse RMS of row `xr` from this thread's part of its sum of squares, with the
+/// mode's cast points (block-wide: every thread of the block calls it and gets the same value).
+///
+/// In llama and gemma the squares are exact f32 products, as in the f64 reference, so a row
+/// whose f32 sum overflows (largest |x| beyond ~2⁶⁴/√cols: f32 rows, or bf16 rows near the
+/// bf16 maximum) is read again and summed as `S = Σ(x·s)²`, with `s` the power of two that
+/// brings the largest |x| into [1, 4) (exact scaling), and `r = s / √(S/n)`: `eps·s²` lies far
+/// below the last bit of `S/n` there. That slow path rereads the row element by element (no
+/// registers held for it). A row holding ±∞ keeps the infinite sum (r = 0) and NaN stays NaN,
+/// as in the reference. In none mode the squares are rounded to `T` (∞ on overflow, as in the
+/// reference) and the sum is used as it is.
 #[inline(always)]
-fn inverse_rms<T: Elem, const MODE: u32>(sum_sq: f32, cols: usize, eps: f32) -> f32 {
+unsafe fn inverse_rms<T: Elem, const MODE: u32>(
+    part: f32,
+    xr: *const T,
+    cols: usize,
+    eps: f32,
+) -> f32 {
+    let sum_sq = block_sum(part);
     if MODE == mode::NONE {
         let mean = T::round(sum_sq / cols as f32);
-        T::round(1.0 / T::round(sqrt(T::round(mean + T::round(eps)))))
-    } else {
-        1.0 / sqrt(sum_sq / cols as f32 + eps)
+        return T::round(1.0 / T::round(sqrt(T::round(mean + T::round(eps)))));
     }
+    if sum_sq == f32::INFINITY {
+        let walk = |f: &mut dyn FnMut(f32)| {
+            let (mut c, nt) = (thread_idx(), block_dim());
+            while c < cols {
+                f(unsafe { *xr.add(c) }.to_f32().abs());
+                c += nt;
+            }
+        };
+        let mut max = 0.0f32;
+        walk(&mut |a| max = if a > max { a } else { max });
+        let max = block_max(max);
+        if max != f32::INFINITY {
+            let e = ((max.to_bits() >> 23) as i32 - 127).min(126);
+            let s = f32::from_bits(((127 - e) as u32) << 23);
+            let mut scaled = 0.0f32;
+            walk(&mut |a| scaled += (a * s) * (a * s));
+            return s * (1.0 / sqrt(block_sum(scaled) / cols as f32));
+        }
+    }
+    1.0 / sqrt(sum_sq / cols as f32 + eps)
 }
 
 #[inline(always)]
@@ -56,7 +94,7 @@ unsafe fn forward<T: Elem, const MODE: u32>(
             };
             c += nt;
         }
-        let r = inverse_rms::<T, MODE>(block_sum(acc), cols, eps);
+        let r = unsafe { inverse_rms::<T, MODE>(acc, xr, cols, eps) };
         if tid == 0 {
             unsafe { *rstd.add(row) = r };
         }
@@ -127,18 +165,17 @@ unsafe fn backward<T: Elem, const MODE: u32>(
         while c < cols {
             let g = unsafe { *dyr.add(c) }.to_f32();
             let v = unsafe { *xr.add(c) }.to_f32();
-            acc += scaled_grad::<T, MODE>(g, load_w(c), offset) * v;
+            acc += scaled_grad::<T, MODE>(g, load_w(c), offset) * (v * r);
             c += nt;
         }
-        let dot = block_sum(acc);
-        let coef = r * r * r * dot / cols as f32;
+        let mean = block_sum(acc) / cols as f32;
         let mut c = tid;
         while c < cols {
             let g = unsafe { *dyr.add(c) }.to_f32();
             let v = unsafe { *xr.add(c) }.to_f32();
             let wc = load_w(c);
             let m = scaled_grad::<T, MODE>(g, wc, offset);
-            unsafe { *dxr.add(c) = T::from_f32(r * m - coef * v) };
+            unsafe { *dxr.add(c) = T::from_f32(r * (m - mean * (v * r))) };
             if wc.is_some() {
                 let normed = if MODE == mode::LLAMA {
                     T::round(v * r)
@@ -213,7 +250,8 @@ unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize>(
                 };
             })
         });
-        let r = inverse_rms::<T, MODE>(block_sum(acc), cols, eps);
+        let xr = unsafe { x.add(row * x_stride) };
+        let r = unsafe { inverse_rms::<T, MODE>(acc, xr, cols, eps) };
         if tid == 0 {
             unsafe { *rstd.add(row) = r };
         }
@@ -280,11 +318,10 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize>(
         unroll::<K>(|k| {
             lanes::<T>(|i| {
                 let m = scaled_grad::<T, MODE>(T::lane(&gv[k], i), wc(k, i), offset);
-                acc += m * T::lane(&xv[k], i);
+                acc += m * (T::lane(&xv[k], i) * r);
             })
         });
-        let dot = block_sum(acc);
-        let coef = r * r * r * dot / cols as f32;
+        let mean = block_sum(acc) / cols as f32;
         let dxr = unsafe { dx.add(row * dx_stride) } as *mut V16;
         unroll::<K>(|k| {
             let j = tid + k * nt;
@@ -292,7 +329,7 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize>(
                 let mut out = [0.0f32; 8];
                 lanes::<T>(|i| {
                     let (g, v) = (T::lane(&gv[k], i), T::lane(&xv[k], i));
-                    out[i] = r * scaled_grad::<T, MODE>(g, wc(k, i), offset) - coef * v;
+                    out[i] = r * (scaled_grad::<T, MODE>(g, wc(k, i), offset) - mean * (v * r));
                     let normed = if MODE == mode::LLAMA {
                         T::round(v * r)
                     } else {

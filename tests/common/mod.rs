@@ -2,7 +2,8 @@
 //! poisoning and tolerance checks against the f64 reference.
 #![allow(dead_code)] // each test binary uses its own subset
 
-use liger_rs::cudarc::driver::{CudaSlice, CudaStream};
+use liger_rs::cudarc::driver::result::memset_d8_async;
+use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut};
 use liger_rs::reference::Element;
 use liger_rs::{Dtype, Error};
 use std::io::Write;
@@ -61,6 +62,21 @@ pub fn poisoned<T: Dtype>(stream: &Arc<CudaStream>, n: usize) -> CudaSlice<T> {
     stream
         .clone_htod(&vec![T::from_f64(f64::NAN); n])
         .expect("upload poison")
+}
+
+/// A device buffer of `n` elements with every bit set (NaN in f32, f16 and bf16), filled on
+/// the device: for buffers too large to poison through a host copy.
+pub fn poisoned_on_device<T: Dtype>(stream: &Arc<CudaStream>, n: usize) -> CudaSlice<T> {
+    // SAFETY: the memset below writes every byte before anything reads the buffer.
+    let mut buf = unsafe { stream.alloc::<T>(n) }.expect("allocate");
+    {
+        let (ptr, _record) = buf.device_ptr_mut(stream);
+        let bytes = n * std::mem::size_of::<T>();
+        // SAFETY: `ptr` covers `bytes` bytes of this stream's context; the memset is ordered
+        // on `stream` before any later use of the buffer.
+        unsafe { memset_d8_async(ptr, 0xFF, bytes, stream.cu_stream()) }.expect("poison");
+    }
+    buf
 }
 
 pub fn upload<T: Dtype>(stream: &Arc<CudaStream>, data: &[T]) -> CudaSlice<T> {
