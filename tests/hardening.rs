@@ -1,5 +1,6 @@
 //! Cross-op guarantees: thread safety of the public types, bitwise determinism of every op
-//! (dW included), and every op driven from several threads on several streams at once.
+//! (dW included), every op driven from several threads on several streams at once, and on two
+//! GPUs at once (skipped with one GPU).
 mod common;
 
 use common::{Rng, download, gpu, upload};
@@ -10,6 +11,7 @@ use liger_rs::{
     CastingMode, CosSinLayout, RmsNormArgs, RopeArgs, SwigluArgs, rms_norm_backward,
     rms_norm_forward, rope_backward, rope_forward, swiglu_backward, swiglu_forward,
 };
+use std::io::Write;
 use std::sync::Arc;
 
 fn send_sync<T: Send + Sync>() {}
@@ -261,6 +263,32 @@ fn gpu_ops_from_many_threads_and_streams() {
         for id in 0..6 {
             let s = ctx.new_stream().expect("new stream");
             scope.spawn(move || worker(s, id));
+        }
+    });
+}
+
+#[test]
+fn gpu_two_devices_at_once() {
+    // Every op on devices 0 and 1 concurrently, two threads and streams per device: each
+    // context loads its own module (the per-context cache) and every result is checked.
+    let Some(stream) = gpu("gpu_two_devices_at_once") else {
+        return;
+    };
+    let second = match liger_rs::cuda_context(1) {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIP gpu_two_devices_at_once: needs a second GPU ({e})"
+            );
+            return;
+        }
+    };
+    let contexts = [stream.context().clone(), second];
+    std::thread::scope(|scope| {
+        for id in 0..4 {
+            let s = contexts[id % 2].new_stream().expect("new stream");
+            scope.spawn(move || worker(s, 10 + id as u64));
         }
     });
 }
