@@ -12,8 +12,9 @@ use cudarc::driver::{
 };
 use std::sync::Arc;
 
-/// Dynamic shared memory of the row kernels: one f32 per warp for the block reduction.
-const REDUCE_SMEM_BYTES: u32 = 32 * 4;
+/// Dynamic shared memory of the row kernels: two f32 per warp for the block reductions (the
+/// forward sums its squares plainly and scaled at once).
+const REDUCE_SMEM_BYTES: u32 = 2 * 32 * 4;
 /// Most f32 elements of dW partial rows (256 MiB): very wide rows get fewer, longer-lived
 /// blocks in the backward instead of a larger scratch buffer.
 const DW_PARTIAL_MAX: usize = 1 << 26;

@@ -288,7 +288,7 @@ pub fn sync_threads() {
 }
 
 /// `op` over the 32 lanes of a (full) warp by butterfly exchange; every lane gets the same
-/// bits when `op` is commutative (a + b = b + a, max).
+/// bits when `op` is commutative (a + b = b + a).
 #[inline(always)]
 fn warp_reduce(mut v: f32, op: impl Fn(f32, f32) -> f32) -> f32 {
     let mut lane_mask = 16;
@@ -299,15 +299,41 @@ fn warp_reduce(mut v: f32, op: impl Fn(f32, f32) -> f32) -> f32 {
     v
 }
 
-/// `op` over the whole block (`identity` fills the slots of missing warps), returned to every
-/// thread, in a fixed order (deterministic).
+/// Sums of `a` and of `b` over the whole block, returned to every thread, in a fixed order
+/// (deterministic).
 ///
-/// Needs the block size to be a multiple of 32 and 32 f32 of dynamic shared memory.
+/// Needs the block size to be a multiple of 32 and 64 f32 of dynamic shared memory.
 /// Starts with a barrier so back-to-back calls may reuse the shared slots.
 #[inline(always)]
-fn block_reduce(v: f32, identity: f32, op: impl Fn(f32, f32) -> f32 + Copy) -> f32 {
+pub fn block_sum2(a: f32, b: f32) -> (f32, f32) {
     let smem = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>();
-    let warp_total = warp_reduce(v, op);
+    let add = |x: f32, y: f32| x + y;
+    let (wa, wb) = (warp_reduce(a, add), warp_reduce(b, add));
+    let lane = thread_idx() & 31;
+    let warp = thread_idx() >> 5;
+    let warps = block_dim() >> 5;
+    sync_threads();
+    if lane == 0 {
+        unsafe {
+            *smem.add(warp) = wa;
+            *smem.add(32 + warp) = wb;
+        }
+    }
+    sync_threads();
+    let (pa, pb) = if lane < warps {
+        unsafe { (*smem.add(lane), *smem.add(32 + lane)) }
+    } else {
+        (0.0, 0.0)
+    };
+    (warp_reduce(pa, add), warp_reduce(pb, add))
+}
+
+/// Sum of `v` over the whole block (see [`block_sum2`]; needs 32 f32 of shared memory).
+#[inline(always)]
+pub fn block_sum(v: f32) -> f32 {
+    let smem = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>();
+    let add = |x: f32, y: f32| x + y;
+    let warp_total = warp_reduce(v, add);
     let lane = thread_idx() & 31;
     let warp = thread_idx() >> 5;
     let warps = block_dim() >> 5;
@@ -319,21 +345,9 @@ fn block_reduce(v: f32, identity: f32, op: impl Fn(f32, f32) -> f32 + Copy) -> f
     let partial = if lane < warps {
         unsafe { *smem.add(lane) }
     } else {
-        identity
+        0.0
     };
-    warp_reduce(partial, op)
-}
-
-/// Sum of `v` over the whole block (see [`block_reduce`]).
-#[inline(always)]
-pub fn block_sum(v: f32) -> f32 {
-    block_reduce(v, 0.0, |a, b| a + b)
-}
-
-/// Largest of the non-negative `v` over the whole block (see [`block_reduce`]).
-#[inline(always)]
-pub fn block_max(v: f32) -> f32 {
-    block_reduce(v, 0.0, |a, b| if a > b { a } else { b })
+    warp_reduce(partial, add)
 }
 
 /// Calls `f(0), f(1), …, f(N − 1)` as straight-line code (`N ≤ 8`), so that arrays indexed by

@@ -16,51 +16,47 @@
 //! read once with 16-byte loads. The vector backward is persistent: each block keeps its dW
 //! partial in registers across all its rows and writes it once at the end.
 use crate::{
-    Bf16, Elem, V16, block_dim, block_dim_y, block_idx, block_max, block_sum, grid_dim, lanes,
+    Bf16, Elem, V16, block_dim, block_dim_y, block_idx, block_sum, block_sum2, grid_dim, lanes,
     mode, sqrt, sync_threads, thread_idx, thread_idx_y, unroll,
 };
 
-/// Per-row inverse RMS of row `xr` from this thread's part of its sum of squares, with the
+/// Scale of the second sum of squares, for rows whose f32 sum overflows: with `Σx² ≥ 2¹²⁸`
+/// the scaled sum `Σ(x·2⁻⁸⁰)²` is ≥ 2⁻³² (normal f32, full precision) and, for any finite `x`
+/// and up to 2³² columns, < 2¹²⁸; squares or partial sums that underflow when scaled (below
+/// 2¹¹) are below the last bit of a sum that large.
+const RESCALE: f32 = 1.0 / (1u128 << 80) as f32;
+
+/// Per-row inverse RMS from this thread's part `part` of the row's sum of squares, with the
 /// mode's cast points (block-wide: every thread of the block calls it and gets the same value).
 ///
 /// In llama and gemma the squares are exact f32 products, as in the f64 reference, so a row
 /// whose f32 sum overflows (largest |x| beyond ~2⁶⁴/√cols: f32 rows, or bf16 rows near the
-/// bf16 maximum) is read again and summed as `S = Σ(x·s)²`, with `s` the power of two that
-/// brings the largest |x| into [1, 4) (exact scaling), and `r = s / √(S/n)`: `eps·s²` lies far
-/// below the last bit of `S/n` there. That slow path rereads the row element by element (no
-/// registers held for it). A row holding ±∞ keeps the infinite sum (r = 0) and NaN stays NaN,
-/// as in the reference. In none mode the squares are rounded to `T` (∞ on overflow, as in the
-/// reference) and the sum is used as it is.
+/// bf16 maximum) must not give r = 0. Alongside the plain sum the block sums the parts scaled
+/// by `s²` (`s` = [`RESCALE`]): `part·s·s`, or when `part` itself overflowed, `scaled(s)`, this
+/// thread's `Σ(x·s)²` recomputed from its values (a thread-local branch, no barrier). When the
+/// plain sum is ∞, `r = s / √(S/n)` from the scaled sum `S` (`eps·s²` is far below its last
+/// bit). A row holding ±∞ keeps an infinite `S` (r = 0) and NaN stays NaN, as in the
+/// reference. In none mode the squares are rounded to `T` (∞ on overflow, as in the
+/// reference) and the plain sum is used.
 #[inline(always)]
-unsafe fn inverse_rms<T: Elem, const MODE: u32>(
+fn inverse_rms<T: Elem, const MODE: u32>(
     part: f32,
-    xr: *const T,
+    scaled: impl FnOnce(f32) -> f32,
     cols: usize,
     eps: f32,
 ) -> f32 {
-    let sum_sq = block_sum(part);
     if MODE == mode::NONE {
-        let mean = T::round(sum_sq / cols as f32);
+        let mean = T::round(block_sum(part) / cols as f32);
         return T::round(1.0 / T::round(sqrt(T::round(mean + T::round(eps)))));
     }
+    let part_scaled = if part == f32::INFINITY {
+        scaled(RESCALE)
+    } else {
+        part * RESCALE * RESCALE
+    };
+    let (sum_sq, sum_scaled) = block_sum2(part, part_scaled);
     if sum_sq == f32::INFINITY {
-        let walk = |f: &mut dyn FnMut(f32)| {
-            let (mut c, nt) = (thread_idx(), block_dim());
-            while c < cols {
-                f(unsafe { *xr.add(c) }.to_f32().abs());
-                c += nt;
-            }
-        };
-        let mut max = 0.0f32;
-        walk(&mut |a| max = if a > max { a } else { max });
-        let max = block_max(max);
-        if max != f32::INFINITY {
-            let e = ((max.to_bits() >> 23) as i32 - 127).min(126);
-            let s = f32::from_bits(((127 - e) as u32) << 23);
-            let mut scaled = 0.0f32;
-            walk(&mut |a| scaled += (a * s) * (a * s));
-            return s * (1.0 / sqrt(block_sum(scaled) / cols as f32));
-        }
+        return RESCALE * (1.0 / sqrt(sum_scaled / cols as f32));
     }
     1.0 / sqrt(sum_sq / cols as f32 + eps)
 }
@@ -94,7 +90,16 @@ unsafe fn forward<T: Elem, const MODE: u32>(
             };
             c += nt;
         }
-        let r = unsafe { inverse_rms::<T, MODE>(acc, xr, cols, eps) };
+        let scaled = |s: f32| {
+            let (mut sum, mut c) = (0.0f32, tid);
+            while c < cols {
+                let v = unsafe { *xr.add(c) }.to_f32() * s;
+                sum += v * v;
+                c += nt;
+            }
+            sum
+        };
+        let r = inverse_rms::<T, MODE>(acc, scaled, cols, eps);
         if tid == 0 {
             unsafe { *rstd.add(row) = r };
         }
@@ -250,8 +255,17 @@ unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize>(
                 };
             })
         });
-        let xr = unsafe { x.add(row * x_stride) };
-        let r = unsafe { inverse_rms::<T, MODE>(acc, xr, cols, eps) };
+        let scaled = |s: f32| {
+            let mut sum = 0.0f32;
+            unroll::<K>(|k| {
+                lanes::<T>(|i| {
+                    let v = T::lane(&xv[k], i) * s;
+                    sum += v * v;
+                })
+            });
+            sum
+        };
+        let r = inverse_rms::<T, MODE>(acc, scaled, cols, eps);
         if tid == 0 {
             unsafe { *rstd.add(row) = r };
         }
