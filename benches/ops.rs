@@ -1,6 +1,8 @@
 //! `cargo bench`: every op and direction timed with CUDA events, as GB/s on the minimum bytes
 //! each op must move (DESIGN.md §5) and as a share of the device-to-device copy bandwidth
-//! measured in the same run. `LIGER_BENCH_CSV=path` also writes the rows as CSV.
+//! measured in the same run. `LIGER_BENCH_CSV=path` also writes the rows as CSV;
+//! `LIGER_BENCH_OPS=rms_norm,swiglu` (any of rms_norm, rope, swiglu) limits the run to those
+//! ops (e.g. to profile one kernel).
 //! Without a GPU it prints one line and exits 0.
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, sys::CUevent_flags};
@@ -186,21 +188,29 @@ fn main() {
     println!("device: {}", ctx.name().unwrap_or_default());
     let copy = copy_bandwidth(&stream);
     println!("device-to-device copy: {copy:.0} GB/s");
+    let ops = std::env::var("LIGER_BENCH_OPS").unwrap_or_default();
+    let run = |op: &str| ops.is_empty() || ops.split(',').any(|o| o.trim() == op);
     let mut rows = Vec::new();
-    for cols in [2048, 4096, 8192] {
-        rms_norm::<bf16>(&stream, 16384, cols, &mut rows);
+    if run("rms_norm") {
+        for cols in [2048, 4096, 8192] {
+            rms_norm::<bf16>(&stream, 16384, cols, &mut rows);
+        }
+        rms_norm::<f32>(&stream, 16384, 4096, &mut rows);
+        rms_norm::<f16>(&stream, 16384, 4096, &mut rows);
+        rms_norm::<bf16>(&stream, 2048, 4096, &mut rows);
     }
-    rms_norm::<f32>(&stream, 16384, 4096, &mut rows);
-    rms_norm::<f16>(&stream, 16384, 4096, &mut rows);
-    rms_norm::<bf16>(&stream, 2048, 4096, &mut rows);
-    rope::<bf16>(&stream, [4, 4096, 32, 8, 128], &mut rows);
-    rope::<f32>(&stream, [4, 4096, 32, 8, 128], &mut rows);
-    rope::<f16>(&stream, [4, 4096, 32, 8, 128], &mut rows);
-    rope::<bf16>(&stream, [1, 1024, 32, 8, 128], &mut rows);
-    swiglu::<bf16>(&stream, 16384, 14336, &mut rows);
-    swiglu::<f32>(&stream, 16384, 8192, &mut rows);
-    swiglu::<f16>(&stream, 16384, 14336, &mut rows);
-    swiglu::<bf16>(&stream, 2048, 14336, &mut rows);
+    if run("rope") {
+        rope::<bf16>(&stream, [4, 4096, 32, 8, 128], &mut rows);
+        rope::<f32>(&stream, [4, 4096, 32, 8, 128], &mut rows);
+        rope::<f16>(&stream, [4, 4096, 32, 8, 128], &mut rows);
+        rope::<bf16>(&stream, [1, 1024, 32, 8, 128], &mut rows);
+    }
+    if run("swiglu") {
+        swiglu::<bf16>(&stream, 16384, 14336, &mut rows);
+        swiglu::<f32>(&stream, 16384, 8192, &mut rows);
+        swiglu::<f16>(&stream, 16384, 14336, &mut rows);
+        swiglu::<bf16>(&stream, 2048, 14336, &mut rows);
+    }
 
     println!(
         "{:<14} {:<20} {:<5} {:>10} {:>8} {:>7}",
