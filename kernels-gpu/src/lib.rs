@@ -376,3 +376,9 @@ pub fn lanes<T: Elem>(mut f: impl FnMut(usize)) {
 pub fn sqrt(v: f32) -> f32 {
     core::intrinsics::sqrtf32(v)
 }
+
+/// `a·b + c` with one rounding (`fma.rn.f32`): one instruction where `a * b + c` takes two.
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    core::intrinsics::fmaf32(a, b, c)
+}

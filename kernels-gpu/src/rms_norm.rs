@@ -16,8 +16,8 @@
 //! read once with 16-byte loads. The vector backward is persistent: each block keeps its dW
 //! partial in registers across all its rows and writes it once at the end.
 use crate::{
-    Bf16, Elem, V16, block_dim, block_dim_y, block_idx, block_sum, block_sum2, grid_dim, lanes,
-    mode, sqrt, sync_threads, thread_idx, thread_idx_y, unroll,
+    Bf16, Elem, V16, block_dim, block_dim_y, block_idx, block_sum, block_sum2, fma, grid_dim,
+    lanes, mode, sqrt, sync_threads, thread_idx, thread_idx_y, unroll,
 };
 
 /// Scale of the second sum of squares, for rows whose f32 sum overflows: with `Σx² ≥ 2¹²⁸`
@@ -309,6 +309,10 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize>(
     let (tid, nt) = (thread_idx(), block_dim());
     let vecs = cols / T::LANES;
     let has_w = !w.is_null();
+    // Without a weight, w = 1 and offset = 0 give m = dy exactly in every mode, with no
+    // per-element test (the dW accumulators are then computed and not written).
+    let ones = T::pack(&[1.0; 8]);
+    let offset = if has_w { offset } else { 0.0 };
     let mut dw_acc = [[0.0f32; 8]; K];
     let mut row = block_idx();
     while row < rows {
@@ -318,22 +322,28 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize>(
         let wv = if has_w {
             unsafe { load_row::<K>(w as *const V16, vecs) }
         } else {
-            [V16::ZERO; K]
+            [ones; K]
         };
-        let wc = |k: usize, i: usize| {
-            if has_w {
-                Some(T::lane(&wv[k], i))
-            } else {
-                None
-            }
-        };
+        let wc = |k: usize, i: usize| Some(T::lane(&wv[k], i));
         let r = unsafe { *rstd.add(row) };
+        // Before the barrier: the dot product, this row's dW contribution, and m. m is a value
+        // of T (exact when packed) except in gemma mode, so it crosses the barrier packed in
+        // place of dy and is not recomputed; in gemma it is recomputed from dy.
+        let packed_m = MODE != mode::GEMMA;
+        let mut mv = [V16::ZERO; K];
         let mut acc = 0.0f32;
         unroll::<K>(|k| {
+            let mut m = [0.0f32; 8];
             lanes::<T>(|i| {
-                let m = scaled_grad::<T, MODE>(T::lane(&gv[k], i), wc(k, i), offset);
-                acc += m * (T::lane(&xv[k], i) * r);
-            })
+                let (g, h) = (T::lane(&gv[k], i), T::lane(&xv[k], i) * r);
+                m[i] = scaled_grad::<T, MODE>(g, wc(k, i), offset);
+                acc = fma(m[i], h, acc);
+                let normed = if MODE == mode::LLAMA { T::round(h) } else { h };
+                dw_acc[k][i] = fma(g, normed, dw_acc[k][i]);
+            });
+            if packed_m {
+                mv[k] = T::pack(&m);
+            }
         });
         let mean = block_sum(acc) / cols as f32;
         let dxr = unsafe { dx.add(row * dx_stride) } as *mut V16;
@@ -342,14 +352,12 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize>(
             if j < vecs {
                 let mut out = [0.0f32; 8];
                 lanes::<T>(|i| {
-                    let (g, v) = (T::lane(&gv[k], i), T::lane(&xv[k], i));
-                    out[i] = r * (scaled_grad::<T, MODE>(g, wc(k, i), offset) - mean * (v * r));
-                    let normed = if MODE == mode::LLAMA {
-                        T::round(v * r)
+                    let m = if packed_m {
+                        T::lane(&mv[k], i)
                     } else {
-                        v * r
+                        scaled_grad::<T, MODE>(T::lane(&gv[k], i), wc(k, i), offset)
                     };
-                    dw_acc[k][i] += g * normed;
+                    out[i] = r * fma(-mean, T::lane(&xv[k], i) * r, m);
                 });
                 unsafe { T::pack(&out).store(dxr.add(j)) };
             }
