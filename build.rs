@@ -7,17 +7,17 @@ fn main() {
     let root =
         PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    let kernels = root.join("kernels-gpu");
-    for path in ["src", "Cargo.toml", "Cargo.lock", "rust-toolchain.toml"] {
-        println!("cargo:rerun-if-changed={}", kernels.join(path).display());
-    }
-    println!("cargo:rerun-if-env-changed={NO_INSTALL_ENV}");
     let build = PtxBuild {
-        crate_dir: kernels,
-        target_dir: out.join("kernels-target"),
+        crate_dir: root.join("kernels-gpu"),
+        manifest: "Cargo.toml".into(),
+        work_dir: out.join("kernels-gpu"),
         target_cpu: "sm_80".into(),
         install_missing: std::env::var_os(NO_INSTALL_ENV).is_none(),
     };
+    for input in build.inputs() {
+        println!("cargo:rerun-if-changed={}", input.display());
+    }
+    println!("cargo:rerun-if-env-changed={NO_INSTALL_ENV}");
     match build.build() {
         Ok(result) => {
             for note in &result.notes {
