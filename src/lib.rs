@@ -4,10 +4,12 @@
 //! SwiGLU ([`swiglu_forward`]), forward and backward — written in Rust, compiled to PTX, and
 //! launched on your own [`cudarc`] device buffers.
 //!
-//! * **Device code** lives in the `kernels-gpu` crate (`#![no_std]`), compiled for
-//!   `nvptx64-nvidia-cuda` by a pinned nightly with `-Zbuild-std=core --emit=asm`. `build.rs`
-//!   runs that build (installing the nightly and `rust-src` with rustup if they are missing)
-//!   and embeds the PTX ([`PTX`]); the host crate itself builds on stable Rust.
+//! * **Device code** lives in the `kernels-gpu` crate (`#![no_std]`, shipped inside this
+//!   package), compiled for `nvptx64-nvidia-cuda` by the nightly its `rust-toolchain.toml`
+//!   pins, with `-Zbuild-std=core --emit=asm`. `build.rs` runs that build and embeds the PTX
+//!   ([`PTX`]); it needs rustup, and installs the nightly and `rust-src` when they are missing
+//!   (set `LIGER_RS_NO_TOOLCHAIN_INSTALL` to get an error naming the `rustup` command instead).
+//!   The host crate itself builds on stable Rust (its `rust-version` or newer).
 //! * **Host code** uses cudarc 0.19 with the driver loaded at run time: the crate builds and
 //!   its CPU tests run on machines without a CUDA toolkit or GPU. The module is loaded once per
 //!   CUDA context and cached. Calls are stream-ordered: no hidden synchronisation.

@@ -1,11 +1,20 @@
 //! Compiles a `#![no_std]` device crate to PTX from a build script, whatever toolchain builds
 //! the host: the device crate's own `rust-toolchain.toml` names the nightly, this crate makes
 //! sure that nightly and its `rust-src` are installed (installing them with rustup unless told
-//! not to), runs its cargo for `nvptx64-nvidia-cuda` with `-Zbuild-std=core --emit=asm` in a
-//! private target directory, and checks that the PTX is self-contained.
+//! not to), copies the crate into a private working directory, runs the nightly's cargo there
+//! for `nvptx64-nvidia-cuda` with `-Zbuild-std=core --emit=asm`, and checks that the PTX is
+//! self-contained.
+//!
+//! The copy is what lets a host crate ship its device crate on crates.io: `cargo package`
+//! leaves out every subdirectory that holds a `Cargo.toml`, so the host package carries the
+//! device crate with its manifest under another name ([`PtxBuild::manifest`]) and the copy
+//! restores the name. The copy is kept in sync file by file (unchanged files are not
+//! rewritten, files gone from the source are removed), and [`PtxBuild::inputs`] lists what
+//! the build reads, for `cargo:rerun-if-changed`.
 //!
 //! This replaces Rust-CUDA's `cuda_builder` (whose NVVM backend needs LLVM 7) with the stock
 //! LLVM nvptx64 backend of the nightly toolchain.
+use std::ffi::OsString;
 use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -37,13 +46,21 @@ const CLEARED_ENV: &[&str] = &[
 /// The target triple of the device build.
 pub const TARGET: &str = "nvptx64-nvidia-cuda";
 
+/// What the device build reads from the crate directory besides the manifest.
+const CRATE_ENTRIES: &[&str] = &["Cargo.lock", "rust-toolchain.toml", "src"];
+
 /// How to build one device crate.
 #[derive(Debug, Clone)]
 pub struct PtxBuild {
-    /// Directory of the device crate (holds `Cargo.toml` and `rust-toolchain.toml`).
+    /// Directory of the device crate: its manifest, `Cargo.lock`, `rust-toolchain.toml` and
+    /// `src/` (symbolic links are followed). Nothing else in it is read.
     pub crate_dir: PathBuf,
-    /// Private target directory for the device build (under the host's `OUT_DIR`).
-    pub target_dir: PathBuf,
+    /// File name of the manifest in `crate_dir`: `Cargo.toml`, or another name where the
+    /// device crate ships inside a host package (the copy is built as `Cargo.toml`).
+    pub manifest: String,
+    /// Private working directory (under the host's `OUT_DIR`): the crate is copied to
+    /// `crate/` in it and built into `target/`.
+    pub work_dir: PathBuf,
     /// `-C target-cpu`, e.g. `sm_80` (the driver JITs the PTX forward to newer GPUs).
     pub target_cpu: String,
     /// Install a missing toolchain or `rust-src` with rustup (`false`: fail with the command).
@@ -71,6 +88,8 @@ pub enum BuildError {
     },
     /// The PTX is missing or not self-contained.
     Ptx(String),
+    /// The device crate could not be copied into the working directory.
+    Copy(String),
 }
 
 impl fmt::Display for BuildError {
@@ -85,6 +104,7 @@ impl fmt::Display for BuildError {
                 write!(f, "`{command}` failed:\n{output}")
             }
             BuildError::Ptx(m) => write!(f, "PTX check: {m}"),
+            BuildError::Copy(m) => write!(f, "copying the device crate: {m}"),
         }
     }
 }
@@ -226,6 +246,29 @@ pub fn check_self_contained(ptx: &str) -> Result<(), BuildError> {
 }
 
 impl PtxBuild {
+    /// The files and directories the build reads (see [`PtxBuild::crate_dir`]), each resolved
+    /// through symbolic links where it exists: print each as `cargo:rerun-if-changed`.
+    pub fn inputs(&self) -> Vec<PathBuf> {
+        std::iter::once(self.manifest.as_str())
+            .chain(CRATE_ENTRIES.iter().copied())
+            .map(|name| {
+                let path = self.crate_dir.join(name);
+                fs::canonicalize(&path).unwrap_or(path)
+            })
+            .collect()
+    }
+
+    /// Brings `work_dir/crate` in line with the sources and returns it.
+    fn copy_crate(&self) -> Result<PathBuf, BuildError> {
+        let entries = std::iter::once((self.manifest.as_str(), "Cargo.toml"))
+            .chain(CRATE_ENTRIES.iter().map(|name| (*name, *name)))
+            .map(|(from, to)| (self.crate_dir.join(from), OsString::from(to)))
+            .collect();
+        let dir = self.work_dir.join("crate");
+        sync_dir(entries, &dir)?;
+        Ok(dir)
+    }
+
     /// Runs the device build and returns the checked PTX.
     pub fn build(&self) -> Result<PtxOutput, BuildError> {
         let toolchain = pinned_toolchain(&self.crate_dir)?;
@@ -237,19 +280,21 @@ impl PtxBuild {
             "-Cpanic=immediate-abort".into(),
         ]
         .join("\x1f");
+        let crate_copy = self.copy_crate()?;
+        let target_dir = self.work_dir.join("target");
         let mut cmd = Command::new(&cargo);
         for var in CLEARED_ENV {
             cmd.env_remove(var);
         }
-        cmd.current_dir(&self.crate_dir)
+        cmd.current_dir(&crate_copy)
             .env("RUSTC", &rustc)
             .env("CARGO_ENCODED_RUSTFLAGS", flags)
             .args(["rustc", "--release", "--locked", "--target", TARGET])
             .args(["-Zbuild-std=core", "--crate-type=rlib", "--target-dir"])
-            .arg(&self.target_dir)
+            .arg(&target_dir)
             .args(["--", "--emit=asm"]);
         run(&mut cmd)?;
-        let deps = self.target_dir.join(TARGET).join("release").join("deps");
+        let deps = target_dir.join(TARGET).join("release").join("deps");
         let ptx_file = newest_asm(&deps)?;
         let ptx = fs::read_to_string(&ptx_file)
             .map_err(|e| BuildError::Ptx(format!("cannot read {}: {e}", ptx_file.display())))?;
@@ -260,6 +305,57 @@ impl PtxBuild {
             notes,
         })
     }
+}
+
+/// Makes directory `dst` hold exactly `entries` (source path, name in `dst`): directories are
+/// copied recursively, symbolic links in the sources are followed, a file whose bytes are
+/// already there is left alone (its modification time, and so cargo's fingerprint of the
+/// copy, stays), and anything else in `dst` is removed.
+fn sync_dir(entries: Vec<(PathBuf, OsString)>, dst: &Path) -> Result<(), BuildError> {
+    let fail = |what: &str, path: &Path, e: std::io::Error| {
+        BuildError::Copy(format!("cannot {what} {}: {e}", path.display()))
+    };
+    fs::create_dir_all(dst).map_err(|e| fail("create", dst, e))?;
+    for (src, name) in &entries {
+        let to = dst.join(name);
+        let old = fs::symlink_metadata(&to).ok();
+        if fs::metadata(src)
+            .map_err(|e| fail("read", src, e))?
+            .is_dir()
+        {
+            if old.is_some_and(|m| !m.is_dir()) {
+                fs::remove_file(&to).map_err(|e| fail("remove", &to, e))?;
+            }
+            let children = fs::read_dir(src)
+                .and_then(|dir| {
+                    dir.map(|e| e.map(|e| (e.path(), e.file_name())))
+                        .collect::<std::io::Result<_>>()
+                })
+                .map_err(|e| fail("list", src, e))?;
+            sync_dir(children, &to)?;
+        } else {
+            if old.is_some_and(|m| m.is_dir()) {
+                fs::remove_dir_all(&to).map_err(|e| fail("remove", &to, e))?;
+            }
+            let bytes = fs::read(src).map_err(|e| fail("read", src, e))?;
+            if fs::read(&to).ok().as_deref() != Some(bytes.as_slice()) {
+                fs::write(&to, bytes).map_err(|e| fail("write", &to, e))?;
+            }
+        }
+    }
+    for entry in fs::read_dir(dst).map_err(|e| fail("list", dst, e))? {
+        let entry = entry.map_err(|e| fail("list", dst, e))?;
+        if entries.iter().all(|(_, name)| *name != entry.file_name()) {
+            let path = entry.path();
+            let removed = if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_file(&path)
+            };
+            removed.map_err(|e| fail("remove", &path, e))?;
+        }
+    }
+    Ok(())
 }
 
 /// The most recently written `*.s` in `deps` (the device crate's PTX).
@@ -316,7 +412,8 @@ mod tests {
         .unwrap();
         let build = PtxBuild {
             crate_dir: dir.clone(),
-            target_dir: dir.join("target"),
+            manifest: "Cargo.toml".into(),
+            work_dir: dir.join("work"),
             target_cpu: "sm_80".into(),
             install_missing: false,
         };
@@ -327,6 +424,135 @@ mod tests {
             "{msg}"
         );
         assert!(msg.contains(NO_INSTALL_ENV), "{msg}");
+    }
+
+    /// An empty scratch directory for one test.
+    fn scratch(test: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("ptx-builder-{test}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn write(path: &Path, text: &str) {
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, text).unwrap();
+    }
+
+    fn shipped_build(dir: &Path) -> PtxBuild {
+        let src = dir.join("shipped");
+        write(&src.join("kernels.toml"), "[package]\nname = \"k\"\n");
+        write(&src.join("Cargo.lock"), "version = 4\n");
+        write(&src.join("rust-toolchain.toml"), "[toolchain]\n");
+        write(&src.join("src/lib.rs"), "mod a;\n");
+        write(&src.join("src/a/mod.rs"), "// a\n");
+        write(&src.join("notes.md"), "not part of the build\n");
+        PtxBuild {
+            crate_dir: src,
+            manifest: "kernels.toml".into(),
+            work_dir: dir.join("work"),
+            target_cpu: "sm_80".into(),
+            install_missing: false,
+        }
+    }
+
+    #[test]
+    fn the_copy_is_the_crate_under_cargo_toml_and_nothing_else() {
+        let dir = scratch("copy");
+        let build = shipped_build(&dir);
+        let copy = build.work_dir.join("crate");
+        write(&copy.join("src/stale.rs"), "// removed upstream\n");
+        write(&copy.join("leftover/x"), "\n");
+        write(
+            &copy.join("src/a"),
+            "a file where the source has a directory\n",
+        );
+        assert_eq!(build.copy_crate().unwrap(), copy);
+        let read = |p: &str| fs::read_to_string(copy.join(p)).unwrap();
+        assert_eq!(read("Cargo.toml"), "[package]\nname = \"k\"\n");
+        assert_eq!(read("Cargo.lock"), "version = 4\n");
+        assert_eq!(read("src/lib.rs"), "mod a;\n");
+        assert_eq!(read("src/a/mod.rs"), "// a\n");
+        let mut names: Vec<_> = fs::read_dir(&copy)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["Cargo.lock", "Cargo.toml", "rust-toolchain.toml", "src"]
+        );
+        assert!(!copy.join("src/stale.rs").exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_second_copy_rewrites_only_what_changed() {
+        let dir = scratch("recopy");
+        let build = shipped_build(&dir);
+        let copy = build.copy_crate().unwrap();
+        let old = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        for file in ["src/lib.rs", "src/a/mod.rs"] {
+            let f = fs::File::options()
+                .write(true)
+                .open(copy.join(file))
+                .unwrap();
+            f.set_modified(old).unwrap();
+        }
+        write(&build.crate_dir.join("src/a/mod.rs"), "// a, edited\n");
+        build.copy_crate().unwrap();
+        let modified = |p: &str| fs::metadata(copy.join(p)).unwrap().modified().unwrap();
+        assert_eq!(modified("src/lib.rs"), old);
+        assert_ne!(modified("src/a/mod.rs"), old);
+        let edited = fs::read_to_string(copy.join("src/a/mod.rs")).unwrap();
+        assert_eq!(edited, "// a, edited\n");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_missing_manifest_is_an_error_naming_it() {
+        let dir = scratch("no-manifest");
+        let mut build = shipped_build(&dir);
+        build.manifest = "Cargo.toml".into();
+        let msg = build.copy_crate().unwrap_err().to_string();
+        fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            msg.starts_with("copying the device crate: cannot read"),
+            "{msg}"
+        );
+        assert!(msg.contains("shipped/Cargo.toml"), "{msg}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn inputs_and_the_copy_follow_symbolic_links() {
+        let dir = scratch("links");
+        let real = shipped_build(&dir);
+        let linked = dir.join("linked");
+        fs::create_dir_all(&linked).unwrap();
+        for name in ["kernels.toml", "Cargo.lock", "rust-toolchain.toml", "src"] {
+            std::os::unix::fs::symlink(real.crate_dir.join(name), linked.join(name)).unwrap();
+        }
+        let build = PtxBuild {
+            crate_dir: linked,
+            work_dir: dir.join("linked-work"),
+            ..real.clone()
+        };
+        let resolved = real.inputs();
+        assert_eq!(build.inputs(), resolved);
+        assert_eq!(
+            resolved[0],
+            fs::canonicalize(&real.crate_dir)
+                .unwrap()
+                .join("kernels.toml")
+        );
+        let copy = build.copy_crate().unwrap();
+        assert!(fs::symlink_metadata(copy.join("src")).unwrap().is_dir());
+        assert_eq!(
+            fs::read_to_string(copy.join("src/a/mod.rs")).unwrap(),
+            "// a\n"
+        );
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
