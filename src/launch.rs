@@ -1,7 +1,6 @@
 //! Argument checks shared by every op's launcher.
 use crate::error::{Error, Result, invalid};
 use cudarc::driver::{CudaStream, DeviceSlice};
-use std::sync::Arc;
 
 /// Elements a `rows × cols` block with row stride `stride` spans: `(rows − 1)·stride + cols`.
 pub(crate) fn span(arg: &'static str, rows: usize, cols: usize, stride: usize) -> Result<usize> {
@@ -39,13 +38,15 @@ pub(crate) fn exactly(arg: &'static str, len: usize, need: usize, what: &str) ->
     Ok(())
 }
 
-/// The buffer must belong to the stream's context.
+/// The buffer must belong to the stream's context: the same `CUcontext`, whichever
+/// `CudaContext` handle it came through (every `CudaContext::new(ordinal)`, hence every
+/// [`cuda_context`](crate::cuda_context) call, is a new handle on the device's primary context).
 pub(crate) fn same_context<T>(
     stream: &CudaStream,
     arg: &'static str,
     buf: &(impl DeviceSlice<T> + ?Sized),
 ) -> Result<()> {
-    if Arc::ptr_eq(buf.stream().context(), stream.context()) {
+    if buf.stream().context().cu_ctx() == stream.context().cu_ctx() {
         Ok(())
     } else {
         Err(Error::WrongContext { arg })

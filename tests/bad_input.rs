@@ -1,0 +1,1550 @@
+//! Bad input never reaches a kernel. For every public launcher one table starts from a valid
+//! call and walks every argument: each row changes the call in one way (an args field out of
+//! range, a buffer one element short or long, an unsupported combination, two buffers that
+//! overlap, a buffer from another CUDA context) and names what must come back: `Ok`, or the
+//! error variant, the argument it names and a piece of the expected value. Context and overlap
+//! rows are generated from each call's buffer list (every buffer from device 1 and through a
+//! second handle on device 0's context; every pair of buffers overlapping at either end,
+//! forbidden exactly when one of them is written).
+//!
+//! Every buffer of a call lives in one arena filled with 0xFF bytes (NaN in every dtype), with
+//! seeded data in the buffers the call reads. A rejected call must leave the arena bit for bit
+//! as it was: nothing was launched. An accepted call must write every buffer it outputs, which
+//! also shows that the comparison sees a launch.
+//!
+//! `the_tables_walk_every_argument` checks the tables themselves, without a GPU: every buffer
+//! is walked one short and one long, every field of the args struct is changed by some row,
+//! every name a row expects is an argument of the call, and each row's buffers overlap exactly
+//! where the row says.
+mod common;
+
+use common::{Failures, Rng, gpu};
+use half::{bf16, f16};
+use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use liger_rs::{
+    CastingMode, CosSinLayout, Dtype, Error, PositionIds, RmsNormArgs, RopeArgs, SwigluArgs,
+    rms_norm_backward, rms_norm_backward_inplace, rms_norm_forward, rope_backward, rope_forward,
+    swiglu_backward, swiglu_backward_fused, swiglu_backward_fused_inplace, swiglu_backward_inplace,
+    swiglu_forward, swiglu_forward_fused,
+};
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+type Stream = Arc<CudaStream>;
+
+// ---------------------------------------------------------------- calls and rows
+
+/// Element type of a buffer: the call's dtype `T` or a fixed one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    T,
+    F32,
+    I32,
+    I64,
+}
+
+impl Kind {
+    fn size(self, t_size: usize) -> usize {
+        match self {
+            Kind::T => t_size,
+            Kind::F32 | Kind::I32 => 4,
+            Kind::I64 => 8,
+        }
+    }
+}
+
+/// What the launcher does with a buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    In,
+    Out,
+    /// Read, then written in place.
+    InOut,
+}
+
+/// Which end of another buffer an overlapping buffer covers.
+#[derive(Debug, Clone, Copy)]
+enum Edge {
+    /// Its last element covers the start of the other.
+    Head,
+    /// Its first element covers the end of the other.
+    Tail,
+}
+
+/// Where a buffer is placed.
+#[derive(Debug, Clone, Copy)]
+enum At {
+    /// Its own slot on device 0, through the stream's context handle.
+    Own,
+    /// Its own slot on device 0, through a second handle (`cuda_context(0)` again) on the
+    /// same primary context.
+    Twin,
+    /// Its own slot on device 1 (another context).
+    Other,
+    /// Over one end of the named buffer.
+    Over(&'static str, Edge),
+}
+
+struct Buf<A> {
+    name: &'static str,
+    kind: Kind,
+    role: Role,
+    /// Elements the call needs, from its scalars.
+    need: fn(&A) -> usize,
+    len: usize,
+    at: At,
+}
+
+fn buf<A>(name: &'static str, kind: Kind, role: Role, need: fn(&A) -> usize) -> Buf<A> {
+    Buf {
+        name,
+        kind,
+        role,
+        need,
+        len: 0,
+        at: At::Own,
+    }
+}
+
+/// One call of a launcher: its scalars and its buffers, in signature order.
+struct Call<A> {
+    args: A,
+    bufs: Vec<Buf<A>>,
+}
+
+impl<A> Call<A> {
+    /// A call whose buffers hold exactly what `args` needs.
+    fn new(args: A, bufs: Vec<Buf<A>>) -> Self {
+        let mut call = Call { args, bufs };
+        call.resize();
+        call
+    }
+
+    fn resize(&mut self) {
+        for b in &mut self.bufs {
+            b.len = (b.need)(&self.args);
+        }
+    }
+
+    fn buf(&mut self, name: &str) -> &mut Buf<A> {
+        self.bufs
+            .iter_mut()
+            .find(|b| b.name == name)
+            .unwrap_or_else(|| panic!("the call has no buffer `{name}`"))
+    }
+
+    fn remove(&mut self, name: &str) {
+        let before = self.bufs.len();
+        self.bufs.retain(|b| b.name != name);
+        assert_eq!(
+            self.bufs.len() + 1,
+            before,
+            "the call has no buffer `{name}`"
+        );
+    }
+}
+
+/// What a row's call must return.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Want {
+    Ok,
+    Invalid {
+        arg: &'static str,
+        /// A piece of `expected`.
+        needle: &'static str,
+    },
+    Aliasing {
+        output: &'static str,
+        other: &'static str,
+    },
+    WrongContext {
+        arg: &'static str,
+    },
+}
+
+fn invalid(arg: &'static str, needle: &'static str) -> Want {
+    Want::Invalid { arg, needle }
+}
+
+impl Want {
+    /// The names it expects the error to carry.
+    fn names(&self) -> Vec<&'static str> {
+        match *self {
+            Want::Ok => vec![],
+            Want::Invalid { arg, .. } | Want::WrongContext { arg } => vec![arg],
+            Want::Aliasing { output, other } => vec![output, other],
+        }
+    }
+
+    fn renamed(self, f: impl Fn(&'static str) -> &'static str) -> Want {
+        match self {
+            Want::Ok => Want::Ok,
+            Want::Invalid { arg, needle } => Want::Invalid {
+                arg: f(arg),
+                needle,
+            },
+            Want::Aliasing { output, other } => Want::Aliasing {
+                output: f(output),
+                other: f(other),
+            },
+            Want::WrongContext { arg } => Want::WrongContext { arg: f(arg) },
+        }
+    }
+}
+
+/// A row's change to the valid call.
+type Change<A> = Box<dyn Fn(&mut Call<A>)>;
+
+/// One table row: the argument walked, the change in words and in code, the outcome.
+struct Row<A> {
+    arg: &'static str,
+    what: String,
+    change: Change<A>,
+    want: Want,
+}
+
+/// A table under construction.
+struct Rows<A>(Vec<Row<A>>);
+
+impl<A: 'static> Rows<A> {
+    fn new() -> Self {
+        Rows(Vec::new())
+    }
+
+    fn row(
+        &mut self,
+        arg: &'static str,
+        what: &str,
+        change: impl Fn(&mut Call<A>) + 'static,
+        want: Want,
+    ) {
+        self.0.push(Row {
+            arg,
+            what: what.to_string(),
+            change: Box::new(change),
+            want,
+        });
+    }
+
+    /// Changes the scalars only; the buffers stay as the valid call has them.
+    fn field(
+        &mut self,
+        arg: &'static str,
+        what: &str,
+        change: impl Fn(&mut A) + 'static,
+        want: Want,
+    ) {
+        self.row(arg, what, move |c| change(&mut c.args), want)
+    }
+
+    /// Changes the scalars, then gives every buffer what the new scalars need.
+    fn reshape(
+        &mut self,
+        arg: &'static str,
+        what: &str,
+        change: impl Fn(&mut A) + 'static,
+        want: Want,
+    ) {
+        let what = format!("{what}, every buffer resized to match");
+        self.row(
+            arg,
+            &what,
+            move |c| {
+                change(&mut c.args);
+                c.resize();
+            },
+            want,
+        )
+    }
+
+    /// The buffer one element short: rejected naming it.
+    fn short(&mut self, name: &'static str, needle: &'static str) {
+        self.row(
+            name,
+            "one element short",
+            move |c| c.buf(name).len -= 1,
+            invalid(name, needle),
+        )
+    }
+
+    /// The buffer one element long: `Ok` where a length is a minimum, rejected where it is
+    /// exact.
+    fn long(&mut self, name: &'static str, want: Want) {
+        self.row(
+            name,
+            "one element long",
+            move |c| c.buf(name).len += 1,
+            want,
+        )
+    }
+}
+
+/// Every buffer from another context (rejected) and through a second handle on the stream's
+/// own context (accepted).
+fn context_rows<A: 'static>(rows: &mut Rows<A>, bufs: &[Buf<A>]) {
+    for b in bufs {
+        let name = b.name;
+        rows.row(
+            name,
+            "from device 1 (another context)",
+            move |c| c.buf(name).at = At::Other,
+            Want::WrongContext { arg: name },
+        );
+        rows.row(
+            name,
+            "through a second handle on device 0's context",
+            move |c| c.buf(name).at = At::Twin,
+            Want::Ok,
+        );
+    }
+}
+
+/// Every pair of buffers overlapping at either end: an error naming the output first (the
+/// earlier output when both are written), `Ok` when both are only read.
+fn overlap_rows<A: 'static>(rows: &mut Rows<A>, bufs: &[Buf<A>]) {
+    for (i, u) in bufs.iter().enumerate() {
+        for v in &bufs[i + 1..] {
+            let (moved, onto, want) = match (u.role, v.role) {
+                (Role::In, Role::In) => (v.name, u.name, Want::Ok),
+                (Role::In, _) => (
+                    v.name,
+                    u.name,
+                    Want::Aliasing {
+                        output: v.name,
+                        other: u.name,
+                    },
+                ),
+                _ => (
+                    u.name,
+                    v.name,
+                    Want::Aliasing {
+                        output: u.name,
+                        other: v.name,
+                    },
+                ),
+            };
+            for edge in [Edge::Head, Edge::Tail] {
+                let what = match edge {
+                    Edge::Head => format!("its last element over the first of `{onto}`"),
+                    Edge::Tail => format!("its first element over the last of `{onto}`"),
+                };
+                rows.row(
+                    moved,
+                    &what,
+                    move |c| c.buf(moved).at = At::Over(onto, edge),
+                    want,
+                );
+            }
+        }
+    }
+}
+
+/// One public launcher.
+trait Op: Copy {
+    /// Everything of a call that is not a buffer.
+    type Args: PartialEq + 'static;
+    fn name(self) -> &'static str;
+    /// The valid call every row starts from.
+    fn base(self) -> Call<Self::Args>;
+    /// The written rows: scalars, lengths, combinations (context and overlap rows are
+    /// generated).
+    fn rows(self, rows: &mut Rows<Self::Args>);
+    /// `Debug` of the library's args struct inside `Self::Args`.
+    fn fields(args: &Self::Args) -> String;
+    fn launch<T: Dtype>(
+        self,
+        stream: &Stream,
+        args: &Self::Args,
+        live: &mut Live<T>,
+    ) -> liger_rs::Result<()>;
+    /// The launcher's name for a buffer (RoPE backward calls q and k dq and dk).
+    fn rename(self, name: &'static str) -> &'static str {
+        name
+    }
+}
+
+/// The whole table of `op`: the valid call itself, the written rows, the generated ones.
+fn table<O: Op>(op: O) -> Vec<Row<O::Args>> {
+    let base = op.base();
+    let mut rows = Rows::new();
+    rows.row("(none)", "the valid call itself", |_| {}, Want::Ok);
+    op.rows(&mut rows);
+    context_rows(&mut rows, &base.bufs);
+    overlap_rows(&mut rows, &base.bufs);
+    rows.0
+}
+
+/// `(rows − 1) × stride + cols`, 0 without rows (saturating: resized calls are small).
+fn span(rows: usize, cols: usize, stride: usize) -> usize {
+    match rows {
+        0 => 0,
+        _ => (rows - 1).saturating_mul(stride).saturating_add(cols),
+    }
+}
+
+// ---------------------------------------------------------------- RMSNorm
+
+#[derive(Debug, Clone, Copy)]
+enum Rms {
+    Forward,
+    Backward,
+    BackwardInplace,
+}
+
+fn x_span(a: &RmsNormArgs) -> usize {
+    span(a.rows, a.cols, a.x_stride)
+}
+
+fn y_span(a: &RmsNormArgs) -> usize {
+    span(a.rows, a.cols, a.y_stride)
+}
+
+impl Op for Rms {
+    type Args = RmsNormArgs;
+
+    fn name(self) -> &'static str {
+        match self {
+            Rms::Forward => "rms_norm_forward",
+            Rms::Backward => "rms_norm_backward",
+            Rms::BackwardInplace => "rms_norm_backward_inplace",
+        }
+    }
+
+    /// 3 rows of 8, x rows 11 apart (x: 30 elements), y/dy/dx rows 13 apart (34), a weight.
+    fn base(self) -> Call<RmsNormArgs> {
+        let args = RmsNormArgs::new(3, 8).with_strides(11, 13);
+        let x = buf("x", Kind::T, Role::In, x_span);
+        let weight = buf("weight", Kind::T, Role::In, |a: &RmsNormArgs| a.cols);
+        let rows = |a: &RmsNormArgs| a.rows;
+        let dw = buf("dw", Kind::T, Role::Out, |a: &RmsNormArgs| a.cols);
+        let bufs = match self {
+            Rms::Forward => vec![
+                x,
+                weight,
+                buf("y", Kind::T, Role::Out, y_span),
+                buf("rstd", Kind::F32, Role::Out, rows),
+            ],
+            Rms::Backward => vec![
+                buf("dy", Kind::T, Role::In, y_span),
+                x,
+                weight,
+                buf("rstd", Kind::F32, Role::In, rows),
+                buf("dx", Kind::T, Role::Out, y_span),
+                dw,
+            ],
+            Rms::BackwardInplace => vec![
+                buf("dy_dx", Kind::T, Role::InOut, y_span),
+                x,
+                weight,
+                buf("rstd", Kind::F32, Role::In, rows),
+                dw,
+            ],
+        };
+        Call::new(args, bufs)
+    }
+
+    #[rustfmt::skip]
+    fn rows(self, t: &mut Rows<RmsNormArgs>) {
+        // The y-strided buffer; the first buffer the launcher measures, and what it needs with
+        // one more row; the stride of the span computed first (an overflow of rows × stride is
+        // reported against it).
+        let (y, first, first_need, first_stride) = match self {
+            Rms::Forward => ("y", "x", "length ≥ 41 (rows × x_stride)", "args.x_stride"),
+            Rms::Backward => ("dy", "dy", "length ≥ 47 (rows × y_stride)", "args.y_stride"),
+            Rms::BackwardInplace => ("dy_dx", "dy_dx", "length ≥ 47 (rows × y_stride)", "args.y_stride"),
+        };
+        let cols = invalid("args.cols", "1 ..= 65536 columns");
+        let eps = invalid("args.eps", "a finite value ≥ 0");
+        let offset = invalid("args.offset", "a finite value");
+        let x_stride = invalid("args.x_stride", "row stride ≥ cols = 8");
+        let y_stride = invalid("args.y_stride", "row stride ≥ cols = 8");
+        let overflow = "rows × row stride within usize";
+        t.field("args.rows", "one more than the buffers hold", |a| a.rows = 4, invalid(first, first_need));
+        t.field("args.rows", "usize::MAX: rows × stride overflows", |a| a.rows = usize::MAX, invalid(first_stride, overflow));
+        t.field("args.cols", "0", |a| a.cols = 0, cols);
+        t.reshape("args.cols", "65537, strides too", |a| *a = RmsNormArgs { cols: 65537, ..a.with_strides(65537, 65537) }, cols);
+        t.reshape("args.cols", "65536, the widest, strides too", |a| *a = RmsNormArgs { cols: 65536, ..a.with_strides(65536, 65536) }, Want::Ok);
+        t.field("args.eps", "negative", |a| a.eps = -1e-6, eps);
+        t.field("args.eps", "NaN", |a| a.eps = f32::NAN, eps);
+        t.field("args.eps", "+∞", |a| a.eps = f32::INFINITY, eps);
+        t.field("args.eps", "0", |a| a.eps = 0.0, Want::Ok);
+        t.field("args.offset", "NaN", |a| a.offset = f32::NAN, offset);
+        t.field("args.offset", "−∞", |a| a.offset = f32::NEG_INFINITY, offset);
+        t.field("args.offset", "1 (Gemma's 1 + w)", |a| a.offset = 1.0, Want::Ok);
+        t.field("args.mode", "Gemma", |a| a.mode = CastingMode::Gemma, Want::Ok);
+        t.field("args.mode", "None", |a| a.mode = CastingMode::None, Want::Ok);
+        t.field("args.x_stride", "cols − 1", |a| a.x_stride = 7, x_stride);
+        t.field("args.x_stride", "0", |a| a.x_stride = 0, x_stride);
+        t.field("args.x_stride", "usize::MAX: rows × stride overflows", |a| a.x_stride = usize::MAX, invalid("args.x_stride", overflow));
+        t.field("args.x_stride", "one more than x holds", |a| a.x_stride = 12, invalid("x", "length ≥ 32 (rows × x_stride)"));
+        t.reshape("args.x_stride", "cols (contiguous)", |a| a.x_stride = 8, Want::Ok);
+        t.field("args.y_stride", "cols − 1", |a| a.y_stride = 7, y_stride);
+        t.field("args.y_stride", "0", |a| a.y_stride = 0, y_stride);
+        t.field("args.y_stride", "usize::MAX: rows × stride overflows", |a| a.y_stride = usize::MAX, invalid("args.y_stride", overflow));
+        t.field("args.y_stride", "one more than the y-strided buffers hold", |a| a.y_stride = 14, invalid(y, "length ≥ 36 (rows × y_stride)"));
+        t.reshape("args.y_stride", "cols (contiguous)", |a| a.y_stride = 8, Want::Ok);
+        t.short("x", "length ≥ 30 (rows × x_stride)");
+        t.long("x", Want::Ok);
+        t.short("weight", "length 8 (cols)");
+        t.long("weight", invalid("weight", "length 8 (cols)"));
+        t.short(y, "length ≥ 34 (rows × y_stride)");
+        t.long(y, Want::Ok);
+        t.short("rstd", "length ≥ 3 (rows)");
+        t.long("rstd", Want::Ok);
+        match self {
+            Rms::Forward => {
+                t.row("weight", "None: y is the normalised x", |c| c.remove("weight"), Want::Ok);
+            }
+            Rms::Backward | Rms::BackwardInplace => {
+                t.short("dw", "length 8 (cols)");
+                t.long("dw", invalid("dw", "length 8 (cols)"));
+                t.row("dw", "None while a weight is given", |c| c.remove("dw"), invalid("dw", "a buffer of 8 elements (a weight is given)"));
+                t.row("dw", "given without a weight", |c| c.remove("weight"), invalid("dw", "None (no weight is given)"));
+                t.row("weight", "None, and dw None", |c| { c.remove("weight"); c.remove("dw") }, Want::Ok);
+            }
+        }
+        if let Rms::Backward = self {
+            t.short("dx", "length ≥ 34 (rows × y_stride)");
+            t.long("dx", Want::Ok);
+        }
+    }
+
+    fn fields(args: &RmsNormArgs) -> String {
+        format!("{args:?}")
+    }
+
+    fn launch<T: Dtype>(
+        self,
+        stream: &Stream,
+        args: &RmsNormArgs,
+        live: &mut Live<T>,
+    ) -> liger_rs::Result<()> {
+        let x = live.t("x");
+        let weight = live.opt_t("weight");
+        let weight = weight.as_ref().map(|w| w.as_view());
+        let mut dw = live.opt_t("dw");
+        let mut dw = dw.as_mut().map(|d| d.as_view_mut());
+        match self {
+            Rms::Forward => {
+                let (mut y, mut rstd) = (live.t("y"), live.f32("rstd"));
+                rms_norm_forward(stream, args, &*x, weight.as_ref(), &mut *y, &mut *rstd)
+            }
+            Rms::Backward => {
+                let (dy, rstd, mut dx) = (live.t("dy"), live.f32("rstd"), live.t("dx"));
+                rms_norm_backward(
+                    stream,
+                    args,
+                    &*dy,
+                    &*x,
+                    weight.as_ref(),
+                    &*rstd,
+                    &mut *dx,
+                    dw.as_mut(),
+                )
+            }
+            Rms::BackwardInplace => {
+                let (mut dy_dx, rstd) = (live.t("dy_dx"), live.f32("rstd"));
+                rms_norm_backward_inplace(
+                    stream,
+                    args,
+                    &mut *dy_dx,
+                    &*x,
+                    weight.as_ref(),
+                    &*rstd,
+                    dw.as_mut(),
+                )
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- RoPE
+
+#[derive(Debug, Clone, Copy)]
+enum Rope {
+    Forward,
+    Backward,
+}
+
+/// Where the cos/sin rows come from ([`CosSinLayout`] without the borrowed ids).
+#[derive(Debug, Clone, PartialEq)]
+enum Layout {
+    PerPosition,
+    PerBatch,
+    Host(Vec<i64>),
+    DeviceI32,
+    DeviceI64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct RopeCall {
+    args: RopeArgs,
+    layout: Layout,
+}
+
+/// Rows of the valid call's gathered cos/sin table.
+const MAX_POS: usize = 5;
+
+fn tokens(c: &RopeCall) -> usize {
+    c.args.batch.saturating_mul(c.args.seq_len)
+}
+
+fn q_len(c: &RopeCall) -> usize {
+    tokens(c).saturating_mul(c.args.q_heads * c.args.head_dim)
+}
+
+fn k_len(c: &RopeCall) -> usize {
+    tokens(c).saturating_mul(c.args.k_heads * c.args.head_dim)
+}
+
+fn table_len(c: &RopeCall) -> usize {
+    let rows = match c.layout {
+        Layout::PerPosition => c.args.seq_len,
+        Layout::PerBatch => tokens(c),
+        _ => MAX_POS,
+    };
+    rows * c.args.rotary_dim
+}
+
+/// A valid call for `args` under `layout`: q and k, cos and sin, device ids if any.
+fn rope_call(args: RopeArgs, layout: Layout) -> Call<RopeCall> {
+    let mut bufs = vec![
+        buf("q", Kind::T, Role::InOut, q_len),
+        buf("k", Kind::T, Role::InOut, k_len),
+        buf("cos", Kind::T, Role::In, table_len),
+        buf("sin", Kind::T, Role::In, table_len),
+    ];
+    match layout {
+        Layout::DeviceI32 => bufs.push(buf("position_ids", Kind::I32, Role::In, tokens)),
+        Layout::DeviceI64 => bufs.push(buf("position_ids", Kind::I64, Role::In, tokens)),
+        _ => {}
+    }
+    Call::new(RopeCall { args, layout }, bufs)
+}
+
+/// Starts the row over from the valid call under another layout.
+fn relayout(c: &mut Call<RopeCall>, layout: Layout) {
+    *c = rope_call(c.args.args, layout);
+}
+
+/// The valid call under host ids (0, 1, …, 4, 0, …), with `change` applied to the ids.
+fn with_host_ids(c: &mut Call<RopeCall>, change: impl Fn(&mut Vec<i64>)) {
+    let mut ids: Vec<i64> = (0..tokens(&c.args)).map(|i| (i % MAX_POS) as i64).collect();
+    change(&mut ids);
+    relayout(c, Layout::Host(ids));
+}
+
+impl Op for Rope {
+    type Args = RopeCall;
+
+    fn name(self) -> &'static str {
+        match self {
+            Rope::Forward => "rope_forward",
+            Rope::Backward => "rope_backward",
+        }
+    }
+
+    /// q [2, 3, 4, 8] (192), k [2, 3, 2, 8] (96), partial rotary 6, cos/sin a table of 5 rows
+    /// of 6 (30) gathered by 6 device i64 ids.
+    fn base(self) -> Call<RopeCall> {
+        let args = RopeArgs::new(2, 3, 4, 2, 8).with_rotary_dim(6);
+        rope_call(args, Layout::DeviceI64)
+    }
+
+    #[rustfmt::skip]
+    fn rows(self, t: &mut Rows<RopeCall>) {
+        let q = |needle| invalid("q", needle);
+        let k = |needle| invalid("k", needle);
+        let shape = "batch × seq_len × heads × head_dim within usize";
+        let pairs = "(q_heads + k_heads) × rotary_dim / 2 < 2^31";
+        let head_dim = invalid("args.head_dim", "an even value ≥ 2");
+        let rotary_dim = invalid("args.rotary_dim", "an even value in 2 ..= head_dim = 8");
+        let table = invalid("cos", "a table of max_pos ≥ 1 rows of rotary_dim = 6");
+        let per_position = invalid("cos", "length 18 (seq_len × rotary_dim)");
+        let per_batch = invalid("cos", "length 36 (batch × seq_len × rotary_dim)");
+        let ids_len = invalid("position_ids", "length 6 (batch × seq_len)");
+        let ids_range = invalid("position_ids", "ids in 0 ..= 4 (rows of the cos/sin table)");
+        t.field("args.batch", "one more than q and k hold", |c| c.args.batch = 3, q("length 288 (batch × seq_len × q_heads × head_dim)"));
+        t.field("args.batch", "usize::MAX: tokens overflow", |c| c.args.batch = usize::MAX, invalid("args", shape));
+        t.reshape("args.batch", "1", |c| c.args.batch = 1, Want::Ok);
+        t.field("args.seq_len", "one more than q and k hold", |c| c.args.seq_len = 4, q("length 256 (batch × seq_len × q_heads × head_dim)"));
+        t.field("args.seq_len", "usize::MAX: tokens overflow", |c| c.args.seq_len = usize::MAX, invalid("args", shape));
+        t.field("args.q_heads", "0", |c| c.args.q_heads = 0, invalid("args.q_heads", "at least 1"));
+        t.field("args.q_heads", "one more than q holds", |c| c.args.q_heads = 5, q("length 240 (batch × seq_len × q_heads × head_dim)"));
+        t.field("args.q_heads", "2^40: pairs per token overflow", |c| c.args.q_heads = 1 << 40, invalid("args", pairs));
+        t.reshape("args.q_heads", "1 (fewer than k_heads)", |c| c.args.q_heads = 1, Want::Ok);
+        t.field("args.k_heads", "0", |c| c.args.k_heads = 0, invalid("args.k_heads", "at least 1"));
+        t.field("args.k_heads", "one more than k holds", |c| c.args.k_heads = 3, k("length 144 (batch × seq_len × k_heads × head_dim)"));
+        t.field("args.k_heads", "2^40: pairs per token overflow", |c| c.args.k_heads = 1 << 40, invalid("args", pairs));
+        t.field("args.head_dim", "0", |c| c.args.head_dim = 0, head_dim);
+        t.field("args.head_dim", "7 (odd)", |c| c.args.head_dim = 7, head_dim);
+        t.field("args.head_dim", "4 < rotary_dim", |c| c.args.head_dim = 4, invalid("args.rotary_dim", "an even value in 2 ..= head_dim = 4"));
+        t.field("args.head_dim", "10: more than q and k hold", |c| c.args.head_dim = 10, q("length 240 (batch × seq_len × q_heads × head_dim)"));
+        t.reshape("args.head_dim", "6 = rotary_dim", |c| c.args.head_dim = 6, Want::Ok);
+        t.field("args.rotary_dim", "0", |c| c.args.rotary_dim = 0, rotary_dim);
+        t.field("args.rotary_dim", "5 (odd)", |c| c.args.rotary_dim = 5, rotary_dim);
+        t.field("args.rotary_dim", "10 > head_dim", |c| c.args.rotary_dim = 10, rotary_dim);
+        t.field("args.rotary_dim", "4: cos is not whole rows of 4", |c| c.args.rotary_dim = 4, invalid("cos", "a table of max_pos ≥ 1 rows of rotary_dim = 4"));
+        t.reshape("args.rotary_dim", "8 = head_dim (full rotary)", |c| c.args.rotary_dim = 8, Want::Ok);
+        t.reshape("args.rotary_dim", "2, the least", |c| c.args.rotary_dim = 2, Want::Ok);
+        t.short("q", "length 192 (batch × seq_len × q_heads × head_dim)");
+        t.long("q", q("length 192 (batch × seq_len × q_heads × head_dim)"));
+        t.short("k", "length 96 (batch × seq_len × k_heads × head_dim)");
+        t.long("k", k("length 96 (batch × seq_len × k_heads × head_dim)"));
+        t.short("cos", "a table of max_pos ≥ 1 rows of rotary_dim = 6");
+        t.long("cos", table);
+        t.row("cos", "one row fewer, sin too (a table of 4 rows)", |c| { c.buf("cos").len -= 6; c.buf("sin").len -= 6 }, Want::Ok);
+        t.row("cos", "empty, sin too", |c| { c.buf("cos").len = 0; c.buf("sin").len = 0 }, invalid("cos", "max_pos ≥ 1 rows"));
+        t.short("sin", "length 30 (the length of cos)");
+        t.long("sin", invalid("sin", "length 30 (the length of cos)"));
+        t.short("position_ids", "length 6 (batch × seq_len)");
+        t.long("position_ids", ids_len);
+        t.row("layout", "PerPosition", |c| relayout(c, Layout::PerPosition), Want::Ok);
+        t.row("layout", "PerPosition, cos one short", |c| { relayout(c, Layout::PerPosition); c.buf("cos").len -= 1 }, per_position);
+        t.row("layout", "PerPosition, cos one long", |c| { relayout(c, Layout::PerPosition); c.buf("cos").len += 1 }, per_position);
+        t.row("layout", "PerPosition, sin one short", |c| { relayout(c, Layout::PerPosition); c.buf("sin").len -= 1 }, invalid("sin", "length 18 (the length of cos)"));
+        t.row("layout", "PerPosition with the gathered table", |c| { relayout(c, Layout::PerPosition); c.buf("cos").len = 30; c.buf("sin").len = 30 }, per_position);
+        t.row("layout", "PerBatch", |c| relayout(c, Layout::PerBatch), Want::Ok);
+        t.row("layout", "PerBatch, cos one short", |c| { relayout(c, Layout::PerBatch); c.buf("cos").len -= 1 }, per_batch);
+        t.row("layout", "PerBatch, cos one long", |c| { relayout(c, Layout::PerBatch); c.buf("cos").len += 1 }, per_batch);
+        t.row("layout", "PerBatch with a [seq_len, rotary_dim] table", |c| { relayout(c, Layout::PerBatch); c.buf("cos").len = 18; c.buf("sin").len = 18 }, per_batch);
+        t.row("layout", "host ids", |c| with_host_ids(c, |_| {}), Want::Ok);
+        t.row("position_ids", "host ids, one short", |c| with_host_ids(c, |ids| { ids.pop(); }), ids_len);
+        t.row("position_ids", "host ids, one long", |c| with_host_ids(c, |ids| ids.push(0)), ids_len);
+        t.row("position_ids", "a host id of −1", |c| with_host_ids(c, |ids| ids[4] = -1), ids_range);
+        t.row("position_ids", "a host id of max_pos", |c| with_host_ids(c, |ids| ids[2] = 5), ids_range);
+        t.row("layout", "device i32 ids", |c| relayout(c, Layout::DeviceI32), Want::Ok);
+        t.row("position_ids", "i32 ids, one short", |c| { relayout(c, Layout::DeviceI32); c.buf("position_ids").len -= 1 }, ids_len);
+        t.row("position_ids", "i32 ids, one long", |c| { relayout(c, Layout::DeviceI32); c.buf("position_ids").len += 1 }, ids_len);
+        t.row("position_ids", "i32 ids from device 1", |c| { relayout(c, Layout::DeviceI32); c.buf("position_ids").at = At::Other }, Want::WrongContext { arg: "position_ids" });
+        t.row("q", "its first element over the last i32 id", |c| { relayout(c, Layout::DeviceI32); c.buf("q").at = At::Over("position_ids", Edge::Tail) }, Want::Aliasing { output: "q", other: "position_ids" });
+        t.row("k", "its last element over the first i32 id", |c| { relayout(c, Layout::DeviceI32); c.buf("k").at = At::Over("position_ids", Edge::Head) }, Want::Aliasing { output: "k", other: "position_ids" });
+    }
+
+    fn fields(args: &RopeCall) -> String {
+        format!("{:?}", args.args)
+    }
+
+    fn launch<T: Dtype>(
+        self,
+        stream: &Stream,
+        call: &RopeCall,
+        live: &mut Live<T>,
+    ) -> liger_rs::Result<()> {
+        let (mut q, mut k) = (live.t("q"), live.t("k"));
+        let (cos, sin) = (live.t("cos"), live.t("sin"));
+        let ids32;
+        let ids64;
+        let layout = match &call.layout {
+            Layout::PerPosition => CosSinLayout::PerPosition,
+            Layout::PerBatch => CosSinLayout::PerBatch,
+            Layout::Host(ids) => CosSinLayout::Gathered(PositionIds::Host(ids)),
+            Layout::DeviceI32 => {
+                ids32 = live.i32("position_ids");
+                CosSinLayout::Gathered(PositionIds::DeviceI32(ids32.as_view()))
+            }
+            Layout::DeviceI64 => {
+                ids64 = live.i64("position_ids");
+                CosSinLayout::Gathered(PositionIds::DeviceI64(ids64.as_view()))
+            }
+        };
+        let a = &call.args;
+        match self {
+            Rope::Forward => rope_forward(stream, a, &mut *q, &mut *k, &*cos, &*sin, &layout),
+            Rope::Backward => rope_backward(stream, a, &mut *q, &mut *k, &*cos, &*sin, &layout),
+        }
+    }
+
+    fn rename(self, name: &'static str) -> &'static str {
+        match (self, name) {
+            (Rope::Backward, "q") => "dq",
+            (Rope::Backward, "k") => "dk",
+            _ => name,
+        }
+    }
+}
+
+// ---------------------------------------------------------------- SwiGLU
+
+#[derive(Debug, Clone, Copy)]
+enum Swiglu {
+    Forward,
+    ForwardFused,
+    Backward,
+    BackwardInplace,
+    BackwardFused,
+    BackwardFusedInplace,
+}
+
+fn a_span(a: &SwigluArgs) -> usize {
+    span(a.rows, a.cols, a.a_stride)
+}
+
+fn b_span(a: &SwigluArgs) -> usize {
+    span(a.rows, a.cols, a.b_stride)
+}
+
+fn c_span(a: &SwigluArgs) -> usize {
+    span(a.rows, a.cols, a.c_stride)
+}
+
+fn fused_span(a: &SwigluArgs) -> usize {
+    span(a.rows, a.cols.saturating_mul(2), a.a_stride)
+}
+
+impl Swiglu {
+    fn fused(self) -> bool {
+        matches!(
+            self,
+            Swiglu::ForwardFused | Swiglu::BackwardFused | Swiglu::BackwardFusedInplace
+        )
+    }
+
+    /// Rows common to the separate layout: a rows 11 apart (30 elements), b 13 (34), c 10 (28).
+    #[rustfmt::skip]
+    fn separate_rows(self, t: &mut Rows<SwigluArgs>) {
+        let (first, first_need, c) = match self {
+            Swiglu::Forward => ("a", "length ≥ 41 ((rows − 1) × a_stride + cols)", "c"),
+            _ => ("dc", "length ≥ 38 ((rows − 1) × c_stride + cols)", "dc"),
+        };
+        let overflow = "rows × row stride within usize";
+        let stride = |arg| invalid(arg, "row stride ≥ cols = 8");
+        t.field("args.rows", "one more than the buffers hold", |a| a.rows = 4, invalid(first, first_need));
+        t.field("args.rows", "usize::MAX: rows × stride overflows", |a| a.rows = usize::MAX, invalid("args.a_stride", overflow));
+        t.field("args.cols", "0", |a| a.cols = 0, invalid("args.cols", "at least 1 column"));
+        t.reshape("args.cols", "1", |a| a.cols = 1, Want::Ok);
+        t.field("args.a_stride", "cols − 1", |a| a.a_stride = 7, stride("args.a_stride"));
+        t.field("args.a_stride", "0", |a| a.a_stride = 0, stride("args.a_stride"));
+        t.field("args.a_stride", "usize::MAX: rows × stride overflows", |a| a.a_stride = usize::MAX, invalid("args.a_stride", overflow));
+        t.field("args.a_stride", "one more than the a-strided buffers hold", |a| a.a_stride = 12, invalid("a", "length ≥ 32 ((rows − 1) × a_stride + cols)"));
+        t.reshape("args.a_stride", "cols (contiguous)", |a| a.a_stride = 8, Want::Ok);
+        t.field("args.b_stride", "cols − 1", |a| a.b_stride = 7, stride("args.b_stride"));
+        t.field("args.b_stride", "0", |a| a.b_stride = 0, stride("args.b_stride"));
+        t.field("args.b_stride", "usize::MAX: rows × stride overflows", |a| a.b_stride = usize::MAX, invalid("args.b_stride", overflow));
+        t.field("args.b_stride", "one more than the b-strided buffers hold", |a| a.b_stride = 14, invalid("b", "length ≥ 36 ((rows − 1) × b_stride + cols)"));
+        t.reshape("args.b_stride", "cols (contiguous)", |a| a.b_stride = 8, Want::Ok);
+        t.field("args.c_stride", "cols − 1", |a| a.c_stride = 7, stride("args.c_stride"));
+        t.field("args.c_stride", "0", |a| a.c_stride = 0, stride("args.c_stride"));
+        t.field("args.c_stride", "usize::MAX: rows × stride overflows", |a| a.c_stride = usize::MAX, invalid("args.c_stride", overflow));
+        t.field("args.c_stride", "one more than the c-strided buffer holds", |a| a.c_stride = 11, invalid(c, "length ≥ 30 ((rows − 1) × c_stride + cols)"));
+        t.reshape("args.c_stride", "cols (contiguous)", |a| a.c_stride = 8, Want::Ok);
+        t.short("a", "length ≥ 30 ((rows − 1) × a_stride + cols)");
+        t.long("a", Want::Ok);
+        t.short("b", "length ≥ 34 ((rows − 1) × b_stride + cols)");
+        t.long("b", Want::Ok);
+        t.short(c, "length ≥ 28 ((rows − 1) × c_stride + cols)");
+        t.long(c, Want::Ok);
+    }
+
+    /// Rows common to the fused layout: gate-up rows 19 apart (54 elements), c 10 (28).
+    #[rustfmt::skip]
+    fn fused_rows(self, t: &mut Rows<SwigluArgs>) {
+        let (first, first_need, c) = match self {
+            Swiglu::ForwardFused => ("gate_up", "length ≥ 73 ((rows − 1) × a_stride + 2 × cols)", "c"),
+            _ => ("dc", "length ≥ 38 ((rows − 1) × c_stride + cols)", "dc"),
+        };
+        let overflow = "rows × row stride within usize";
+        let fused_stride = invalid("args.a_stride", "fused row stride ≥ 2 × cols = 16");
+        let c_stride = invalid("args.c_stride", "row stride ≥ cols = 8");
+        t.field("args.rows", "one more than the buffers hold", |a| a.rows = 4, invalid(first, first_need));
+        t.field("args.rows", "usize::MAX: rows × stride overflows", |a| a.rows = usize::MAX, invalid("args.a_stride", overflow));
+        t.field("args.cols", "0", |a| a.cols = 0, invalid("args.cols", "at least 1 column"));
+        t.field("args.cols", "usize::MAX / 2 + 1: 2 × cols overflows", |a| a.cols = usize::MAX / 2 + 1, invalid("args.cols", "2 × cols within usize"));
+        t.field("args.cols", "10: a gate-up row is wider than a_stride", |a| a.cols = 10, invalid("args.a_stride", "fused row stride ≥ 2 × cols = 20"));
+        t.reshape("args.cols", "9", |a| a.cols = 9, Want::Ok);
+        t.field("args.a_stride", "2 × cols − 1", |a| a.a_stride = 15, fused_stride);
+        t.field("args.a_stride", "cols (enough for a separate row)", |a| a.a_stride = 8, fused_stride);
+        t.field("args.a_stride", "0", |a| a.a_stride = 0, fused_stride);
+        t.field("args.a_stride", "usize::MAX: rows × stride overflows", |a| a.a_stride = usize::MAX, invalid("args.a_stride", overflow));
+        t.field("args.a_stride", "one more than the gate-up buffers hold", |a| a.a_stride = 20, invalid("gate_up", "length ≥ 56 ((rows − 1) × a_stride + 2 × cols)"));
+        t.reshape("args.a_stride", "2 × cols (contiguous)", |a| a.a_stride = 16, Want::Ok);
+        t.field("args.b_stride", "0 (the fused layout does not use it)", |a| a.b_stride = 0, Want::Ok);
+        t.field("args.c_stride", "cols − 1", |a| a.c_stride = 7, c_stride);
+        t.field("args.c_stride", "0", |a| a.c_stride = 0, c_stride);
+        t.field("args.c_stride", "usize::MAX: rows × stride overflows", |a| a.c_stride = usize::MAX, invalid("args.c_stride", overflow));
+        t.field("args.c_stride", "one more than the c-strided buffer holds", |a| a.c_stride = 11, invalid(c, "length ≥ 30 ((rows − 1) × c_stride + cols)"));
+        t.reshape("args.c_stride", "cols (contiguous)", |a| a.c_stride = 8, Want::Ok);
+        t.short("gate_up", "length ≥ 54 ((rows − 1) × a_stride + 2 × cols)");
+        t.long("gate_up", Want::Ok);
+        t.short(c, "length ≥ 28 ((rows − 1) × c_stride + cols)");
+        t.long(c, Want::Ok);
+    }
+}
+
+impl Op for Swiglu {
+    type Args = SwigluArgs;
+
+    fn name(self) -> &'static str {
+        match self {
+            Swiglu::Forward => "swiglu_forward",
+            Swiglu::ForwardFused => "swiglu_forward_fused",
+            Swiglu::Backward => "swiglu_backward",
+            Swiglu::BackwardInplace => "swiglu_backward_inplace",
+            Swiglu::BackwardFused => "swiglu_backward_fused",
+            Swiglu::BackwardFusedInplace => "swiglu_backward_fused_inplace",
+        }
+    }
+
+    fn base(self) -> Call<SwigluArgs> {
+        let args = match self.fused() {
+            false => SwigluArgs::new(3, 8).with_strides(11, 13, 10),
+            true => SwigluArgs::fused(3, 8).with_strides(19, 16, 10),
+        };
+        let (a, b) = (
+            buf("a", Kind::T, Role::In, a_span),
+            buf("b", Kind::T, Role::In, b_span),
+        );
+        let dc = buf("dc", Kind::T, Role::In, c_span);
+        let gate_up = buf("gate_up", Kind::T, Role::In, fused_span);
+        let bufs = match self {
+            Swiglu::Forward => vec![a, b, buf("c", Kind::T, Role::Out, c_span)],
+            Swiglu::ForwardFused => vec![gate_up, buf("c", Kind::T, Role::Out, c_span)],
+            Swiglu::Backward => vec![
+                dc,
+                a,
+                b,
+                buf("da", Kind::T, Role::Out, a_span),
+                buf("db", Kind::T, Role::Out, b_span),
+            ],
+            Swiglu::BackwardInplace => vec![
+                dc,
+                Buf {
+                    role: Role::InOut,
+                    ..a
+                },
+                Buf {
+                    role: Role::InOut,
+                    ..b
+                },
+            ],
+            Swiglu::BackwardFused => vec![
+                dc,
+                gate_up,
+                buf("d_gate_up", Kind::T, Role::Out, fused_span),
+            ],
+            Swiglu::BackwardFusedInplace => vec![
+                dc,
+                Buf {
+                    role: Role::InOut,
+                    ..gate_up
+                },
+            ],
+        };
+        Call::new(args, bufs)
+    }
+
+    #[rustfmt::skip]
+    fn rows(self, t: &mut Rows<SwigluArgs>) {
+        let gate = invalid("args.gate_multiplier", "a finite value");
+        let down = invalid("args.down_multiplier", "a finite value");
+        t.field("args.gate_multiplier", "NaN", |a| a.gate_multiplier = f32::NAN, gate);
+        t.field("args.gate_multiplier", "+∞", |a| a.gate_multiplier = f32::INFINITY, gate);
+        t.field("args.gate_multiplier", "−0.5", |a| a.gate_multiplier = -0.5, Want::Ok);
+        t.field("args.down_multiplier", "NaN", |a| a.down_multiplier = f32::NAN, down);
+        t.field("args.down_multiplier", "−∞", |a| a.down_multiplier = f32::NEG_INFINITY, down);
+        t.field("args.down_multiplier", "2", |a| a.down_multiplier = 2.0, Want::Ok);
+        match self.fused() {
+            false => self.separate_rows(t),
+            true => self.fused_rows(t),
+        }
+        match self {
+            Swiglu::Backward => {
+                t.short("da", "length ≥ 30 ((rows − 1) × a_stride + cols)");
+                t.long("da", Want::Ok);
+                t.short("db", "length ≥ 34 ((rows − 1) × b_stride + cols)");
+                t.long("db", Want::Ok);
+            }
+            Swiglu::BackwardFused => {
+                t.short("d_gate_up", "length ≥ 54 ((rows − 1) × a_stride + 2 × cols)");
+                t.long("d_gate_up", Want::Ok);
+            }
+            _ => {}
+        }
+    }
+
+    fn fields(args: &SwigluArgs) -> String {
+        format!("{args:?}")
+    }
+
+    fn launch<T: Dtype>(
+        self,
+        stream: &Stream,
+        args: &SwigluArgs,
+        live: &mut Live<T>,
+    ) -> liger_rs::Result<()> {
+        match self {
+            Swiglu::Forward => {
+                let (a, b, mut c) = (live.t("a"), live.t("b"), live.t("c"));
+                swiglu_forward(stream, args, &*a, &*b, &mut *c)
+            }
+            Swiglu::ForwardFused => {
+                let (gate_up, mut c) = (live.t("gate_up"), live.t("c"));
+                swiglu_forward_fused(stream, args, &*gate_up, &mut *c)
+            }
+            Swiglu::Backward => {
+                let (dc, a, b) = (live.t("dc"), live.t("a"), live.t("b"));
+                let (mut da, mut db) = (live.t("da"), live.t("db"));
+                swiglu_backward(stream, args, &*dc, &*a, &*b, &mut *da, &mut *db)
+            }
+            Swiglu::BackwardInplace => {
+                let (dc, mut a, mut b) = (live.t("dc"), live.t("a"), live.t("b"));
+                swiglu_backward_inplace(stream, args, &*dc, &mut *a, &mut *b)
+            }
+            Swiglu::BackwardFused => {
+                let (dc, gate_up) = (live.t("dc"), live.t("gate_up"));
+                let mut d_gate_up = live.t("d_gate_up");
+                swiglu_backward_fused(stream, args, &*dc, &*gate_up, &mut *d_gate_up)
+            }
+            Swiglu::BackwardFusedInplace => {
+                let (dc, mut gate_up) = (live.t("dc"), live.t("gate_up"));
+                swiglu_backward_fused_inplace(stream, args, &*dc, &mut *gate_up)
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- placement
+
+/// A buffer's bytes in an arena (0: device 0, 1: device 1).
+#[derive(Debug, Clone, Copy)]
+struct Placed {
+    name: &'static str,
+    kind: Kind,
+    role: Role,
+    arena: usize,
+    twin: bool,
+    start: usize,
+    bytes: usize,
+    len: usize,
+}
+
+/// Places every buffer; returns the placements and the size of each arena. Own slots are
+/// 256-byte aligned with a gap wider than any buffer around each, so that a buffer over one end
+/// of another (its last element on the other's first, or its first on the other's last, at
+/// its own alignment) overlaps nothing else.
+fn place<A>(bufs: &[Buf<A>], t_size: usize) -> (Vec<Placed>, [usize; 2]) {
+    const ALIGN: usize = 256;
+    let bytes = |b: &Buf<A>| b.len * b.kind.size(t_size);
+    let gap = bufs
+        .iter()
+        .map(bytes)
+        .max()
+        .unwrap_or(0)
+        .next_multiple_of(ALIGN)
+        + ALIGN;
+    let mut end = [gap; 2];
+    let mut placed = Vec::new();
+    for b in bufs {
+        let (arena, twin) = match b.at {
+            At::Own => (0, false),
+            At::Twin => (0, true),
+            At::Other => (1, false),
+            At::Over(..) => continue,
+        };
+        placed.push(Placed {
+            name: b.name,
+            kind: b.kind,
+            role: b.role,
+            arena,
+            twin,
+            start: end[arena],
+            bytes: bytes(b),
+            len: b.len,
+        });
+        end[arena] += bytes(b).next_multiple_of(ALIGN) + gap;
+    }
+    for b in bufs {
+        let At::Over(onto, edge) = b.at else {
+            continue;
+        };
+        let o = *placed
+            .iter()
+            .find(|p| p.name == onto)
+            .unwrap_or_else(|| panic!("`{}` is over `{onto}`, which has no slot", b.name));
+        let size = b.kind.size(t_size);
+        let start = match edge {
+            Edge::Head => o.start + size - bytes(b),
+            Edge::Tail => (o.start + o.bytes - 1) / size * size,
+        };
+        placed.push(Placed {
+            start,
+            arena: o.arena,
+            twin: false,
+            name: b.name,
+            kind: b.kind,
+            role: b.role,
+            bytes: bytes(b),
+            len: b.len,
+        });
+    }
+    (placed, end)
+}
+
+/// The pairs of buffers (names in order) that share a byte.
+fn overlapping(placed: &[Placed]) -> BTreeSet<(&'static str, &'static str)> {
+    let mut pairs = BTreeSet::new();
+    for (i, p) in placed.iter().enumerate() {
+        for q in &placed[i + 1..] {
+            let shared = p.arena == q.arena
+                && p.bytes > 0
+                && q.bytes > 0
+                && p.start < q.start + q.bytes
+                && q.start < p.start + p.bytes;
+            if shared {
+                pairs.insert((p.name.min(q.name), p.name.max(q.name)));
+            }
+        }
+    }
+    pairs
+}
+
+// ---------------------------------------------------------------- running a row
+
+/// Device 0's stream, a second handle on its context, and device 1's stream if there is one.
+struct Gpu {
+    stream: Stream,
+    twin: Stream,
+    other: Result<Stream, Error>,
+}
+
+impl Gpu {
+    fn open(test: &str) -> Option<Gpu> {
+        let stream = gpu(test)?;
+        let twin = liger_rs::cuda_context(0).expect("device 0 again");
+        let other = liger_rs::cuda_context(1).map(|ctx| ctx.default_stream());
+        Some(Gpu {
+            stream,
+            twin: twin.default_stream(),
+            other,
+        })
+    }
+}
+
+/// Device memory holding every buffer of a call placed in it; starts as 0xFF bytes.
+struct Arena {
+    stream: Stream,
+    mem: CudaSlice<u8>,
+}
+
+impl Arena {
+    fn new(stream: &Stream, bytes: usize) -> Arena {
+        let mem = stream.clone_htod(&vec![0xFFu8; bytes]).expect("arena");
+        Arena {
+            stream: stream.clone(),
+            mem,
+        }
+    }
+
+    fn ptr(&self) -> u64 {
+        let (ptr, _guard) = self.mem.device_ptr(&self.stream);
+        ptr
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        self.stream.clone_dtoh(&self.mem).expect("download arena")
+    }
+}
+
+/// A handle on part of an arena. Dropping it releases the handle (its events and stream), not
+/// the memory: the arena owns that.
+struct Handle<E>(Option<CudaSlice<E>>);
+
+impl<E> Drop for Handle<E> {
+    fn drop(&mut self) {
+        if let Some(slice) = self.0.take() {
+            slice.leak();
+        }
+    }
+}
+
+impl<E> Deref for Handle<E> {
+    type Target = CudaSlice<E>;
+
+    fn deref(&self) -> &CudaSlice<E> {
+        self.0.as_ref().expect("a live handle")
+    }
+}
+
+impl<E> DerefMut for Handle<E> {
+    fn deref_mut(&mut self) -> &mut CudaSlice<E> {
+        self.0.as_mut().expect("a live handle")
+    }
+}
+
+enum Slice<T> {
+    T(Handle<T>),
+    F32(Handle<f32>),
+    I32(Handle<i32>),
+    I64(Handle<i64>),
+}
+
+/// The buffers of one call, handed to the launcher by name.
+struct Live<T> {
+    slices: Vec<(&'static str, Slice<T>)>,
+}
+
+impl<T> Live<T> {
+    fn take(&mut self, name: &str) -> Option<Slice<T>> {
+        let i = self.slices.iter().position(|(n, _)| *n == name)?;
+        Some(self.slices.swap_remove(i).1)
+    }
+
+    fn opt_t(&mut self, name: &str) -> Option<Handle<T>> {
+        self.take(name).map(|s| match s {
+            Slice::T(s) => s,
+            _ => panic!("`{name}` is not of the call's dtype"),
+        })
+    }
+
+    fn t(&mut self, name: &str) -> Handle<T> {
+        self.opt_t(name)
+            .unwrap_or_else(|| panic!("the call has no buffer `{name}`"))
+    }
+
+    fn f32(&mut self, name: &str) -> Handle<f32> {
+        match self.take(name) {
+            Some(Slice::F32(s)) => s,
+            _ => panic!("the call has no f32 buffer `{name}`"),
+        }
+    }
+
+    fn i32(&mut self, name: &str) -> Handle<i32> {
+        match self.take(name) {
+            Some(Slice::I32(s)) => s,
+            _ => panic!("the call has no i32 buffer `{name}`"),
+        }
+    }
+
+    fn i64(&mut self, name: &str) -> Handle<i64> {
+        match self.take(name) {
+            Some(Slice::I64(s)) => s,
+            _ => panic!("the call has no i64 buffer `{name}`"),
+        }
+    }
+}
+
+/// A handle on `p`'s elements at `ptr` through `stream`, holding `data()` if the call reads it.
+///
+/// # Safety
+/// `ptr` must point at `p.len` elements inside an allocation that outlives every use of the
+/// handle.
+unsafe fn handle<E: liger_rs::cudarc::driver::DeviceRepr>(
+    stream: &Stream,
+    ptr: u64,
+    p: &Placed,
+    data: impl FnOnce() -> Vec<E>,
+) -> Handle<E> {
+    // SAFETY: as the caller promises; `Handle` never frees the memory.
+    let mut slice = Handle(Some(unsafe { stream.upgrade_device_ptr::<E>(ptr, p.len) }));
+    if p.role != Role::Out && p.len > 0 {
+        stream.memcpy_htod(&data(), &mut *slice).expect("upload");
+    }
+    slice
+}
+
+/// The arenas of a call and a handle on each placed buffer; buffers the call reads hold seeded
+/// data (ids: 0 and 1), the others keep the arena's 0xFF bytes.
+fn materialize<T: Dtype>(
+    gpu: &Gpu,
+    placed: &[Placed],
+    size: [usize; 2],
+    seed: u64,
+) -> (Vec<Arena>, Live<T>) {
+    let mut arenas = vec![Arena::new(&gpu.stream, size[0])];
+    if placed.iter().any(|p| p.arena == 1) {
+        let other = gpu.other.as_ref().expect("a second GPU");
+        arenas.push(Arena::new(other, size[1]));
+    }
+    let mut rng = Rng::new(seed);
+    let mut live = Live { slices: Vec::new() };
+    for p in placed {
+        let arena = &arenas[p.arena];
+        let stream = if p.twin { &gpu.twin } else { &arena.stream };
+        let ptr = arena.ptr() + p.start as u64;
+        let n = p.len;
+        // SAFETY: `place` put `p` inside its arena, which outlives `live`.
+        let slice = unsafe {
+            match p.kind {
+                Kind::T => Slice::T(handle(stream, ptr, p, || rng.vec(n, 0.5, 0.25))),
+                Kind::F32 => Slice::F32(handle(stream, ptr, p, || rng.vec(n, 1.0, 0.1))),
+                Kind::I32 => Slice::I32(handle(stream, ptr, p, || {
+                    (0..n as i32).map(|i| i % 2).collect()
+                })),
+                Kind::I64 => Slice::I64(handle(stream, ptr, p, || {
+                    (0..n as i64).map(|i| i % 2).collect()
+                })),
+            }
+        };
+        live.slices.push((p.name, slice));
+    }
+    (arenas, live)
+}
+
+/// Whether `got` is the error `want` describes.
+fn rejected_as(got: &liger_rs::Result<()>, want: Want) -> bool {
+    match (got, want) {
+        (Err(Error::InvalidArgument { arg, expected, .. }), Want::Invalid { arg: a, needle }) => {
+            *arg == a && expected.contains(needle)
+        }
+        (
+            Err(Error::Aliasing { output, other }),
+            Want::Aliasing {
+                output: o,
+                other: t,
+            },
+        ) => *output == o && *other == t,
+        (Err(Error::WrongContext { arg }), Want::WrongContext { arg: a }) => *arg == a,
+        _ => false,
+    }
+}
+
+/// Runs `call` of `op` on dtype `T` and checks it against `want`: rejected as described with
+/// every arena bit for bit as before, or accepted with every output written.
+fn run_row<T: Dtype, O: Op>(gpu: &Gpu, op: O, call: &Call<O::Args>, want: Want, case: &str) {
+    let (placed, size) = place(&call.bufs, size_of::<T>());
+    let seed = case
+        .bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
+    let (arenas, mut live) = materialize::<T>(gpu, &placed, size, seed);
+    let before: Vec<Vec<u8>> = arenas.iter().map(Arena::bytes).collect();
+    let got = op.launch::<T>(&gpu.stream, &call.args, &mut live);
+    let after: Vec<Vec<u8>> = arenas.iter().map(Arena::bytes).collect();
+    match want.renamed(|n| op.rename(n)) {
+        Want::Ok => {
+            assert!(got.is_ok(), "{case}: expected Ok, got {got:?}");
+            for p in placed.iter().filter(|p| p.role != Role::In) {
+                let bytes = p.start..p.start + p.bytes;
+                assert!(
+                    before[p.arena][bytes.clone()] != after[p.arena][bytes],
+                    "{case}: accepted, but `{}` was not written",
+                    op.rename(p.name)
+                );
+            }
+        }
+        want => {
+            assert!(
+                rejected_as(&got, want),
+                "{case}: expected {want:?}, got {got:?}"
+            );
+            assert!(
+                before == after,
+                "{case}: rejected, but the call wrote to its buffers"
+            );
+        }
+    }
+}
+
+/// Every row of every op in `ops` on dtype `T`; without a second GPU, rows with a buffer on
+/// device 1 are left out and added to `skipped` as (op, argument, change).
+fn walk<T: Dtype, O: Op>(
+    gpu: &Gpu,
+    ops: &[O],
+    failures: &mut Failures,
+    skipped: &mut BTreeSet<(&'static str, &'static str, String)>,
+) {
+    for &op in ops {
+        for r in table(op) {
+            let mut call = op.base();
+            (r.change)(&mut call);
+            let arg = op.rename(r.arg);
+            if gpu.other.is_err() && call.bufs.iter().any(|b| matches!(b.at, At::Other)) {
+                skipped.insert((op.name(), arg, r.what));
+                continue;
+            }
+            let case = format!("{} {} `{arg}` {}", T::NAME, op.name(), r.what);
+            failures.run(|| run_row::<T, O>(gpu, op, &call, r.want, &case));
+        }
+    }
+}
+
+/// Walks the tables of `ops` on every dtype.
+fn gpu_walk<O: Op>(test: &str, ops: &[O]) {
+    let Some(gpu) = Gpu::open(test) else {
+        return;
+    };
+    let mut failures = Failures::new(test);
+    let mut skipped = BTreeSet::new();
+    walk::<f32, O>(&gpu, ops, &mut failures, &mut skipped);
+    walk::<f16, O>(&gpu, ops, &mut failures, &mut skipped);
+    walk::<bf16, O>(&gpu, ops, &mut failures, &mut skipped);
+    if let Err(e) = &gpu.other {
+        let names: BTreeSet<String> = skipped
+            .iter()
+            .map(|(op, arg, _)| format!("{op} `{arg}`"))
+            .collect();
+        let names: Vec<String> = names.into_iter().collect();
+        // Straight to stderr: libtest captures print!/eprint! of passing tests.
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIP {test}: {} rows with a buffer from another context need a second GPU ({e}): {}",
+            skipped.len(),
+            names.join(", ")
+        );
+    }
+    failures.finish();
+}
+
+const RMS: [Rms; 3] = [Rms::Forward, Rms::Backward, Rms::BackwardInplace];
+const ROPE: [Rope; 2] = [Rope::Forward, Rope::Backward];
+const SWIGLU: [Swiglu; 6] = [
+    Swiglu::Forward,
+    Swiglu::ForwardFused,
+    Swiglu::Backward,
+    Swiglu::BackwardInplace,
+    Swiglu::BackwardFused,
+    Swiglu::BackwardFusedInplace,
+];
+
+#[test]
+fn gpu_rms_norm_bad_input_never_reaches_a_kernel() {
+    gpu_walk("gpu_rms_norm_bad_input_never_reaches_a_kernel", &RMS);
+}
+
+#[test]
+fn gpu_rope_bad_input_never_reaches_a_kernel() {
+    gpu_walk("gpu_rope_bad_input_never_reaches_a_kernel", &ROPE);
+}
+
+#[test]
+fn gpu_swiglu_bad_input_never_reaches_a_kernel() {
+    gpu_walk("gpu_swiglu_bad_input_never_reaches_a_kernel", &SWIGLU);
+}
+
+// ---------------------------------------------------------------- the tables themselves
+
+/// `field: value` pairs of a struct's `Debug` (flat structs only).
+fn fields(debug: &str) -> Vec<(String, String)> {
+    let inner = debug
+        .split_once(" { ")
+        .and_then(|(_, rest)| rest.strip_suffix(" }"))
+        .unwrap_or_else(|| panic!("not a struct's Debug: {debug}"));
+    inner
+        .split(", ")
+        .map(|kv| {
+            let (k, v) = kv.split_once(": ").expect("field: value");
+            (k.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+/// Checks the tables of `ops` (see the module doc); returns the number of rows.
+fn audit<O: Op>(ops: &[O]) -> usize {
+    let mut total = 0;
+    for &op in ops {
+        let base = op.base();
+        let base_fields = fields(&O::fields(&base.args));
+        let (mut short, mut long, mut changed) =
+            (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
+        let table = table(op);
+        for r in &table {
+            let mut call = op.base();
+            (r.change)(&mut call);
+            let case = format!("{} `{}` {}", op.name(), r.arg, r.what);
+            let now = fields(&O::fields(&call.args));
+            let moved: BTreeSet<&str> = base_fields
+                .iter()
+                .zip(&now)
+                .filter(|(b, n)| b != n)
+                .map(|((f, _), _)| f.as_str())
+                .collect();
+            changed.extend(moved.iter().map(|f| f.to_string()));
+            if let Some(f) = r.arg.strip_prefix("args.") {
+                assert!(moved.contains(f), "{case}: changes {moved:?}, not {f}");
+            }
+            // Rows that change one buffer's length by one and nothing else.
+            let same_buffers =
+                call.bufs.len() == base.bufs.len()
+                    && call.bufs.iter().zip(&base.bufs).all(|(c, b)| {
+                        c.name == b.name && matches!((c.at, b.at), (At::Own, At::Own))
+                    });
+            if call.args == base.args && same_buffers {
+                let deltas: Vec<(&str, isize)> = call
+                    .bufs
+                    .iter()
+                    .zip(&base.bufs)
+                    .filter(|(c, b)| c.len != b.len)
+                    .map(|(c, b)| (c.name, c.len as isize - b.len as isize))
+                    .collect();
+                match (deltas.as_slice(), r.want) {
+                    ([(name, -1)], Want::Invalid { arg, .. }) if arg == *name => {
+                        short.insert(*name);
+                    }
+                    ([(name, 1)], _) => {
+                        long.insert(*name);
+                    }
+                    _ => {}
+                }
+            }
+            // Every name the row expects is an argument of the call.
+            for name in r.want.names() {
+                let known = name == "args"
+                    || name == "position_ids"
+                    || base.bufs.iter().any(|b| b.name == name)
+                    || name
+                        .strip_prefix("args.")
+                        .is_some_and(|f| base_fields.iter().any(|(k, _)| k == f));
+                assert!(known, "{case}: expects `{name}`, which is no argument");
+            }
+            // Device 1 exactly where a wrong context is expected.
+            let others: Vec<&str> = call
+                .bufs
+                .iter()
+                .filter(|b| matches!(b.at, At::Other))
+                .map(|b| b.name)
+                .collect();
+            match r.want {
+                Want::WrongContext { arg } => assert_eq!(others, [arg], "{case}"),
+                _ => assert!(others.is_empty(), "{case}: {others:?} on device 1"),
+            }
+            // Buffers overlap exactly where the row puts one over another, whatever the dtype.
+            let over: BTreeSet<(&str, &str)> = call
+                .bufs
+                .iter()
+                .filter_map(|b| match b.at {
+                    At::Over(onto, _) => Some((b.name.min(onto), b.name.max(onto))),
+                    _ => None,
+                })
+                .collect();
+            for t_size in [2, 4] {
+                let (placed, _) = place(&call.bufs, t_size);
+                assert_eq!(
+                    overlapping(&placed),
+                    over,
+                    "{case}: overlaps ({t_size}-byte T)"
+                );
+            }
+        }
+        for b in &base.bufs {
+            assert!(
+                short.contains(b.name),
+                "{}: no row makes `{}` one short",
+                op.name(),
+                b.name
+            );
+            assert!(
+                long.contains(b.name),
+                "{}: no row makes `{}` one long",
+                op.name(),
+                b.name
+            );
+        }
+        for (f, _) in &base_fields {
+            assert!(
+                changed.contains(f),
+                "{}: no row changes args.{f}",
+                op.name()
+            );
+        }
+        println!("{}: {} rows", op.name(), table.len());
+        total += table.len();
+    }
+    total
+}
+
+#[test]
+fn the_tables_walk_every_argument() {
+    let rows = audit(&RMS) + audit(&ROPE) + audit(&SWIGLU);
+    println!("{rows} rows in all");
+}
