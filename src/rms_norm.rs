@@ -15,6 +15,8 @@ use std::sync::Arc;
 /// Dynamic shared memory of the row kernels: two f32 per warp for the block reductions (the
 /// forward sums its squares plainly and scaled at once).
 const REDUCE_SMEM_BYTES: u32 = 2 * 32 * 4;
+/// Dynamic shared memory a block may use without opting in to more (48 KiB).
+const DEFAULT_SMEM_LIMIT: u32 = 48 * 1024;
 /// Most f32 elements of dW partial rows (256 MiB): very wide rows get fewer, longer-lived
 /// blocks in the backward instead of a larger scratch buffer.
 const DW_PARTIAL_MAX: usize = 1 << 26;
@@ -217,6 +219,43 @@ fn vector_kernel<T: Dtype>(direction: &str, per_thread: usize, mode: CastingMode
     )
 }
 
+/// The backward kernel for `plan` and its dynamic shared memory. With a weight, a vector plan
+/// has two kernels: `_v{K}` keeps each block's dW partial row in registers, `_vs{K}` in shared
+/// memory (`cols` f32 more per block, within the 48 KiB a block gets without opting in; the
+/// register kernels' thread limit keeps vector rows below that anyway); the one with more
+/// resident blocks per SM runs (registers on a tie).
+fn backward_kernel<T: Dtype>(
+    kernels: &Kernels,
+    plan: Plan,
+    args: &RmsNormArgs,
+    weighted: bool,
+) -> Result<(CudaFunction, u32)> {
+    let func = kernels.function(&plan.kernel::<T>("bwd", args.mode))?;
+    let Plan::Vector {
+        per_thread,
+        threads,
+    } = plan
+    else {
+        return Ok((func, REDUCE_SMEM_BYTES));
+    };
+    let smem = REDUCE_SMEM_BYTES as usize + args.cols * 4;
+    if !weighted || smem > DEFAULT_SMEM_LIMIT as usize {
+        return Ok((func, REDUCE_SMEM_BYTES));
+    }
+    let smem = smem as u32;
+    let shared = kernels.function(&format!(
+        "rms_norm_bwd_vs{per_thread}_{}_{}",
+        T::NAME,
+        args.mode.name()
+    ))?;
+    let in_registers = kernels.resident_blocks(&func, threads, REDUCE_SMEM_BYTES)?;
+    if kernels.resident_blocks(&shared, threads, smem)? > in_registers {
+        Ok((shared, smem))
+    } else {
+        Ok((func, REDUCE_SMEM_BYTES))
+    }
+}
+
 /// Blocks for a grid-stride row loop: as many as can be resident at once (SMs × blocks per SM
 /// at `threads` per block), at most one per row. The kernels prefetch a block's next row while
 /// finishing the current one, so a resident grid keeps two rows per block in flight.
@@ -353,8 +392,8 @@ pub fn rms_norm_forward<T: Dtype>(
 ///
 /// `dy` is read at `y_stride`, `x` at `x_stride`; `rstd` is the forward's output. dW is
 /// reduced on the GPU in f32 without a rows × cols temporary: each block accumulates its rows
-/// into one partial row, then a second launch sums the partial rows in a fixed order
-/// (deterministic). That scratch (`blocks × cols` f32, blocks ≤ SMs × resident blocks per SM
+/// into one partial row (in registers or, where that fits more blocks on an SM, in shared
+/// memory), then a second launch sums the partial rows in a fixed order (deterministic). That scratch (`blocks × cols` f32, blocks ≤ SMs × resident blocks per SM
 /// and ≤ max(1, 2²⁶ / cols), so at most 256 MiB for rows of up to 2²⁶ columns)
 /// is allocated stream-ordered on `stream` per call and freed when the call returns.
 /// Outputs must not overlap inputs; use [`rms_norm_backward_inplace`] to write `dx` over `dy`.
@@ -492,9 +531,10 @@ fn backward<T: Dtype>(
         BWD_PER_THREAD,
         |k| capacity(&kernels, &vector_kernel::<T>("bwd", k, args.mode)),
     )?;
-    let func = kernels.function(&plan.kernel::<T>("bwd", args.mode))?;
     let threads = plan.threads();
-    let mut grid = resident_grid(&kernels, &func, threads, args.rows)? as usize;
+    let (func, smem) = backward_kernel::<T>(&kernels, plan, args, dw_ptr != 0)?;
+    let resident = kernels.resident_blocks(&func, threads, smem)?;
+    let mut grid = args.rows.min(resident).min(i32::MAX as usize);
     if dw_ptr != 0 {
         grid = grid.min((DW_PARTIAL_MAX / args.cols).max(1));
     }
@@ -531,7 +571,7 @@ fn backward<T: Dtype>(
     let cfg = LaunchConfig {
         grid_dim: (grid as u32, 1, 1),
         block_dim: (threads, 1, 1),
-        shared_mem_bytes: REDUCE_SMEM_BYTES,
+        shared_mem_bytes: smem,
     };
     // SAFETY: argument order and types match `rms_norm_kernels!`; buffers were checked above,
     // the partial buffer holds `grid × cols` f32.

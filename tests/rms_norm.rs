@@ -164,9 +164,9 @@ fn reference_backward_matches_finite_differences() {
 // ---------------------------------------------------------------- GPU vs reference
 
 /// (rows, cols): 1×1, odd and prime widths, just above powers of two, the 65536 widest
-/// one-pass row and wider rows (chunked), Llama widths, and row counts that are multiples of
-/// nothing in particular.
-const SHAPES: [(usize, usize); 24] = [
+/// one-pass row and wider rows (chunked), Llama widths and 16384, and row counts that are
+/// multiples of nothing in particular.
+const SHAPES: [(usize, usize); 25] = [
     (1, 1),
     (3, 1),
     (1, 3),
@@ -185,6 +185,7 @@ const SHAPES: [(usize, usize); 24] = [
     (17, 8193),
     (5, 11008),
     (4, 16385),
+    (3, 16384),
     (2, 32769),
     (2, 65536),
     (1, 65537),
@@ -209,7 +210,10 @@ fn ulps<T: Element>(mode: CastingMode) -> [f64; 3] {
     }
     let f32_ulps_in_t = 2f64.powi(T::MANTISSA_DIGITS as i32 - 24);
     match mode {
-        CastingMode::None => [3.0, 1.0, 2.0],
+        // none: the mean is rounded to T from an f32 sum; when that sum sits next to a
+        // rounding boundary of T the mean may round the other way than the f64 one (1 ulp),
+        // which √ and 1/x carry into rstd as up to 2 ulps of T (seen: f16, 1000×64).
+        CastingMode::None => [3.0, 2.0, 2.0],
         _ => [2.0, 8.0 * f32_ulps_in_t, 2.0],
     }
 }

@@ -14,7 +14,8 @@
 //! of the lanes per vector, aligned pointers and strides): thread `t` owns vectors
 //! `t, t + nt, …, t + (K − 1)·nt` of every row and keeps them in registers, so `x` (and `dy`) is
 //! read once with 16-byte loads. The vector backward is persistent: each block keeps its dW
-//! partial in registers across all its rows and writes it once at the end.
+//! partial row in registers (`_v{K}`) or shared memory (`_vs{K}`, see `backward_vec`) across
+//! all its rows and writes it once at the end.
 use crate::{
     Bf16, Elem, V16, block_dim, block_dim_y, block_idx, block_sum, block_sum2, fma, grid_dim,
     lanes, mode, sqrt, sync_threads, thread_idx, thread_idx_y, unroll,
@@ -291,8 +292,14 @@ unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize>(
     }
 }
 
+/// The vector backward. Its dW partial row lives in registers (`SMEM_DW = false`: `K × 8`
+/// f32 per thread) or in shared memory after the 64 reduction slots (`SMEM_DW = true`: `cols`
+/// f32 per block; each thread owns the columns of its vectors, so no barrier guards them).
+/// Shared memory frees those registers, which raises the resident blocks of some shapes (bf16
+/// 4096: 2 → 3 per SM) and costs a shared-memory round trip per element; the host picks the
+/// variant with more resident blocks.
 #[inline(always)]
-unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize>(
+unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: bool>(
     dy: *const T,
     dy_stride: usize,
     x: *const T,
@@ -310,15 +317,28 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize>(
     let vecs = cols / T::LANES;
     let has_w = !w.is_null();
     // Without a weight, w = 1 and offset = 0 give m = dy exactly in every mode, with no
-    // per-element test (the dW accumulators are then computed and not written).
+    // per-element test (the dW sums are then computed and not written).
     let ones = T::pack(&[1.0; 8]);
     let offset = if has_w { offset } else { 0.0 };
     let mut dw_acc = [[0.0f32; 8]; K];
+    let dw_s = unsafe { core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>().add(64) };
+    // This thread's slots (8 f32: two vectors of 4) for its `k`-th vector's columns.
+    let own = |k: usize| unsafe { dw_s.add((tid + k * nt) * T::LANES) } as *mut V16;
+    if SMEM_DW && has_w {
+        unroll::<K>(|k| {
+            if tid + k * nt < vecs {
+                unsafe { V16::ZERO.store(own(k)) };
+                if T::LANES == 8 {
+                    unsafe { V16::ZERO.store(own(k).add(1)) };
+                }
+            }
+        });
+    }
     let mut row = block_idx();
     while row < rows {
         let gv = unsafe { load_row::<K>(dy.add(row * dy_stride) as *const V16, vecs) };
         let xv = unsafe { load_row::<K>(x.add(row * x_stride) as *const V16, vecs) };
-        // w is re-read every row (an L1 hit) rather than held: registers go to dW instead.
+        // w is re-read every row (an L1 hit) rather than held in registers.
         let wv = if has_w {
             unsafe { load_row::<K>(w as *const V16, vecs) }
         } else {
@@ -334,13 +354,38 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize>(
         let mut acc = 0.0f32;
         unroll::<K>(|k| {
             let mut m = [0.0f32; 8];
+            let in_smem = SMEM_DW && has_w && tid + k * nt < vecs;
+            let (lo, hi) = match in_smem {
+                true => unsafe {
+                    let hi = if T::LANES == 8 {
+                        V16::load(own(k).add(1))
+                    } else {
+                        V16::ZERO
+                    };
+                    (V16::load(own(k)), hi)
+                },
+                false => (V16::ZERO, V16::ZERO),
+            };
             lanes::<T>(|i| {
                 let (g, h) = (T::lane(&gv[k], i), T::lane(&xv[k], i) * r);
                 m[i] = scaled_grad::<T, MODE>(g, wc(k, i), offset);
                 acc = fma(m[i], h, acc);
                 let normed = if MODE == mode::LLAMA { T::round(h) } else { h };
-                dw_acc[k][i] = fma(g, normed, dw_acc[k][i]);
+                let old = match (SMEM_DW, i < 4) {
+                    (false, _) => dw_acc[k][i],
+                    (true, true) => f32::lane(&lo, i),
+                    (true, false) => f32::lane(&hi, i - 4),
+                };
+                dw_acc[k][i] = fma(g, normed, old);
             });
+            if in_smem {
+                let d = &dw_acc[k];
+                unsafe { f32::pack(d).store(own(k)) };
+                if T::LANES == 8 {
+                    let d_hi = [d[4], d[5], d[6], d[7], 0.0, 0.0, 0.0, 0.0];
+                    unsafe { f32::pack(&d_hi).store(own(k).add(1)) };
+                }
+            }
             if packed_m {
                 mv[k] = T::pack(&m);
             }
@@ -370,12 +415,23 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize>(
             let j = tid + k * nt;
             if j < vecs {
                 let p = unsafe { part.add(j * T::LANES) } as *mut V16;
-                let acc = &dw_acc[k];
-                let lo = [acc[0], acc[1], acc[2], acc[3], 0.0, 0.0, 0.0, 0.0];
-                unsafe { f32::pack(&lo).store(p) };
+                let (lo, hi) = if SMEM_DW {
+                    let hi = if T::LANES == 8 {
+                        unsafe { V16::load(own(k).add(1)) }
+                    } else {
+                        V16::ZERO
+                    };
+                    (unsafe { V16::load(own(k)) }, hi)
+                } else {
+                    let a = &dw_acc[k];
+                    (
+                        f32::pack(&[a[0], a[1], a[2], a[3], 0.0, 0.0, 0.0, 0.0]),
+                        f32::pack(&[a[4], a[5], a[6], a[7], 0.0, 0.0, 0.0, 0.0]),
+                    )
+                };
+                unsafe { lo.store(p) };
                 if T::LANES == 8 {
-                    let hi = [acc[4], acc[5], acc[6], acc[7], 0.0, 0.0, 0.0, 0.0];
-                    unsafe { f32::pack(&hi).store(p.add(1)) };
+                    unsafe { hi.store(p.add(1)) };
                 }
             }
         });
@@ -577,12 +633,17 @@ dw_reduce_kernel!(Bf16, rms_norm_dw_reduce_bf16);
 /// The vector kernels of one dtype and mode: forward with 1, 2, 4 vectors per thread,
 /// backward with 1 and 2 (its dW accumulators need the registers).
 macro_rules! rms_norm_vec_family {
-    ($ty:ty, $mode:expr, $f1:ident, $b1:ident, $f2:ident, $b2:ident, $f4:ident) => {
+    (
+        $ty:ty, $mode:expr, $f1:ident, $b1:ident, $s1:ident, $f2:ident, $b2:ident, $s2:ident,
+        $f4:ident
+    ) => {
         rms_norm_vec_family!(@fwd $ty, $mode, $f1, 1);
         rms_norm_vec_family!(@fwd $ty, $mode, $f2, 2);
         rms_norm_vec_family!(@fwd $ty, $mode, $f4, 4);
-        rms_norm_vec_family!(@bwd $ty, $mode, $b1, 1);
-        rms_norm_vec_family!(@bwd $ty, $mode, $b2, 2);
+        rms_norm_vec_family!(@bwd $ty, $mode, $b1, 1, false);
+        rms_norm_vec_family!(@bwd $ty, $mode, $b2, 2, false);
+        rms_norm_vec_family!(@bwd $ty, $mode, $s1, 1, true);
+        rms_norm_vec_family!(@bwd $ty, $mode, $s2, 2, true);
     };
     (@fwd $ty:ty, $mode:expr, $name:ident, $k:literal) => {
         fwd_entry!(
@@ -593,12 +654,12 @@ macro_rules! rms_norm_vec_family {
             "As the scalar forward, and every row of `x` and `y` and `w` start 16-byte aligned with `cols` a multiple of the lanes per vector."
         );
     };
-    (@bwd $ty:ty, $mode:expr, $name:ident, $k:literal) => {
+    (@bwd $ty:ty, $mode:expr, $name:ident, $k:literal, $smem:literal) => {
         bwd_entry!(
             $name,
             $ty,
-            backward_vec::<$ty, { $mode }, $k>,
-            "Vectorised persistent RMSNorm backward (see the module docs).",
+            backward_vec::<$ty, { $mode }, $k, $smem>,
+            "Vectorised persistent RMSNorm backward (see `backward_vec`; `_vs`: dW in shared memory).",
             "As the scalar backward, with the forward's alignment rules for `dy`, `x`, `w`, `dx`."
         );
     };
@@ -609,8 +670,10 @@ rms_norm_vec_family!(
     mode::LLAMA,
     rms_norm_fwd_v1_f32_llama,
     rms_norm_bwd_v1_f32_llama,
+    rms_norm_bwd_vs1_f32_llama,
     rms_norm_fwd_v2_f32_llama,
     rms_norm_bwd_v2_f32_llama,
+    rms_norm_bwd_vs2_f32_llama,
     rms_norm_fwd_v4_f32_llama
 );
 rms_norm_vec_family!(
@@ -618,8 +681,10 @@ rms_norm_vec_family!(
     mode::GEMMA,
     rms_norm_fwd_v1_f32_gemma,
     rms_norm_bwd_v1_f32_gemma,
+    rms_norm_bwd_vs1_f32_gemma,
     rms_norm_fwd_v2_f32_gemma,
     rms_norm_bwd_v2_f32_gemma,
+    rms_norm_bwd_vs2_f32_gemma,
     rms_norm_fwd_v4_f32_gemma
 );
 rms_norm_vec_family!(
@@ -627,8 +692,10 @@ rms_norm_vec_family!(
     mode::NONE,
     rms_norm_fwd_v1_f32_none,
     rms_norm_bwd_v1_f32_none,
+    rms_norm_bwd_vs1_f32_none,
     rms_norm_fwd_v2_f32_none,
     rms_norm_bwd_v2_f32_none,
+    rms_norm_bwd_vs2_f32_none,
     rms_norm_fwd_v4_f32_none
 );
 rms_norm_vec_family!(
@@ -636,8 +703,10 @@ rms_norm_vec_family!(
     mode::LLAMA,
     rms_norm_fwd_v1_f16_llama,
     rms_norm_bwd_v1_f16_llama,
+    rms_norm_bwd_vs1_f16_llama,
     rms_norm_fwd_v2_f16_llama,
     rms_norm_bwd_v2_f16_llama,
+    rms_norm_bwd_vs2_f16_llama,
     rms_norm_fwd_v4_f16_llama
 );
 rms_norm_vec_family!(
@@ -645,8 +714,10 @@ rms_norm_vec_family!(
     mode::GEMMA,
     rms_norm_fwd_v1_f16_gemma,
     rms_norm_bwd_v1_f16_gemma,
+    rms_norm_bwd_vs1_f16_gemma,
     rms_norm_fwd_v2_f16_gemma,
     rms_norm_bwd_v2_f16_gemma,
+    rms_norm_bwd_vs2_f16_gemma,
     rms_norm_fwd_v4_f16_gemma
 );
 rms_norm_vec_family!(
@@ -654,8 +725,10 @@ rms_norm_vec_family!(
     mode::NONE,
     rms_norm_fwd_v1_f16_none,
     rms_norm_bwd_v1_f16_none,
+    rms_norm_bwd_vs1_f16_none,
     rms_norm_fwd_v2_f16_none,
     rms_norm_bwd_v2_f16_none,
+    rms_norm_bwd_vs2_f16_none,
     rms_norm_fwd_v4_f16_none
 );
 rms_norm_vec_family!(
@@ -663,8 +736,10 @@ rms_norm_vec_family!(
     mode::LLAMA,
     rms_norm_fwd_v1_bf16_llama,
     rms_norm_bwd_v1_bf16_llama,
+    rms_norm_bwd_vs1_bf16_llama,
     rms_norm_fwd_v2_bf16_llama,
     rms_norm_bwd_v2_bf16_llama,
+    rms_norm_bwd_vs2_bf16_llama,
     rms_norm_fwd_v4_bf16_llama
 );
 rms_norm_vec_family!(
@@ -672,8 +747,10 @@ rms_norm_vec_family!(
     mode::GEMMA,
     rms_norm_fwd_v1_bf16_gemma,
     rms_norm_bwd_v1_bf16_gemma,
+    rms_norm_bwd_vs1_bf16_gemma,
     rms_norm_fwd_v2_bf16_gemma,
     rms_norm_bwd_v2_bf16_gemma,
+    rms_norm_bwd_vs2_bf16_gemma,
     rms_norm_fwd_v4_bf16_gemma
 );
 rms_norm_vec_family!(
@@ -681,7 +758,9 @@ rms_norm_vec_family!(
     mode::NONE,
     rms_norm_fwd_v1_bf16_none,
     rms_norm_bwd_v1_bf16_none,
+    rms_norm_bwd_vs1_bf16_none,
     rms_norm_fwd_v2_bf16_none,
     rms_norm_bwd_v2_bf16_none,
+    rms_norm_bwd_vs2_bf16_none,
     rms_norm_fwd_v4_bf16_none
 );
