@@ -1,6 +1,6 @@
 //! Cross-op guarantees: thread safety of the public types, bitwise determinism of every op
-//! (dW included), every op driven from several threads on several streams at once, and on two
-//! GPUs at once (skipped with one GPU).
+//! (dW included), every op driven from several threads on several streams at once and on two
+//! GPUs at once (skipped with one GPU), and no panic without a driver or GPU.
 mod common;
 
 use common::{Rng, download, gpu, upload};
@@ -8,7 +8,7 @@ use half::bf16;
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream};
 use liger_rs::reference::{self, rope::CosSinRows};
 use liger_rs::{
-    CastingMode, CosSinLayout, RmsNormArgs, RopeArgs, SwigluArgs, rms_norm_backward,
+    CastingMode, CosSinLayout, Error, RmsNormArgs, RopeArgs, SwigluArgs, rms_norm_backward,
     rms_norm_forward, rope_backward, rope_forward, swiglu_backward, swiglu_forward,
 };
 use std::io::Write;
@@ -291,4 +291,25 @@ fn gpu_two_devices_at_once() {
             scope.spawn(move || worker(s, 10 + id as u64));
         }
     });
+}
+
+/// On a machine without a driver or GPU (CI) opening a device is an error, never a panic:
+/// every launcher needs a stream, and a stream only comes from an opened context.
+#[test]
+fn no_driver_is_an_error_not_a_panic() {
+    match liger_rs::cuda_context(0) {
+        Ok(_) => println!("a GPU is present: cuda_context(0) succeeded"),
+        Err(e @ (Error::NoDriver | Error::NoDevice { .. } | Error::Driver(_))) => {
+            println!("no GPU, as an error: {e}")
+        }
+        Err(e) => panic!("unexpected error kind: {e:?}"),
+    }
+    let e = liger_rs::cuda_context(usize::MAX).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::NoDriver | Error::NoDevice { .. } | Error::Driver(_)
+        ),
+        "{e:?}"
+    );
 }
