@@ -82,7 +82,9 @@ pub(crate) fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
 /// Opens device `ordinal` (its primary context), or explains why it cannot.
 ///
 /// Unlike `CudaContext::new`, this never panics when the driver library is missing: it returns
-/// [`Error::NoDriver`]; a missing device is [`Error::NoDevice`].
+/// [`Error::NoDriver`]; a missing device is [`Error::NoDevice`]. (With the `candle` feature
+/// the driver library is linked, as candle-core has cudarc link it, so a program without it
+/// does not start and [`Error::NoDriver`] does not occur.)
 ///
 /// ```no_run
 /// let ctx = liger_rs::cuda_context(0)?;
@@ -91,6 +93,7 @@ pub(crate) fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
 /// ```
 pub fn cuda_context(ordinal: usize) -> Result<Arc<CudaContext>> {
     // SAFETY: only tries to dlopen the driver library.
+    #[cfg(not(feature = "candle"))]
     if !unsafe { sys::is_culib_present() } {
         return Err(Error::NoDriver);
     }
