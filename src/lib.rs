@@ -57,6 +57,8 @@
 //!   kernels otherwise, so any shape and alignment works.
 #![warn(missing_docs)]
 
+#[cfg(feature = "candle")]
+pub mod candle;
 mod dtype;
 mod error;
 mod launch;
@@ -68,6 +70,8 @@ mod rope;
 mod settings;
 mod swiglu;
 
+#[cfg(feature = "candle")]
+pub use candle_core;
 pub use cudarc;
 pub use dtype::Dtype;
 pub use error::{Error, Result};
