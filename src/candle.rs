@@ -13,7 +13,10 @@
 //!   a backward, so `loss.backward()` runs this crate's backward kernels. An op holds what its
 //!   backward needs (RMSNorm: the forward's `rstd`; RoPE: `cos`, `sin` and the position ids)
 //!   for as long as the graph holds the op. On inputs that track no gradient they are plain
-//!   forward calls.
+//!   forward calls. The op types stay private: each function checks shapes and dtypes in
+//!   candle's terms first and builds a fresh op per call (an op's saved state belongs to one
+//!   forward). A custom op has one output, so [`rope`] rotates q and k into one `[q | k]`
+//!   buffer and returns two views of it.
 //! * Explicit: [`rms_norm_forward`] (which also returns `rstd`), [`rms_norm_backward`],
 //!   [`rope_backward`], [`swiglu_backward`] and [`swiglu_fused_backward`] return new tensors
 //!   and build no graph, for code that keeps its own gradients.
@@ -25,7 +28,12 @@
 //! leading dims are rows.
 //!
 //! **Dtypes**: f32, f16 and bf16; every tensor of one call has the same dtype, except `rstd`
-//! (f32) and RoPE position ids (i64 or i32).
+//! (f32) and RoPE position ids (i64 or i32). Empty tensors are an error (CUDA allocates no
+//! empty buffer).
+//!
+//! **Building**: candle-core's `cuda` feature compiles its kernels with nvcc and links cuBLAS,
+//! cuRAND, cudart and the driver, so this feature needs a CUDA toolkit at build time (the
+//! repository's `.ci/cuda-env.sh` installs one from PyPI) and those libraries at run time.
 //!
 //! **Errors.** A tensor on the CPU (or Metal) device, a wrong dtype, or a wrong shape is a
 //! [`candle_core::Error`] naming the op and the tensor. An error of this crate's launchers
