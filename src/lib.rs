@@ -59,6 +59,8 @@
 //!   kernels otherwise, so any shape and alignment works.
 #![warn(missing_docs)]
 
+#[cfg(feature = "candle")]
+pub mod candle;
 mod dtype;
 mod error;
 mod launch;
@@ -70,6 +72,8 @@ mod rope;
 mod settings;
 mod swiglu;
 
+#[cfg(feature = "candle")]
+pub use candle_core;
 pub use cudarc;
 pub use dtype::Dtype;
 pub use error::{Error, Result};

@@ -79,10 +79,31 @@ pub(crate) fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
     Ok(kernels)
 }
 
+/// Whether the CUDA driver library loads under one of the names cudarc loads it by
+/// (`libcuda.so`, `libcuda.so.1`, `nvcuda.dll`). Asked here rather than through cudarc, whose
+/// own check exists only when it loads the driver itself: with cudarc's `dynamic-linking`
+/// (candle-core turns it on) the library is already in the process and this holds.
+fn driver_present() -> bool {
+    use std::env::consts::{DLL_PREFIX, DLL_SUFFIX};
+    ["cuda", "nvcuda"]
+        .iter()
+        .flat_map(|l| {
+            [
+                format!("{DLL_PREFIX}{l}{DLL_SUFFIX}"),
+                format!("{DLL_PREFIX}{l}{DLL_SUFFIX}.1"),
+            ]
+        })
+        // SAFETY: loading the driver library runs only its own initialisers, as cudarc's
+        // loading does; the handle is dropped at once (the library stays if cudarc holds it).
+        .any(|name| unsafe { libloading::Library::new(name) }.is_ok())
+}
+
 /// Opens device `ordinal` (its primary context), or explains why it cannot.
 ///
 /// Unlike `CudaContext::new`, this never panics when the driver library is missing: it returns
-/// [`Error::NoDriver`]; a missing device is [`Error::NoDevice`].
+/// [`Error::NoDriver`]; a missing device is [`Error::NoDevice`]. (With the `candle` feature
+/// the driver library is linked, as candle-core has cudarc link it, so a program without it
+/// does not start and [`Error::NoDriver`] does not occur.)
 ///
 /// ```no_run
 /// let ctx = liger_rs::cuda_context(0)?;
@@ -90,8 +111,7 @@ pub(crate) fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
 /// # Ok::<(), liger_rs::Error>(())
 /// ```
 pub fn cuda_context(ordinal: usize) -> Result<Arc<CudaContext>> {
-    // SAFETY: only tries to dlopen the driver library.
-    if !unsafe { sys::is_culib_present() } {
+    if !driver_present() {
         return Err(Error::NoDriver);
     }
     let count = match CudaContext::device_count() {

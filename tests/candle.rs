@@ -1,0 +1,941 @@
+//! candle interop (feature `candle`): the candle path against the plain API on the same data
+//! and stream (same kernels, so the same numbers), for every op, dtype and layout form, forward,
+//! explicit backward and candle's autograd (GPU); argument errors and CPU tensors (always run).
+#![cfg(feature = "candle")]
+mod common;
+
+use candle_core::{D, DType, Device, Tensor, Var, WithDType};
+use common::Rng;
+use half::{bf16, f16};
+use liger_rs::candle::{
+    RmsNormConfig, SwigluConfig, rms_norm, rms_norm_backward, rms_norm_forward, rope,
+    rope_backward, swiglu, swiglu_backward, swiglu_fused, swiglu_fused_backward,
+};
+use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
+use liger_rs::reference::Element;
+use liger_rs::{CastingMode, CosSinLayout, Dtype, PositionIds, RmsNormArgs, RopeArgs, SwigluArgs};
+use std::io::Write;
+use std::sync::Arc;
+
+type Stream = Arc<CudaStream>;
+
+/// CUDA device 0 as candle opens it, or `None` after printing one line saying why `test` is
+/// skipped.
+fn candle_gpu(test: &str) -> Option<Device> {
+    match Device::new_cuda(0) {
+        Ok(dev) => Some(dev),
+        Err(e) => {
+            let first = e.to_string().lines().next().unwrap_or_default().to_string();
+            let _ = writeln!(std::io::stderr(), "SKIP {test}: no GPU ({first})");
+            None
+        }
+    }
+}
+
+/// The stream candle launches on for `dev`: the plain API runs there too.
+fn stream_of(dev: &Device) -> Stream {
+    match dev {
+        Device::Cuda(d) => d.cuda_stream(),
+        other => panic!("not a CUDA device: {other:?}"),
+    }
+}
+
+/// An element type of this crate's kernels and of candle tensors.
+trait El: Dtype + WithDType {}
+impl<T: Dtype + WithDType> El for T {}
+
+fn host<T: El>(t: &Tensor) -> Vec<f64> {
+    t.flatten_all()
+        .and_then(|t| t.to_vec1::<T>())
+        .expect("download tensor")
+        .into_iter()
+        .map(Element::to_f64)
+        .collect()
+}
+
+fn host_buf<T: El>(stream: &Stream, buf: &CudaSlice<T>) -> Vec<f64> {
+    stream
+        .clone_dtoh(buf)
+        .expect("download buffer")
+        .into_iter()
+        .map(Element::to_f64)
+        .collect()
+}
+
+/// Equal values (−0 equals +0: candle's gradient accumulation adds to zeros), no NaN.
+fn assert_same(what: &str, got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let bad: Vec<String> = got
+        .iter()
+        .zip(want)
+        .enumerate()
+        .filter(|(_, (g, w))| g != w)
+        .take(5)
+        .map(|(i, (g, w))| format!("[{i}] candle {g:e} plain {w:e}"))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "{what}: candle path differs from the plain API: {bad:?}"
+    );
+}
+
+fn upload<T: DeviceRepr>(stream: &Stream, data: &[T]) -> CudaSlice<T> {
+    stream.clone_htod(data).expect("upload")
+}
+
+fn alloc<T: El>(stream: &Stream, n: usize) -> CudaSlice<T> {
+    stream.alloc_zeros::<T>(n).expect("alloc")
+}
+
+fn tensor<T: El>(data: &[T], shape: &[usize], dev: &Device) -> Tensor {
+    Tensor::from_slice(data, shape, dev).expect("tensor")
+}
+
+/// How a `[rows, cols]` input reaches an op.
+#[derive(Clone, Copy, Debug)]
+enum Form {
+    /// A contiguous tensor.
+    Contiguous,
+    /// A contiguous view with a start offset: rows `1..=rows` of a `[rows + 2, cols]` tensor.
+    Offset,
+    /// A non-contiguous view: the transpose of a contiguous `[cols, rows]` tensor.
+    Transposed,
+}
+
+const FORMS: [Form; 3] = [Form::Contiguous, Form::Offset, Form::Transposed];
+
+impl Form {
+    /// The contiguous tensor that [`Form::view`] turns into `data` `[rows, cols]`.
+    fn base<T: El>(
+        self,
+        data: &[T],
+        rows: usize,
+        cols: usize,
+        dev: &Device,
+        rng: &mut Rng,
+    ) -> Tensor {
+        match self {
+            Form::Contiguous => tensor(data, &[rows, cols], dev),
+            Form::Offset => {
+                let mut big = rng.vec::<T>(cols, 0.0, 1.0);
+                big.extend_from_slice(data);
+                big.extend(rng.vec::<T>(cols, 0.0, 1.0));
+                tensor(&big, &[rows + 2, cols], dev)
+            }
+            Form::Transposed => {
+                let t: Vec<T> = (0..cols * rows)
+                    .map(|i| data[(i % rows) * cols + i / rows])
+                    .collect();
+                tensor(&t, &[cols, rows], dev)
+            }
+        }
+    }
+
+    /// The `[rows, cols]` view of a [`Form::base`] tensor (or of its gradient).
+    fn view(self, base: &Tensor, rows: usize) -> Tensor {
+        let t = match self {
+            Form::Contiguous => base.clone(),
+            Form::Offset => base.narrow(0, 1, rows).expect("narrow"),
+            Form::Transposed => base.t().expect("transpose"),
+        };
+        match self {
+            Form::Contiguous => assert!(t.is_contiguous() && t.layout().start_offset() == 0),
+            Form::Offset => assert!(t.is_contiguous() && t.layout().start_offset() > 0),
+            Form::Transposed => assert!(!t.is_contiguous()),
+        }
+        t
+    }
+
+    /// `data` `[rows, cols]` as a tensor of this form.
+    fn tensor<T: El>(
+        self,
+        data: &[T],
+        rows: usize,
+        cols: usize,
+        dev: &Device,
+        rng: &mut Rng,
+    ) -> Tensor {
+        self.view(&self.base(data, rows, cols, dev, rng), rows)
+    }
+
+    /// `data` `[rows, cols]` as a tensor of this form computed from a variable, and that
+    /// variable (its gradient goes through [`Form::view`] too).
+    fn var<T: El>(
+        self,
+        data: &[T],
+        rows: usize,
+        cols: usize,
+        dev: &Device,
+        rng: &mut Rng,
+    ) -> (Var, Tensor) {
+        let v = Var::from_tensor(&self.base(data, rows, cols, dev, rng)).expect("var");
+        let t = self.view(v.as_tensor(), rows);
+        (v, t)
+    }
+}
+
+/// The gradient of `v` seen through `form` (`[rows, cols]`).
+fn grad_of(grads: &candle_core::backprop::GradStore, v: &Var, form: Form, rows: usize) -> Tensor {
+    form.view(grads.get(v).expect("gradient of a variable"), rows)
+}
+
+// ---------------------------------------------------------------- CPU (always run)
+
+fn expect_err<V: std::fmt::Debug>(what: &str, r: candle_core::Result<V>, needles: &[&str]) {
+    match r {
+        Ok(v) => panic!("{what}: expected an error, got {v:?}"),
+        Err(e) => {
+            let msg = e.to_string();
+            for n in needles {
+                assert!(msg.contains(n), "{what}: message {msg:?} lacks {n:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn cpu_tensors_are_an_error_naming_the_op() {
+    let cpu = Device::Cpu;
+    let x = Tensor::ones((2, 8), DType::F32, &cpu).unwrap();
+    let w = Tensor::ones(8, DType::F32, &cpu).unwrap();
+    let rstd = Tensor::ones(2, DType::F32, &cpu).unwrap();
+    let cfg = RmsNormConfig::default();
+    let on_cpu = ["CPU", "CUDA"];
+    for weight in [None, Some(&w)] {
+        expect_err("rms_norm", rms_norm(&x, weight, &cfg), &["rms_norm", "CPU"]);
+        expect_err(
+            "rms_norm_forward",
+            rms_norm_forward(&x, weight, &cfg),
+            &["rms_norm", "`x`", "CPU", "CUDA"],
+        );
+        expect_err(
+            "rms_norm_backward",
+            rms_norm_backward(&x, &x, weight, &rstd, &cfg),
+            &["rms_norm", "CPU", "CUDA"],
+        );
+    }
+
+    let q = Tensor::ones((1, 4, 2, 8), DType::F32, &cpu).unwrap();
+    let k = Tensor::ones((1, 4, 1, 8), DType::F32, &cpu).unwrap();
+    let cos = Tensor::ones((4, 8), DType::F32, &cpu).unwrap();
+    expect_err("rope", rope(&q, &k, &cos, &cos, None), &["rope", "CPU"]);
+    expect_err(
+        "rope_backward",
+        rope_backward(&q, &k, &cos, &cos, None),
+        &["rope", "`dq`", "CPU", "CUDA"],
+    );
+
+    let s = SwigluConfig::default();
+    expect_err("swiglu", swiglu(&x, &x, &s), &["swiglu", "CPU"]);
+    expect_err(
+        "swiglu_backward",
+        swiglu_backward(&x, &x, &x, &s),
+        &["swiglu", "`dc`"],
+    );
+    expect_err(
+        "swiglu_fused",
+        swiglu_fused(&x, &s),
+        &["swiglu_fused", "CPU"],
+    );
+    let dc = Tensor::ones((2, 4), DType::F32, &cpu).unwrap();
+    expect_err(
+        "swiglu_fused_backward",
+        swiglu_fused_backward(&dc, &x, &s),
+        &on_cpu,
+    );
+}
+
+#[test]
+fn bad_shapes_and_dtypes_are_errors_naming_the_tensor() {
+    let cpu = Device::Cpu;
+    let t = |shape: &[usize], dtype| Tensor::zeros(shape, dtype, &cpu).unwrap();
+    let f32 = DType::F32;
+    let cfg = RmsNormConfig::default();
+    let x = t(&[3, 16], f32);
+    expect_err(
+        "weight shape",
+        rms_norm(&x, Some(&t(&[15], f32)), &cfg),
+        &["`weight` must have shape [16]", "[15]"],
+    );
+    expect_err(
+        "weight dtype",
+        rms_norm_forward(&x, Some(&t(&[16], DType::F16)), &cfg),
+        &["F32", "F16"],
+    );
+    expect_err(
+        "rstd length",
+        rms_norm_backward(&x, &x, None, &t(&[2], f32), &cfg),
+        &["`rstd`", "(3)"],
+    );
+    expect_err(
+        "rstd dtype",
+        rms_norm_backward(&x, &x, None, &t(&[3], DType::F16), &cfg),
+        &["`rstd` must be f32"],
+    );
+
+    let q = t(&[2, 5, 4, 8], f32);
+    let k = t(&[2, 5, 2, 8], f32);
+    let cos = t(&[5, 8], f32);
+    expect_err(
+        "q rank",
+        rope(&t(&[10, 4, 8], f32), &k, &cos, &cos, None),
+        &["[batch, seq_len, heads, head_dim]"],
+    );
+    expect_err(
+        "k seq",
+        rope(&q, &t(&[2, 4, 2, 8], f32), &cos, &cos, None),
+        &["must match q"],
+    );
+    expect_err(
+        "cos rows",
+        rope(&q, &k, &t(&[6, 8], f32), &t(&[6, 8], f32), None),
+        &["cos/sin must be", "[6, 8]"],
+    );
+    expect_err(
+        "cos batch",
+        rope(&q, &k, &t(&[3, 5, 8], f32), &t(&[3, 5, 8], f32), None),
+        &["cos/sin must be"],
+    );
+    expect_err(
+        "sin shape",
+        rope(&q, &k, &cos, &t(&[5, 6], f32), None),
+        &["[5, 8]", "[5, 6]"],
+    );
+    expect_err(
+        "ids dtype",
+        rope(&q, &k, &cos, &cos, Some(&t(&[2, 5], DType::U32))),
+        &["position_ids must be i64 or i32 [2, 5]"],
+    );
+    expect_err(
+        "ids shape",
+        rope(&q, &k, &cos, &cos, Some(&t(&[5], DType::I64))),
+        &["position_ids"],
+    );
+
+    let s = SwigluConfig::default();
+    expect_err(
+        "swiglu shapes",
+        swiglu(&x, &t(&[3, 15], f32), &s),
+        &["swiglu", "[3, 15]"],
+    );
+    expect_err(
+        "swiglu dtypes",
+        swiglu(&x, &t(&[3, 16], DType::BF16), &s),
+        &["BF16"],
+    );
+    expect_err(
+        "fused odd width",
+        swiglu_fused(&t(&[3, 15], f32), &s),
+        &["even last dim", "[3, 15]"],
+    );
+    expect_err(
+        "fused dc shape",
+        swiglu_fused_backward(&t(&[3, 16], f32), &x, &s),
+        &["`dc` must be [3, 8]"],
+    );
+}
+
+// ---------------------------------------------------------------- GPU: RMSNorm
+
+fn rms_norm_case<T: El>(
+    dev: &Device,
+    rng: &mut Rng,
+    form: Form,
+    weighted: bool,
+    cfg: RmsNormConfig,
+) {
+    let stream = stream_of(dev);
+    let (rows, cols) = (
+        37,
+        96 + (rng.next_u64() % 4) as usize * 8 + 3 * (form as usize),
+    );
+    let case = format!(
+        "{} {rows}×{cols} {form:?} weight={weighted} {cfg:?}",
+        T::NAME
+    );
+    let x_h: Vec<T> = rng.vec(rows * cols, 0.0, 1.0);
+    let w_h: Vec<T> = rng.vec(cols, 1.0, 0.5);
+    let dy_h: Vec<T> = rng.vec(rows * cols, 0.0, 1.0);
+
+    // Plain API on the same stream.
+    let args = RmsNormArgs::new(rows, cols)
+        .with_eps(cfg.eps)
+        .with_offset(cfg.offset)
+        .with_mode(cfg.mode);
+    let (x_d, w_d, dy_d) = (
+        upload(&stream, &x_h),
+        upload(&stream, &w_h),
+        upload(&stream, &dy_h),
+    );
+    let w_view = w_d.as_view();
+    let w_arg = weighted.then_some(&w_view);
+    let (mut y_d, mut r_d) = (
+        alloc::<T>(&stream, rows * cols),
+        alloc::<f32>(&stream, rows),
+    );
+    liger_rs::rms_norm_forward(&stream, &args, &x_d, w_arg, &mut y_d, &mut r_d).unwrap();
+    let (mut dx_d, mut dw_d) = (alloc::<T>(&stream, rows * cols), alloc::<T>(&stream, cols));
+    let mut dw_view = dw_d.as_view_mut();
+    liger_rs::rms_norm_backward(
+        &stream,
+        &args,
+        &dy_d,
+        &x_d,
+        w_arg,
+        &r_d,
+        &mut dx_d,
+        weighted.then_some(&mut dw_view),
+    )
+    .unwrap();
+    let want_dw = weighted.then(|| host_buf(&stream, &dw_d));
+
+    // candle, explicit.
+    let x = form.tensor(&x_h, rows, cols, dev, rng);
+    let w = tensor(&w_h, &[cols], dev);
+    let weight = weighted.then_some(&w);
+    let (y, rstd) = rms_norm_forward(&x, weight, &cfg).unwrap();
+    assert_eq!(
+        (y.dims(), rstd.dims(), rstd.dtype()),
+        (&[rows, cols][..], &[rows][..], DType::F32)
+    );
+    assert_same(
+        &format!("y, {case}"),
+        &host::<T>(&y),
+        &host_buf(&stream, &y_d),
+    );
+    assert_same(
+        &format!("rstd, {case}"),
+        &host::<f32>(&rstd),
+        &host_buf(&stream, &r_d),
+    );
+    let dy = form.tensor(&dy_h, rows, cols, dev, rng);
+    let (dx, dw) = rms_norm_backward(&dy, &x, weight, &rstd, &cfg).unwrap();
+    assert_same(
+        &format!("dx, {case}"),
+        &host::<T>(&dx),
+        &host_buf(&stream, &dx_d),
+    );
+    assert_eq!(dw.is_some(), weighted, "dw presence, {case}");
+    if let (Some(dw), Some(want)) = (&dw, &want_dw) {
+        assert_same(&format!("dw, {case}"), &host::<T>(dw), want);
+    }
+
+    // candle, autograd: the gradient reaching y is exactly dy.
+    let (xv, x) = form.var(&x_h, rows, cols, dev, rng);
+    let wv = Var::from_tensor(&w).unwrap();
+    let y = rms_norm(&x, weighted.then_some(wv.as_tensor()), &cfg).unwrap();
+    assert_same(
+        &format!("autograd y, {case}"),
+        &host::<T>(&y),
+        &host_buf(&stream, &y_d),
+    );
+    let loss = y
+        .mul(&tensor(&dy_h, &[rows, cols], dev))
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    let grads = loss.backward().unwrap();
+    assert_same(
+        &format!("autograd dx, {case}"),
+        &host::<T>(&grad_of(&grads, &xv, form, rows)),
+        &host_buf(&stream, &dx_d),
+    );
+    match (grads.get(&wv), &want_dw) {
+        (Some(gw), Some(want)) => {
+            assert_same(&format!("autograd dw, {case}"), &host::<T>(gw), want)
+        }
+        (None, None) => {}
+        (got, _) => panic!("autograd dw presence {:?}, {case}", got.is_some()),
+    }
+}
+
+fn rms_norm_sweep<T: El>(test: &str, seed: u64) {
+    let Some(dev) = candle_gpu(test) else { return };
+    let mut rng = Rng::new(seed);
+    let mut n = 0;
+    for mode in CastingMode::ALL {
+        for form in FORMS {
+            for weighted in [true, false] {
+                let offset = if mode == CastingMode::Gemma { 1.0 } else { 0.0 };
+                let cfg = RmsNormConfig {
+                    eps: 1e-5,
+                    offset,
+                    mode,
+                };
+                rms_norm_case::<T>(&dev, &mut rng, form, weighted, cfg);
+                n += 1;
+            }
+        }
+    }
+    println!("{test}: {n} cases equal to the plain API");
+}
+
+#[test]
+fn gpu_rms_norm_matches_plain_api_f32() {
+    rms_norm_sweep::<f32>("gpu_rms_norm_matches_plain_api_f32", 1);
+}
+
+#[test]
+fn gpu_rms_norm_matches_plain_api_f16() {
+    rms_norm_sweep::<f16>("gpu_rms_norm_matches_plain_api_f16", 2);
+}
+
+#[test]
+fn gpu_rms_norm_matches_plain_api_bf16() {
+    rms_norm_sweep::<bf16>("gpu_rms_norm_matches_plain_api_bf16", 3);
+}
+
+// ---------------------------------------------------------------- GPU: RoPE
+
+/// How a RoPE case passes cos/sin.
+#[derive(Clone, Copy, Debug)]
+enum Tables {
+    /// `[S, r]`.
+    PerPosition,
+    /// `[1, S, r]`.
+    Shared,
+    /// `[B, S, r]`.
+    PerBatch,
+    /// `[max_pos, r]` with i64 ids.
+    IdsI64,
+    /// `[max_pos, r]` with i32 ids.
+    IdsI32,
+}
+
+fn cos_sin<T: El>(positions: &[i64], r: usize) -> (Vec<T>, Vec<T>) {
+    let (mut cos, mut sin) = (Vec::new(), Vec::new());
+    for &p in positions {
+        for j in 0..r {
+            let theta = p as f64 * 10000f64.powf(-2.0 * (j % (r / 2)) as f64 / r as f64);
+            cos.push(Element::from_f64(theta.cos()));
+            sin.push(Element::from_f64(theta.sin()));
+        }
+    }
+    (cos, sin)
+}
+
+fn rope_case<T: El>(dev: &Device, rng: &mut Rng, tables: Tables, transposed_q: bool) {
+    let stream = stream_of(dev);
+    let (b, s, hq, hk, d) = (2, 7, 6, 2, 40);
+    let r = if matches!(tables, Tables::PerBatch) {
+        24
+    } else {
+        d
+    };
+    let case = format!("{} {tables:?} transposed_q={transposed_q} r={r}", T::NAME);
+    let args = RopeArgs::new(b, s, hq, hk, d).with_rotary_dim(r);
+    let (q_h, k_h): (Vec<T>, Vec<T>) = (
+        rng.vec(b * s * hq * d, 0.0, 1.0),
+        rng.vec(b * s * hk * d, 0.0, 1.0),
+    );
+    let (dq_h, dk_h): (Vec<T>, Vec<T>) =
+        (rng.vec(q_h.len(), 0.0, 1.0), rng.vec(k_h.len(), 0.0, 1.0));
+    let max_pos = 50;
+    let ids: Vec<i64> = (0..b * s)
+        .map(|_| (rng.next_u64() % max_pos) as i64)
+        .collect();
+    let positions: Vec<i64> = match tables {
+        Tables::PerPosition | Tables::Shared => (0..s as i64).collect(),
+        Tables::PerBatch => (0..(b * s) as i64).map(|i| 3 * i + 1).collect(),
+        Tables::IdsI64 | Tables::IdsI32 => (0..max_pos as i64).collect(),
+    };
+    let (cos_h, sin_h) = cos_sin::<T>(&positions, r);
+    let cs_dims: Vec<usize> = match tables {
+        Tables::PerPosition => vec![s, r],
+        Tables::Shared => vec![1, s, r],
+        Tables::PerBatch => vec![b, s, r],
+        Tables::IdsI64 | Tables::IdsI32 => vec![max_pos as usize, r],
+    };
+
+    // Plain API on the same stream.
+    let (cos_d, sin_d) = (upload(&stream, &cos_h), upload(&stream, &sin_h));
+    let ids64_d = upload(&stream, &ids);
+    let ids32: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+    let ids32_d = upload(&stream, &ids32);
+    let layout = match tables {
+        Tables::PerPosition | Tables::Shared => CosSinLayout::PerPosition,
+        Tables::PerBatch => CosSinLayout::PerBatch,
+        Tables::IdsI64 => CosSinLayout::Gathered(PositionIds::DeviceI64(ids64_d.as_view())),
+        Tables::IdsI32 => CosSinLayout::Gathered(PositionIds::DeviceI32(ids32_d.as_view())),
+    };
+    let (mut q_d, mut k_d) = (upload(&stream, &q_h), upload(&stream, &k_h));
+    liger_rs::rope_forward(&stream, &args, &mut q_d, &mut k_d, &cos_d, &sin_d, &layout).unwrap();
+    let (mut dq_d, mut dk_d) = (upload(&stream, &dq_h), upload(&stream, &dk_h));
+    liger_rs::rope_backward(
+        &stream, &args, &mut dq_d, &mut dk_d, &cos_d, &sin_d, &layout,
+    )
+    .unwrap();
+
+    // candle. With `transposed_q`, q-shaped tensors are [B, H, S, d] contiguous, transposed to
+    // [B, S, H, d] (HF's layout after its transpose): non-contiguous.
+    let q_base = |data: &[T]| {
+        if transposed_q {
+            let mut bhsd = data.to_vec();
+            for (i, &v) in data.iter().enumerate() {
+                let (bi, si, hi, di) = (i / (s * hq * d), i / (hq * d) % s, i / d % hq, i % d);
+                bhsd[((bi * hq + hi) * s + si) * d + di] = v;
+            }
+            tensor(&bhsd, &[b, hq, s, d], dev)
+        } else {
+            tensor(data, &[b, s, hq, d], dev)
+        }
+    };
+    let q_view = |t: &Tensor| {
+        let v = if transposed_q {
+            t.transpose(1, 2).unwrap()
+        } else {
+            t.clone()
+        };
+        assert_eq!(v.is_contiguous(), !transposed_q);
+        v
+    };
+    let qv = Var::from_tensor(&q_base(&q_h)).unwrap();
+    let q = q_view(qv.as_tensor());
+    let k = tensor(&k_h, &[b, s, hk, d], dev);
+    let (cos, sin) = (tensor(&cos_h, &cs_dims, dev), tensor(&sin_h, &cs_dims, dev));
+    let ids_t = match tables {
+        Tables::IdsI64 => Some(Tensor::from_slice(&ids, (b, s), dev).unwrap()),
+        Tables::IdsI32 => Some(Tensor::from_slice(&ids32, (b, s), dev).unwrap()),
+        _ => None,
+    };
+    let kv = Var::from_tensor(&k).unwrap();
+    let (qr, kr) = rope(&q, kv.as_tensor(), &cos, &sin, ids_t.as_ref()).unwrap();
+    assert_eq!(
+        (qr.dims(), kr.dims()),
+        (&[b, s, hq, d][..], &[b, s, hk, d][..])
+    );
+    assert_same(
+        &format!("q, {case}"),
+        &host::<T>(&qr),
+        &host_buf(&stream, &q_d),
+    );
+    assert_same(
+        &format!("k, {case}"),
+        &host::<T>(&kr),
+        &host_buf(&stream, &k_d),
+    );
+    // The inputs are unchanged.
+    assert_same(
+        &format!("q input, {case}"),
+        &host::<T>(&q),
+        &q_h.iter().map(|&v| Element::to_f64(v)).collect::<Vec<_>>(),
+    );
+
+    let (dq, dk) = (q_view(&q_base(&dq_h)), tensor(&dk_h, &[b, s, hk, d], dev));
+    let (gq, gk) = rope_backward(&dq, &dk, &cos, &sin, ids_t.as_ref()).unwrap();
+    assert_same(
+        &format!("dq, {case}"),
+        &host::<T>(&gq),
+        &host_buf(&stream, &dq_d),
+    );
+    assert_same(
+        &format!("dk, {case}"),
+        &host::<T>(&gk),
+        &host_buf(&stream, &dk_d),
+    );
+
+    let loss = qr
+        .mul(&dq)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .add(&kr.mul(&dk).unwrap().sum_all().unwrap())
+        .unwrap();
+    let grads = loss.backward().unwrap();
+    assert_same(
+        &format!("autograd dq, {case}"),
+        &host::<T>(&q_view(grads.get(&qv).expect("grad q"))),
+        &host_buf(&stream, &dq_d),
+    );
+    assert_same(
+        &format!("autograd dk, {case}"),
+        &host::<T>(grads.get(&kv).expect("grad k")),
+        &host_buf(&stream, &dk_d),
+    );
+}
+
+fn rope_sweep<T: El>(test: &str, seed: u64) {
+    let Some(dev) = candle_gpu(test) else { return };
+    let mut rng = Rng::new(seed);
+    let mut n = 0;
+    for tables in [
+        Tables::PerPosition,
+        Tables::Shared,
+        Tables::PerBatch,
+        Tables::IdsI64,
+        Tables::IdsI32,
+    ] {
+        for transposed_q in [false, true] {
+            rope_case::<T>(&dev, &mut rng, tables, transposed_q);
+            n += 1;
+        }
+    }
+    println!("{test}: {n} cases equal to the plain API");
+}
+
+#[test]
+fn gpu_rope_matches_plain_api_f32() {
+    rope_sweep::<f32>("gpu_rope_matches_plain_api_f32", 11);
+}
+
+#[test]
+fn gpu_rope_matches_plain_api_f16() {
+    rope_sweep::<f16>("gpu_rope_matches_plain_api_f16", 12);
+}
+
+#[test]
+fn gpu_rope_matches_plain_api_bf16() {
+    rope_sweep::<bf16>("gpu_rope_matches_plain_api_bf16", 13);
+}
+
+// ---------------------------------------------------------------- GPU: SwiGLU
+
+fn swiglu_case<T: El>(dev: &Device, rng: &mut Rng, form: Form, fused: bool, cfg: SwigluConfig) {
+    let stream = stream_of(dev);
+    let (rows, cols) = (29, 64 + (rng.next_u64() % 4) as usize * 8 + form as usize);
+    let case = format!("{} {rows}×{cols} {form:?} fused={fused} {cfg:?}", T::NAME);
+    let (a_h, b_h, dc_h): (Vec<T>, Vec<T>, Vec<T>) = (
+        rng.vec(rows * cols, 0.0, 2.0),
+        rng.vec(rows * cols, 0.0, 1.0),
+        rng.vec(rows * cols, 0.0, 1.0),
+    );
+    let dc_d = upload(&stream, &dc_h);
+    let n = rows * cols;
+    let mut c_d = alloc::<T>(&stream, n);
+    let s_args = SwigluArgs::new(rows, cols)
+        .with_gate_multiplier(cfg.gate_multiplier)
+        .with_down_multiplier(cfg.down_multiplier);
+    let f_args = SwigluArgs::fused(rows, cols)
+        .with_gate_multiplier(cfg.gate_multiplier)
+        .with_down_multiplier(cfg.down_multiplier);
+    if fused {
+        let gu_h: Vec<T> = (0..rows)
+            .flat_map(|i| {
+                a_h[i * cols..(i + 1) * cols]
+                    .iter()
+                    .chain(&b_h[i * cols..(i + 1) * cols])
+                    .copied()
+            })
+            .collect();
+        let gu_d = upload(&stream, &gu_h);
+        liger_rs::swiglu_forward_fused(&stream, &f_args, &gu_d, &mut c_d).unwrap();
+        let mut d_d = alloc::<T>(&stream, 2 * n);
+        liger_rs::swiglu_backward_fused(&stream, &f_args, &dc_d, &gu_d, &mut d_d).unwrap();
+
+        let gu = form.tensor(&gu_h, rows, 2 * cols, dev, rng);
+        let dc = form.tensor(&dc_h, rows, cols, dev, rng);
+        let (gv, gu_var) = form.var(&gu_h, rows, 2 * cols, dev, rng);
+        let c = swiglu_fused(&gu_var, &cfg).unwrap();
+        assert_eq!(c.dims(), &[rows, cols]);
+        assert_same(
+            &format!("c, {case}"),
+            &host::<T>(&c),
+            &host_buf(&stream, &c_d),
+        );
+        let d = swiglu_fused_backward(&dc, &gu, &cfg).unwrap();
+        assert_same(
+            &format!("d_gate_up, {case}"),
+            &host::<T>(&d),
+            &host_buf(&stream, &d_d),
+        );
+        let grads = c.mul(&dc).unwrap().sum_all().unwrap().backward().unwrap();
+        assert_same(
+            &format!("autograd d_gate_up, {case}"),
+            &host::<T>(&grad_of(&grads, &gv, form, rows)),
+            &host_buf(&stream, &d_d),
+        );
+    } else {
+        let (a_d, b_d) = (upload(&stream, &a_h), upload(&stream, &b_h));
+        liger_rs::swiglu_forward(&stream, &s_args, &a_d, &b_d, &mut c_d).unwrap();
+        let (mut da_d, mut db_d) = (alloc::<T>(&stream, n), alloc::<T>(&stream, n));
+        liger_rs::swiglu_backward(&stream, &s_args, &dc_d, &a_d, &b_d, &mut da_d, &mut db_d)
+            .unwrap();
+
+        let a = form.tensor(&a_h, rows, cols, dev, rng);
+        let b = form.tensor(&b_h, rows, cols, dev, rng);
+        let dc = form.tensor(&dc_h, rows, cols, dev, rng);
+        let (av, a_var) = form.var(&a_h, rows, cols, dev, rng);
+        let (bv, b_var) = form.var(&b_h, rows, cols, dev, rng);
+        let c = swiglu(&a_var, &b_var, &cfg).unwrap();
+        assert_same(
+            &format!("c, {case}"),
+            &host::<T>(&c),
+            &host_buf(&stream, &c_d),
+        );
+        let (da, db) = swiglu_backward(&dc, &a, &b, &cfg).unwrap();
+        assert_same(
+            &format!("da, {case}"),
+            &host::<T>(&da),
+            &host_buf(&stream, &da_d),
+        );
+        assert_same(
+            &format!("db, {case}"),
+            &host::<T>(&db),
+            &host_buf(&stream, &db_d),
+        );
+        let grads = c.mul(&dc).unwrap().sum_all().unwrap().backward().unwrap();
+        assert_same(
+            &format!("autograd da, {case}"),
+            &host::<T>(&grad_of(&grads, &av, form, rows)),
+            &host_buf(&stream, &da_d),
+        );
+        assert_same(
+            &format!("autograd db, {case}"),
+            &host::<T>(&grad_of(&grads, &bv, form, rows)),
+            &host_buf(&stream, &db_d),
+        );
+    }
+}
+
+fn swiglu_sweep<T: El>(test: &str, seed: u64) {
+    let Some(dev) = candle_gpu(test) else { return };
+    let mut rng = Rng::new(seed);
+    let mut n = 0;
+    for form in FORMS {
+        for fused in [false, true] {
+            for cfg in [
+                SwigluConfig::default(),
+                SwigluConfig {
+                    gate_multiplier: 0.75,
+                    down_multiplier: 1.5,
+                },
+            ] {
+                swiglu_case::<T>(&dev, &mut rng, form, fused, cfg);
+                n += 1;
+            }
+        }
+    }
+    println!("{test}: {n} cases equal to the plain API");
+}
+
+#[test]
+fn gpu_swiglu_matches_plain_api_f32() {
+    swiglu_sweep::<f32>("gpu_swiglu_matches_plain_api_f32", 21);
+}
+
+#[test]
+fn gpu_swiglu_matches_plain_api_f16() {
+    swiglu_sweep::<f16>("gpu_swiglu_matches_plain_api_f16", 22);
+}
+
+#[test]
+fn gpu_swiglu_matches_plain_api_bf16() {
+    swiglu_sweep::<bf16>("gpu_swiglu_matches_plain_api_bf16", 23);
+}
+
+// ---------------------------------------------------------------- GPU: composition, errors
+
+/// A Llama-shaped block (RMSNorm → RoPE on q/k projections → SwiGLU) through one candle
+/// autograd graph with candle's own ops between ours: the RMSNorm forward matches the CPU
+/// reference, and every variable gets a finite, non-zero gradient of its shape.
+#[test]
+fn gpu_ops_compose_in_one_autograd_graph() {
+    let test = "gpu_ops_compose_in_one_autograd_graph";
+    let Some(dev) = candle_gpu(test) else { return };
+    let (b, s, h, hk, d) = (2, 8, 4, 2, 32);
+    let hidden = h * d;
+    let x = Var::randn(0f32, 1.0, (b, s, hidden), &dev).unwrap();
+    let w = Var::from_tensor(&Tensor::ones(hidden, DType::F32, &dev).unwrap()).unwrap();
+    let wq = Var::randn(0f32, 0.1, (hidden, hidden), &dev).unwrap();
+    let wk = Var::randn(0f32, 0.1, (hidden, hk * d), &dev).unwrap();
+    let wg = Var::randn(0f32, 0.1, (hidden, 2 * hidden), &dev).unwrap();
+
+    let cfg = RmsNormConfig {
+        eps: 1e-5,
+        ..Default::default()
+    };
+    let y = rms_norm(x.as_tensor(), Some(w.as_tensor()), &cfg).unwrap();
+    let x_h = x
+        .as_tensor()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let want =
+        liger_rs::reference::rms_norm_forward(&x_h, None, hidden, 1e-5, 0.0, CastingMode::Llama)
+            .unwrap()
+            .y;
+    let got = y.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let worst = got
+        .iter()
+        .zip(&want)
+        .map(|(g, w)| (g - w).abs())
+        .fold(0f32, f32::max);
+    assert!(worst < 1e-5, "rms_norm vs reference: worst {worst}");
+
+    let y2 = y.reshape((b * s, hidden)).unwrap();
+    let q = y2
+        .matmul(wq.as_tensor())
+        .unwrap()
+        .reshape((b, s, h, d))
+        .unwrap();
+    let k = y2
+        .matmul(wk.as_tensor())
+        .unwrap()
+        .reshape((b, s, hk, d))
+        .unwrap();
+    let pos = Tensor::arange(0u32, s as u32, &dev)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap();
+    let inv: Vec<f32> = (0..d / 2)
+        .map(|i| 10000f32.powf(-2.0 * i as f32 / d as f32))
+        .collect();
+    let freqs = pos
+        .unsqueeze(1)
+        .unwrap()
+        .broadcast_mul(&Tensor::new(inv, &dev).unwrap().unsqueeze(0).unwrap())
+        .unwrap();
+    let emb = Tensor::cat(&[&freqs, &freqs], D::Minus1).unwrap();
+    let (q, k) = rope(&q, &k, &emb.cos().unwrap(), &emb.sin().unwrap(), None).unwrap();
+    let gate_up = y2.matmul(wg.as_tensor()).unwrap();
+    let c = swiglu_fused(&gate_up, &SwigluConfig::default()).unwrap();
+    let loss = (q.sqr().unwrap().sum_all().unwrap() + k.sum_all().unwrap() + c.sum_all().unwrap())
+        .unwrap();
+    let grads = loss.backward().unwrap();
+    for (name, v) in [("x", &x), ("w", &w), ("wq", &wq), ("wk", &wk), ("wg", &wg)] {
+        let g = grads
+            .get(v)
+            .unwrap_or_else(|| panic!("no gradient for {name}"));
+        assert_eq!(g.dims(), v.dims(), "gradient shape of {name}");
+        let g = g.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert!(
+            g.iter().all(|v| v.is_finite()),
+            "gradient of {name} not finite"
+        );
+        assert!(g.iter().any(|&v| v != 0.0), "gradient of {name} all zero");
+    }
+}
+
+#[test]
+fn gpu_errors_are_candle_errors() {
+    let test = "gpu_errors_are_candle_errors";
+    let Some(dev) = candle_gpu(test) else { return };
+    // An unsupported dtype.
+    let x = Tensor::ones((2, 8), DType::F64, &dev).unwrap();
+    expect_err(
+        "f64",
+        rms_norm(&x, None, &RmsNormConfig::default()),
+        &["F64", "rms_norm"],
+    );
+    // A launcher error keeps this crate's error inside candle's.
+    let x = Tensor::ones((1, 70_000), DType::F32, &dev).unwrap();
+    let e = rms_norm(&x, None, &RmsNormConfig::default()).unwrap_err();
+    match &e {
+        candle_core::Error::Cuda(inner) => match inner.downcast_ref::<liger_rs::Error>() {
+            Some(liger_rs::Error::InvalidArgument { arg, .. }) => assert_eq!(*arg, "args.cols"),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        },
+        other => panic!("expected candle_core::Error::Cuda, got {other:?}"),
+    }
+    // An empty tensor (a zero-row view) is a clear error.
+    let x = Tensor::ones((4, 8), DType::F32, &dev)
+        .unwrap()
+        .narrow(0, 0, 0)
+        .unwrap();
+    expect_err(
+        "empty",
+        rms_norm(&x, None, &RmsNormConfig::default()),
+        &["empty tensors"],
+    );
+}
