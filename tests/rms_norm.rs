@@ -501,6 +501,31 @@ fn gpu_special_values_match_the_reference() {
 }
 
 #[test]
+fn gpu_many_rows_take_the_shared_memory_dw_kernels() {
+    // 6400 × 4096 16-bit rows with a weight: the shared-memory dW kernels fit more blocks per
+    // SM and every block gets ≥ 16 rows, so the host runs `rms_norm_bwd_vs2_*` (on an H200:
+    // 3 blocks per SM, 396 blocks, 16 rows each); the sweep's shapes keep dW in registers.
+    let Some(stream) = gpu("gpu_many_rows_take_the_shared_memory_dw_kernels") else {
+        return;
+    };
+    let mut failures = Failures::new("gpu_many_rows_take_the_shared_memory_dw_kernels");
+    for (i, mode) in CastingMode::ALL.into_iter().enumerate() {
+        let case = Case {
+            rows: 6400,
+            cols: 4096,
+            mode,
+            weighted: true,
+            inplace: i % 2 == 0,
+            offset: [0.0, 1.0, 0.25][i],
+            seed: 60_000 + i as u64,
+        };
+        failures.run(|| run_case::<bf16>(&stream, &case));
+        failures.run(|| run_case::<f16>(&stream, &case));
+    }
+    failures.finish();
+}
+
+#[test]
 fn gpu_very_wide_rows_with_more_rows_than_scratch_blocks() {
     // 2¹⁸ + 3 columns: the dW scratch allows 2²⁶ / cols = 255 partial rows, fewer than the
     // 260 rows and than the resident grid, so some blocks walk two rows.
