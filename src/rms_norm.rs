@@ -51,7 +51,11 @@ pub struct RmsNormArgs {
     /// (65536) take the fast paths; wider rows run the scalar kernels with 1024 threads
     /// walking the row in chunks (one extra read of the row from cache).
     pub cols: usize,
-    /// Added to the mean square before the inverse square root (finite, ≥ 0).
+    /// Added to the mean square before the inverse square root (finite, ≥ 0). With `eps = 0`
+    /// an all-zero row has rstd = +∞, so its `y` and `dx` are NaN, as in the reference (and
+    /// PyTorch). Non-finite inputs propagate as in the reference: a NaN makes its row NaN, a
+    /// ±∞ gives rstd = 0 (the row's other outputs 0, the ∞ element NaN), and rows near the
+    /// largest finite value are normalised without overflow (the sum of squares is rescaled).
     pub eps: f32,
     /// Added to the weight (`1.0` for Gemma-style `(1 + w)` weights).
     pub offset: f32,
