@@ -54,7 +54,7 @@ pub struct RmsNormArgs {
     /// Added to the mean square before the inverse square root (finite, ≥ 0). With `eps = 0`
     /// an all-zero row has rstd = +∞, so its `y` and `dx` are NaN, as in the reference (and
     /// PyTorch). Non-finite inputs propagate as in the reference: a NaN makes its row NaN, a
-    /// ±∞ gives rstd = 0 (the row's other outputs 0, the ∞ element NaN), and rows near the
+    /// ±∞ gives rstd = 0 (`y` 0 except NaN at the ∞, the row's `dx` NaN), and rows near the
     /// largest finite value are normalised without overflow (the sum of squares is rescaled).
     pub eps: f32,
     /// Added to the weight (`1.0` for Gemma-style `(1 + w)` weights).
