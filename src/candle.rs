@@ -346,6 +346,19 @@ pub fn rms_norm_forward(
 /// `dw` is `Some` exactly when `weight` is; it is reduced on the GPU deterministically (see
 /// [`crate::rms_norm_backward`], which this calls: two launches and a stream-ordered f32
 /// scratch with a weight, one launch without).
+///
+/// ```no_run
+/// use candle_core::{Device, Tensor};
+/// use liger_rs::candle::{RmsNormConfig, rms_norm_backward, rms_norm_forward};
+/// let dev = Device::new_cuda(0)?;
+/// let x = Tensor::randn(0f32, 1.0, (8, 4096), &dev)?;
+/// let cfg = RmsNormConfig::default();
+/// let (y, rstd) = rms_norm_forward(&x, None, &cfg)?;
+/// let (dx, dw) = rms_norm_backward(&y.ones_like()?, &x, None, &rstd, &cfg)?;
+/// assert!(dw.is_none());
+/// # let _ = dx;
+/// # Ok::<(), candle_core::Error>(())
+/// ```
 pub fn rms_norm_backward(
     dy: &Tensor,
     x: &Tensor,
@@ -743,6 +756,20 @@ pub fn rope(
 /// forward's q and k) by −θ and returns them as new tensors; the inputs are not modified.
 /// `cos`, `sin` and `position_ids` are those of the forward ([`rope`]). One launch (after a
 /// device copy of `dq` and `dk`).
+///
+/// ```no_run
+/// use candle_core::{DType, Device, Tensor};
+/// use liger_rs::candle::rope_backward;
+/// let dev = Device::new_cuda(0)?;
+/// let (b, s, hq, hk, d) = (1, 16, 8, 2, 64);
+/// let dq = Tensor::ones((b, s, hq, d), DType::F32, &dev)?;
+/// let dk = Tensor::ones((b, s, hk, d), DType::F32, &dev)?;
+/// let cos = Tensor::ones((s, d), DType::F32, &dev)?; // θ = 0: the identity
+/// let sin = Tensor::zeros((s, d), DType::F32, &dev)?;
+/// let (dq2, dk2) = rope_backward(&dq, &dk, &cos, &sin, None)?;
+/// # let _ = (dq2, dk2);
+/// # Ok::<(), candle_core::Error>(())
+/// ```
 pub fn rope_backward(
     dq: &Tensor,
     dk: &Tensor,
@@ -999,6 +1026,17 @@ pub fn swiglu(a: &Tensor, b: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
 
 /// SwiGLU backward without autograd: returns `(da, db)` from `dc` and the forward's `a`, `b`
 /// (all of one shape and dtype), as [`crate::swiglu_backward`].
+///
+/// ```no_run
+/// use candle_core::{Device, Tensor};
+/// use liger_rs::candle::{SwigluConfig, swiglu_backward};
+/// let dev = Device::new_cuda(0)?;
+/// let a = Tensor::randn(0f32, 1.0, (8, 14336), &dev)?;
+/// let b = Tensor::randn(0f32, 1.0, (8, 14336), &dev)?;
+/// let (da, db) = swiglu_backward(&a.ones_like()?, &a, &b, &SwigluConfig::default())?;
+/// # let _ = (da, db);
+/// # Ok::<(), candle_core::Error>(())
+/// ```
 pub fn swiglu_backward(
     dc: &Tensor,
     a: &Tensor,
@@ -1048,6 +1086,18 @@ pub fn swiglu_fused(gate_up: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
 /// Fused SwiGLU backward without autograd: returns `d_gate_up` (shaped like `gate_up`) from
 /// `dc` `[..., cols]` and the forward's `gate_up` `[..., 2·cols]`, as
 /// [`crate::swiglu_backward_fused`].
+///
+/// ```no_run
+/// use candle_core::{Device, Tensor};
+/// use liger_rs::candle::{SwigluConfig, swiglu_fused, swiglu_fused_backward};
+/// let dev = Device::new_cuda(0)?;
+/// let gate_up = Tensor::randn(0f32, 1.0, (8, 2 * 11008), &dev)?;
+/// let cfg = SwigluConfig::default();
+/// let c = swiglu_fused(&gate_up, &cfg)?;
+/// let d_gate_up = swiglu_fused_backward(&c.ones_like()?, &gate_up, &cfg)?; // [8, 22016]
+/// # let _ = d_gate_up;
+/// # Ok::<(), candle_core::Error>(())
+/// ```
 pub fn swiglu_fused_backward(dc: &Tensor, gate_up: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
     let (rows, cols) = fused_rows_cols(gate_up)?;
     same_dtype(SWIGLU_FUSED, dc, gate_up)?;

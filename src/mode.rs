@@ -25,9 +25,19 @@ pub enum CastingMode {
 
 impl CastingMode {
     /// All modes, in kernel order.
+    ///
+    /// ```
+    /// use liger_rs::CastingMode;
+    /// assert_eq!(CastingMode::ALL.len(), 3);
+    /// assert_eq!(CastingMode::ALL[0], CastingMode::Llama);
+    /// ```
     pub const ALL: [CastingMode; 3] = [CastingMode::Llama, CastingMode::Gemma, CastingMode::None];
 
     /// The lowercase name used in kernel names and by [`FromStr`].
+    ///
+    /// ```
+    /// assert_eq!(liger_rs::CastingMode::Gemma.name(), "gemma");
+    /// ```
     pub fn name(self) -> &'static str {
         match self {
             CastingMode::Llama => "llama",

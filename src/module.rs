@@ -6,6 +6,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 /// PTX of every kernel, built from `kernels-gpu` by `build.rs` (sm_80 baseline, JIT-compiled
 /// forward by the driver on newer GPUs).
+///
+/// ```
+/// assert!(liger_rs::PTX.contains(".visible .entry rms_norm_fwd_bf16_llama"));
+/// ```
 pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
 
 /// One context's loaded module, the functions looked up in it so far, and their occupancy.

@@ -69,6 +69,11 @@ pub struct RmsNormArgs {
 
 impl RmsNormArgs {
     /// Contiguous rows, `eps = 1e-6`, `offset = 0`, [`CastingMode::Llama`].
+    ///
+    /// ```
+    /// let args = liger_rs::RmsNormArgs::new(4, 4096);
+    /// assert_eq!((args.x_stride, args.y_stride, args.eps), (4096, 4096, 1e-6));
+    /// ```
     pub fn new(rows: usize, cols: usize) -> Self {
         RmsNormArgs {
             rows,
@@ -82,21 +87,39 @@ impl RmsNormArgs {
     }
 
     /// Sets `eps`.
+    ///
+    /// ```
+    /// assert_eq!(liger_rs::RmsNormArgs::new(1, 8).with_eps(1e-5).eps, 1e-5);
+    /// ```
     pub fn with_eps(self, eps: f32) -> Self {
         RmsNormArgs { eps, ..self }
     }
 
     /// Sets the weight offset.
+    ///
+    /// ```
+    /// assert_eq!(liger_rs::RmsNormArgs::new(1, 8).with_offset(1.0).offset, 1.0);
+    /// ```
     pub fn with_offset(self, offset: f32) -> Self {
         RmsNormArgs { offset, ..self }
     }
 
     /// Sets the casting mode.
+    ///
+    /// ```
+    /// use liger_rs::{CastingMode, RmsNormArgs};
+    /// assert_eq!(RmsNormArgs::new(1, 8).with_mode(CastingMode::None).mode, CastingMode::None);
+    /// ```
     pub fn with_mode(self, mode: CastingMode) -> Self {
         RmsNormArgs { mode, ..self }
     }
 
     /// Sets the row strides of `x` and of `y`/`dy`/`dx`.
+    ///
+    /// ```
+    /// let args = liger_rs::RmsNormArgs::new(2, 8).with_strides(24, 8); // x: 8 of every 24 columns
+    /// assert_eq!((args.x_stride, args.y_stride), (24, 8));
+    /// ```
     pub fn with_strides(self, x_stride: usize, y_stride: usize) -> Self {
         RmsNormArgs {
             x_stride,
@@ -445,6 +468,21 @@ pub fn rms_norm_backward<T: Dtype>(
 
 /// RMSNorm backward writing `dx` over `dy` (Liger's memory-saving default); otherwise as
 /// [`rms_norm_backward`].
+///
+/// ```no_run
+/// use liger_rs::{RmsNormArgs, rms_norm_backward_inplace, rms_norm_forward};
+/// let stream = liger_rs::cuda_context(0)?.default_stream();
+/// let (rows, cols) = (8, 4096);
+/// let args = RmsNormArgs::new(rows, cols);
+/// let x = stream.clone_htod(&vec![0.5f32; rows * cols])?;
+/// let w = stream.clone_htod(&vec![1.0f32; cols])?;
+/// let (mut y, mut rstd) = (stream.alloc_zeros::<f32>(rows * cols)?, stream.alloc_zeros::<f32>(rows)?);
+/// rms_norm_forward(&stream, &args, &x, Some(&w.as_view()), &mut y, &mut rstd)?;
+/// let mut dy = stream.clone_htod(&vec![1.0f32; rows * cols])?; // becomes dx
+/// let mut dw = stream.alloc_zeros::<f32>(cols)?;
+/// rms_norm_backward_inplace(&stream, &args, &mut dy, &x, Some(&w.as_view()), &rstd, Some(&mut dw.as_view_mut()))?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn rms_norm_backward_inplace<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &RmsNormArgs,

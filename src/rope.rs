@@ -25,6 +25,14 @@ const BLOCK_THREADS: usize = 256;
 /// pairs with `i + rotary_dim / 2`); dims `rotary_dim..head_dim` are left untouched (not even
 /// rewritten). Each cos/sin row is `rotary_dim` long, as HuggingFace passes them for partial
 /// rotary; only its first half is read (HF tables are `cat(freqs, freqs)`).
+///
+/// ```
+/// use liger_rs::RopeArgs;
+/// // Llama-3-8B attention: 32 q heads, 8 kv heads of 128; a partial-rotary variant.
+/// let args = RopeArgs::new(2, 4096, 32, 8, 128);
+/// assert_eq!(args.rotary_dim, 128);
+/// assert_eq!(args.with_rotary_dim(64).rotary_dim, 64);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RopeArgs {
     /// Batch size B (0 is allowed and launches nothing).
@@ -44,6 +52,11 @@ pub struct RopeArgs {
 
 impl RopeArgs {
     /// Full rotary (`rotary_dim = head_dim`).
+    ///
+    /// ```
+    /// let args = liger_rs::RopeArgs::new(1, 16, 4, 4, 64);
+    /// assert_eq!((args.seq_len, args.rotary_dim), (16, 64));
+    /// ```
     pub fn new(
         batch: usize,
         seq_len: usize,
@@ -62,6 +75,10 @@ impl RopeArgs {
     }
 
     /// Sets the rotary dim (partial rotary: only the first `rotary_dim` dims rotate).
+    ///
+    /// ```
+    /// assert_eq!(liger_rs::RopeArgs::new(1, 1, 1, 1, 128).with_rotary_dim(32).rotary_dim, 32);
+    /// ```
     pub fn with_rotary_dim(self, rotary_dim: usize) -> Self {
         RopeArgs { rotary_dim, ..self }
     }
@@ -153,6 +170,18 @@ pub enum CosSinLayout<'a> {
 }
 
 /// Position ids `[batch, seq_len]` into a cos/sin table ([`CosSinLayout::Gathered`]).
+///
+/// ```no_run
+/// use liger_rs::{CosSinLayout, PositionIds};
+/// let stream = liger_rs::cuda_context(0)?.default_stream();
+/// // Two packed sequences of 3 and 2 tokens in one row: positions restart at 0.
+/// let host = [0i64, 1, 2, 0, 1];
+/// let on_host = CosSinLayout::Gathered(PositionIds::Host(&host));
+/// let ids = stream.clone_htod(&[0i32, 1, 2, 0, 1])?;
+/// let on_device = CosSinLayout::Gathered(PositionIds::DeviceI32(ids.as_view()));
+/// # let _ = (on_host, on_device);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub enum PositionIds<'a> {
     /// Ids in host memory: each must lie in `0 .. max_pos`, or the call returns an

@@ -2,9 +2,18 @@
 use crate::error::{Result, invalid};
 
 /// The widest row a single block handles (Liger's `MAX_FUSED_SIZE`).
+///
+/// ```
+/// assert_eq!(liger_rs::MAX_FUSED_SIZE, 1 << 16);
+/// ```
 pub const MAX_FUSED_SIZE: usize = 65536;
 
 /// Block shape for a kernel that gives one block to each row of `n_cols` columns.
+///
+/// ```
+/// let s = liger_rs::calculate_settings(100).unwrap();
+/// assert_eq!((s.block_size, s.num_warps, s.threads()), (128, 4, 128));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaunchSettings {
     /// Columns covered per block pass: the next power of two of `n_cols`.
@@ -15,6 +24,10 @@ pub struct LaunchSettings {
 
 impl LaunchSettings {
     /// Threads per block (`num_warps × 32`).
+    ///
+    /// ```
+    /// assert_eq!(liger_rs::calculate_settings(65536).unwrap().threads(), 1024);
+    /// ```
     pub fn threads(&self) -> u32 {
         self.num_warps * 32
     }

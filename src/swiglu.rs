@@ -39,6 +39,13 @@ const VEC_MAX: usize = i32::MAX as usize;
 /// [`swiglu_backward_fused_inplace`]): one `[rows, 2·cols]` buffer with the gate in the first
 /// `cols` elements of each row and the up projection in the next `cols`; its rows (and those
 /// of its gradient) start `a_stride ≥ 2·cols` elements apart; `b_stride` is not used.
+///
+/// ```
+/// use liger_rs::SwigluArgs;
+/// let sep = SwigluArgs::new(8, 14336);
+/// let fused = SwigluArgs::fused(8, 14336);
+/// assert_eq!((sep.a_stride, fused.a_stride), (14336, 2 * 14336));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SwigluArgs {
     /// Number of rows (0 is allowed and launches nothing).
@@ -60,6 +67,11 @@ pub struct SwigluArgs {
 
 impl SwigluArgs {
     /// Separate contiguous `a`, `b`, `c` of `rows × cols`; both multipliers 1.
+    ///
+    /// ```
+    /// let args = liger_rs::SwigluArgs::new(2, 11008);
+    /// assert_eq!((args.gate_multiplier, args.c_stride), (1.0, 11008));
+    /// ```
     pub fn new(rows: usize, cols: usize) -> Self {
         SwigluArgs {
             rows,
@@ -74,6 +86,11 @@ impl SwigluArgs {
 
     /// A contiguous fused gate-up buffer of `rows × 2·cols` (`a_stride = 2·cols`) and a
     /// contiguous `c` of `rows × cols`; both multipliers 1.
+    ///
+    /// ```
+    /// let args = liger_rs::SwigluArgs::fused(2, 11008);
+    /// assert_eq!((args.a_stride, args.c_stride), (22016, 11008));
+    /// ```
     pub fn fused(rows: usize, cols: usize) -> Self {
         let stride = cols.saturating_mul(2);
         SwigluArgs {
@@ -84,6 +101,10 @@ impl SwigluArgs {
     }
 
     /// Sets the gate multiplier `gm`.
+    ///
+    /// ```
+    /// assert_eq!(liger_rs::SwigluArgs::new(1, 8).with_gate_multiplier(0.5).gate_multiplier, 0.5);
+    /// ```
     pub fn with_gate_multiplier(self, gate_multiplier: f32) -> Self {
         SwigluArgs {
             gate_multiplier,
@@ -92,6 +113,10 @@ impl SwigluArgs {
     }
 
     /// Sets the down multiplier `dm` (backward only).
+    ///
+    /// ```
+    /// assert_eq!(liger_rs::SwigluArgs::new(1, 8).with_down_multiplier(2.0).down_multiplier, 2.0);
+    /// ```
     pub fn with_down_multiplier(self, down_multiplier: f32) -> Self {
         SwigluArgs {
             down_multiplier,
@@ -100,6 +125,11 @@ impl SwigluArgs {
     }
 
     /// Sets the row strides of `a`/`da` (or the fused buffer), `b`/`db` and `c`/`dc`.
+    ///
+    /// ```
+    /// let args = liger_rs::SwigluArgs::new(4, 8).with_strides(16, 8, 8); // a: 8 of every 16
+    /// assert_eq!((args.a_stride, args.b_stride, args.c_stride), (16, 8, 8));
+    /// ```
     pub fn with_strides(self, a_stride: usize, b_stride: usize, c_stride: usize) -> Self {
         SwigluArgs {
             a_stride,

@@ -19,6 +19,12 @@ use crate::CastingMode;
 use crate::error::{Result, invalid};
 
 /// Forward results: `y` (rows × cols, contiguous) and each row's stored rstd.
+///
+/// ```
+/// use liger_rs::{CastingMode, reference::rms_norm_forward};
+/// let out = rms_norm_forward(&[3.0f64, 4.0], None, 2, 0.0, 0.0, CastingMode::Llama).unwrap();
+/// assert_eq!((out.y.len(), out.rstd.len()), (2, 1));
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct RmsNormOutput<T> {
     /// Normalised (and weighted) rows.
@@ -28,6 +34,12 @@ pub struct RmsNormOutput<T> {
 }
 
 /// Backward results.
+///
+/// ```
+/// use liger_rs::{CastingMode, reference::rms_norm_backward};
+/// let g = rms_norm_backward(&[1.0f64, 1.0], &[3.0, 4.0], Some(&[1.0, 1.0]), &[0.25], 2, 0.0, CastingMode::Gemma).unwrap();
+/// assert_eq!((g.dx.len(), g.dw.map(|d| d.len())), (2, Some(2)));
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct RmsNormGrads<T> {
     /// Gradient of the input (rows × cols).
@@ -110,6 +122,14 @@ pub fn rms_norm_forward<T: Element>(
 }
 
 /// The RMSNorm backward: `dx` and, with a weight, `dw`, from `dy`, `x` and the forward's rstd.
+///
+/// ```
+/// use liger_rs::{CastingMode, reference::rms_norm_backward};
+/// // x = [1, 1], r = 1, dy = [1, −1]: the dot product Σ dy·x is 0, so dx = r·dy.
+/// let g = rms_norm_backward(&[1.0f64, -1.0], &[1.0, 1.0], None, &[1.0], 2, 0.0, CastingMode::Llama).unwrap();
+/// assert_eq!(g.dx, vec![1.0, -1.0]);
+/// assert!(g.dw.is_none());
+/// ```
 pub fn rms_norm_backward<T: Element>(
     dy: &[T],
     x: &[T],

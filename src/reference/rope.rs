@@ -23,6 +23,12 @@ use crate::RopeArgs;
 use crate::error::{Result, invalid};
 
 /// Where each token's cos/sin row comes from (host form of [`crate::CosSinLayout`]).
+///
+/// ```
+/// use liger_rs::reference::rope::CosSinRows;
+/// let ids = [3i64, 0];
+/// assert_ne!(CosSinRows::Gathered(&ids), CosSinRows::PerPosition);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CosSinRows<'a> {
     /// cos, sin: `[seq_len, rotary_dim]`; token `(b, s)` uses row `s`.
@@ -57,6 +63,15 @@ pub fn rope_forward<T: Element>(
 
 /// The RoPE backward (rotation by −θ), in place on `dq` and `dk`:
 /// `g1 = D(F(F(dy1·c) + F(dy2·s)))`, `g2 = D(F(F(dy2·c) − F(dy1·s)))`.
+///
+/// ```
+/// use liger_rs::{RopeArgs, reference::rope::{CosSinRows, rope_backward}};
+/// // The backward rotates by −θ: by −90° here, (x1, x2) → (x2, −x1).
+/// let (mut dq, mut dk) = (vec![1.0f64, 2.0], vec![3.0f64, 4.0]);
+/// let args = RopeArgs::new(1, 1, 1, 1, 2);
+/// rope_backward(&args, &mut dq, &mut dk, &[0.0, 0.0], &[1.0, 1.0], CosSinRows::PerPosition).unwrap();
+/// assert_eq!((dq, dk), (vec![2.0, -1.0], vec![4.0, -3.0]));
+/// ```
 pub fn rope_backward<T: Element>(
     args: &RopeArgs,
     dq: &mut [T],

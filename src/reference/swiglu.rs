@@ -19,6 +19,12 @@ use super::Element;
 use crate::error::{Result, invalid};
 
 /// Backward results: the gradients of the gate `a` and of the up projection `b`.
+///
+/// ```
+/// use liger_rs::reference::swiglu::swiglu_backward;
+/// let g = swiglu_backward(&[1.0f64; 3], &[0.0; 3], &[1.0; 3], 1.0, 1.0).unwrap();
+/// assert_eq!((g.da.len(), g.db.len()), (3, 3));
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct SwigluGrads<T> {
     /// Gradient of `a` (same layout as `a`).
@@ -181,6 +187,11 @@ pub fn split_gate_up<T: Copy>(gate_up: &[T], cols: usize) -> Result<(Vec<T>, Vec
 
 /// Interleaves contiguous `[rows, cols]` halves into one fused `[rows, 2·cols]` buffer (gate
 /// first): the inverse of [`split_gate_up`], e.g. to compare `da`, `db` with a fused gradient.
+///
+/// ```
+/// use liger_rs::reference::swiglu::join_gate_up;
+/// assert_eq!(join_gate_up(&[1, 2, 5, 6], &[3, 4, 7, 8], 2).unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8]);
+/// ```
 pub fn join_gate_up<T: Copy>(a: &[T], b: &[T], cols: usize) -> Result<Vec<T>> {
     if cols == 0 {
         return Err(invalid("cols", "at least 1", 0));
