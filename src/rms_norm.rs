@@ -426,9 +426,10 @@ pub fn rms_norm_forward<T: Dtype>(
 /// `dy` is read at `y_stride`, `x` at `x_stride`; `rstd` is the forward's output. dW is
 /// reduced on the GPU in f32 without a rows × cols temporary: each block accumulates its rows
 /// into one partial row (in registers or, where that fits more blocks on an SM, in shared
-/// memory), then a second launch sums the partial rows in a fixed order (deterministic). That scratch (`blocks × cols` f32, blocks ≤ SMs × resident blocks per SM
-/// and ≤ max(1, 2²⁶ / cols), so at most 256 MiB for rows of up to 2²⁶ columns)
-/// is allocated stream-ordered on `stream` per call and freed when the call returns.
+/// memory), then a second launch sums the partial rows in a fixed order (deterministic). That
+/// scratch (`blocks × cols` f32, blocks ≤ SMs × resident blocks per SM and ≤ max(1, 2²⁶ /
+/// cols), so at most 256 MiB for rows of up to 2²⁶ columns) is allocated stream-ordered on
+/// `stream` per call and freed when the call returns.
 /// Outputs must not overlap inputs; use [`rms_norm_backward_inplace`] to write `dx` over `dy`.
 ///
 /// ```no_run

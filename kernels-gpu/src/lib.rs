@@ -287,13 +287,13 @@ pub fn sync_threads() {
     unsafe { nvptx::_syncthreads() }
 }
 
-/// `op` over the 32 lanes of a (full) warp by butterfly exchange; every lane gets the same
-/// bits when `op` is commutative (a + b = b + a).
+/// Sum over the 32 lanes of a (full) warp by butterfly exchange; every lane gets the same bits
+/// (a + b = b + a).
 #[inline(always)]
-fn warp_reduce(mut v: f32, op: impl Fn(f32, f32) -> f32) -> f32 {
+fn warp_sum(mut v: f32) -> f32 {
     let mut lane_mask = 16;
     while lane_mask > 0 {
-        v = op(v, unsafe { shfl_bfly_f32(u32::MAX, v, lane_mask, 0x1f) });
+        v += unsafe { shfl_bfly_f32(u32::MAX, v, lane_mask, 0x1f) };
         lane_mask >>= 1;
     }
     v
@@ -307,8 +307,7 @@ fn warp_reduce(mut v: f32, op: impl Fn(f32, f32) -> f32) -> f32 {
 #[inline(always)]
 pub fn block_sum2(a: f32, b: f32) -> (f32, f32) {
     let smem = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>();
-    let add = |x: f32, y: f32| x + y;
-    let (wa, wb) = (warp_reduce(a, add), warp_reduce(b, add));
+    let (wa, wb) = (warp_sum(a), warp_sum(b));
     let lane = thread_idx() & 31;
     let warp = thread_idx() >> 5;
     let warps = block_dim() >> 5;
@@ -325,15 +324,14 @@ pub fn block_sum2(a: f32, b: f32) -> (f32, f32) {
     } else {
         (0.0, 0.0)
     };
-    (warp_reduce(pa, add), warp_reduce(pb, add))
+    (warp_sum(pa), warp_sum(pb))
 }
 
 /// Sum of `v` over the whole block (see [`block_sum2`]; needs 32 f32 of shared memory).
 #[inline(always)]
 pub fn block_sum(v: f32) -> f32 {
     let smem = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>();
-    let add = |x: f32, y: f32| x + y;
-    let warp_total = warp_reduce(v, add);
+    let warp_total = warp_sum(v);
     let lane = thread_idx() & 31;
     let warp = thread_idx() >> 5;
     let warps = block_dim() >> 5;
@@ -347,7 +345,7 @@ pub fn block_sum(v: f32) -> f32 {
     } else {
         0.0
     };
-    warp_reduce(partial, add)
+    warp_sum(partial)
 }
 
 /// Calls `f(0), f(1), …, f(N − 1)` as straight-line code (`N ≤ 8`), so that arrays indexed by
