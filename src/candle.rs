@@ -271,7 +271,7 @@ fn rms_norm_fwd_storage(
 /// RMSNorm forward with candle autograd: `y = norm(x) · (offset + weight)` over the last dim
 /// of `x`.
 ///
-/// `x`: `[..., cols]` (any rank ≥ 1, `1 ≤ cols ≤ 65536`); `weight`: `[cols]`, the dtype of `x`
+/// `x`: `[..., cols]` (any rank ≥ 1, `cols ≥ 1`); `weight`: `[cols]`, the dtype of `x`
 /// (without it `y` is the normalised `x`). Returns `y`, shaped like `x`. When `x` or `weight`
 /// tracks gradients, the backward ([`rms_norm_backward`]'s kernels) gives `dx` and `dw`; the
 /// op keeps the forward's `rstd` (`rows` f32) for it. One forward launch, as

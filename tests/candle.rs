@@ -919,11 +919,15 @@ fn gpu_errors_are_candle_errors() {
         &["F64", "rms_norm"],
     );
     // A launcher error keeps this crate's error inside candle's.
-    let x = Tensor::ones((1, 70_000), DType::F32, &dev).unwrap();
-    let e = rms_norm(&x, None, &RmsNormConfig::default()).unwrap_err();
+    let x = Tensor::ones((2, 8), DType::F32, &dev).unwrap();
+    let cfg = RmsNormConfig {
+        eps: -1.0,
+        ..RmsNormConfig::default()
+    };
+    let e = rms_norm(&x, None, &cfg).unwrap_err();
     match &e {
         candle_core::Error::Cuda(inner) => match inner.downcast_ref::<liger_rs::Error>() {
-            Some(liger_rs::Error::InvalidArgument { arg, .. }) => assert_eq!(*arg, "args.cols"),
+            Some(liger_rs::Error::InvalidArgument { arg, .. }) => assert_eq!(*arg, "args.eps"),
             other => panic!("expected InvalidArgument, got {other:?}"),
         },
         other => panic!("expected candle_core::Error::Cuda, got {other:?}"),
