@@ -38,6 +38,19 @@ pub(crate) fn exactly(arg: &'static str, len: usize, need: usize, what: &str) ->
     Ok(())
 }
 
+/// Waves of resident blocks from which a grid-stride kernel with a one-item-per-block twin runs
+/// the twin over a grid of every item instead (PERFORMANCE.md, "whole grids"): the hardware's
+/// block scheduler then balances the last wave, the twin holds no next-item registers (more
+/// blocks fit per SM), and a resident grid's last round (up to one item per block more than
+/// the average) goes away. Below it, the resident grid's fewer launches of blocks win.
+pub(crate) const WHOLE_GRID_MIN_WAVES: u64 = 4;
+
+/// Whether `items` (tiles, rows or token steps) run one per block over a grid of all of them
+/// rather than grid-stride over `resident` blocks (see [`WHOLE_GRID_MIN_WAVES`]).
+pub(crate) fn whole_grid(items: u64, resident: usize) -> bool {
+    items >= WHOLE_GRID_MIN_WAVES.saturating_mul(resident as u64)
+}
+
 /// The buffer must belong to the stream's context: the same `CUcontext`, whichever
 /// `CudaContext` handle it came through (every `CudaContext::new(ordinal)`, hence every
 /// [`cuda_context`](crate::cuda_context) call, is a new handle on the device's primary context).
@@ -96,6 +109,14 @@ pub(crate) fn disjoint(outputs: &[Region], inputs: &[Region]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whole_grids_start_at_four_waves() {
+        assert!(!whole_grid(3, 1) && whole_grid(4, 1));
+        assert!(!whole_grid(4 * 528 - 1, 528));
+        assert!(whole_grid(4 * 528, 528));
+        assert!(whole_grid(u64::MAX, usize::MAX));
+    }
 
     #[test]
     fn span_counts_the_last_row_once() {

@@ -2,7 +2,7 @@
 //! [`crate::reference::rope`], semantics: DESIGN.md §3).
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
-use crate::launch::{Region, disjoint, exactly, same_context};
+use crate::launch::{Region, disjoint, exactly, same_context, whole_grid};
 use crate::module::kernels;
 use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
@@ -512,11 +512,15 @@ fn rope<T: Dtype>(
             let (bx, by, bz) = vector_block(r / 2 / lanes, heads, sizes.tokens);
             let threads = bx * by * bz;
             // Grid-stride over tokens: as many blocks as are resident at once, at most one per
-            // `bz` tokens.
-            let resident = kernels
-                .resident_blocks(&func, threads, 0)?
-                .min(i32::MAX as usize);
-            let blocks = sizes.tokens.div_ceil(bz as usize).min(resident);
+            // `bz` tokens; with many waves of token steps, one block per step (`whole_grid`).
+            let resident = kernels.resident_blocks(&func, threads, 0)?;
+            let steps = sizes.tokens.div_ceil(bz as usize);
+            let blocks = if whole_grid(steps as u64, resident) {
+                steps
+            } else {
+                steps.min(resident)
+            }
+            .min(i32::MAX as usize);
             (
                 func,
                 LaunchConfig {

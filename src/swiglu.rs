@@ -9,7 +9,7 @@
 //! synchronisation.
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
-use crate::launch::{Region, at_least, disjoint, same_context, span};
+use crate::launch::{Region, at_least, disjoint, same_context, span, whole_grid};
 use crate::module::{Kernels, kernels};
 use cudarc::driver::{
     CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
@@ -213,8 +213,8 @@ fn threads_for(cols: usize) -> usize {
 enum Path {
     /// `swiglu_{fwd,bwd}_{dtype}`: any alignment, any shape.
     Scalar,
-    /// `swiglu_{fwd,bwd}_v_{dtype}`: 16-byte vectors, `per_thread` of each operand per thread
-    /// per tile.
+    /// `swiglu_{fwd,bwd}_v_{dtype}` (grid-stride over tiles) or `_vt_` (one tile per block):
+    /// 16-byte vectors, `per_thread` of each operand per thread per tile.
     Vector { per_thread: usize },
 }
 
@@ -246,27 +246,30 @@ impl Path {
         }
     }
 
-    fn kernel<T: Dtype>(self, direction: &str) -> String {
-        match self {
-            Path::Scalar => format!("swiglu_{direction}_{}", T::NAME),
-            Path::Vector { .. } => format!("swiglu_{direction}_v_{}", T::NAME),
+    /// The kernel's name; `whole_grid`: the vector path's one-tile-per-block twin.
+    fn kernel<T: Dtype>(self, direction: &str, whole_grid: bool) -> String {
+        match (self, whole_grid) {
+            (Path::Scalar, _) => format!("swiglu_{direction}_{}", T::NAME),
+            (Path::Vector { .. }, false) => format!("swiglu_{direction}_v_{}", T::NAME),
+            (Path::Vector { .. }, true) => format!("swiglu_{direction}_vt_{}", T::NAME),
         }
     }
 }
 
-/// Launch shape: as many blocks as fit on the device at once (the kernels walk their tiles
-/// grid-stride), never more than there are tiles.
+/// Kernel and launch shape: as many blocks as fit on the device at once (the kernels walk
+/// their tiles grid-stride), never more than there are tiles; or, for the vector path with
+/// many waves of tiles ([`whole_grid`]), the `_vt` twin with one block per tile.
 ///
 /// Scalar: `threads` per block for `cols` (see [`threads_for`]), a tile is `ITEMS · threads`
 /// columns of one row. Vector: the `rows × cols / lanes` vectors form one flat range, a tile
 /// is `per_thread · threads` consecutive vectors, up to 256 threads per block.
-fn config<T>(
+fn config<T: Dtype>(
     kernels: &Kernels,
-    func: &CudaFunction,
     path: Path,
+    direction: &str,
     rows: usize,
     cols: usize,
-) -> Result<LaunchConfig> {
+) -> Result<(CudaFunction, LaunchConfig)> {
     let (threads, tiles, per_tile) = match path {
         Path::Scalar => {
             let threads = threads_for(cols);
@@ -281,14 +284,22 @@ fn config<T>(
             (threads, vecs.div_ceil(per_tile), per_tile)
         }
     };
-    let resident = kernels.resident_blocks(func, threads as u32, 0)? as u64;
+    let func = kernels.function(&path.kernel::<T>(direction, false))?;
+    let resident = kernels.resident_blocks(&func, threads as u32, 0)?;
     // The vector kernels step `grid · per_tile` vectors in 32 bits.
-    let resident = resident.clamp(1, (i32::MAX as u64 / per_tile).max(1));
-    Ok(LaunchConfig {
-        grid_dim: (tiles.min(resident) as u32, 1, 1),
+    let max_grid = (i32::MAX as u64 / per_tile).max(1);
+    let (func, grid) = match path {
+        Path::Vector { .. } if whole_grid(tiles, resident) && tiles <= max_grid => {
+            (kernels.function(&path.kernel::<T>(direction, true))?, tiles)
+        }
+        _ => (func, tiles.min((resident as u64).clamp(1, max_grid))),
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (grid as u32, 1, 1),
         block_dim: (threads as u32, 1, 1),
         shared_mem_bytes: 0,
-    })
+    };
+    Ok((func, cfg))
 }
 
 /// Pointers and strides of one forward launch.
@@ -309,8 +320,7 @@ fn launch_forward<T: Dtype>(stream: &Arc<CudaStream>, args: &SwigluArgs, p: Forw
         FWD_VECS,
     );
     let kernels = kernels(stream.context())?;
-    let func = kernels.function(&path.kernel::<T>("fwd"))?;
-    let cfg = config::<T>(&kernels, &func, path, args.rows, args.cols)?;
+    let (func, cfg) = config::<T>(&kernels, path, "fwd", args.rows, args.cols)?;
     let (a_stride, b_stride, c_stride) =
         (p.a_stride as u64, p.b_stride as u64, args.c_stride as u64);
     let (rows, cols) = (args.rows as u64, args.cols as u64);
@@ -358,8 +368,7 @@ fn launch_backward<T: Dtype>(
         BWD_VECS,
     );
     let kernels = kernels(stream.context())?;
-    let func = kernels.function(&path.kernel::<T>("bwd"))?;
-    let cfg = config::<T>(&kernels, &func, path, args.rows, args.cols)?;
+    let (func, cfg) = config::<T>(&kernels, path, "bwd", args.rows, args.cols)?;
     let (a_stride, b_stride, c_stride) =
         (p.a_stride as u64, p.b_stride as u64, args.c_stride as u64);
     let (rows, cols) = (args.rows as u64, args.cols as u64);
@@ -783,9 +792,22 @@ mod tests {
     #[test]
     fn kernel_names_match_the_device_crate() {
         let v = Path::Vector { per_thread: 2 };
-        assert_eq!(v.kernel::<bf16>("fwd"), "swiglu_fwd_v_bf16");
-        assert_eq!(v.kernel::<f32>("bwd"), "swiglu_bwd_v_f32");
-        assert_eq!(Path::Scalar.kernel::<f16>("fwd"), "swiglu_fwd_f16");
+        assert_eq!(v.kernel::<bf16>("fwd", false), "swiglu_fwd_v_bf16");
+        assert_eq!(v.kernel::<f32>("bwd", false), "swiglu_bwd_v_f32");
+        assert_eq!(v.kernel::<f16>("bwd", true), "swiglu_bwd_vt_f16");
+        assert_eq!(Path::Scalar.kernel::<f16>("fwd", false), "swiglu_fwd_f16");
+        assert_eq!(Path::Scalar.kernel::<f16>("fwd", true), "swiglu_fwd_f16");
+        for direction in ["fwd", "bwd"] {
+            for whole in [false, true] {
+                for name in [
+                    v.kernel::<f32>(direction, whole),
+                    v.kernel::<f16>(direction, whole),
+                    v.kernel::<bf16>(direction, whole),
+                ] {
+                    assert!(crate::PTX.contains(&format!(".entry {name}(")), "{name}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -503,6 +503,33 @@ fn gpu_special_values_match_the_reference() {
 }
 
 #[test]
+fn gpu_many_rows_take_the_whole_grid_forward_kernels() {
+    // Rows ≥ 4 waves of resident blocks run the forward's one-row-per-block `_vr{K}` kernels
+    // for K ≥ 2: 4000 × 2048 f32 (`_vr2`, 256 threads) and 2200 × 8192 f16 (`_vr4`); the
+    // shared-memory dW test's 6400 × 4096 16-bit rows run `_vr2` too. The sweep's shapes are
+    // too few rows.
+    let test = "gpu_many_rows_take_the_whole_grid_forward_kernels";
+    let Some(stream) = gpu(test) else {
+        return;
+    };
+    let mut failures = Failures::new(test);
+    for (i, mode) in CastingMode::ALL.into_iter().enumerate() {
+        let case = |rows, cols, seed| Case {
+            rows,
+            cols,
+            mode,
+            weighted: i != 1,
+            inplace: i % 2 == 0,
+            offset: [0.0, 1.0, 0.25][i],
+            seed,
+        };
+        failures.run(|| run_case::<f32>(&stream, &case(4000, 2048, 70_000 + i as u64)));
+        failures.run(|| run_case::<f16>(&stream, &case(2200, 8192, 70_100 + i as u64)));
+    }
+    failures.finish();
+}
+
+#[test]
 fn gpu_many_rows_take_the_shared_memory_dw_kernels() {
     // 6400 × 4096 16-bit rows with a weight: the shared-memory dW kernels fit more blocks per
     // SM and every block gets ≥ 16 rows, so the host runs `rms_norm_bwd_vs2_*` (on an H200:

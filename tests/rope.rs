@@ -375,7 +375,7 @@ fn reference_rejects_bad_input() {
 /// r = 40 of 128 (5 vectors); 320 heads need several head steps per thread. The scalar
 /// kernels take the rest: d = 2, 4, 6, 16 with r = 2, 92 (odd multiples of 2), and in
 /// f16/bf16 d = 8 and r = 40 of 128 (20 not a multiple of 8).
-const SHAPES: [(usize, usize, usize, usize, usize, usize); 22] = [
+const SHAPES: [(usize, usize, usize, usize, usize, usize); 23] = [
     (1, 1, 1, 1, 2, 2),
     (3, 423, 73, 213, 92, 92),
     (2, 7, 4, 1, 64, 64),
@@ -398,6 +398,7 @@ const SHAPES: [(usize, usize, usize, usize, usize, usize); 22] = [
     (2, 6, 3, 2, 128, 40),
     (2, 3, 300, 20, 128, 128),
     (3, 5, 3, 1, 8, 8),
+    (4, 4096, 8, 2, 128, 128),
 ];
 
 /// Shapes whose CPU reference is expensive (> 10⁷ elements) run for one dtype only.

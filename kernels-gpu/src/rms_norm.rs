@@ -13,9 +13,12 @@
 //! The `_v{K}` kernels are the fast path for rows of 16-byte aligned vectors (`cols` a multiple
 //! of the lanes per vector, aligned pointers and strides): thread `t` owns vectors
 //! `t, t + nt, …, t + (K − 1)·nt` of every row and keeps them in registers, so `x` (and `dy`) is
-//! read once with 16-byte loads. The vector backward is persistent: each block keeps its dW
-//! partial row in registers (`_v{K}`) or shared memory (`_vs{K}`, see `backward_vec`) across
-//! all its rows and writes it once at the end.
+//! read once with 16-byte loads. The `_v{K}` forward walks a resident grid and loads its next row
+//! before reducing the current one; the `_vr{K}` forward (K = 2, 4) runs one row per block over
+//! a grid of every row (no next-row registers, so more blocks fit per SM; the host picks it for
+//! many rows). The vector backward is persistent: each block keeps its dW partial row in
+//! registers (`_v{K}`) or shared memory (`_vs{K}`, see `backward_vec`) across all its rows and
+//! writes it once at the end.
 use crate::{
     Bf16, Elem, V16, block_dim, block_dim_y, block_idx, block_sum, block_sum2, fma, grid_dim,
     lanes, mode, sqrt, sync_threads, thread_idx, thread_idx_y, unroll,
@@ -214,7 +217,7 @@ unsafe fn load_row<const K: usize>(row: *const V16, vecs: usize) -> [V16; K] {
 }
 
 #[inline(always)]
-unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize>(
+unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize, const ONE: bool>(
     x: *const T,
     x_stride: usize,
     w: *const T,
@@ -242,9 +245,11 @@ unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize>(
     let mut next = load_x(row);
     while row < rows {
         // The next row's loads are issued before this row's reduction, so they are in flight
-        // while this block waits at its barriers and stores.
+        // while this block waits at its barriers and stores (`ONE`: no next row).
         let xv = next;
-        next = load_x(row + grid_dim());
+        if !ONE {
+            next = load_x(row + grid_dim());
+        }
         let mut acc = 0.0f32;
         unroll::<K>(|k| {
             lanes::<T>(|i| {
@@ -288,6 +293,9 @@ unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize>(
                 unsafe { T::pack(&out).store(yr.add(j)) };
             }
         });
+        if ONE {
+            return;
+        }
         row += grid_dim();
     }
 }
@@ -631,27 +639,29 @@ dw_reduce_kernel!(f32, rms_norm_dw_reduce_f32);
 dw_reduce_kernel!(f16, rms_norm_dw_reduce_f16);
 dw_reduce_kernel!(Bf16, rms_norm_dw_reduce_bf16);
 
-/// The vector kernels of one dtype and mode: forward with 1, 2, 4 vectors per thread,
-/// backward with 1 and 2 (its dW accumulators need the registers).
+/// The vector kernels of one dtype and mode: forward with 1, 2, 4 vectors per thread (grid-stride
+/// `_v{K}`, and one row per block `_vr{K}` for K = 2, 4), backward with 1 and 2 (its dW accumulators need the registers).
 macro_rules! rms_norm_vec_family {
     (
         $ty:ty, $mode:expr, $f1:ident, $b1:ident, $s1:ident, $f2:ident, $b2:ident, $s2:ident,
-        $f4:ident
+        $f4:ident, $r2:ident, $r4:ident
     ) => {
-        rms_norm_vec_family!(@fwd $ty, $mode, $f1, 1);
-        rms_norm_vec_family!(@fwd $ty, $mode, $f2, 2);
-        rms_norm_vec_family!(@fwd $ty, $mode, $f4, 4);
+        rms_norm_vec_family!(@fwd $ty, $mode, $f1, 1, false);
+        rms_norm_vec_family!(@fwd $ty, $mode, $f2, 2, false);
+        rms_norm_vec_family!(@fwd $ty, $mode, $f4, 4, false);
+        rms_norm_vec_family!(@fwd $ty, $mode, $r2, 2, true);
+        rms_norm_vec_family!(@fwd $ty, $mode, $r4, 4, true);
         rms_norm_vec_family!(@bwd $ty, $mode, $b1, 1, false);
         rms_norm_vec_family!(@bwd $ty, $mode, $b2, 2, false);
         rms_norm_vec_family!(@bwd $ty, $mode, $s1, 1, true);
         rms_norm_vec_family!(@bwd $ty, $mode, $s2, 2, true);
     };
-    (@fwd $ty:ty, $mode:expr, $name:ident, $k:literal) => {
+    (@fwd $ty:ty, $mode:expr, $name:ident, $k:literal, $one:literal) => {
         fwd_entry!(
             $name,
             $ty,
-            forward_vec::<$ty, { $mode }, $k>,
-            "Vectorised RMSNorm forward (`K` vectors of 16 bytes per thread, see the module docs).",
+            forward_vec::<$ty, { $mode }, $k, $one>,
+            "Vectorised RMSNorm forward (`K` vectors of 16 bytes per thread, see the module docs; `_vr`: one row per block, the grid covers every row).",
             "As the scalar forward, and every row of `x` and `y` and `w` start 16-byte aligned with `cols` a multiple of the lanes per vector."
         );
     };
@@ -675,7 +685,9 @@ rms_norm_vec_family!(
     rms_norm_fwd_v2_f32_llama,
     rms_norm_bwd_v2_f32_llama,
     rms_norm_bwd_vs2_f32_llama,
-    rms_norm_fwd_v4_f32_llama
+    rms_norm_fwd_v4_f32_llama,
+    rms_norm_fwd_vr2_f32_llama,
+    rms_norm_fwd_vr4_f32_llama
 );
 rms_norm_vec_family!(
     f32,
@@ -686,7 +698,9 @@ rms_norm_vec_family!(
     rms_norm_fwd_v2_f32_gemma,
     rms_norm_bwd_v2_f32_gemma,
     rms_norm_bwd_vs2_f32_gemma,
-    rms_norm_fwd_v4_f32_gemma
+    rms_norm_fwd_v4_f32_gemma,
+    rms_norm_fwd_vr2_f32_gemma,
+    rms_norm_fwd_vr4_f32_gemma
 );
 rms_norm_vec_family!(
     f32,
@@ -697,7 +711,9 @@ rms_norm_vec_family!(
     rms_norm_fwd_v2_f32_none,
     rms_norm_bwd_v2_f32_none,
     rms_norm_bwd_vs2_f32_none,
-    rms_norm_fwd_v4_f32_none
+    rms_norm_fwd_v4_f32_none,
+    rms_norm_fwd_vr2_f32_none,
+    rms_norm_fwd_vr4_f32_none
 );
 rms_norm_vec_family!(
     f16,
@@ -708,7 +724,9 @@ rms_norm_vec_family!(
     rms_norm_fwd_v2_f16_llama,
     rms_norm_bwd_v2_f16_llama,
     rms_norm_bwd_vs2_f16_llama,
-    rms_norm_fwd_v4_f16_llama
+    rms_norm_fwd_v4_f16_llama,
+    rms_norm_fwd_vr2_f16_llama,
+    rms_norm_fwd_vr4_f16_llama
 );
 rms_norm_vec_family!(
     f16,
@@ -719,7 +737,9 @@ rms_norm_vec_family!(
     rms_norm_fwd_v2_f16_gemma,
     rms_norm_bwd_v2_f16_gemma,
     rms_norm_bwd_vs2_f16_gemma,
-    rms_norm_fwd_v4_f16_gemma
+    rms_norm_fwd_v4_f16_gemma,
+    rms_norm_fwd_vr2_f16_gemma,
+    rms_norm_fwd_vr4_f16_gemma
 );
 rms_norm_vec_family!(
     f16,
@@ -730,7 +750,9 @@ rms_norm_vec_family!(
     rms_norm_fwd_v2_f16_none,
     rms_norm_bwd_v2_f16_none,
     rms_norm_bwd_vs2_f16_none,
-    rms_norm_fwd_v4_f16_none
+    rms_norm_fwd_v4_f16_none,
+    rms_norm_fwd_vr2_f16_none,
+    rms_norm_fwd_vr4_f16_none
 );
 rms_norm_vec_family!(
     Bf16,
@@ -741,7 +763,9 @@ rms_norm_vec_family!(
     rms_norm_fwd_v2_bf16_llama,
     rms_norm_bwd_v2_bf16_llama,
     rms_norm_bwd_vs2_bf16_llama,
-    rms_norm_fwd_v4_bf16_llama
+    rms_norm_fwd_v4_bf16_llama,
+    rms_norm_fwd_vr2_bf16_llama,
+    rms_norm_fwd_vr4_bf16_llama
 );
 rms_norm_vec_family!(
     Bf16,
@@ -752,7 +776,9 @@ rms_norm_vec_family!(
     rms_norm_fwd_v2_bf16_gemma,
     rms_norm_bwd_v2_bf16_gemma,
     rms_norm_bwd_vs2_bf16_gemma,
-    rms_norm_fwd_v4_bf16_gemma
+    rms_norm_fwd_v4_bf16_gemma,
+    rms_norm_fwd_vr2_bf16_gemma,
+    rms_norm_fwd_vr4_bf16_gemma
 );
 rms_norm_vec_family!(
     Bf16,
@@ -763,5 +789,7 @@ rms_norm_vec_family!(
     rms_norm_fwd_v2_bf16_none,
     rms_norm_bwd_v2_bf16_none,
     rms_norm_bwd_vs2_bf16_none,
-    rms_norm_fwd_v4_bf16_none
+    rms_norm_fwd_v4_bf16_none,
+    rms_norm_fwd_vr2_bf16_none,
+    rms_norm_fwd_vr4_bf16_none
 );

@@ -317,7 +317,7 @@ impl<const K: usize> Walk<K> {
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn forward_vec<T: Elem, const K: usize>(
+unsafe fn forward_vec<T: Elem, const K: usize, const ONE: bool>(
     a: *const T,
     a_stride: usize,
     b: *const T,
@@ -355,9 +355,9 @@ unsafe fn forward_vec<T: Elem, const K: usize>(
         // as their uses get sunk next to each use, one round trip per vector). Without a next
         // tile they re-read this one (L1 hits), keeping the code straight-line.
         let pn = walk.next(p);
-        let more = walk.inside(pn);
+        let more = !ONE && walk.inside(pn);
         let pos_n = if more { walk.tile(pn) } else { pos };
-        let (an, bn) = load(&pos_n);
+        let (an, bn) = if ONE { (av, bv) } else { load(&pos_n) };
         unroll::<K>(|k| {
             let mut s = [0.0f32; 8];
             lanes::<T>(|i| {
@@ -381,7 +381,7 @@ unsafe fn forward_vec<T: Elem, const K: usize>(
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn backward_vec<T: Elem, const K: usize>(
+unsafe fn backward_vec<T: Elem, const K: usize, const ONE: bool>(
     dc: *const T,
     dc_stride: usize,
     a: *const T,
@@ -422,9 +422,9 @@ unsafe fn backward_vec<T: Elem, const K: usize>(
         // Double buffered as in the forward. In place, the next tile's loads come before this
         // tile's stores, and the tiles are disjoint (or the same tile, re-read before its stores).
         let pn = walk.next(p);
-        let more = walk.inside(pn);
+        let more = !ONE && walk.inside(pn);
         let pos_n = if more { walk.tile(pn) } else { pos };
-        let (gn, an, bn) = load(&pos_n);
+        let (gn, an, bn) = if ONE { (gv, av, bv) } else { load(&pos_n) };
         unroll::<K>(|k| {
             let mut da_v = [0.0f32; 8];
             let mut db_v = [0.0f32; 8];
@@ -448,7 +448,7 @@ unsafe fn backward_vec<T: Elem, const K: usize>(
 }
 
 macro_rules! swiglu_fwd_kernel {
-    ($ty:ty, $name:ident, $body:ident $(:: $k:ident)?, $doc:literal) => {
+    ($ty:ty, $name:ident, $body:ident $(:: $k:ident, $one:literal)?, $doc:literal) => {
         /// SwiGLU forward `c = T(T(silu(a·gm)) · b)` for one dtype (see the module docs).
         #[doc = $doc]
         ///
@@ -468,7 +468,7 @@ macro_rules! swiglu_fwd_kernel {
             gm: f32,
         ) {
             unsafe {
-                $body::<$ty $(, $k)?>(
+                $body::<$ty $(, $k, $one)?>(
                     a,
                     a_stride as usize,
                     b,
@@ -485,7 +485,7 @@ macro_rules! swiglu_fwd_kernel {
 }
 
 macro_rules! swiglu_bwd_kernel {
-    ($ty:ty, $name:ident, $body:ident $(:: $k:ident)?, $doc:literal) => {
+    ($ty:ty, $name:ident, $body:ident $(:: $k:ident, $one:literal)?, $doc:literal) => {
         /// SwiGLU backward for one dtype (see the module docs): with `g = dc·dm`,
         /// `db = g·silu(z)`, `da = g·silu'(z)·gm·b`, `z = a·gm`.
         #[doc = $doc]
@@ -510,7 +510,7 @@ macro_rules! swiglu_bwd_kernel {
             dm: f32,
         ) {
             unsafe {
-                $body::<$ty $(, $k)?>(
+                $body::<$ty $(, $k, $one)?>(
                     dc,
                     dc_stride as usize,
                     a,
@@ -530,11 +530,13 @@ macro_rules! swiglu_bwd_kernel {
 }
 
 macro_rules! swiglu_kernels {
-    ($ty:ty, $fwd:ident, $bwd:ident, $fwd_v:ident, $bwd_v:ident) => {
+    ($ty:ty, $fwd:ident, $bwd:ident, $fwd_v:ident, $bwd_v:ident, $fwd_t:ident, $bwd_t:ident) => {
         swiglu_fwd_kernel!($ty, $fwd, forward, "Scalar kernel: any alignment, any `cols`.");
         swiglu_bwd_kernel!($ty, $bwd, backward, "Scalar kernel: any alignment, any `cols`.");
-        swiglu_fwd_kernel!($ty, $fwd_v, forward_vec::FWD_VECS, "16-byte vector kernel: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per vector.");
-        swiglu_bwd_kernel!($ty, $bwd_v, backward_vec::BWD_VECS, "16-byte vector kernel: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per vector.");
+        swiglu_fwd_kernel!($ty, $fwd_v, forward_vec::FWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per vector.");
+        swiglu_bwd_kernel!($ty, $bwd_v, backward_vec::BWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per vector.");
+        swiglu_fwd_kernel!($ty, $fwd_t, forward_vec::FWD_VECS, true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
+        swiglu_bwd_kernel!($ty, $bwd_t, backward_vec::BWD_VECS, true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
     };
 }
 
@@ -543,19 +545,25 @@ swiglu_kernels!(
     swiglu_fwd_f32,
     swiglu_bwd_f32,
     swiglu_fwd_v_f32,
-    swiglu_bwd_v_f32
+    swiglu_bwd_v_f32,
+    swiglu_fwd_vt_f32,
+    swiglu_bwd_vt_f32
 );
 swiglu_kernels!(
     f16,
     swiglu_fwd_f16,
     swiglu_bwd_f16,
     swiglu_fwd_v_f16,
-    swiglu_bwd_v_f16
+    swiglu_bwd_v_f16,
+    swiglu_fwd_vt_f16,
+    swiglu_bwd_vt_f16
 );
 swiglu_kernels!(
     Bf16,
     swiglu_fwd_bf16,
     swiglu_bwd_bf16,
     swiglu_fwd_v_bf16,
-    swiglu_bwd_v_bf16
+    swiglu_bwd_v_bf16,
+    swiglu_fwd_vt_bf16,
+    swiglu_bwd_vt_bf16
 );
