@@ -26,6 +26,11 @@ const MAX_THREADS: usize = 256;
 const FWD_VECS: usize = 3;
 /// The same for the backward vector kernels `swiglu_bwd_v_*` (`BWD_VECS` there).
 const BWD_VECS: usize = 3;
+/// 16-byte vectors per thread of the one-tile-per-block forward kernels `swiglu_fwd_vt_*`
+/// (`FWD_VECS_WHOLE` there).
+const FWD_VECS_WHOLE: usize = 4;
+/// The same for the backward `swiglu_bwd_vt_*` (`BWD_VECS_WHOLE` there).
+const BWD_VECS_WHOLE: usize = 2;
 /// Largest `rows`, `cols` and row stride the vector kernels take (they index in 32 bits).
 const VEC_MAX: usize = i32::MAX as usize;
 
@@ -262,37 +267,50 @@ impl Path {
 ///
 /// Scalar: `threads` per block for `cols` (see [`threads_for`]), a tile is `ITEMS · threads`
 /// columns of one row. Vector: the `rows × cols / lanes` vectors form one flat range, a tile
-/// is `per_thread · threads` consecutive vectors, up to 256 threads per block.
+/// is `per_thread · threads` consecutive vectors (`whole_per_thread` for `_vt`), up to 256
+/// threads per block.
 fn config<T: Dtype>(
     kernels: &Kernels,
     path: Path,
     direction: &str,
+    whole_per_thread: usize,
     rows: usize,
     cols: usize,
 ) -> Result<(CudaFunction, LaunchConfig)> {
+    let vecs = rows as u64 * (cols / (16 / std::mem::size_of::<T>())) as u64;
+    let vector_shape = |per_thread: usize| {
+        let threads =
+            (vecs.div_ceil(per_thread as u64).next_multiple_of(32) as usize).min(MAX_THREADS);
+        let per_tile = (per_thread * threads) as u64;
+        (threads, vecs.div_ceil(per_tile), per_tile)
+    };
     let (threads, tiles, per_tile) = match path {
         Path::Scalar => {
             let threads = threads_for(cols);
             let tiles = (rows as u64).saturating_mul(cols.div_ceil(ITEMS * threads) as u64);
             (threads, tiles, (ITEMS * threads) as u64)
         }
-        Path::Vector { per_thread } => {
-            let vecs = rows as u64 * (cols / (16 / std::mem::size_of::<T>())) as u64;
-            let threads =
-                (vecs.div_ceil(per_thread as u64).next_multiple_of(32) as usize).min(MAX_THREADS);
-            let per_tile = (per_thread * threads) as u64;
-            (threads, vecs.div_ceil(per_tile), per_tile)
-        }
+        Path::Vector { per_thread } => vector_shape(per_thread),
     };
     let func = kernels.function(&path.kernel::<T>(direction, false))?;
     let resident = kernels.resident_blocks(&func, threads as u32, 0)?;
-    // The vector kernels step `grid · per_tile` vectors in 32 bits.
-    let max_grid = (i32::MAX as u64 / per_tile).max(1);
-    let (func, grid) = match path {
-        Path::Vector { .. } if whole_grid(tiles, resident) && tiles <= max_grid => {
-            (kernels.function(&path.kernel::<T>(direction, true))?, tiles)
+    // The vector kernels index `grid · per_tile` vectors in 32 bits.
+    let fits = |tiles: u64, per_tile: u64| tiles <= (i32::MAX as u64 / per_tile).max(1);
+    let whole = vector_shape(whole_per_thread);
+    let (func, grid, threads) = match path {
+        Path::Vector { .. } if whole_grid(tiles, resident) && fits(whole.1, whole.2) => (
+            kernels.function(&path.kernel::<T>(direction, true))?,
+            whole.1,
+            whole.0,
+        ),
+        _ => {
+            let max_grid = (i32::MAX as u64 / per_tile).max(1);
+            (
+                func,
+                tiles.min((resident as u64).clamp(1, max_grid)),
+                threads,
+            )
         }
-        _ => (func, tiles.min((resident as u64).clamp(1, max_grid))),
     };
     let cfg = LaunchConfig {
         grid_dim: (grid as u32, 1, 1),
@@ -320,7 +338,7 @@ fn launch_forward<T: Dtype>(stream: &Arc<CudaStream>, args: &SwigluArgs, p: Forw
         FWD_VECS,
     );
     let kernels = kernels(stream.context())?;
-    let (func, cfg) = config::<T>(&kernels, path, "fwd", args.rows, args.cols)?;
+    let (func, cfg) = config::<T>(&kernels, path, "fwd", FWD_VECS_WHOLE, args.rows, args.cols)?;
     let (a_stride, b_stride, c_stride) =
         (p.a_stride as u64, p.b_stride as u64, args.c_stride as u64);
     let (rows, cols) = (args.rows as u64, args.cols as u64);
@@ -368,7 +386,7 @@ fn launch_backward<T: Dtype>(
         BWD_VECS,
     );
     let kernels = kernels(stream.context())?;
-    let (func, cfg) = config::<T>(&kernels, path, "bwd", args.rows, args.cols)?;
+    let (func, cfg) = config::<T>(&kernels, path, "bwd", BWD_VECS_WHOLE, args.rows, args.cols)?;
     let (a_stride, b_stride, c_stride) =
         (p.a_stride as u64, p.b_stride as u64, args.c_stride as u64);
     let (rows, cols) = (args.rows as u64, args.cols as u64);

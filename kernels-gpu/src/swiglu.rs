@@ -25,7 +25,9 @@
 //! `K · blockDim.x` vectors (`K` = `FWD_VECS`, `BWD_VECS`). Thread `t` of a tile takes
 //! vectors `t, t + blockDim.x, …` (coalesced `ld/st.global.v4`), and loads its next tile
 //! before computing the current one, so all `K` vectors of every operand are in flight at
-//! once. Each thread tracks the (row, column) of its vectors incrementally in 32 bits (three
+//! once. Their `_vt` twins run one tile per block over a grid of every tile (`K` =
+//! `FWD_VECS_WHOLE`, `BWD_VECS_WHOLE`; no next tile, so about half the registers and more
+//! blocks per SM), which the host picks for many waves of tiles. Each thread tracks the (row, column) of its vectors incrementally in 32 bits (three
 //! divisions per thread at start, none per vector), so row strides and the fused layout cost
 //! one wide multiply-add per pointer per vector. The f32 math per element is the scalar
 //! kernels' (same functions, same order), so both paths give the same bits.
@@ -39,6 +41,12 @@ const ITEMS: usize = 4;
 const FWD_VECS: usize = 3;
 /// The same for the backward `_v` kernels (`BWD_VECS` on the host).
 const BWD_VECS: usize = 3;
+/// 16-byte vectors of each operand per thread in the one-tile-per-block forward `_vt`
+/// kernels (`FWD_VECS_WHOLE` on the host): with no next tile in registers they fit more.
+const FWD_VECS_WHOLE: usize = 4;
+/// The same for the backward `_vt` kernels (`BWD_VECS_WHOLE` on the host): three operands
+/// and two outputs per vector make smaller tiles faster there.
+const BWD_VECS_WHOLE: usize = 2;
 
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
 
@@ -535,8 +543,8 @@ macro_rules! swiglu_kernels {
         swiglu_bwd_kernel!($ty, $bwd, backward, "Scalar kernel: any alignment, any `cols`.");
         swiglu_fwd_kernel!($ty, $fwd_v, forward_vec::FWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per vector.");
         swiglu_bwd_kernel!($ty, $bwd_v, backward_vec::BWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per vector.");
-        swiglu_fwd_kernel!($ty, $fwd_t, forward_vec::FWD_VECS, true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
-        swiglu_bwd_kernel!($ty, $bwd_t, backward_vec::BWD_VECS, true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
+        swiglu_fwd_kernel!($ty, $fwd_t, forward_vec::FWD_VECS_WHOLE, true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
+        swiglu_bwd_kernel!($ty, $bwd_t, backward_vec::BWD_VECS_WHOLE, true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
     };
 }
 
