@@ -280,7 +280,7 @@ fn config<T: Dtype>(
     let vecs = rows as u64 * (cols / (16 / std::mem::size_of::<T>())) as u64;
     let vector_shape = |per_thread: usize| {
         let threads =
-            (vecs.div_ceil(per_thread as u64).next_multiple_of(32) as usize).min(MAX_THREADS);
+            (vecs.div_ceil(per_thread as u64).next_multiple_of(32) as usize).clamp(32, MAX_THREADS);
         let per_tile = (per_thread * threads) as u64;
         (threads, vecs.div_ceil(per_tile), per_tile)
     };
@@ -296,12 +296,18 @@ fn config<T: Dtype>(
     let resident = kernels.resident_blocks(&func, threads as u32, 0)?;
     // The vector kernels index `grid · per_tile` vectors in 32 bits.
     let fits = |tiles: u64, per_tile: u64| tiles <= (i32::MAX as u64 / per_tile).max(1);
-    let whole = vector_shape(whole_per_thread);
-    let (func, grid, threads) = match path {
-        Path::Vector { .. } if whole_grid(tiles, resident) && fits(whole.1, whole.2) => (
+    // Only the vector path has `_vt` twins (and `vecs > 0`: `cols` is whole vectors).
+    let whole = match path {
+        Path::Vector { .. } if whole_grid(tiles, resident) => {
+            Some(vector_shape(whole_per_thread)).filter(|w| fits(w.1, w.2))
+        }
+        _ => None,
+    };
+    let (func, grid, threads) = match whole {
+        Some((threads, tiles, _)) => (
             kernels.function(&path.kernel::<T>(direction, true))?,
-            whole.1,
-            whole.0,
+            tiles,
+            threads,
         ),
         _ => {
             let max_grid = (i32::MAX as u64 / per_tile).max(1);
