@@ -261,14 +261,7 @@ impl Path {
     }
 }
 
-/// Kernel and launch shape: as many blocks as fit on the device at once (the kernels walk
-/// their tiles grid-stride), never more than there are tiles; or, for the vector path with
-/// many waves of tiles ([`whole_grid`]), the `_vt` twin with one block per tile.
-///
-/// Scalar: `threads` per block for `cols` (see [`threads_for`]), a tile is `ITEMS · threads`
-/// columns of one row. Vector: the `rows × cols / lanes` vectors form one flat range, a tile
-/// is `per_thread · threads` consecutive vectors (`whole_per_thread` for `_vt`), up to 256
-/// threads per block.
+/// Kernel and launch shape (see [`launch_shape`]).
 fn config<T: Dtype>(
     kernels: &Kernels,
     path: Path,
@@ -277,6 +270,47 @@ fn config<T: Dtype>(
     rows: usize,
     cols: usize,
 ) -> Result<(CudaFunction, LaunchConfig)> {
+    let func = kernels.function(&path.kernel::<T>(direction, false))?;
+    let shape = launch_shape::<T>(path, whole_per_thread, rows, cols, |threads| {
+        kernels.resident_blocks(&func, threads, 0)
+    })?;
+    let func = match shape.whole {
+        true => kernels.function(&path.kernel::<T>(direction, true))?,
+        false => func,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (shape.grid, 1, 1),
+        block_dim: (shape.threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    Ok((func, cfg))
+}
+
+/// A launch's shape: the kernel variant, blocks and threads per block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Shape {
+    /// Whether the one-tile-per-block `_vt` twin runs (else the grid-stride kernel).
+    whole: bool,
+    grid: u32,
+    threads: u32,
+}
+
+/// As many blocks as fit on the device at once (the kernels walk their tiles grid-stride),
+/// never more than there are tiles; or, for the vector path with many waves of tiles
+/// ([`whole_grid`]), the `_vt` twin with one block per tile. `resident(threads)` is the
+/// grid-stride kernel's resident blocks at `threads` per block.
+///
+/// Scalar: `threads` per block for `cols` (see [`threads_for`]), a tile is `ITEMS · threads`
+/// columns of one row. Vector: the `rows × cols / lanes` vectors form one flat range, a tile
+/// is `per_thread · threads` consecutive vectors (`whole_per_thread` for `_vt`), up to 256
+/// threads per block.
+fn launch_shape<T>(
+    path: Path,
+    whole_per_thread: usize,
+    rows: usize,
+    cols: usize,
+    resident: impl FnOnce(u32) -> Result<usize>,
+) -> Result<Shape> {
     let vecs = rows as u64 * (cols / (16 / std::mem::size_of::<T>())) as u64;
     let vector_shape = |per_thread: usize| {
         let threads =
@@ -292,38 +326,28 @@ fn config<T: Dtype>(
         }
         Path::Vector { per_thread } => vector_shape(per_thread),
     };
-    let func = kernels.function(&path.kernel::<T>(direction, false))?;
-    let resident = kernels.resident_blocks(&func, threads as u32, 0)?;
+    let resident = resident(threads as u32)?;
     // The vector kernels index `grid · per_tile` vectors in 32 bits.
-    let fits = |tiles: u64, per_tile: u64| tiles <= (i32::MAX as u64 / per_tile).max(1);
+    let max_grid = |per_tile: u64| (i32::MAX as u64 / per_tile).max(1);
     // Only the vector path has `_vt` twins (and `vecs > 0`: `cols` is whole vectors).
     let whole = match path {
         Path::Vector { .. } if whole_grid(tiles, resident) => {
-            Some(vector_shape(whole_per_thread)).filter(|w| fits(w.1, w.2))
+            Some(vector_shape(whole_per_thread)).filter(|w| w.1 <= max_grid(w.2))
         }
         _ => None,
     };
-    let (func, grid, threads) = match whole {
-        Some((threads, tiles, _)) => (
-            kernels.function(&path.kernel::<T>(direction, true))?,
-            tiles,
-            threads,
-        ),
-        _ => {
-            let max_grid = (i32::MAX as u64 / per_tile).max(1);
-            (
-                func,
-                tiles.min((resident as u64).clamp(1, max_grid)),
-                threads,
-            )
-        }
-    };
-    let cfg = LaunchConfig {
-        grid_dim: (grid as u32, 1, 1),
-        block_dim: (threads as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    Ok((func, cfg))
+    Ok(match whole {
+        Some((threads, tiles, _)) => Shape {
+            whole: true,
+            grid: tiles as u32,
+            threads: threads as u32,
+        },
+        None => Shape {
+            whole: false,
+            grid: tiles.min((resident as u64).clamp(1, max_grid(per_tile))) as u32,
+            threads: threads as u32,
+        },
+    })
 }
 
 /// Pointers and strides of one forward launch.
@@ -811,6 +835,43 @@ mod tests {
         assert_eq!(choose(big, 8, &[256], &[8]), (s, s, s));
         assert_eq!(choose(2, 8, &[256], &[big.next_multiple_of(8)]), (s, s, s));
         assert_eq!(choose(2, VEC_MAX - 7, &[256], &[VEC_MAX - 7]), (v, v, v));
+    }
+
+    #[test]
+    fn launch_shapes_pick_whole_grids_for_many_waves_of_vector_tiles() {
+        let shape = |path, whole_k, rows, cols, resident: usize| {
+            launch_shape::<bf16>(path, whole_k, rows, cols, |_| Ok(resident)).unwrap()
+        };
+        let v = Path::Vector { per_thread: 3 };
+        // Scalar shapes (no whole vectors, even none at all): grid-stride, never `_vt`.
+        for (rows, cols) in [(1, 1), (3, 1), (70_000, 3), (2, 14337), (1, 70001)] {
+            let s = shape(Path::Scalar, 4, rows, cols, 396);
+            assert!(
+                !s.whole && s.grid >= 1 && s.grid <= 396,
+                "{rows}×{cols}: {s:?}"
+            );
+            assert!(s.threads >= 32 && s.threads <= 256);
+        }
+        // Few tiles: grid-stride over at most one block per tile.
+        let s = shape(v, 4, 3, 11008, 396);
+        assert_eq!((s.whole, s.grid, s.threads), (false, 6, 256));
+        // The benchmark shape: 16384 × 1792 vectors, 38229 tiles of 768 ≥ 4 × 396, so one
+        // block per tile of 4 × 256 vectors (forward) or 2 × 256 (backward).
+        let s = shape(v, 4, 16384, 14336, 396);
+        assert_eq!((s.whole, s.grid, s.threads), (true, 28672, 256));
+        let s = shape(v, 2, 16384, 14336, 396);
+        assert_eq!((s.whole, s.grid, s.threads), (true, 57344, 256));
+        // Just under four waves stays grid-stride.
+        let s = shape(v, 4, 3 * 512, 8 * 256, 396);
+        assert_eq!((s.whole, s.grid), (false, 396));
+        // Beyond a 32-bit grid index the whole grid does not fit: grid-stride, capped.
+        let s = shape(v, 4, 1 << 30, 64, 396);
+        assert!(!s.whole && s.grid == 396);
+        let s = shape(v, 4, usize::MAX >> 4, 8, usize::MAX >> 8);
+        assert!(!s.whole && s.grid as u64 * 768 <= i32::MAX as u64);
+        // Driver errors pass through.
+        let err = launch_shape::<f32>(v, 4, 8, 8, |_| Err(crate::Error::NoDriver));
+        assert!(err.is_err());
     }
 
     #[test]
