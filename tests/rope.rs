@@ -617,16 +617,17 @@ fn gpu_every_form_for_every_dtype() {
 
 #[test]
 fn gpu_vector_kernels_walk_many_tokens_grid_stride() {
-    // The vector kernels launch at most one resident grid and walk tokens grid-stride; the
-    // per-position row is advanced incrementally (wrapping at S) and gathered ids are loaded
-    // one token ahead. 200 k tokens of 1 + 1 heads of d = 16 f32 (2 vectors per half, 64
-    // tokens per block) are several passes on any current GPU (an H200 holds ~50 k such tokens
-    // at once); S = 50021 makes the stride wrap S at a different place every pass. (About 2 s,
-    // mostly the CPU reference.)
+    // Below 4 waves of token steps the vector kernels launch one resident grid and walk
+    // tokens grid-stride (from 4 waves, one block per step: `whole_grid` in src/launch.rs);
+    // the per-position row is advanced incrementally (wrapping at S) and gathered ids are
+    // loaded one token ahead. 150 k tokens of 1 + 1 heads of d = 16 f32 (2 vectors per half,
+    // 64 tokens per block: 2345 steps) are about 3 passes on an H200 (792 resident blocks,
+    // ~50 k tokens at once) and under 4 on an A100 or H100 too; S = 50021 makes the stride
+    // wrap S at a different place every pass. (About 2 s, mostly the CPU reference.)
     let Some(stream) = gpu("gpu_vector_kernels_walk_many_tokens_grid_stride") else {
         return;
     };
-    let shape = (4, 50021, 1, 1, 16, 16);
+    let shape = (3, 50021, 1, 1, 16, 16);
     for (f, form) in [Form::PerPosition, Form::Ids32].into_iter().enumerate() {
         run_case::<f32>(&stream, shape, form, f == 1, 45_000 + f as u64);
     }
