@@ -503,12 +503,14 @@ fn gpu_special_values_match_the_reference() {
 }
 
 #[test]
-fn gpu_many_rows_take_the_whole_grid_forward_kernels() {
+fn gpu_forward_rows_walk_grid_stride_or_take_a_block_each() {
     // Rows ≥ 4 waves of resident blocks run the forward's one-row-per-block `_vr{K}` kernels
     // for K ≥ 2: 4000 × 2048 f32 (`_vr2`, 256 threads) and 2200 × 8192 f16 (`_vr4`); the
-    // shared-memory dW test's 6400 × 4096 16-bit rows run `_vr2` too. The sweep's shapes are
-    // too few rows.
-    let test = "gpu_many_rows_take_the_whole_grid_forward_kernels";
+    // shared-memory dW test's 6400 × 4096 16-bit rows run `_vr2` too. Between one and four
+    // waves the `_v{K}` kernels walk rows grid-stride, prefetching each block's next row: on
+    // an H200 1500 × 4096 bf16 (`_v2`, 528 blocks) and 1000 × 4096 f32 (`_v4`, 396 blocks)
+    // give blocks 2–3 rows. The sweep's shapes are one row per block or fewer.
+    let test = "gpu_forward_rows_walk_grid_stride_or_take_a_block_each";
     let Some(stream) = gpu(test) else {
         return;
     };
