@@ -51,6 +51,20 @@ pub(crate) fn whole_grid(items: u64, resident: usize) -> bool {
     items >= WHOLE_GRID_MIN_WAVES.saturating_mul(resident as u64)
 }
 
+/// The grid for `items` rows or token steps of a grid-stride kernel with `resident` blocks
+/// resident at once, and whether its one-item-per-block twin runs instead: with `twin` (one
+/// exists, or the kernel itself keeps no next-item state, as RoPE's) and [`whole_grid`], one
+/// block per item; otherwise at most `resident` blocks and at
+/// most one per item. Grids stay below 2³¹ blocks.
+pub(crate) fn item_grid(items: usize, resident: usize, twin: bool) -> (bool, u32) {
+    const MAX_GRID: usize = i32::MAX as usize;
+    if twin && whole_grid(items as u64, resident) && items <= MAX_GRID {
+        (true, items as u32)
+    } else {
+        (false, items.min(resident).min(MAX_GRID) as u32)
+    }
+}
+
 /// The buffer must belong to the stream's context: the same `CUcontext`, whichever
 /// `CudaContext` handle it came through (every `CudaContext::new(ordinal)`, hence every
 /// [`cuda_context`](crate::cuda_context) call, is a new handle on the device's primary context).
@@ -116,6 +130,22 @@ mod tests {
         assert!(!whole_grid(4 * 528 - 1, 528));
         assert!(whole_grid(4 * 528, 528));
         assert!(whole_grid(u64::MAX, usize::MAX));
+    }
+
+    #[test]
+    fn item_grids_take_a_block_per_item_only_with_a_twin_and_many_waves() {
+        // 16384 rows over 528 resident blocks: 31 waves.
+        assert_eq!(item_grid(16384, 528, true), (true, 16384));
+        assert_eq!(item_grid(16384, 528, false), (false, 528));
+        // Under 4 waves: grid-stride, at most one block per item.
+        assert_eq!(item_grid(2111, 528, true), (false, 528));
+        assert_eq!(item_grid(300, 528, true), (false, 300));
+        // Beyond a grid's 2³¹ − 1 blocks: grid-stride over the resident blocks.
+        assert_eq!(item_grid(1 << 31, 528, true), (false, 528));
+        assert_eq!(
+            item_grid(usize::MAX, usize::MAX, false),
+            (false, i32::MAX as u32)
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use crate::CastingMode;
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
-use crate::launch::{Region, at_least, disjoint, exactly, same_context, span, whole_grid};
+use crate::launch::{Region, at_least, disjoint, exactly, item_grid, same_context, span};
 use crate::module::{Kernels, kernels};
 use crate::settings::{LaunchSettings, MAX_FUSED_SIZE, calculate_settings};
 use cudarc::driver::{
@@ -306,17 +306,18 @@ fn forward_kernel<T: Dtype>(
 ) -> Result<(CudaFunction, u32)> {
     let func = kernels.function(&plan.kernel::<T>("fwd", mode))?;
     let resident = kernels.resident_blocks(&func, plan.threads(), REDUCE_SMEM_BYTES)?;
-    match plan {
-        Plan::Vector { per_thread, .. }
-            if per_thread >= 2
-                && whole_grid(rows as u64, resident)
-                && rows <= i32::MAX as usize =>
-        {
-            let name = vector_kernel::<T>("fwd", "r", per_thread, mode);
-            Ok((kernels.function(&name)?, rows as u32))
+    let twin = match plan {
+        Plan::Vector { per_thread, .. } if per_thread >= 2 => {
+            Some(vector_kernel::<T>("fwd", "r", per_thread, mode))
         }
-        _ => Ok((func, rows.min(resident).min(i32::MAX as usize) as u32)),
-    }
+        _ => None,
+    };
+    let (whole, grid) = item_grid(rows, resident, twin.is_some());
+    let func = match twin {
+        Some(name) if whole => kernels.function(&name)?,
+        _ => func,
+    };
+    Ok((func, grid))
 }
 
 /// Most threads per block the named kernel can launch with (fewer when it uses many registers).

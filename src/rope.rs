@@ -2,7 +2,7 @@
 //! [`crate::reference::rope`], semantics: DESIGN.md §3).
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
-use crate::launch::{Region, disjoint, exactly, same_context, whole_grid};
+use crate::launch::{Region, disjoint, exactly, item_grid, same_context};
 use crate::module::kernels;
 use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
@@ -512,19 +512,15 @@ fn rope<T: Dtype>(
             let (bx, by, bz) = vector_block(r / 2 / lanes, heads, sizes.tokens);
             let threads = bx * by * bz;
             // Grid-stride over tokens: as many blocks as are resident at once, at most one per
-            // `bz` tokens; with many waves of token steps, one block per step (`whole_grid`).
+            // `bz` tokens; with many waves of token steps, one block per step (`item_grid`: the
+            // kernel holds nothing for its next step, so it is its own twin).
             let resident = kernels.resident_blocks(&func, threads, 0)?;
             let steps = sizes.tokens.div_ceil(bz as usize);
-            let blocks = if whole_grid(steps as u64, resident) {
-                steps
-            } else {
-                steps.min(resident)
-            }
-            .min(i32::MAX as usize);
+            let (_, blocks) = item_grid(steps, resident, true);
             (
                 func,
                 LaunchConfig {
-                    grid_dim: (blocks as u32, 1, 1),
+                    grid_dim: (blocks, 1, 1),
                     block_dim: (bx, by, bz),
                     shared_mem_bytes: 0,
                 },

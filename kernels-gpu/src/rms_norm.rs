@@ -640,7 +640,8 @@ dw_reduce_kernel!(f16, rms_norm_dw_reduce_f16);
 dw_reduce_kernel!(Bf16, rms_norm_dw_reduce_bf16);
 
 /// The vector kernels of one dtype and mode: forward with 1, 2, 4 vectors per thread (grid-stride
-/// `_v{K}`, and one row per block `_vr{K}` for K = 2, 4), backward with 1 and 2 (its dW accumulators need the registers).
+/// `_v{K}`, and one row per block `_vr{K}` for K = 2, 4), backward with 1 and 2 (its dW
+/// accumulators need the registers).
 macro_rules! rms_norm_vec_family {
     (
         $ty:ty, $mode:expr, $f1:ident, $b1:ident, $s1:ident, $f2:ident, $b2:ident, $s2:ident,

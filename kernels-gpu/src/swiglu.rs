@@ -27,9 +27,10 @@
 //! before computing the current one, so all `K` vectors of every operand are in flight at
 //! once. Their `_vt` twins run one tile per block over a grid of every tile (`K` =
 //! `FWD_VECS_WHOLE`, `BWD_VECS_WHOLE`; no next tile, so about half the registers and more
-//! blocks per SM), which the host picks for many waves of tiles. Each thread tracks the (row, column) of its vectors incrementally in 32 bits (three
-//! divisions per thread at start, none per vector), so row strides and the fused layout cost
-//! one wide multiply-add per pointer per vector. The f32 math per element is the scalar
+//! blocks per SM), which the host picks for many waves of tiles. Each thread tracks the
+//! (row, column) of its vectors incrementally in 32 bits (three divisions per thread at start,
+//! none per vector), so row strides and the fused layout cost one wide multiply-add per
+//! pointer per vector. The f32 math per element is the scalar
 //! kernels' (same functions, same order), so both paths give the same bits.
 use crate::{Bf16, Elem, V16, block_dim, block_idx, grid_dim, lanes, thread_idx, unroll};
 
