@@ -230,10 +230,12 @@ impl Plan {
         }
     }
 
-    fn kernel<T: Dtype>(self, direction: &str, mode: CastingMode) -> String {
+    fn kernel<T: Dtype>(self, direction: &str, args: &RmsNormArgs) -> String {
         match self {
-            Plan::Scalar { .. } => scalar_kernel::<T>(direction, mode),
-            Plan::Vector { per_thread, .. } => vector_kernel::<T>(direction, "", per_thread, mode),
+            Plan::Scalar { .. } => scalar_kernel::<T>(direction, args.mode),
+            Plan::Vector { per_thread, .. } => {
+                vector_kernel::<T>(direction, "", per_thread, vector_mode::<T>(args))
+            }
         }
     }
 }
@@ -243,18 +245,30 @@ fn scalar_kernel<T: Dtype>(direction: &str, mode: CastingMode) -> String {
 }
 
 /// `rms_norm_{direction}_v{variant}{per_thread}_{dtype}_{mode}`, the variant `""` (`_v2`), `"s"`
-/// (backward, dW in shared memory: `_vs2`) or `"r"` (forward, one row per block: `_vr2`).
+/// (backward, dW in shared memory: `_vs2`) or `"r"` (forward, one row per block: `_vr2`), the
+/// mode from [`vector_mode`].
 fn vector_kernel<T: Dtype>(
     direction: &str,
     variant: &str,
     per_thread: usize,
-    mode: CastingMode,
+    mode: &str,
 ) -> String {
     format!(
-        "rms_norm_{direction}_v{variant}{per_thread}_{}_{}",
-        T::NAME,
-        mode.name()
+        "rms_norm_{direction}_v{variant}{per_thread}_{}_{mode}",
+        T::NAME
     )
+}
+
+/// The mode part of a vector kernel's name. The `llama` vector kernels form the weight product
+/// `D(x·r)·(offset + w)` as one packed product of two values of `T`, exact only when
+/// `offset + w` is a value of `T`: always in f32, and in 16-bit types when `offset = ±0` (the
+/// HF formula). Other offsets in 16-bit llama run the `llama_offset` kernels, which multiply
+/// lane by lane in f32 (more registers, fewer blocks per SM). The scalar kernels take any offset.
+fn vector_mode<T: Dtype>(args: &RmsNormArgs) -> &'static str {
+    match args.mode {
+        CastingMode::Llama if std::mem::size_of::<T>() == 2 && args.offset != 0.0 => "llama_offset",
+        mode => mode.name(),
+    }
 }
 
 /// The backward kernel for `plan` and its dynamic shared memory. With a weight, a vector plan
@@ -269,7 +283,7 @@ fn backward_kernel<T: Dtype>(
     args: &RmsNormArgs,
     weighted: bool,
 ) -> Result<(CudaFunction, u32)> {
-    let func = kernels.function(&plan.kernel::<T>("bwd", args.mode))?;
+    let func = kernels.function(&plan.kernel::<T>("bwd", args))?;
     let Plan::Vector {
         per_thread,
         threads,
@@ -282,7 +296,12 @@ fn backward_kernel<T: Dtype>(
         return Ok((func, REDUCE_SMEM_BYTES));
     }
     let smem = smem as u32;
-    let shared = kernels.function(&vector_kernel::<T>("bwd", "s", per_thread, args.mode))?;
+    let shared = kernels.function(&vector_kernel::<T>(
+        "bwd",
+        "s",
+        per_thread,
+        vector_mode::<T>(args),
+    ))?;
     let in_registers = kernels.resident_blocks(&func, threads, REDUCE_SMEM_BYTES)?;
     let in_shared = kernels.resident_blocks(&shared, threads, smem)?;
     if in_shared > in_registers && args.rows >= SMEM_DW_MIN_ROWS * in_shared {
@@ -301,18 +320,20 @@ fn backward_kernel<T: Dtype>(
 fn forward_kernel<T: Dtype>(
     kernels: &Kernels,
     plan: Plan,
-    mode: CastingMode,
-    rows: usize,
+    args: &RmsNormArgs,
 ) -> Result<(CudaFunction, u32)> {
-    let func = kernels.function(&plan.kernel::<T>("fwd", mode))?;
+    let func = kernels.function(&plan.kernel::<T>("fwd", args))?;
     let resident = kernels.resident_blocks(&func, plan.threads(), REDUCE_SMEM_BYTES)?;
     let twin = match plan {
-        Plan::Vector { per_thread, .. } if per_thread >= 2 => {
-            Some(vector_kernel::<T>("fwd", "r", per_thread, mode))
-        }
+        Plan::Vector { per_thread, .. } if per_thread >= 2 => Some(vector_kernel::<T>(
+            "fwd",
+            "r",
+            per_thread,
+            vector_mode::<T>(args),
+        )),
         _ => None,
     };
-    let (whole, grid) = item_grid(rows, resident, twin.is_some());
+    let (whole, grid) = item_grid(args.rows, resident, twin.is_some());
     let func = match twin {
         Some(name) if whole => kernels.function(&name)?,
         _ => func,
@@ -401,9 +422,14 @@ pub fn rms_norm_forward<T: Dtype>(
         &[x_ptr, w_ptr, y_ptr],
         &[args.x_stride, args.y_stride],
         FWD_PER_THREAD,
-        |k| capacity(&kernels, &vector_kernel::<T>("fwd", "", k, args.mode)),
+        |k| {
+            capacity(
+                &kernels,
+                &vector_kernel::<T>("fwd", "", k, vector_mode::<T>(args)),
+            )
+        },
     )?;
-    let (func, grid) = forward_kernel::<T>(&kernels, plan, args.mode, args.rows)?;
+    let (func, grid) = forward_kernel::<T>(&kernels, plan, args)?;
     disjoint(
         &[
             Region::new::<T>("y", y_ptr, y_span),
@@ -597,7 +623,12 @@ fn backward<T: Dtype>(
         &[dy_ptr.unwrap_or(dx_ptr), x_ptr, w_ptr, dx_ptr],
         &[args.x_stride, args.y_stride],
         BWD_PER_THREAD,
-        |k| capacity(&kernels, &vector_kernel::<T>("bwd", "", k, args.mode)),
+        |k| {
+            capacity(
+                &kernels,
+                &vector_kernel::<T>("bwd", "", k, vector_mode::<T>(args)),
+            )
+        },
     )?;
     let threads = plan.threads();
     let (func, smem) = backward_kernel::<T>(&kernels, plan, args, dw_ptr != 0)?;
@@ -714,39 +745,74 @@ mod tests {
     #[test]
     fn kernel_names_match_the_device_crate() {
         let in_ptx = |name: &str| crate::PTX.contains(&format!(".entry {name}("));
-        for mode in [CastingMode::Llama, CastingMode::Gemma, CastingMode::None] {
-            for k in FWD_PER_THREAD {
-                assert!(in_ptx(&vector_kernel::<bf16>("fwd", "", *k, mode)));
-                assert_eq!(
-                    in_ptx(&vector_kernel::<bf16>("fwd", "r", *k, mode)),
-                    *k >= 2
-                );
+        fn modes<T: Dtype>() -> Vec<&'static str> {
+            let mut m = vec!["llama", "gemma", "none"];
+            if std::mem::size_of::<T>() == 2 {
+                m.push("llama_offset");
             }
-            for k in BWD_PER_THREAD {
+            m
+        }
+        for k in FWD_PER_THREAD {
+            for mode in modes::<bf16>() {
+                assert!(in_ptx(&vector_kernel::<bf16>("fwd", "", *k, mode)));
+                let whole = in_ptx(&vector_kernel::<bf16>("fwd", "r", *k, mode));
+                assert_eq!(whole, *k >= 2);
+            }
+        }
+        for k in BWD_PER_THREAD {
+            for mode in modes::<f16>() {
                 assert!(in_ptx(&vector_kernel::<f16>("bwd", "", *k, mode)));
+            }
+            for mode in modes::<f32>() {
                 assert!(in_ptx(&vector_kernel::<f32>("bwd", "s", *k, mode)));
             }
         }
+        assert!(!in_ptx("rms_norm_fwd_v2_f32_llama_offset"));
         let v = Plan::Vector {
             per_thread: 2,
             threads: 256,
         };
+        let gemma = RmsNormArgs::new(1, 8).with_mode(CastingMode::Gemma);
         assert_eq!(
-            v.kernel::<bf16>("fwd", CastingMode::Gemma),
+            v.kernel::<bf16>("fwd", &gemma),
             "rms_norm_fwd_v2_bf16_gemma"
         );
         assert_eq!(
-            vector_kernel::<f16>("fwd", "r", 4, CastingMode::Llama),
+            vector_kernel::<f16>("fwd", "r", 4, "llama"),
             "rms_norm_fwd_vr4_f16_llama"
         );
-        assert_eq!(
-            vector_kernel::<f32>("bwd", "s", 1, CastingMode::None),
-            "rms_norm_bwd_vs1_f32_none"
-        );
         let s = Plan::Scalar { threads: 128 };
-        assert_eq!(
-            s.kernel::<f32>("bwd", CastingMode::None),
-            "rms_norm_bwd_f32_none"
-        );
+        let none = RmsNormArgs::new(1, 8).with_mode(CastingMode::None);
+        assert_eq!(s.kernel::<f32>("bwd", &none), "rms_norm_bwd_f32_none");
+    }
+
+    #[test]
+    fn llama_offsets_other_than_zero_take_the_lane_by_lane_kernels_in_16_bit_types() {
+        let llama = RmsNormArgs::new(1, 8);
+        let v = Plan::Vector {
+            per_thread: 1,
+            threads: 32,
+        };
+        for offset in [0.0, -0.0] {
+            let args = llama.with_offset(offset);
+            assert_eq!(vector_mode::<bf16>(&args), "llama");
+            assert_eq!(vector_mode::<f16>(&args), "llama");
+        }
+        for offset in [1.0, -2.5e-3] {
+            let args = llama.with_offset(offset);
+            assert_eq!(vector_mode::<bf16>(&args), "llama_offset");
+            assert_eq!(
+                v.kernel::<f16>("bwd", &args),
+                "rms_norm_bwd_v1_f16_llama_offset"
+            );
+            // In f32 the rounding D is the identity: the packed product is the same expression.
+            assert_eq!(vector_mode::<f32>(&args), "llama");
+            // The scalar kernels take any offset.
+            let s = Plan::Scalar { threads: 128 };
+            assert_eq!(s.kernel::<bf16>("fwd", &args), "rms_norm_fwd_bf16_llama");
+            for mode in [CastingMode::Gemma, CastingMode::None] {
+                assert_eq!(vector_mode::<bf16>(&args.with_mode(mode)), mode.name());
+            }
+        }
     }
 }

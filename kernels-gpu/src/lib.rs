@@ -32,6 +32,12 @@ pub mod mode {
     pub const GEMMA: u32 = 1;
     /// Everything in the tensor dtype.
     pub const NONE: u32 = 2;
+    /// Llama's cast points where `offset + w` is not exact in the dtype (16-bit types with an
+    /// offset other than ±0): the RMSNorm vector kernels then form the weight product lane by
+    /// lane in f32. Their `LLAMA` twins take it as one packed product and require
+    /// `offset = ±0` for 16-bit types; the host picks between them (the scalar kernels take any
+    /// offset in `LLAMA`).
+    pub const LLAMA_OFFSET: u32 = 3;
 }
 
 /// 16 bytes, 16-byte aligned: the unit of vectorised loads and stores (`ld/st.global.v4.b32`).
@@ -116,6 +122,23 @@ pub trait Elem: Copy {
     fn round(v: f32) -> f32 {
         Self::from_f32(v).to_f32()
     }
+    /// Lane-wise `D(a·b)` of two vectors of this type: the exact product rounded once, as
+    /// `from_f32(a · b)` on widened lanes gives (the f32 product of two 16-bit values is exact).
+    /// 16-bit types: one packed instruction per two lanes.
+    fn mul_rn(a: V16, b: V16) -> V16;
+    /// Lane-wise `D(a + b)`, like [`Elem::mul_rn`].
+    fn add_rn(a: V16, b: V16) -> V16;
+}
+
+/// `f(a, b)` on each of the four 32-bit words of two vectors.
+#[inline(always)]
+fn words(a: V16, b: V16, f: impl Fn(u32, u32) -> u32) -> V16 {
+    V16 {
+        a: f(a.a, b.a),
+        b: f(a.b, b.b),
+        c: f(a.c, b.c),
+        d: f(a.d, b.d),
+    }
 }
 
 impl Elem for f32 {
@@ -141,7 +164,36 @@ impl Elem for f32 {
             d: v[3].to_bits(),
         }
     }
+    #[inline(always)]
+    fn mul_rn(a: V16, b: V16) -> V16 {
+        words(a, b, |a, b| {
+            (f32::from_bits(a) * f32::from_bits(b)).to_bits()
+        })
+    }
+    #[inline(always)]
+    fn add_rn(a: V16, b: V16) -> V16 {
+        words(a, b, |a, b| {
+            (f32::from_bits(a) + f32::from_bits(b)).to_bits()
+        })
+    }
 }
+
+/// `D(a·b + c)` on two packed 16-bit lanes, `D` the type of `op` (`fma.rn.f16x2` or
+/// `fma.rn.bf16x2`, PTX ≥ 7.0, sm_80: one rounding, subnormals kept).
+macro_rules! fma_x2 {
+    ($op:literal, $a:expr, $b:expr, $c:expr) => {{
+        let d: u32;
+        // SAFETY: a pure register operation.
+        unsafe {
+            asm!(concat!($op, " {d}, {a}, {b}, {c};"), d = out(reg32) d, a = in(reg32) $a,
+                 b = in(reg32) $b, c = in(reg32) $c, options(pure, nomem, nostack))
+        };
+        d
+    }};
+}
+
+/// Two negative zeros: `a·b + (−0)` is `a·b` rounded once, zeros keeping the product's sign.
+const NEG_ZERO_X2: u32 = 0x8000_8000;
 
 /// `lo` and `hi` rounded to f16 (RNE) and packed, `lo` in the low half (`cvt.rn.f16x2.f32`).
 #[inline(always)]
@@ -195,6 +247,15 @@ impl Elem for f16 {
             d: f16x2(v[6], v[7]),
         }
     }
+    #[inline(always)]
+    fn mul_rn(a: V16, b: V16) -> V16 {
+        words(a, b, |a, b| fma_x2!("fma.rn.f16x2", a, b, NEG_ZERO_X2))
+    }
+    #[inline(always)]
+    fn add_rn(a: V16, b: V16) -> V16 {
+        const ONES: u32 = 0x3c00_3c00;
+        words(a, b, |a, b| fma_x2!("fma.rn.f16x2", a, ONES, b))
+    }
 }
 
 /// bfloat16 carried as its bit pattern (core has no bf16 type).
@@ -225,6 +286,15 @@ impl Elem for Bf16 {
     #[inline(always)]
     fn from_f32(v: f32) -> Self {
         Bf16(bf16x2(v, 0.0) as u16)
+    }
+    #[inline(always)]
+    fn mul_rn(a: V16, b: V16) -> V16 {
+        words(a, b, |a, b| fma_x2!("fma.rn.bf16x2", a, b, NEG_ZERO_X2))
+    }
+    #[inline(always)]
+    fn add_rn(a: V16, b: V16) -> V16 {
+        const ONES: u32 = 0x3f80_3f80;
+        words(a, b, |a, b| fma_x2!("fma.rn.bf16x2", a, ONES, b))
     }
 }
 

@@ -19,6 +19,11 @@
 //! many rows). The vector backward is persistent: each block keeps its dW partial row in
 //! registers (`_v{K}`) or shared memory (`_vs{K}`, see `backward_vec`) across all its rows and
 //! writes it once at the end.
+//!
+//! The vector kernels form the weight product `D(x·r)·(offset + w)` as one packed 16-bit
+//! product (`fma.rn.bf16x2` / `fma.rn.f16x2`: half the instructions of widening each lane and
+//! fewer registers) wherever that gives the mode's bits (see `packed_weight`); 16-bit llama rows
+//! with an offset other than ±0 run the `_llama_offset` twins, which multiply lane by lane.
 use crate::{
     Bf16, Elem, V16, block_dim, block_dim_y, block_idx, block_sum, block_sum2, fma, grid_dim,
     lanes, mode, sqrt, sync_threads, thread_idx, thread_idx_y, unroll,
@@ -29,6 +34,33 @@ use crate::{
 /// and up to 2³² columns, < 2¹²⁸; squares or partial sums that underflow when scaled (below
 /// 2¹¹) are below the last bit of a sum that large.
 const RESCALE: f32 = 1.0 / (1u128 << 80) as f32;
+
+/// Whether the weight product `D(x·r)·(offset + w)` (none mode: `D(D(x·r)·D(D(offset) + w))`)
+/// runs packed as `D(D(x·r)·w')` with `w' = D(offset + w)` ([`Elem::mul_rn`],
+/// [`Elem::add_rn`]), which gives the same bits: in none mode; in llama, whose 16-bit kernels
+/// require `offset = ±0` (`offset + w` exact in `T`; other offsets run `LLAMA_OFFSET`); in
+/// gemma, which does not round `x·r`, only in f32.
+#[inline(always)]
+fn packed_weight<T: Elem, const MODE: u32>() -> bool {
+    match MODE {
+        mode::NONE | mode::LLAMA => true,
+        mode::GEMMA => T::LANES == 4,
+        _ => false,
+    }
+}
+
+/// Llama's cast points (`LLAMA`, or `LLAMA_OFFSET` in the vector kernels).
+#[inline(always)]
+fn llama<const MODE: u32>() -> bool {
+    MODE == mode::LLAMA || MODE == mode::LLAMA_OFFSET
+}
+
+/// `D(offset + w)` lane-wise for each of `K` weight vectors (none mode: `D(D(offset) + w)`).
+#[inline(always)]
+fn offset_weight<T: Elem, const K: usize>(wv: &mut [V16; K], offset: f32) {
+    let off = T::pack(&[offset; 8]);
+    unroll::<K>(|k| wv[k] = T::add_rn(wv[k], off));
+}
 
 /// Per-row inverse RMS from this thread's part `part` of the row's sum of squares, with the
 /// mode's cast points (block-wide: every thread of the block calls it and gets the same value).
@@ -132,7 +164,7 @@ unsafe fn forward<T: Elem, const MODE: u32>(
 fn scaled_grad<T: Elem, const MODE: u32>(dy: f32, w: Option<f32>, offset: f32) -> f32 {
     match (w, MODE) {
         (None, _) => dy,
-        (Some(wc), mode::LLAMA) => T::round(dy * (wc + offset)),
+        (Some(wc), mode::LLAMA | mode::LLAMA_OFFSET) => T::round(dy * (wc + offset)),
         (Some(wc), mode::GEMMA) => dy * (wc + offset),
         (Some(wc), _) => T::round(dy * T::round(wc + T::round(offset))),
     }
@@ -216,6 +248,18 @@ unsafe fn load_row<const K: usize>(row: *const V16, vecs: usize) -> [V16; K] {
     v
 }
 
+/// Stores `out(k)` as this thread's `k`-th vector of a row (vectors past `vecs` skipped).
+#[inline(always)]
+unsafe fn store_row<const K: usize>(row: *mut V16, vecs: usize, out: impl Fn(usize) -> V16) {
+    let (tid, nt) = (thread_idx(), block_dim());
+    unroll::<K>(|k| {
+        let j = tid + k * nt;
+        if j < vecs {
+            unsafe { out(k).store(row.add(j)) };
+        }
+    });
+}
+
 #[inline(always)]
 unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize, const ONE: bool>(
     x: *const T,
@@ -232,11 +276,14 @@ unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize, const ONE: bool>
     let (tid, nt) = (thread_idx(), block_dim());
     let vecs = cols / T::LANES;
     let has_w = !w.is_null();
-    let wv = if has_w {
-        unsafe { load_row::<K>(w as *const V16, vecs) }
-    } else {
-        [V16::ZERO; K]
-    };
+    // The packed product holds `w'` in registers; the per-lane one re-reads w each row (an L1
+    // hit), so the grid-stride kernels do not hold its widened lanes across rows.
+    let packed = has_w && packed_weight::<T, MODE>();
+    let mut wv = [V16::ZERO; K];
+    if packed {
+        wv = unsafe { load_row::<K>(w as *const V16, vecs) };
+        offset_weight::<T, K>(&mut wv, offset);
+    }
     let load_x = |row: usize| match row < rows {
         true => unsafe { load_row::<K>(x.add(row * x_stride) as *const V16, vecs) },
         false => [V16::ZERO; K],
@@ -254,10 +301,10 @@ unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize, const ONE: bool>
         unroll::<K>(|k| {
             lanes::<T>(|i| {
                 let e = T::lane(&xv[k], i);
-                acc += if MODE == mode::NONE {
-                    T::round(e * e)
+                acc = if MODE == mode::NONE {
+                    acc + T::round(e * e)
                 } else {
-                    e * e
+                    fma(e, e, acc)
                 };
             })
         });
@@ -266,7 +313,7 @@ unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize, const ONE: bool>
             unroll::<K>(|k| {
                 lanes::<T>(|i| {
                     let v = T::lane(&xv[k], i) * s;
-                    sum += v * v;
+                    sum = fma(v, v, sum);
                 })
             });
             sum
@@ -276,23 +323,32 @@ unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize, const ONE: bool>
             unsafe { *rstd.add(row) = r };
         }
         let yr = unsafe { y.add(row * y_stride) } as *mut V16;
-        unroll::<K>(|k| {
-            let j = tid + k * nt;
-            if j < vecs {
-                let mut out = [0.0f32; 8];
-                lanes::<T>(|i| {
-                    let v = T::lane(&xv[k], i);
-                    let wc = T::lane(&wv[k], i);
-                    out[i] = match (has_w, MODE) {
-                        (false, _) => v * r,
-                        (true, mode::LLAMA) => T::round(v * r) * (offset + wc),
-                        (true, mode::GEMMA) => v * r * (offset + wc),
-                        (true, _) => T::round(v * r) * T::round(T::round(offset) + wc),
-                    };
-                });
-                unsafe { T::pack(&out).store(yr.add(j)) };
-            }
-        });
+        // `D(x·r)` of vector `k`, packed.
+        let normed = |k: usize| {
+            let mut h = [0.0f32; 8];
+            lanes::<T>(|i| h[i] = T::lane(&xv[k], i) * r);
+            T::pack(&h)
+        };
+        // One uniform branch per row, each arm straight-line code.
+        match (has_w, packed) {
+            (false, _) => unsafe { store_row::<K>(yr, vecs, normed) },
+            (true, true) => unsafe { store_row::<K>(yr, vecs, |k| T::mul_rn(normed(k), wv[k])) },
+            (true, false) => unsafe {
+                let wv = load_row::<K>(w as *const V16, vecs);
+                store_row::<K>(yr, vecs, |k| {
+                    let mut out = [0.0f32; 8];
+                    lanes::<T>(|i| {
+                        let v = T::lane(&xv[k], i);
+                        let wc = T::lane(&wv[k], i);
+                        out[i] = match llama::<MODE>() {
+                            true => T::round(v * r) * (offset + wc),
+                            false => v * r * (offset + wc),
+                        };
+                    });
+                    T::pack(&out)
+                })
+            },
+        }
         if ONE {
             return;
         }
@@ -329,6 +385,10 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
     // per-element test (the dW sums are then computed and not written).
     let ones = T::pack(&[1.0; 8]);
     let offset = if has_w { offset } else { 0.0 };
+    // m = D(dy·D(offset + w)) as one packed product where that is the mode's m (llama with
+    // `offset + w` exact in T, none); gemma keeps m in f32.
+    let packed = MODE != mode::GEMMA && packed_weight::<T, MODE>();
+    let off = T::pack(&[offset; 8]);
     let mut dw_acc = [[0.0f32; 8]; K];
     let dw_s = unsafe { core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>().add(64) };
     // This thread's slots (8 f32: two vectors of 4) for its `k`-th vector's columns.
@@ -360,6 +420,9 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
         // place of dy and is not recomputed; in gemma it is recomputed from dy.
         let packed_m = MODE != mode::GEMMA;
         let mut mv = [V16::ZERO; K];
+        if packed {
+            unroll::<K>(|k| mv[k] = T::mul_rn(gv[k], T::add_rn(wv[k], off)));
+        }
         let mut acc = 0.0f32;
         unroll::<K>(|k| {
             let mut m = [0.0f32; 8];
@@ -377,9 +440,12 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
             };
             lanes::<T>(|i| {
                 let (g, h) = (T::lane(&gv[k], i), T::lane(&xv[k], i) * r);
-                m[i] = scaled_grad::<T, MODE>(g, wc(k, i), offset);
+                m[i] = match packed {
+                    true => T::lane(&mv[k], i),
+                    false => scaled_grad::<T, MODE>(g, wc(k, i), offset),
+                };
                 acc = fma(m[i], h, acc);
-                let normed = if MODE == mode::LLAMA { T::round(h) } else { h };
+                let normed = if llama::<MODE>() { T::round(h) } else { h };
                 let old = match (SMEM_DW, i < 4) {
                     (false, _) => dw_acc[k][i],
                     (true, true) => f32::lane(&lo, i),
@@ -395,7 +461,7 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
                     unsafe { f32::pack(&d_hi).store(own(k).add(1)) };
                 }
             }
-            if packed_m {
+            if packed_m && !packed {
                 mv[k] = T::pack(&m);
             }
         });
@@ -731,6 +797,19 @@ rms_norm_vec_family!(
 );
 rms_norm_vec_family!(
     f16,
+    mode::LLAMA_OFFSET,
+    rms_norm_fwd_v1_f16_llama_offset,
+    rms_norm_bwd_v1_f16_llama_offset,
+    rms_norm_bwd_vs1_f16_llama_offset,
+    rms_norm_fwd_v2_f16_llama_offset,
+    rms_norm_bwd_v2_f16_llama_offset,
+    rms_norm_bwd_vs2_f16_llama_offset,
+    rms_norm_fwd_v4_f16_llama_offset,
+    rms_norm_fwd_vr2_f16_llama_offset,
+    rms_norm_fwd_vr4_f16_llama_offset
+);
+rms_norm_vec_family!(
+    f16,
     mode::GEMMA,
     rms_norm_fwd_v1_f16_gemma,
     rms_norm_bwd_v1_f16_gemma,
@@ -767,6 +846,19 @@ rms_norm_vec_family!(
     rms_norm_fwd_v4_bf16_llama,
     rms_norm_fwd_vr2_bf16_llama,
     rms_norm_fwd_vr4_bf16_llama
+);
+rms_norm_vec_family!(
+    Bf16,
+    mode::LLAMA_OFFSET,
+    rms_norm_fwd_v1_bf16_llama_offset,
+    rms_norm_bwd_v1_bf16_llama_offset,
+    rms_norm_bwd_vs1_bf16_llama_offset,
+    rms_norm_fwd_v2_bf16_llama_offset,
+    rms_norm_bwd_v2_bf16_llama_offset,
+    rms_norm_bwd_vs2_bf16_llama_offset,
+    rms_norm_fwd_v4_bf16_llama_offset,
+    rms_norm_fwd_vr2_bf16_llama_offset,
+    rms_norm_fwd_vr4_bf16_llama_offset
 );
 rms_norm_vec_family!(
     Bf16,
