@@ -147,6 +147,17 @@ fn opaque(v: u32) -> u32 {
     o
 }
 
+/// [`opaque`] on each word.
+#[inline(always)]
+fn opaque_v(v: V16) -> V16 {
+    V16 {
+        a: opaque(v.a),
+        b: opaque(v.b),
+        c: opaque(v.c),
+        d: opaque(v.d),
+    }
+}
+
 /// Position id of `token` for the gathered variants (0 past the end and for the others).
 #[inline(always)]
 unsafe fn raw_id<const ROWS: u32>(ids: *const u8, token: usize, tokens: usize) -> i64 {
@@ -252,13 +263,17 @@ unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool>(
                 x2[j] = unsafe { V16::load(at[j].add(vph as usize)) };
             });
             unroll::<VEC_HEADS>(|j| {
+                // cos/sin stay packed across heads and are widened per head (one shift or
+                // mask per lane): hoisted, their widened lanes took 16 registers for the
+                // whole loop (bf16 106 → 96 registers: 4 blocks per SM instead of 3, +2 %).
+                let (cw, sw) = (opaque_v(c), opaque_v(s));
                 if live[j] {
                     let (mut o1, mut o2) = ([0.0f32; 8], [0.0f32; 8]);
                     lanes::<T>(|i| {
                         let a = T::lane(&x1[j], i);
                         let b = T::lane(&x2[j], i);
-                        let cc = T::lane(&c, i);
-                        let ss = T::lane(&s, i);
+                        let cc = T::lane(&cw, i);
+                        let ss = T::lane(&sw, i);
                         let ss = if BWD { -ss } else { ss };
                         o1[i] = a * cc - b * ss;
                         o2[i] = b * cc + a * ss;
