@@ -163,13 +163,26 @@ fn row_settings(cols: usize) -> Result<LaunchSettings> {
     calculate_settings(cols)
 }
 
-/// Threads per block the vector kernels aim for (then more vectors per thread).
-const VEC_THREADS: usize = 256;
-/// Vectors per thread of the forward vector kernels (`rms_norm_fwd_v{K}_*`).
-const FWD_PER_THREAD: &[usize] = &[1, 2, 4];
-/// Vectors per thread of the backward vector kernels (`rms_norm_bwd_v{K}_*`): its dW
-/// accumulators need the registers a fourth vector would take.
-const BWD_PER_THREAD: &[usize] = &[1, 2];
+/// How one direction's vector kernels are shaped: the fewest vectors per thread (from
+/// `per_thread`, the `_v{K}` kernels that exist) that keep a row's block at most `threads`.
+struct VecRule {
+    per_thread: &'static [usize],
+    threads: usize,
+}
+
+/// Forward: K = 1, 2, 4, up to 128 threads. Against 256 (H200 A/B, PERFORMANCE.md): bf16
+/// 16384×2048 +4 % (`_vr2` at 128 threads instead of `_v1` at 256), 2048×4096 +5 %, level
+/// elsewhere.
+const FWD_RULE: VecRule = VecRule {
+    per_thread: &[1, 2, 4],
+    threads: 128,
+};
+/// Backward: K = 1, 2 (the dW accumulators need the registers a fourth vector would take), up
+/// to 256 threads (128 measured −2 % at bf16 16384×2048).
+const BWD_RULE: VecRule = VecRule {
+    per_thread: &[1, 2],
+    threads: 256,
+};
 
 /// Which kernel a call runs and with how many threads per block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,16 +195,16 @@ enum Plan {
 
 impl Plan {
     /// The vector plan when every pointer and row stride is 16-byte aligned and `cols` is a
-    /// multiple of the lanes per vector: the fewest vectors per thread (from `per_thread`) that
-    /// keep the block at most `VEC_THREADS` threads, else the most vectors per thread whose
-    /// block fits; `capacity(k)` is the most threads per block the `_v{k}` kernel can launch
-    /// with (its register use decides). Otherwise the scalar plan.
+    /// multiple of the lanes per vector: the fewest vectors per thread (from `rule`) that keep
+    /// the block at most `rule.threads` threads, else the most vectors per thread whose block
+    /// fits; `capacity(k)` is the most threads per block the `_v{k}` kernel can launch with
+    /// (its register use decides). Otherwise the scalar plan.
     fn choose<T: Dtype>(
         settings: LaunchSettings,
         cols: usize,
         ptrs: &[u64],
         strides: &[usize],
-        per_thread: &[usize],
+        rule: &VecRule,
         capacity: impl Fn(usize) -> Result<usize>,
     ) -> Result<Plan> {
         let scalar = Plan::Scalar {
@@ -211,12 +224,12 @@ impl Plan {
             per_thread: k,
             threads: threads(k) as u32,
         };
-        for &k in per_thread {
-            if threads(k) <= VEC_THREADS.min(capacity(k)?) {
+        for &k in rule.per_thread {
+            if threads(k) <= rule.threads.min(capacity(k)?) {
                 return Ok(vector(k));
             }
         }
-        for &k in per_thread.iter().rev() {
+        for &k in rule.per_thread.iter().rev() {
             if threads(k) <= capacity(k)? {
                 return Ok(vector(k));
             }
@@ -421,7 +434,7 @@ pub fn rms_norm_forward<T: Dtype>(
         args.cols,
         &[x_ptr, w_ptr, y_ptr],
         &[args.x_stride, args.y_stride],
-        FWD_PER_THREAD,
+        &FWD_RULE,
         |k| {
             capacity(
                 &kernels,
@@ -622,7 +635,7 @@ fn backward<T: Dtype>(
         args.cols,
         &[dy_ptr.unwrap_or(dx_ptr), x_ptr, w_ptr, dx_ptr],
         &[args.x_stride, args.y_stride],
-        BWD_PER_THREAD,
+        &BWD_RULE,
         |k| {
             capacity(
                 &kernels,
@@ -698,7 +711,7 @@ mod tests {
 
     fn plan<T: Dtype>(cols: usize, ptrs: &[u64], strides: &[usize], cap: usize) -> Plan {
         let settings = row_settings(cols).unwrap();
-        Plan::choose::<T>(settings, cols, ptrs, strides, FWD_PER_THREAD, |_| Ok(cap)).unwrap()
+        Plan::choose::<T>(settings, cols, ptrs, strides, &FWD_RULE, |_| Ok(cap)).unwrap()
     }
 
     #[test]
@@ -709,9 +722,11 @@ mod tests {
         };
         assert_eq!(
             plan::<bf16>(4096, &[256, 512], &[4096], 1024),
-            vector(2, 256)
+            vector(4, 128)
         );
-        assert_eq!(plan::<bf16>(2048, &[256], &[2048], 1024), vector(1, 256));
+        assert_eq!(plan::<bf16>(2048, &[256], &[2048], 1024), vector(2, 128));
+        assert_eq!(plan::<bf16>(1024, &[256], &[1024], 1024), vector(1, 128));
+        // No K keeps 128 threads: the most vectors per thread.
         assert_eq!(plan::<f32>(4096, &[256], &[4096], 1024), vector(4, 256));
         assert_eq!(plan::<bf16>(16384, &[256], &[16384], 1024), vector(4, 512));
         assert_eq!(plan::<f32>(100, &[256], &[100], 1024), vector(1, 32));
@@ -752,14 +767,14 @@ mod tests {
             }
             m
         }
-        for k in FWD_PER_THREAD {
+        for k in FWD_RULE.per_thread {
             for mode in modes::<bf16>() {
                 assert!(in_ptx(&vector_kernel::<bf16>("fwd", "", *k, mode)));
                 let whole = in_ptx(&vector_kernel::<bf16>("fwd", "r", *k, mode));
                 assert_eq!(whole, *k >= 2);
             }
         }
-        for k in BWD_PER_THREAD {
+        for k in BWD_RULE.per_thread {
             for mode in modes::<f16>() {
                 assert!(in_ptx(&vector_kernel::<f16>("bwd", "", *k, mode)));
             }
