@@ -317,11 +317,18 @@ fn backward_kernel<T: Dtype>(
     ))?;
     let in_registers = kernels.resident_blocks(&func, threads, REDUCE_SMEM_BYTES)?;
     let in_shared = kernels.resident_blocks(&shared, threads, smem)?;
-    if in_shared > in_registers && args.rows >= SMEM_DW_MIN_ROWS * in_shared {
+    if shared_dw(args.rows, in_registers, in_shared) {
         Ok((shared, smem))
     } else {
         Ok((func, REDUCE_SMEM_BYTES))
     }
+}
+
+/// Whether the backward keeps dW in shared memory, given the resident blocks (whole device) of
+/// the register and shared-memory kernels: only when shared memory fits more blocks and every
+/// one of them still gets at least [`SMEM_DW_MIN_ROWS`] rows.
+fn shared_dw(rows: usize, in_registers: usize, in_shared: usize) -> bool {
+    in_shared > in_registers && rows >= SMEM_DW_MIN_ROWS * in_shared
 }
 
 /// The forward kernel for `plan` and its grid. Grid-stride row loops run as many blocks as can
@@ -799,6 +806,18 @@ mod tests {
         let s = Plan::Scalar { threads: 128 };
         let none = RmsNormArgs::new(1, 8).with_mode(CastingMode::None);
         assert_eq!(s.kernel::<f32>("bwd", &none), "rms_norm_bwd_f32_none");
+    }
+
+    #[test]
+    fn dw_goes_to_shared_memory_only_for_more_blocks_and_many_rows() {
+        // bf16 4096 on an H200: 3 blocks per SM with dW in shared memory, 2 in registers.
+        let (regs, shared) = (2 * 132, 3 * 132);
+        assert!(shared_dw(16384, regs, shared));
+        assert!(shared_dw(SMEM_DW_MIN_ROWS * shared, regs, shared));
+        assert!(!shared_dw(SMEM_DW_MIN_ROWS * shared - 1, regs, shared));
+        // Shared memory fits no more blocks than registers do: registers.
+        assert!(!shared_dw(1 << 20, shared, shared));
+        assert!(!shared_dw(1 << 20, shared, regs));
     }
 
     #[test]

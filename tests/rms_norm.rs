@@ -516,7 +516,7 @@ fn gpu_forward_rows_walk_grid_stride_or_take_a_block_each() {
     // Rows ≥ 4 waves of resident blocks run the forward's one-row-per-block `_vr{K}` kernels
     // for K ≥ 2: 7000 × 2048 bf16 (`_vr2`, 128 threads; four waves of `_v2` are 4752 rows on
     // an H200), 4000 × 2048 f32 (`_vr4`, 128 threads) and 2200 × 8192 f16 (`_vr4`, 256); the
-    // shared-memory dW test's 6400 × 4096 16-bit rows run `_vr4` too. Between one and four
+    // shared-memory dW test's 8600 × 4096 16-bit rows run `_vr4` too. Between one and four
     // waves the `_v{K}` kernels walk rows grid-stride, prefetching each block's next row: on
     // an H200 2000 × 2048 bf16 (`_v2`, 1188 blocks), 1500 × 4096 bf16 (`_v4`, 660 blocks) and
     // 1000 × 4096 f32 (`_v4`, 396 blocks) give blocks 1–3 rows. The sweep's shapes are one
@@ -549,16 +549,17 @@ fn gpu_forward_rows_walk_grid_stride_or_take_a_block_each() {
 
 #[test]
 fn gpu_many_rows_take_the_shared_memory_dw_kernels() {
-    // 6400 × 4096 16-bit rows with a weight: the shared-memory dW kernels fit more blocks per
+    // 8600 × 4096 16-bit rows with a weight: the shared-memory dW kernels fit more blocks per
     // SM and every block gets ≥ 16 rows, so the host runs `rms_norm_bwd_vs2_*` (on an H200:
-    // 3 blocks per SM, 396 blocks, 16 rows each); the sweep's shapes keep dW in registers.
+    // 4 blocks per SM, 528 blocks, 16–17 rows each; `llama_offset` 3 per SM); the sweep's
+    // shapes keep dW in registers.
     let Some(stream) = gpu("gpu_many_rows_take_the_shared_memory_dw_kernels") else {
         return;
     };
     let mut failures = Failures::new("gpu_many_rows_take_the_shared_memory_dw_kernels");
     for (i, (mode, offset)) in MODE_OFFSETS.into_iter().enumerate() {
         let case = Case {
-            rows: 6400,
+            rows: 8600,
             cols: 4096,
             mode,
             weighted: true,
