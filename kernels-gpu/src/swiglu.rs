@@ -375,11 +375,9 @@ unsafe fn forward_vec<T: Elem, const K: usize, const ONE: bool>(
                 s[i] = silu_of(z, sig);
             });
             // T(silu) per lane (the packing conversion rounds each lane like `T::round`),
-            // then the product of two T values, rounded once more.
-            let s = T::pack(&s);
-            let mut out = [0.0f32; 8];
-            lanes::<T>(|i| out[i] = T::lane(&s, i) * T::lane(&bv[k], i));
-            unsafe { T::pack(&out).store(c.add(pos[k].at(sc))) };
+            // then the product of two T values, rounded once more: one packed product.
+            let out = T::mul_rn(T::pack(&s), bv[k]);
+            unsafe { out.store(c.add(pos[k].at(sc))) };
         });
         if !more {
             return;
