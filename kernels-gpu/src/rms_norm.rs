@@ -360,9 +360,9 @@ unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize, const ONE: bool>
 /// f32 per thread) or in shared memory after the 64 reduction slots (`SMEM_DW = true`: `cols`
 /// f32 per block; each thread owns the columns of its vectors, so no barrier guards them).
 /// Shared memory frees those registers, which raises the resident blocks of some shapes (bf16
-/// 4096: 2 → 3 per SM) and costs a shared-memory round trip per element; the host runs it only
-/// where it fits more blocks per SM and every block gets many rows (`backward_kernel` in
-/// src/rms_norm.rs).
+/// 4096: 2 → 4 per SM, 8192: 1 → 2) and costs a shared-memory round trip per element; the host
+/// runs it only where it fits more blocks per SM and every block gets many rows (`shared_dw`
+/// in src/rms_norm.rs).
 #[inline(always)]
 unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: bool>(
     dy: *const T,
