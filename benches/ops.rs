@@ -195,7 +195,9 @@ fn main() {
         for cols in [2048, 4096, 8192] {
             rms_norm::<bf16>(&stream, 16384, cols, &mut rows);
         }
-        rms_norm::<f32>(&stream, 16384, 4096, &mut rows);
+        for cols in [2048, 4096, 8192] {
+            rms_norm::<f32>(&stream, 16384, cols, &mut rows);
+        }
         rms_norm::<f16>(&stream, 16384, 4096, &mut rows);
         rms_norm::<bf16>(&stream, 2048, 4096, &mut rows);
     }
