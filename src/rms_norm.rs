@@ -57,7 +57,12 @@ pub struct RmsNormArgs {
     /// ±∞ gives rstd = 0 (`y` 0 except NaN at the ∞, the row's `dx` NaN), and rows near the
     /// largest finite value are normalised without overflow (the sum of squares is rescaled).
     pub eps: f32,
-    /// Added to the weight (`1.0` for Gemma-style `(1 + w)` weights).
+    /// Added to the weight (`1.0` for Gemma-style `(1 + w)` weights). In
+    /// [`CastingMode::Llama`] with f16/bf16 tensors, `offset + w` is an f32 value, so any offset
+    /// other than ±0 takes kernels that multiply lane by lane in f32 instead of one packed
+    /// 16-bit product: more registers, fewer blocks per SM (on an H200 the lane-by-lane code
+    /// measured 10 % slower forward at 4096 columns, 20 % backward at 8192). Results are the
+    /// same bits either way. Gemma-style weights usually run [`CastingMode::Gemma`].
     pub offset: f32,
     /// Where values are rounded to the tensor dtype.
     pub mode: CastingMode,
