@@ -3,8 +3,8 @@
 mod common;
 
 use common::{
-    Failures, Rng, assert_close, download, expect_invalid, gpu, poisoned, poisoned_on_device,
-    upload, widen,
+    Failures, Rng, assert_close, download, expect_invalid, gpu, min_normal, poisoned,
+    poisoned_on_device, upload, widen,
 };
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream};
@@ -437,8 +437,9 @@ fn max_finite<T: Element>() -> f64 {
 /// vector kernels, f32 and 16-bit), in every mode, forward and backward, against the
 /// reference: a NaN, +∞, −∞, a row near the largest finite value (its f32 sum of squares
 /// overflows for f32 and bf16: it must give the reference's finite result, not r = 0), a row
-/// of 2⁴⁵-sized values (r³ < 2⁻¹²⁶: the backward must not lose its second term), and with
-/// eps = 0 an all-zero row (r = ∞: y and dx NaN, as in the reference).
+/// of 2⁴⁵-sized values (r³ < 2⁻¹²⁶: the backward must not lose its second term), with eps = 0
+/// an all-zero row (r = ∞: y and dx NaN, as in the reference), and an ordinary row with
+/// subnormal weights (the packed 16-bit products must keep subnormal results, not flush them).
 fn special_rows<T: Dtype>(stream: &std::sync::Arc<liger_rs::cudarc::driver::CudaStream>) {
     let max = max_finite::<T>();
     let big = 2f64.powi(45).min(max / 4.0);
@@ -460,16 +461,23 @@ fn special_rows<T: Dtype>(stream: &std::sync::Arc<liger_rs::cudarc::driver::Cuda
                 4 => row
                     .iter_mut()
                     .for_each(|v| *v = T::from_f64(v.to_f64() * big)),
-                _ => row.iter_mut().for_each(|v| *v = T::from_f64(0.0)),
+                5 => row.iter_mut().for_each(|v| *v = T::from_f64(0.0)),
+                _ => {}
             }
             row
         };
-        for kind in 0..6 {
+        for kind in 0..7 {
             let eps = if kind == 5 { 0.0 } else { 1e-6 };
             for mode in CastingMode::ALL {
                 let mut x = special(kind, &mut rng);
                 x.extend_from_slice(&normal);
-                let w: Vec<T> = rng.vec(cols, 1.0, 0.5);
+                let mut w: Vec<T> = rng.vec(cols, 1.0, 0.5);
+                if kind == 6 {
+                    let tiny = min_normal::<T>();
+                    w = (0..cols)
+                        .map(|_| T::from_f64((rng.uniform() - 0.5) * tiny))
+                        .collect();
+                }
                 let dy: Vec<T> = rng.vec(2 * cols, 0.0, 1.0);
                 let case = Case {
                     rows: 2,

@@ -87,15 +87,19 @@ pub fn download<T: Dtype>(stream: &Arc<CudaStream>, buf: &CudaSlice<T>) -> Vec<T
     stream.clone_dtoh(buf).expect("download")
 }
 
-/// Spacing of `T` at `v`.
-pub fn ulp<T: Element>(v: f64) -> f64 {
-    let p = T::MANTISSA_DIGITS as i32;
-    let min_normal = match T::NAME {
+/// Smallest positive normal value of `T` (below it the spacing is fixed: subnormals).
+pub fn min_normal<T: Element>() -> f64 {
+    match T::NAME {
         "f16" => 2f64.powi(-14),
         "f32" | "bf16" => 2f64.powi(-126),
         _ => f64::MIN_POSITIVE,
-    };
-    let a = v.abs().max(min_normal);
+    }
+}
+
+/// Spacing of `T` at `v`.
+pub fn ulp<T: Element>(v: f64) -> f64 {
+    let p = T::MANTISSA_DIGITS as i32;
+    let a = v.abs().max(min_normal::<T>());
     2f64.powi(a.log2().floor() as i32 - (p - 1))
 }
 
