@@ -195,6 +195,21 @@ macro_rules! fma_x2 {
 /// Two negative zeros: `a·b + (−0)` is `a·b` rounded once, zeros keeping the product's sign.
 const NEG_ZERO_X2: u32 = 0x8000_8000;
 
+/// [`Elem::mul_rn`] and [`Elem::add_rn`] of a 16-bit type through its packed `fma` (`$fma`;
+/// `$one_x2` is 1.0 in both halves): `a·b + (−0)` and `a·1 + b`, each rounded once.
+macro_rules! packed_arith {
+    ($fma:literal, $one_x2:expr) => {
+        #[inline(always)]
+        fn mul_rn(a: V16, b: V16) -> V16 {
+            words(a, b, |a, b| fma_x2!($fma, a, b, NEG_ZERO_X2))
+        }
+        #[inline(always)]
+        fn add_rn(a: V16, b: V16) -> V16 {
+            words(a, b, |a, b| fma_x2!($fma, a, $one_x2, b))
+        }
+    };
+}
+
 /// `lo` and `hi` rounded to f16 (RNE) and packed, `lo` in the low half (`cvt.rn.f16x2.f32`).
 #[inline(always)]
 fn f16x2(lo: f32, hi: f32) -> u32 {
@@ -247,15 +262,7 @@ impl Elem for f16 {
             d: f16x2(v[6], v[7]),
         }
     }
-    #[inline(always)]
-    fn mul_rn(a: V16, b: V16) -> V16 {
-        words(a, b, |a, b| fma_x2!("fma.rn.f16x2", a, b, NEG_ZERO_X2))
-    }
-    #[inline(always)]
-    fn add_rn(a: V16, b: V16) -> V16 {
-        const ONES: u32 = 0x3c00_3c00;
-        words(a, b, |a, b| fma_x2!("fma.rn.f16x2", a, ONES, b))
-    }
+    packed_arith!("fma.rn.f16x2", 0x3c00_3c00);
 }
 
 /// bfloat16 carried as its bit pattern (core has no bf16 type).
@@ -287,15 +294,7 @@ impl Elem for Bf16 {
     fn from_f32(v: f32) -> Self {
         Bf16(bf16x2(v, 0.0) as u16)
     }
-    #[inline(always)]
-    fn mul_rn(a: V16, b: V16) -> V16 {
-        words(a, b, |a, b| fma_x2!("fma.rn.bf16x2", a, b, NEG_ZERO_X2))
-    }
-    #[inline(always)]
-    fn add_rn(a: V16, b: V16) -> V16 {
-        const ONES: u32 = 0x3f80_3f80;
-        words(a, b, |a, b| fma_x2!("fma.rn.bf16x2", a, ONES, b))
-    }
+    packed_arith!("fma.rn.bf16x2", 0x3f80_3f80);
 }
 
 unsafe extern "C" {
