@@ -21,10 +21,14 @@ const REDUCE_SMEM_BYTES: u32 = 2 * 32 * 4;
 const SMEM_DW_MIN_ROWS: usize = 16;
 /// Dynamic shared memory a block may use without opting in to more (48 KiB).
 const DEFAULT_SMEM_LIMIT: u32 = 48 * 1024;
-/// Most f32 elements of dW partial rows (256 MiB): very wide rows get fewer, longer-lived
-/// blocks in the backward instead of a larger scratch buffer.
+/// Most f32 elements of dW partial rows (256 MiB) whenever there are two or more: very wide
+/// rows get fewer, longer-lived blocks in the backward instead of a larger scratch buffer. The
+/// dW reduction kernel relies on it: it offsets within the partials in 32 bits.
 const DW_PARTIAL_MAX: usize = 1 << 26;
-/// Block of the dW reduction: 32 columns × `DW_REDUCE_PART_LANES` parallel sums over the parts.
+/// Block of the dW reduction: `DW_REDUCE_COLS` columns × `DW_REDUCE_PART_LANES` parallel sums
+/// over the parts.
+const DW_REDUCE_COLS: u32 = 32;
+/// See [`DW_REDUCE_COLS`].
 const DW_REDUCE_PART_LANES: u32 = 32;
 
 /// Shape and parameters of an RMSNorm call over `rows` rows of `cols` elements.
@@ -706,9 +710,9 @@ fn backward<T: Dtype>(
         let mut launch = stream.launch_builder(&reduce);
         launch.arg(&p_ptr).arg(&parts).arg(&cols).arg(&dw_ptr);
         let cfg = LaunchConfig {
-            grid_dim: (args.cols.div_ceil(32) as u32, 1, 1),
-            block_dim: (32, DW_REDUCE_PART_LANES, 1),
-            shared_mem_bytes: 32 * DW_REDUCE_PART_LANES * 4,
+            grid_dim: (args.cols.div_ceil(DW_REDUCE_COLS as usize) as u32, 1, 1),
+            block_dim: (DW_REDUCE_COLS, DW_REDUCE_PART_LANES, 1),
+            shared_mem_bytes: DW_REDUCE_COLS * DW_REDUCE_PART_LANES * 4,
         };
         // SAFETY: matches `dw_reduce_kernel!`; `partial` holds `parts × cols`, `dw` `cols`.
         unsafe { launch.launch(cfg) }?;

@@ -513,33 +513,65 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
     }
 }
 
+/// Loads of partial rows each thread of the dW reduction has in flight.
+const DW_UNROLL: usize = 16;
+
 /// `dw[c] = D(Σ_b partial[b][c])` in a fixed order (deterministic).
 ///
-/// Block `(32, ny)`: `threadIdx.x` picks one of 32 consecutive columns (coalesced rows of the
-/// partial buffer), `threadIdx.y` sums parts `y, y + ny, …` of it — `ny` independent load
-/// streams per column instead of one serial walk over hundreds of parts — and the `ny` sums
-/// are added in `y` order through shared memory (`32·ny` f32).
+/// Block `(nx, ny)`: `threadIdx.x` picks one of `nx` consecutive columns (coalesced runs of the
+/// partial rows), `threadIdx.y` sums parts `y, y + ny, …` of it — `ny` independent streams per
+/// column instead of one serial walk over hundreds of parts, each issuing [`DW_UNROLL`] loads
+/// before adding them in part order — and the `ny` sums are added in `y` order through shared
+/// memory (`nx·ny` f32). The partials are L2-resident (just written), so the reduction is bound
+/// by load latency, not bandwidth.
 #[inline(always)]
 unsafe fn dw_reduce<T: Elem>(partial: *const f32, parts: usize, cols: usize, dw: *mut T) {
     let smem = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>();
-    let (x, y, ny) = (thread_idx(), thread_idx_y(), block_dim_y());
-    let c = block_idx() * 32 + x;
+    let (x, nx, y, ny) = (thread_idx(), block_dim(), thread_idx_y(), block_dim_y());
+    let c = block_idx() * nx + x;
     let mut acc = 0.0f32;
     if c < cols {
+        // Offsets from the column's first part, in wrapping 32-bit arithmetic: a loaded part's
+        // offset is `< parts × cols ≤ 2²⁶` (the host's cap whenever there are two or more
+        // parts) or 0, so it is exact even where an unused one wraps.
+        let col = unsafe { partial.add(c) };
+        let step = (ny as u32).wrapping_mul(cols as u32);
         let mut p = y;
         while p < parts {
-            acc += unsafe { *partial.add(p * cols + c) };
-            p += ny;
+            let mut v = [0.0f32; DW_UNROLL];
+            let at = (p as u32).wrapping_mul(cols as u32);
+            unroll::<DW_UNROLL>(|i| {
+                if p + i * ny < parts {
+                    let off = at.wrapping_add((i as u32).wrapping_mul(step));
+                    v[i] = unsafe { *col.add(off as usize) };
+                }
+            });
+            unroll::<DW_UNROLL>(|i| {
+                if p + i * ny < parts {
+                    acc += v[i];
+                }
+            });
+            p += DW_UNROLL * ny;
         }
     }
-    unsafe { *smem.add(y * 32 + x) = acc };
+    unsafe { *smem.add(y * nx + x) = acc };
     sync_threads();
     if y == 0 && c < cols {
         let mut total = 0.0f32;
         let mut i = 0;
         while i < ny {
-            total += unsafe { *smem.add(i * 32 + x) };
-            i += 1;
+            let mut v = [0.0f32; DW_UNROLL];
+            unroll::<DW_UNROLL>(|j| {
+                if i + j < ny {
+                    v[j] = unsafe { *smem.add((i + j) * nx + x) };
+                }
+            });
+            unroll::<DW_UNROLL>(|j| {
+                if i + j < ny {
+                    total += v[j];
+                }
+            });
+            i += DW_UNROLL;
         }
         unsafe { *dw.add(c) = T::from_f32(total) };
     }
