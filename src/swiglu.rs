@@ -26,9 +26,12 @@ const MAX_THREADS: usize = 256;
 const FWD_VECS: usize = 3;
 /// The same for the backward vector kernels `swiglu_bwd_v_*` (`BWD_VECS` there).
 const BWD_VECS: usize = 3;
-/// 16-byte vectors per thread of the one-tile-per-block forward kernels `swiglu_fwd_vt_*`
-/// (`FWD_VECS_WHOLE` there).
-const FWD_VECS_WHOLE: usize = 4;
+/// 16-byte vectors per thread of the one-tile-per-block forward kernels `swiglu_fwd_vt_*`:
+/// `FWD_VECS_WHOLE` there for 16-bit types, `FWD_VECS_WHOLE_F32` for f32 (2 measured +0.7 %
+/// over 4 for f32 and −2 % for bf16/f16 on an H200).
+fn fwd_vecs_whole<T: Dtype>() -> usize {
+    if std::mem::size_of::<T>() == 4 { 2 } else { 4 }
+}
 /// The same for the backward `swiglu_bwd_vt_*` (`BWD_VECS_WHOLE` there).
 const BWD_VECS_WHOLE: usize = 2;
 /// Largest `rows`, `cols` and row stride the vector kernels take (they index in 32 bits).
@@ -368,7 +371,14 @@ fn launch_forward<T: Dtype>(stream: &Arc<CudaStream>, args: &SwigluArgs, p: Forw
         FWD_VECS,
     );
     let kernels = kernels(stream.context())?;
-    let (func, cfg) = config::<T>(&kernels, path, "fwd", FWD_VECS_WHOLE, args.rows, args.cols)?;
+    let (func, cfg) = config::<T>(
+        &kernels,
+        path,
+        "fwd",
+        fwd_vecs_whole::<T>(),
+        args.rows,
+        args.cols,
+    )?;
     let (a_stride, b_stride, c_stride) =
         (p.a_stride as u64, p.b_stride as u64, args.c_stride as u64);
     let (rows, cols) = (args.rows as u64, args.cols as u64);

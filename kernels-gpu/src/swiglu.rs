@@ -26,7 +26,7 @@
 //! vectors `t, t + blockDim.x, …` (coalesced `ld/st.global.v4`), and loads its next tile
 //! before computing the current one, so all `K` vectors of every operand are in flight at
 //! once. Their `_vt` twins run one tile per block over a grid of every tile (`K` =
-//! `FWD_VECS_WHOLE`, `BWD_VECS_WHOLE`; no next tile, so about half the registers and more
+//! `FWD_VECS_WHOLE` (`FWD_VECS_WHOLE_F32` for f32), `BWD_VECS_WHOLE`; no next tile, so about half the registers and more
 //! blocks per SM), which the host picks for many waves of tiles. Each thread tracks the
 //! (row, column) of its vectors incrementally in 32 bits (three divisions per thread at start,
 //! none per vector), so row strides and the fused layout cost one wide multiply-add per
@@ -43,8 +43,12 @@ const FWD_VECS: usize = 3;
 /// The same for the backward `_v` kernels (`BWD_VECS` on the host).
 const BWD_VECS: usize = 3;
 /// 16-byte vectors of each operand per thread in the one-tile-per-block forward `_vt`
-/// kernels (`FWD_VECS_WHOLE` on the host): with no next tile in registers they fit more.
+/// kernels of 16-bit types (`fwd_vecs_whole` on the host): with no next tile in registers they
+/// fit more.
 const FWD_VECS_WHOLE: usize = 4;
+/// The same for f32, whose vectors hold half the elements: 2 (H200 A/B, PERFORMANCE.md: +0.7 %
+/// over 4 for f32, −2 % for bf16/f16).
+const FWD_VECS_WHOLE_F32: usize = 2;
 /// The same for the backward `_vt` kernels (`BWD_VECS_WHOLE` on the host): three operands
 /// and two outputs per vector make smaller tiles faster there.
 const BWD_VECS_WHOLE: usize = 2;
@@ -537,18 +541,22 @@ macro_rules! swiglu_bwd_kernel {
 }
 
 macro_rules! swiglu_kernels {
-    ($ty:ty, $fwd:ident, $bwd:ident, $fwd_v:ident, $bwd_v:ident, $fwd_t:ident, $bwd_t:ident) => {
+    (
+        $ty:ty, $kt:ident, $fwd:ident, $bwd:ident, $fwd_v:ident, $bwd_v:ident, $fwd_t:ident,
+        $bwd_t:ident
+    ) => {
         swiglu_fwd_kernel!($ty, $fwd, forward, "Scalar kernel: any alignment, any `cols`.");
         swiglu_bwd_kernel!($ty, $bwd, backward, "Scalar kernel: any alignment, any `cols`.");
         swiglu_fwd_kernel!($ty, $fwd_v, forward_vec::FWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per vector.");
         swiglu_bwd_kernel!($ty, $bwd_v, backward_vec::BWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per vector.");
-        swiglu_fwd_kernel!($ty, $fwd_t, forward_vec::FWD_VECS_WHOLE, true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
+        swiglu_fwd_kernel!($ty, $fwd_t, forward_vec::$kt, true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
         swiglu_bwd_kernel!($ty, $bwd_t, backward_vec::BWD_VECS_WHOLE, true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
     };
 }
 
 swiglu_kernels!(
     f32,
+    FWD_VECS_WHOLE_F32,
     swiglu_fwd_f32,
     swiglu_bwd_f32,
     swiglu_fwd_v_f32,
@@ -558,6 +566,7 @@ swiglu_kernels!(
 );
 swiglu_kernels!(
     f16,
+    FWD_VECS_WHOLE,
     swiglu_fwd_f16,
     swiglu_bwd_f16,
     swiglu_fwd_v_f16,
@@ -567,6 +576,7 @@ swiglu_kernels!(
 );
 swiglu_kernels!(
     Bf16,
+    FWD_VECS_WHOLE,
     swiglu_fwd_bf16,
     swiglu_bwd_bf16,
     swiglu_fwd_v_bf16,
