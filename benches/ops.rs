@@ -1,8 +1,9 @@
 //! `cargo bench`: every op and direction timed with CUDA events, as GB/s on the minimum bytes
-//! each op must move (DESIGN.md §5) and as a share of the device-to-device copy bandwidth
-//! measured in the same run. `LIGER_BENCH_CSV=path` also writes the rows as CSV;
-//! `LIGER_BENCH_OPS=rms_norm,swiglu` (any of rms_norm, rope, swiglu) limits the run to those
-//! ops (e.g. to profile one kernel).
+//! each op must move (DESIGN.md §5), as a share of the device-to-device copy bandwidth
+//! measured in the same run (1 GiB), and as a share of a copy of the op's own byte count (the
+//! "same-size" copy: what the bytes of a small op cost as a copy, launch and tail included).
+//! `LIGER_BENCH_CSV=path` also writes the rows as CSV; `LIGER_BENCH_OPS=rms_norm,swiglu` (any
+//! of rms_norm, rope, swiglu) limits the run to those ops (e.g. to profile one kernel).
 //! Without a GPU it prints one line and exits 0.
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, sys::CUevent_flags};
@@ -44,13 +45,37 @@ fn time_us(stream: &Arc<CudaStream>, mut f: impl FnMut()) -> f64 {
     us[REPS / 2]
 }
 
+/// Median µs of a device-to-device copy that reads and writes `n` bytes each, between buffers
+/// of at least `n` bytes.
+fn copy_us(
+    stream: &Arc<CudaStream>,
+    src: &CudaSlice<u8>,
+    dst: &mut CudaSlice<u8>,
+    n: usize,
+) -> f64 {
+    let src = src.slice(..n);
+    let mut dst = dst.slice_mut(..n);
+    time_us(stream, || stream.memcpy_dtod(&src, &mut dst).expect("copy"))
+}
+
 /// Device-to-device copy of 1 GiB: bytes read + written per second, in GB/s.
 fn copy_bandwidth(stream: &Arc<CudaStream>) -> f64 {
     let n = 1 << 30;
     let src = stream.alloc_zeros::<u8>(n).expect("alloc");
     let mut dst = stream.alloc_zeros::<u8>(n).expect("alloc");
-    let us = time_us(stream, || stream.memcpy_dtod(&src, &mut dst).expect("copy"));
-    2.0 * n as f64 / us / 1e3
+    2.0 * n as f64 / copy_us(stream, &src, &mut dst, n) / 1e3
+}
+
+/// Each row's same-size copy: a device-to-device copy reading and writing half the row's
+/// bytes each, timed like the ops (after them, with their buffers freed). A small op cannot
+/// beat it, however it is written (launch, ramp-up and tail cost the copy the same).
+fn same_size_copies(stream: &Arc<CudaStream>, rows: &[Row]) -> Vec<f64> {
+    let n = rows.iter().map(|r| r.bytes as usize / 2).max().unwrap_or(0);
+    let src = stream.alloc_zeros::<u8>(n).expect("alloc");
+    let mut dst = stream.alloc_zeros::<u8>(n).expect("alloc");
+    rows.iter()
+        .map(|r| copy_us(stream, &src, &mut dst, r.bytes as usize / 2))
+        .collect()
 }
 
 struct Row {
@@ -214,21 +239,23 @@ fn main() {
         swiglu::<bf16>(&stream, 2048, 14336, &mut rows);
     }
 
+    let same = same_size_copies(&stream, &rows);
     println!(
-        "{:<14} {:<20} {:<5} {:>10} {:>8} {:>7}",
-        "op", "shape", "dtype", "median µs", "GB/s", "% copy"
+        "{:<14} {:<20} {:<5} {:>10} {:>8} {:>7} {:>10}",
+        "op", "shape", "dtype", "median µs", "GB/s", "% copy", "% same-size"
     );
-    let mut csv = String::from("op,shape,dtype,median_us,gbps,pct_copy\n");
-    for r in &rows {
+    let mut csv = String::from("op,shape,dtype,median_us,gbps,pct_copy,pct_same_size_copy\n");
+    for (r, same_us) in rows.iter().zip(same) {
         let gbps = r.bytes / r.us / 1e3;
         let pct = 100.0 * gbps / copy;
+        let pct_same = 100.0 * same_us / r.us;
         println!(
-            "{:<14} {:<20} {:<5} {:>10.1} {:>8.0} {:>6.1}%",
-            r.op, r.shape, r.dtype, r.us, gbps, pct
+            "{:<14} {:<20} {:<5} {:>10.1} {:>8.0} {:>6.1}% {:>10.1}%",
+            r.op, r.shape, r.dtype, r.us, gbps, pct, pct_same
         );
         csv.push_str(&format!(
-            "{},{},{},{:.2},{:.0},{:.1}\n",
-            r.op, r.shape, r.dtype, r.us, gbps, pct
+            "{},{},{},{:.2},{:.0},{:.1},{:.1}\n",
+            r.op, r.shape, r.dtype, r.us, gbps, pct, pct_same
         ));
     }
     if let Ok(path) = std::env::var("LIGER_BENCH_CSV") {
