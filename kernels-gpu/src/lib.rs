@@ -417,11 +417,13 @@ pub fn block_sum(v: f32) -> f32 {
     warp_sum(partial)
 }
 
-/// Calls `f(0), f(1), …, f(N − 1)` as straight-line code (`N ≤ 8`), so that arrays indexed by
-/// the argument get constant indices and stay in registers (a `for` loop over a small array is
-/// not always unrolled, and a dynamically indexed array lives in local memory).
+/// Calls `f(0), f(1), …, f(N − 1)` as straight-line code (`N ≤ 8`, checked at compile time),
+/// so that arrays indexed by the argument get constant indices and stay in registers (a `for`
+/// loop over a small array is not always unrolled, and a dynamically indexed array lives in
+/// local memory).
 #[inline(always)]
 pub fn unroll<const N: usize>(mut f: impl FnMut(usize)) {
+    const { assert!(N <= 8, "unroll takes at most 8 steps") };
     macro_rules! step {
         ($($i:literal)*) => { $( if N > $i { f($i); } )* };
     }

@@ -514,7 +514,7 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
 }
 
 /// Loads of partial rows each thread of the dW reduction has in flight.
-const DW_UNROLL: usize = 16;
+const DW_UNROLL: usize = 8;
 
 /// `dw[c] = D(Σ_b partial[b][c])` in a fixed order (deterministic).
 ///
