@@ -67,8 +67,8 @@ fn copy_bandwidth(stream: &Arc<CudaStream>) -> f64 {
 }
 
 /// Each row's same-size copy: a device-to-device copy reading and writing half the row's
-/// bytes each, timed like the ops (after them, with their buffers freed). A small op cannot
-/// beat it, however it is written (launch, ramp-up and tail cost the copy the same).
+/// bytes each, timed like the ops (after them, with their buffers freed). For a small op it is
+/// the fairer yardstick: launch, ramp-up and the last wave cost the copy as they cost the op.
 fn same_size_copies(stream: &Arc<CudaStream>, rows: &[Row]) -> Vec<f64> {
     let n = rows.iter().map(|r| r.bytes as usize / 2).max().unwrap_or(0);
     let src = stream.alloc_zeros::<u8>(n).expect("alloc");

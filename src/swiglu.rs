@@ -26,16 +26,24 @@ const MAX_THREADS: usize = 256;
 const FWD_VECS: usize = 3;
 /// The same for the backward vector kernels `swiglu_bwd_v_*` (`BWD_VECS` there).
 const BWD_VECS: usize = 3;
-/// 16-byte vectors per thread of the one-tile-per-block forward kernels `swiglu_fwd_vt_*`:
-/// `FWD_VECS_WHOLE` there for 16-bit types, `FWD_VECS_WHOLE_F32` for f32 (2 measured +0.7 %
-/// over 4 for f32 and −2 % for bf16/f16 on an H200).
-fn fwd_vecs_whole<T: Dtype>() -> usize {
-    if std::mem::size_of::<T>() == 4 { 2 } else { 4 }
-}
-/// The same for the backward `swiglu_bwd_vt_*` (`BWD_VECS_WHOLE` there).
+/// 16-byte vectors per thread of the one-tile-per-block forward kernels of 16-bit types,
+/// `swiglu_fwd_vt_f16`/`_bf16` (`FWD_VECS_WHOLE` there).
+const FWD_VECS_WHOLE: usize = 4;
+/// The same for `swiglu_fwd_vt_f32` (`FWD_VECS_WHOLE_F32` there): on an H200, 2 measured
+/// +0.7 % over 4 for f32, and −2 % for bf16/f16.
+const FWD_VECS_WHOLE_F32: usize = 2;
+/// The same for the backward `swiglu_bwd_vt_*` (`BWD_VECS_WHOLE` there), every dtype.
 const BWD_VECS_WHOLE: usize = 2;
 /// Largest `rows`, `cols` and row stride the vector kernels take (they index in 32 bits).
 const VEC_MAX: usize = i32::MAX as usize;
+
+/// Vectors per thread of the forward `_vt` kernel of `T`.
+fn fwd_vecs_whole<T: Dtype>() -> usize {
+    match std::mem::size_of::<T>() {
+        4 => FWD_VECS_WHOLE_F32,
+        _ => FWD_VECS_WHOLE,
+    }
+}
 
 /// Shape and parameters of a SwiGLU call over `rows` rows of `cols` elements.
 ///

@@ -26,11 +26,11 @@
 //! vectors `t, t + blockDim.x, …` (coalesced `ld/st.global.v4`), and loads its next tile
 //! before computing the current one, so all `K` vectors of every operand are in flight at
 //! once. Their `_vt` twins run one tile per block over a grid of every tile (`K` =
-//! `FWD_VECS_WHOLE` (`FWD_VECS_WHOLE_F32` for f32), `BWD_VECS_WHOLE`; no next tile, so about half the registers and more
-//! blocks per SM), which the host picks for many waves of tiles. Each thread tracks the
-//! (row, column) of its vectors incrementally in 32 bits (three divisions per thread at start,
-//! none per vector), so row strides and the fused layout cost one wide multiply-add per
-//! pointer per vector. The f32 math per element is the scalar
+//! `FWD_VECS_WHOLE` or, for f32, `FWD_VECS_WHOLE_F32`, and `BWD_VECS_WHOLE`; no next tile, so
+//! about half the registers and more blocks per SM), which the host picks for many waves of
+//! tiles. Each thread tracks the (row, column) of its vectors incrementally in 32 bits (three
+//! divisions per thread at start, none per vector), so row strides and the fused layout cost
+//! one wide multiply-add per pointer per vector. The f32 math per element is the scalar
 //! kernels' (same functions, same order), so both paths give the same bits.
 use crate::{Bf16, Elem, V16, block_dim, block_idx, grid_dim, lanes, thread_idx, unroll};
 
@@ -46,8 +46,8 @@ const BWD_VECS: usize = 3;
 /// kernels of 16-bit types (`fwd_vecs_whole` on the host): with no next tile in registers they
 /// fit more.
 const FWD_VECS_WHOLE: usize = 4;
-/// The same for f32, whose vectors hold half the elements: 2 (H200 A/B, PERFORMANCE.md: +0.7 %
-/// over 4 for f32, −2 % for bf16/f16).
+/// The same for f32, whose vectors hold half the elements (`FWD_VECS_WHOLE_F32` on the host):
+/// 2 (H200 A/B, PERFORMANCE.md: +0.7 % over 4 for f32, −2 % for bf16/f16).
 const FWD_VECS_WHOLE_F32: usize = 2;
 /// The same for the backward `_vt` kernels (`BWD_VECS_WHOLE` on the host): three operands
 /// and two outputs per vector make smaller tiles faster there.
