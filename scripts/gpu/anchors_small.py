@@ -8,9 +8,8 @@ leaves the GPU idle counts, for Liger's Python/Triton launch as for ours.
 
 Usage on the device (after ../shared/gpu/stage --anchors, which stages the Liger wheel):
     python3 -m pip install -q --no-index --no-deps --target /tmp/liger .gpu/anchors/*.whl
-    PYTHONPATH=/tmp/liger python3 scripts/gpu/anchors_small.py torch|compile|liger|copy
-Prints CSV rows: impl, op, shape, dtype, median µs, GB/s on the minimum bytes (DESIGN.md §5).
-`copy` times a device-to-device copy of each op's byte count instead (the same-size ceiling)."""
+    PYTHONPATH=/tmp/liger python3 scripts/gpu/anchors_small.py torch|compile|liger
+Prints CSV rows: impl, op, shape, dtype, median µs, GB/s on the minimum bytes (DESIGN.md §5)."""
 import sys
 import torch
 
@@ -39,19 +38,8 @@ def emit(op, shape, dt, us, nbytes):
           flush=True)
 
 
-def copy_case(op, shape, dt, nbytes):
-    """A copy that reads and writes nbytes/2 each: what the same traffic costs as a copy."""
-    x = torch.empty(nbytes // 2, dtype=torch.uint8, device=dev).random_(0, 255)
-    y = torch.empty_like(x)
-    emit(op, shape, dt, median_us(lambda: y.copy_(x)), nbytes)
-
-
 def rms_case(M, H, dt):
     s = torch.tensor([], dtype=dt).element_size()
-    if impl == "copy":
-        copy_case("rms_norm_fwd", f"{M}x{H}", dt, 2 * M * H * s)
-        copy_case("rms_norm_bwd", f"{M}x{H}", dt, 3 * M * H * s)
-        return
     x = torch.randn(M, H, device=dev, dtype=dt, requires_grad=True)
     w = torch.randn(H, device=dev, dtype=dt, requires_grad=True)
     dy = torch.randn(M, H, device=dev, dtype=dt)
@@ -79,9 +67,6 @@ def rope_case(B, T, Hq, Hk, D, dt):
     s = torch.tensor([], dtype=dt).element_size()
     nb = 2 * B * T * (Hq + Hk) * D * s
     shape = f"{B}x{T}x{Hq}/{Hk}x{D}"
-    if impl == "copy":
-        copy_case("rope_fwd", shape, dt, nb)
-        return
     q = torch.randn(B, T, Hq, D, device=dev, dtype=dt).transpose(1, 2).requires_grad_(True)
     k = torch.randn(B, T, Hk, D, device=dev, dtype=dt).transpose(1, 2).requires_grad_(True)
     inv = 1.0 / (10000 ** (torch.arange(0, D, 2, device=dev).float() / D))
@@ -113,10 +98,6 @@ def rope_case(B, T, Hq, Hk, D, dt):
 
 def swiglu_case(M, I, dt):
     s = torch.tensor([], dtype=dt).element_size()
-    if impl == "copy":
-        copy_case("swiglu_fwd", f"{M}x{I}", dt, 3 * M * I * s)
-        copy_case("swiglu_bwd", f"{M}x{I}", dt, 5 * M * I * s)
-        return
     a = torch.randn(M, I, device=dev, dtype=dt, requires_grad=True)
     b = torch.randn(M, I, device=dev, dtype=dt, requires_grad=True)
     dc = torch.randn(M, I, device=dev, dtype=dt)
@@ -142,8 +123,3 @@ def swiglu_case(M, I, dt):
 rms_case(2048, 4096, torch.bfloat16)
 rope_case(1, 1024, 32, 8, 128, torch.bfloat16)
 swiglu_case(2048, 14336, torch.bfloat16)
-if impl == "copy":
-    for H in (2048, 4096, 8192):
-        rms_case(16384, H, torch.bfloat16)
-    rope_case(4, 4096, 32, 8, 128, torch.bfloat16)
-    swiglu_case(16384, 14336, torch.bfloat16)
