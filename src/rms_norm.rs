@@ -256,7 +256,7 @@ impl Plan {
         match self {
             Plan::Scalar { .. } => scalar_kernel::<T>(direction, args.mode),
             Plan::Vector { per_thread, .. } => {
-                vector_kernel::<T>(direction, "", per_thread, vector_mode::<T>(args))
+                vector_kernel_for::<T>(direction, "", per_thread, args)
             }
         }
     }
@@ -279,6 +279,16 @@ fn vector_kernel<T: Dtype>(
         "rms_norm_{direction}_v{variant}{per_thread}_{}_{mode}",
         T::NAME
     )
+}
+
+/// [`vector_kernel`] for the mode part that `args` selects ([`vector_mode`]).
+fn vector_kernel_for<T: Dtype>(
+    direction: &str,
+    variant: &str,
+    per_thread: usize,
+    args: &RmsNormArgs,
+) -> String {
+    vector_kernel::<T>(direction, variant, per_thread, vector_mode::<T>(args))
 }
 
 /// The mode part of a vector kernel's name. The `llama` vector kernels form the weight product
@@ -318,12 +328,7 @@ fn backward_kernel<T: Dtype>(
         return Ok((func, REDUCE_SMEM_BYTES));
     }
     let smem = smem as u32;
-    let shared = kernels.function(&vector_kernel::<T>(
-        "bwd",
-        "s",
-        per_thread,
-        vector_mode::<T>(args),
-    ))?;
+    let shared = kernels.function(&vector_kernel_for::<T>("bwd", "s", per_thread, args))?;
     let in_registers = kernels.resident_blocks(&func, threads, REDUCE_SMEM_BYTES)?;
     let in_shared = kernels.resident_blocks(&shared, threads, smem)?;
     if shared_dw(args.rows, in_registers, in_shared) {
@@ -354,12 +359,9 @@ fn forward_kernel<T: Dtype>(
     let func = kernels.function(&plan.kernel::<T>("fwd", args))?;
     let resident = kernels.resident_blocks(&func, plan.threads(), REDUCE_SMEM_BYTES)?;
     let twin = match plan {
-        Plan::Vector { per_thread, .. } if per_thread >= 2 => Some(vector_kernel::<T>(
-            "fwd",
-            "r",
-            per_thread,
-            vector_mode::<T>(args),
-        )),
+        Plan::Vector { per_thread, .. } if per_thread >= 2 => {
+            Some(vector_kernel_for::<T>("fwd", "r", per_thread, args))
+        }
         _ => None,
     };
     let (whole, grid) = item_grid(args.rows, resident, twin.is_some());
@@ -451,12 +453,7 @@ pub fn rms_norm_forward<T: Dtype>(
         &[x_ptr, w_ptr, y_ptr],
         &[args.x_stride, args.y_stride],
         &FWD_RULE,
-        |k| {
-            capacity(
-                &kernels,
-                &vector_kernel::<T>("fwd", "", k, vector_mode::<T>(args)),
-            )
-        },
+        |k| capacity(&kernels, &vector_kernel_for::<T>("fwd", "", k, args)),
     )?;
     let (func, grid) = forward_kernel::<T>(&kernels, plan, args)?;
     disjoint(
@@ -652,12 +649,7 @@ fn backward<T: Dtype>(
         &[dy_ptr.unwrap_or(dx_ptr), x_ptr, w_ptr, dx_ptr],
         &[args.x_stride, args.y_stride],
         &BWD_RULE,
-        |k| {
-            capacity(
-                &kernels,
-                &vector_kernel::<T>("bwd", "", k, vector_mode::<T>(args)),
-            )
-        },
+        |k| capacity(&kernels, &vector_kernel_for::<T>("bwd", "", k, args)),
     )?;
     let threads = plan.threads();
     let (func, smem) = backward_kernel::<T>(&kernels, plan, args, dw_ptr != 0)?;
