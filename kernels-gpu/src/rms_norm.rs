@@ -403,31 +403,10 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
             }
         });
     }
-    let load = |row: usize| unsafe {
-        (
-            load_row::<K>(dy.add(row * dy_stride) as *const V16, vecs),
-            load_row::<K>(x.add(row * x_stride) as *const V16, vecs),
-        )
-    };
-    // `_vs2` in f32 loads the next row before this row's barrier and stores, so those loads
-    // are in flight while the block waits (f32 16384×2048: +3 %). The other kernels do not:
-    // the extra registers cost 16-bit rows a block per SM (−6 to −10 %) and keep f32
-    // 8192-column rows from 1024-thread blocks (PERFORMANCE.md, sixth session); f32 `_vs1`
-    // was not measured.
-    let prefetch = SMEM_DW && T::LANES == 4 && K == 2;
-    let zeros = ([V16::ZERO; K], [V16::ZERO; K]);
     let mut row = block_idx();
-    let mut next = if prefetch && row < rows {
-        load(row)
-    } else {
-        zeros
-    };
     while row < rows {
-        let (gv, xv) = if prefetch { next } else { load(row) };
-        if prefetch {
-            let after = row + grid_dim();
-            next = if after < rows { load(after) } else { zeros };
-        }
+        let gv = unsafe { load_row::<K>(dy.add(row * dy_stride) as *const V16, vecs) };
+        let xv = unsafe { load_row::<K>(x.add(row * x_stride) as *const V16, vecs) };
         // w is re-read every row (an L1 hit) rather than held in registers.
         let wv = if has_w {
             unsafe { load_row::<K>(w as *const V16, vecs) }
