@@ -739,11 +739,12 @@ dw_reduce_kernel!(Bf16, rms_norm_dw_reduce_bf16);
 
 /// The vector kernels of one dtype and mode: forward with 1, 2, 4 vectors per thread (grid-stride
 /// `_v{K}`, and one row per block `_vr{K}` for K = 2, 4), backward with 1 and 2 (its dW
-/// accumulators need the registers).
+/// accumulators need the registers), `_vs1` and, when named last (16-bit types), `_vs2`: f32
+/// rows of two vectors per thread keep dW in registers (host: `has_shared_dw`).
 macro_rules! rms_norm_vec_family {
     (
-        $ty:ty, $mode:expr, $f1:ident, $b1:ident, $s1:ident, $f2:ident, $b2:ident, $s2:ident,
-        $f4:ident, $r2:ident, $r4:ident
+        $ty:ty, $mode:expr, $f1:ident, $b1:ident, $s1:ident, $f2:ident, $b2:ident,
+        $f4:ident, $r2:ident, $r4:ident $(, $s2:ident)?
     ) => {
         rms_norm_vec_family!(@fwd $ty, $mode, $f1, 1, false);
         rms_norm_vec_family!(@fwd $ty, $mode, $f2, 2, false);
@@ -753,7 +754,7 @@ macro_rules! rms_norm_vec_family {
         rms_norm_vec_family!(@bwd $ty, $mode, $b1, 1, false);
         rms_norm_vec_family!(@bwd $ty, $mode, $b2, 2, false);
         rms_norm_vec_family!(@bwd $ty, $mode, $s1, 1, true);
-        rms_norm_vec_family!(@bwd $ty, $mode, $s2, 2, true);
+        $(rms_norm_vec_family!(@bwd $ty, $mode, $s2, 2, true);)?
     };
     (@fwd $ty:ty, $mode:expr, $name:ident, $k:literal, $one:literal) => {
         fwd_entry!(
@@ -783,7 +784,6 @@ rms_norm_vec_family!(
     rms_norm_bwd_vs1_f32_llama,
     rms_norm_fwd_v2_f32_llama,
     rms_norm_bwd_v2_f32_llama,
-    rms_norm_bwd_vs2_f32_llama,
     rms_norm_fwd_v4_f32_llama,
     rms_norm_fwd_vr2_f32_llama,
     rms_norm_fwd_vr4_f32_llama
@@ -796,7 +796,6 @@ rms_norm_vec_family!(
     rms_norm_bwd_vs1_f32_gemma,
     rms_norm_fwd_v2_f32_gemma,
     rms_norm_bwd_v2_f32_gemma,
-    rms_norm_bwd_vs2_f32_gemma,
     rms_norm_fwd_v4_f32_gemma,
     rms_norm_fwd_vr2_f32_gemma,
     rms_norm_fwd_vr4_f32_gemma
@@ -809,7 +808,6 @@ rms_norm_vec_family!(
     rms_norm_bwd_vs1_f32_none,
     rms_norm_fwd_v2_f32_none,
     rms_norm_bwd_v2_f32_none,
-    rms_norm_bwd_vs2_f32_none,
     rms_norm_fwd_v4_f32_none,
     rms_norm_fwd_vr2_f32_none,
     rms_norm_fwd_vr4_f32_none
@@ -822,10 +820,10 @@ rms_norm_vec_family!(
     rms_norm_bwd_vs1_f16_llama,
     rms_norm_fwd_v2_f16_llama,
     rms_norm_bwd_v2_f16_llama,
-    rms_norm_bwd_vs2_f16_llama,
     rms_norm_fwd_v4_f16_llama,
     rms_norm_fwd_vr2_f16_llama,
-    rms_norm_fwd_vr4_f16_llama
+    rms_norm_fwd_vr4_f16_llama,
+    rms_norm_bwd_vs2_f16_llama
 );
 rms_norm_vec_family!(
     f16,
@@ -835,10 +833,10 @@ rms_norm_vec_family!(
     rms_norm_bwd_vs1_f16_llama_offset,
     rms_norm_fwd_v2_f16_llama_offset,
     rms_norm_bwd_v2_f16_llama_offset,
-    rms_norm_bwd_vs2_f16_llama_offset,
     rms_norm_fwd_v4_f16_llama_offset,
     rms_norm_fwd_vr2_f16_llama_offset,
-    rms_norm_fwd_vr4_f16_llama_offset
+    rms_norm_fwd_vr4_f16_llama_offset,
+    rms_norm_bwd_vs2_f16_llama_offset
 );
 rms_norm_vec_family!(
     f16,
@@ -848,10 +846,10 @@ rms_norm_vec_family!(
     rms_norm_bwd_vs1_f16_gemma,
     rms_norm_fwd_v2_f16_gemma,
     rms_norm_bwd_v2_f16_gemma,
-    rms_norm_bwd_vs2_f16_gemma,
     rms_norm_fwd_v4_f16_gemma,
     rms_norm_fwd_vr2_f16_gemma,
-    rms_norm_fwd_vr4_f16_gemma
+    rms_norm_fwd_vr4_f16_gemma,
+    rms_norm_bwd_vs2_f16_gemma
 );
 rms_norm_vec_family!(
     f16,
@@ -861,10 +859,10 @@ rms_norm_vec_family!(
     rms_norm_bwd_vs1_f16_none,
     rms_norm_fwd_v2_f16_none,
     rms_norm_bwd_v2_f16_none,
-    rms_norm_bwd_vs2_f16_none,
     rms_norm_fwd_v4_f16_none,
     rms_norm_fwd_vr2_f16_none,
-    rms_norm_fwd_vr4_f16_none
+    rms_norm_fwd_vr4_f16_none,
+    rms_norm_bwd_vs2_f16_none
 );
 rms_norm_vec_family!(
     Bf16,
@@ -874,10 +872,10 @@ rms_norm_vec_family!(
     rms_norm_bwd_vs1_bf16_llama,
     rms_norm_fwd_v2_bf16_llama,
     rms_norm_bwd_v2_bf16_llama,
-    rms_norm_bwd_vs2_bf16_llama,
     rms_norm_fwd_v4_bf16_llama,
     rms_norm_fwd_vr2_bf16_llama,
-    rms_norm_fwd_vr4_bf16_llama
+    rms_norm_fwd_vr4_bf16_llama,
+    rms_norm_bwd_vs2_bf16_llama
 );
 rms_norm_vec_family!(
     Bf16,
@@ -887,10 +885,10 @@ rms_norm_vec_family!(
     rms_norm_bwd_vs1_bf16_llama_offset,
     rms_norm_fwd_v2_bf16_llama_offset,
     rms_norm_bwd_v2_bf16_llama_offset,
-    rms_norm_bwd_vs2_bf16_llama_offset,
     rms_norm_fwd_v4_bf16_llama_offset,
     rms_norm_fwd_vr2_bf16_llama_offset,
-    rms_norm_fwd_vr4_bf16_llama_offset
+    rms_norm_fwd_vr4_bf16_llama_offset,
+    rms_norm_bwd_vs2_bf16_llama_offset
 );
 rms_norm_vec_family!(
     Bf16,
@@ -900,10 +898,10 @@ rms_norm_vec_family!(
     rms_norm_bwd_vs1_bf16_gemma,
     rms_norm_fwd_v2_bf16_gemma,
     rms_norm_bwd_v2_bf16_gemma,
-    rms_norm_bwd_vs2_bf16_gemma,
     rms_norm_fwd_v4_bf16_gemma,
     rms_norm_fwd_vr2_bf16_gemma,
-    rms_norm_fwd_vr4_bf16_gemma
+    rms_norm_fwd_vr4_bf16_gemma,
+    rms_norm_bwd_vs2_bf16_gemma
 );
 rms_norm_vec_family!(
     Bf16,
@@ -913,8 +911,8 @@ rms_norm_vec_family!(
     rms_norm_bwd_vs1_bf16_none,
     rms_norm_fwd_v2_bf16_none,
     rms_norm_bwd_v2_bf16_none,
-    rms_norm_bwd_vs2_bf16_none,
     rms_norm_fwd_v4_bf16_none,
     rms_norm_fwd_vr2_bf16_none,
-    rms_norm_fwd_vr4_bf16_none
+    rms_norm_fwd_vr4_bf16_none,
+    rms_norm_bwd_vs2_bf16_none
 );
