@@ -305,10 +305,11 @@ fn vector_mode<T: Dtype>(args: &RmsNormArgs) -> &'static str {
 
 /// The backward kernel for `plan` and its dynamic shared memory. With a weight, a vector plan
 /// has two kernels (one where [`has_shared_dw`] says so): `_v{K}` keeps each block's dW
-/// partial row in registers, `_vs{K}` in shared memory (`cols` f32 more per block, within the 48 KiB a block gets without opting in; the
-/// register kernels' thread limit keeps vector rows below that anyway). Shared memory runs when
-/// it fits more blocks per SM and every block gets at least [`SMEM_DW_MIN_ROWS`] rows (its
-/// per-block set-up and per-element round trip pay off only over many rows).
+/// partial row in registers, `_vs{K}` in shared memory (`cols` f32 more per block, within the
+/// 48 KiB a block gets without opting in; the register kernels' thread limit keeps vector rows
+/// below that anyway). Shared memory runs when it fits more blocks per SM and every block gets
+/// at least [`SMEM_DW_MIN_ROWS`] rows (its per-block set-up and per-element round trip pay off
+/// only over many rows).
 fn backward_kernel<T: Dtype>(
     kernels: &Kernels,
     plan: Plan,
