@@ -915,14 +915,13 @@ mod tests {
         // Driver errors pass through.
         let err = launch_shape::<f32>(v, BWD_WHOLE, 8, 8, |_| Err(crate::Error::NoDriver));
         assert!(err.is_err());
-        // The forward's `_vt` tiles: 4 (16-bit) or 2 (f32) vectors × 128 threads (applied to
-        // the same 16384 × 1792 vectors).
-        let fwd = |whole, vecs_per_row: usize| {
-            launch_shape::<bf16>(v, whole, 16384, vecs_per_row * 8, |_| Ok(396)).unwrap()
-        };
-        let s = fwd(fwd_whole::<bf16>(), 1792);
+        // The forward's `_vt` tiles: 4 (16-bit) or 2 (f32) vectors × 128 threads, here over
+        // 16384 rows of 1792 vectors each.
+        let s = launch_shape::<bf16>(v, fwd_whole::<bf16>(), 16384, 1792 * 8, |_| Ok(396));
+        let s = s.unwrap();
         assert_eq!((s.whole, s.grid, s.threads), (true, 57344, 128));
-        let s = fwd(fwd_whole::<f32>(), 1792);
+        let s = launch_shape::<f32>(v, fwd_whole::<f32>(), 16384, 1792 * 4, |_| Ok(396));
+        let s = s.unwrap();
         assert_eq!((s.whole, s.grid, s.threads), (true, 114688, 128));
     }
 

@@ -43,8 +43,8 @@ const FWD_VECS: usize = 3;
 /// The same for the backward `_v` kernels (`BWD_VECS` on the host).
 const BWD_VECS: usize = 3;
 /// 16-byte vectors of each operand per thread in the one-tile-per-block forward `_vt`
-/// kernels of 16-bit types (`fwd_vecs_whole` on the host): with no next tile in registers they
-/// fit more.
+/// kernels of 16-bit types (`FWD_VECS_WHOLE` on the host, through `fwd_whole`): with no next
+/// tile in registers they fit more.
 const FWD_VECS_WHOLE: usize = 4;
 /// The same for f32, whose vectors hold half the elements (`FWD_VECS_WHOLE_F32` on the host):
 /// 2 (H200 A/B, PERFORMANCE.md: +0.7 % over 4 for f32, −2 % for bf16/f16).
