@@ -267,8 +267,8 @@ fn scalar_kernel<T: Dtype>(direction: &str, mode: CastingMode) -> String {
 }
 
 /// `rms_norm_{direction}_v{variant}{per_thread}_{dtype}_{mode}`, the variant `""` (`_v2`), `"s"`
-/// (backward, dW in shared memory: `_vs2`) or `"r"` (forward, one row per block: `_vr2`), the
-/// mode from [`vector_mode`].
+/// (backward, dW in shared memory: `_vs2`), `"r"` (forward, one row per block: `_vr2`) or `"l"`
+/// (the same, weight loaded late: `_vl4`), the mode from [`vector_mode`].
 fn vector_kernel<T: Dtype>(
     direction: &str,
     variant: &str,
@@ -357,8 +357,8 @@ fn shared_dw(rows: usize, in_registers: usize, in_shared: usize) -> bool {
 /// be resident at once (SMs × blocks per SM at the plan's threads), at most one per row; the
 /// vector kernels prefetch a block's next row while finishing the current one. With many
 /// waves of rows ([`whole_grid`]) a vector plan of two or more vectors per thread runs its
-/// `_vr{K}` twin instead, one block per row (f32 4096: +9 %). One vector per thread is a row
-/// too short to pay for a block of its own (bf16 2048: −17 %), so `_v1` stays grid-stride.
+/// one-row-per-block twin instead ([`whole_twin`]; f32 4096: +9 %). One vector per thread is a
+/// row too short to pay for a block of its own (bf16 2048: −17 %), so `_v1` stays grid-stride.
 fn forward_kernel<T: Dtype>(
     kernels: &Kernels,
     plan: Plan,
@@ -367,9 +367,15 @@ fn forward_kernel<T: Dtype>(
     let func = kernels.function(&plan.kernel::<T>("fwd", args))?;
     let resident = kernels.resident_blocks(&func, plan.threads(), REDUCE_SMEM_BYTES)?;
     let twin = match plan {
-        Plan::Vector { per_thread, .. } if per_thread >= 2 => {
-            Some(vector_kernel_for::<T>("fwd", "r", per_thread, args))
-        }
+        Plan::Vector {
+            per_thread,
+            threads,
+        } if per_thread >= 2 => Some(vector_kernel_for::<T>(
+            "fwd",
+            whole_twin(per_thread, threads),
+            per_thread,
+            args,
+        )),
         _ => None,
     };
     let (whole, grid) = item_grid(args.rows, resident, twin.is_some());
@@ -378,6 +384,22 @@ fn forward_kernel<T: Dtype>(
         _ => func,
     };
     Ok((func, grid))
+}
+
+/// Blocks of at least this many threads (rows of four vectors per thread) load a packed weight
+/// after the row's reduction (`_vl4`) rather than first (`_vr4`). On an H200: bf16 16384×8192
+/// (256 threads) +2.4 %, f32 16384×8192 (512) +1.6 %, f32 16384×4096 (256) +0.5 %; 128 threads
+/// (bf16 16384×4096) −0.9 %.
+const LATE_WEIGHT_THREADS: u32 = 256;
+
+/// The variant of the one-row-per-block forward for `per_thread` vectors per thread and
+/// `threads` per block: `"l"` (`_vl4`) for rows of four vectors per thread in blocks of at
+/// least [`LATE_WEIGHT_THREADS`], else `"r"` (`_vr{K}`).
+fn whole_twin(per_thread: usize, threads: u32) -> &'static str {
+    match per_thread == 4 && threads >= LATE_WEIGHT_THREADS {
+        true => "l",
+        false => "r",
+    }
 }
 
 /// Most threads per block the named kernel can launch with (fewer when it uses many registers).
@@ -788,6 +810,8 @@ mod tests {
                 assert!(in_ptx(&vector_kernel::<bf16>("fwd", "", *k, mode)));
                 let whole = in_ptx(&vector_kernel::<bf16>("fwd", "r", *k, mode));
                 assert_eq!(whole, *k >= 2);
+                let late = in_ptx(&vector_kernel::<bf16>("fwd", "l", *k, mode));
+                assert_eq!(late, *k == 4);
             }
         }
         for k in BWD_RULE.per_thread {
@@ -817,9 +841,20 @@ mod tests {
             vector_kernel::<f16>("fwd", "r", 4, "llama"),
             "rms_norm_fwd_vr4_f16_llama"
         );
+        for mode in modes::<f32>() {
+            assert!(in_ptx(&vector_kernel::<f32>("fwd", "l", 4, mode)));
+        }
         let s = Plan::Scalar { threads: 128 };
         let none = RmsNormArgs::new(1, 8).with_mode(CastingMode::None);
         assert_eq!(s.kernel::<f32>("bwd", &none), "rms_norm_bwd_f32_none");
+    }
+
+    #[test]
+    fn long_rows_of_four_vectors_per_thread_load_the_weight_late() {
+        assert_eq!(whole_twin(4, 256), "l");
+        assert_eq!(whole_twin(4, 512), "l");
+        assert_eq!(whole_twin(4, 128), "r");
+        assert_eq!(whole_twin(2, 1024), "r");
     }
 
     #[test]

@@ -9,9 +9,14 @@ use cudarc::driver::{
 };
 use std::sync::Arc;
 
-/// Heads one thread of a vector kernel rotates per step (`VEC_HEADS` in
-/// `kernels-gpu/src/rope.rs`; must match).
-const VEC_HEADS: usize = 4;
+/// Heads one thread of a vector kernel rotates per step, for elements of `size` bytes
+/// (`vec_heads` in `kernels-gpu/src/rope.rs`; must match): 2 in 16-bit types, 4 in f32.
+fn vec_heads(size: usize) -> usize {
+    match size {
+        2 => 2,
+        _ => 4,
+    }
+}
 
 /// Threads per block of the scalar kernels: one block covers `BLOCK_THREADS / pairs` tokens when a token has fewer
 /// pairs than this, else one token in `⌈pairs / BLOCK_THREADS⌉` passes.
@@ -329,15 +334,15 @@ fn vector_lanes(args: &RopeArgs, elem_bytes: usize, ptrs: [u64; 4]) -> Option<us
 }
 
 /// `(bx, by, bz)` block of a vector kernel: `bx` = vectors per half (one per thread), `by` =
-/// head lanes (each thread rotates heads `y, y + by, …`, `VEC_HEADS` per step: `by` is
-/// `⌈heads / VEC_HEADS⌉` so one step covers the token, capped at `BLOCK_THREADS` threads per
+/// head lanes (each thread rotates heads `y, y + by, …`, `vec_heads` per step: `by` is
+/// `⌈heads / vec_heads⌉` so one step covers the token, capped at `BLOCK_THREADS` threads per
 /// token), `bz` = tokens per block (≤ `tokens`, ≤ 64), chosen up to `BLOCK_THREADS` threads to
 /// waste the smallest fraction of the block's lanes, the most tokens among equals (small
 /// blocks would hit the per-SM block limit before the thread limit).
-fn vector_block(vph: usize, heads: usize, tokens: usize) -> (u32, u32, u32) {
+fn vector_block(vph: usize, heads: usize, tokens: usize, vec_heads: usize) -> (u32, u32, u32) {
     let bx = vph.clamp(1, BLOCK_THREADS);
     let by = heads
-        .div_ceil(VEC_HEADS)
+        .div_ceil(vec_heads)
         .clamp(1, (BLOCK_THREADS / bx).max(1));
     let per_token = bx * by;
     let max_bz = (BLOCK_THREADS / per_token).clamp(1, 64).min(tokens.max(1));
@@ -509,7 +514,8 @@ fn rope<T: Dtype>(
         Some(lanes) => {
             let func = kernels.function(&format!("rope_{dir}_v_{}_{variant}", T::NAME))?;
             let heads = args.q_heads + args.k_heads;
-            let (bx, by, bz) = vector_block(r / 2 / lanes, heads, sizes.tokens);
+            let vec_heads = vec_heads(std::mem::size_of::<T>());
+            let (bx, by, bz) = vector_block(r / 2 / lanes, heads, sizes.tokens, vec_heads);
             let threads = bx * by * bz;
             // Grid-stride over tokens: as many blocks as are resident at once, at most one per
             // `bz` tokens; with many waves of token steps, one block per step (`item_grid`: the
@@ -644,25 +650,29 @@ mod tests {
 
     #[test]
     fn vector_block_covers_the_token_in_one_step_within_256_threads() {
-        // The benchmark shape: 40 heads, d = 128 → 8 (bf16) or 16 (f32) vectors per half.
-        assert_eq!(vector_block(8, 40, 16384), (8, 10, 2)); // 160 threads, 5 full warps
-        assert_eq!(vector_block(16, 40, 16384), (16, 10, 1));
+        // The benchmark shape: 40 heads, d = 128 → 8 (16-bit, 2 heads per step) or 16 (f32, 4
+        // heads per step) vectors per half.
+        assert_eq!((vec_heads(2), vec_heads(4)), (2, 4));
+        assert_eq!(vector_block(8, 40, 16384, 2), (8, 20, 1)); // 160 threads, 5 full warps
+        assert_eq!(vector_block(16, 40, 16384, 4), (16, 10, 1));
         // 15 threads per token: 17 tokens fill 255 of 8 warps' 256 lanes (the least waste);
         // with 4 tokens, 4 fill 60 of 64 (as good as 2 in 32, and more per block).
-        assert_eq!(vector_block(5, 10, 100), (5, 3, 17));
-        assert_eq!(vector_block(5, 10, 4), (5, 3, 4));
+        assert_eq!(vector_block(5, 10, 100, 4), (5, 3, 17));
+        assert_eq!(vector_block(5, 10, 4, 4), (5, 3, 4));
         // Tiny tokens (f32 d = 16, 1 + 1 heads): 64 tokens of 2 threads, not 16 of them.
-        assert_eq!(vector_block(2, 2, 1 << 20), (2, 1, 64));
-        for vph in 1..=256 {
-            for heads in [2, 3, 5, 10, 40, 41, 300, 1 << 20] {
-                for tokens in [1, 3, 1000] {
-                    let (bx, by, bz) = vector_block(vph, heads, tokens);
-                    let (bx, by, bz) = (bx as usize, by as usize, bz as usize);
-                    assert_eq!(bx, vph);
-                    assert!(bx * by * bz <= BLOCK_THREADS && by >= 1 && bz >= 1);
-                    assert!(bz <= tokens && bz <= 64);
-                    if heads.div_ceil(VEC_HEADS) * vph <= BLOCK_THREADS {
-                        assert!(by * VEC_HEADS >= heads, "{vph} {heads}");
+        assert_eq!(vector_block(2, 2, 1 << 20, 4), (2, 1, 64));
+        for vec_heads in [2, 4] {
+            for vph in 1..=256 {
+                for heads in [2, 3, 5, 10, 40, 41, 300, 1 << 20] {
+                    for tokens in [1, 3, 1000] {
+                        let (bx, by, bz) = vector_block(vph, heads, tokens, vec_heads);
+                        let (bx, by, bz) = (bx as usize, by as usize, bz as usize);
+                        assert_eq!(bx, vph);
+                        assert!(bx * by * bz <= BLOCK_THREADS && by >= 1 && bz >= 1);
+                        assert!(bz <= tokens && bz <= 64);
+                        if heads.div_ceil(vec_heads) * vph <= BLOCK_THREADS {
+                            assert!(by * vec_heads >= heads, "{vph} {heads}");
+                        }
                     }
                 }
             }

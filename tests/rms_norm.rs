@@ -521,14 +521,14 @@ const MODE_OFFSETS: [(CastingMode, f32); 4] = [
 
 #[test]
 fn gpu_forward_rows_walk_grid_stride_or_take_a_block_each() {
-    // Rows ≥ 4 waves of resident blocks run the forward's one-row-per-block `_vr{K}` kernels
-    // for K ≥ 2: 7000 × 2048 bf16 (`_vr2`, 128 threads; four waves of `_v2` are 4752 rows on
-    // an H200), 4000 × 2048 f32 (`_vr4`, 128 threads) and 2200 × 8192 f16 (`_vr4`, 256); the
-    // shared-memory dW test's 8600 × 4096 16-bit rows run `_vr4` too. Between one and four
-    // waves the `_v{K}` kernels walk rows grid-stride, prefetching each block's next row: on
-    // an H200 2000 × 2048 bf16 (`_v2`, 1188 blocks), 1500 × 4096 bf16 (`_v4`, 660 blocks) and
-    // 1000 × 4096 f32 (`_v4`, 396 blocks) give blocks 1–3 rows. The sweep's shapes are one
-    // row per block or fewer.
+    // Rows ≥ 4 waves of resident blocks run the forward's one-row-per-block kernels for K ≥ 2:
+    // 7000 × 2048 bf16 (`_vr2`, 128 threads; four waves of `_v2` are 4752 rows on an H200),
+    // 4000 × 2048 f32 (`_vr4`, 128 threads), and with the weight loaded late 2200 × 8192 f16
+    // and 2000 × 4096 f32 (`_vl4`, 256 threads); the shared-memory dW test's 8600 × 4096
+    // 16-bit rows run `_vr4` too. Between one and four waves the `_v{K}` kernels walk rows
+    // grid-stride, prefetching each block's next row: on an H200 2000 × 2048 bf16 (`_v2`, 1188
+    // blocks), 1500 × 4096 bf16 (`_v4`, 660 blocks) and 1000 × 4096 f32 (`_v4`, 396 blocks)
+    // give blocks 1–3 rows. The sweep's shapes are one row per block or fewer.
     let test = "gpu_forward_rows_walk_grid_stride_or_take_a_block_each";
     let Some(stream) = gpu(test) else {
         return;
@@ -548,6 +548,7 @@ fn gpu_forward_rows_walk_grid_stride_or_take_a_block_each() {
         failures.run(|| run_case::<bf16>(&stream, &case(7000, 2048, seed)));
         failures.run(|| run_case::<f32>(&stream, &case(4000, 2048, seed + 1)));
         failures.run(|| run_case::<f16>(&stream, &case(2200, 8192, seed + 2)));
+        failures.run(|| run_case::<f32>(&stream, &case(2000, 4096, seed + 6)));
         failures.run(|| run_case::<bf16>(&stream, &case(2000, 2048, seed + 3)));
         failures.run(|| run_case::<bf16>(&stream, &case(1500, 4096, seed + 4)));
         failures.run(|| run_case::<f32>(&stream, &case(1000, 4096, seed + 5)));

@@ -16,9 +16,10 @@
 //! read once with 16-byte loads. The `_v{K}` forward walks a resident grid and loads its next row
 //! before reducing the current one; the `_vr{K}` forward (K = 2, 4) runs one row per block over
 //! a grid of every row (no next-row registers, so more blocks fit per SM; the host picks it for
-//! many rows). The vector backward is persistent: each block keeps its dW partial row in
-//! registers (`_v{K}`) or shared memory (`_vs{K}`, see `backward_vec`) across all its rows and
-//! writes it once at the end.
+//! many rows), and its `_vl4` twin loads the weight after the row's reduction instead of
+//! before it (the host picks it for long rows, see `forward_vec`). The vector backward is
+//! persistent: each block keeps its dW partial row in registers (`_v{K}`) or shared memory
+//! (`_vs{K}`, see `backward_vec`) across all its rows and writes it once at the end.
 //!
 //! The vector kernels form the weight product `D(x·r)·(offset + w)` as one packed 16-bit
 //! product (`fma.rn.bf16x2` / `fma.rn.f16x2`: half the instructions of widening each lane and
@@ -260,8 +261,21 @@ unsafe fn store_row<const K: usize>(row: *mut V16, vecs: usize, out: impl Fn(usi
     });
 }
 
+/// The vector forward: `ONE` runs one row per block (`_vr{K}`, `_vl4`), else a resident grid
+/// walks the rows (`_v{K}`). `LATE_W` (with `ONE`: `_vl4`) loads a packed weight after the
+/// row's reduction, where the grid-stride and `_vr{K}` kernels load it first and hold it across
+/// the barriers. On an H200, loading it late measured +2.4 % (bf16 16384×8192, 256 threads per
+/// row), +1.6 % (f32 16384×8192, 512) and +0.5 % (f32 16384×4096, 256), but −0.9 % for rows of
+/// 128 threads (bf16 16384×4096), whose short blocks wait on the extra load; the host picks it
+/// from the block size (`LATE_WEIGHT_THREADS` in src/rms_norm.rs).
 #[inline(always)]
-unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize, const ONE: bool>(
+unsafe fn forward_vec<
+    T: Elem,
+    const MODE: u32,
+    const K: usize,
+    const ONE: bool,
+    const LATE_W: bool,
+>(
     x: *const T,
     x_stride: usize,
     w: *const T,
@@ -279,8 +293,9 @@ unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize, const ONE: bool>
     // The packed product holds `w'` in registers; the per-lane one re-reads w each row (an L1
     // hit), so the grid-stride kernels do not hold its widened lanes across rows.
     let packed = has_w && packed_weight::<T, MODE>();
+    let late = ONE && LATE_W;
     let mut wv = [V16::ZERO; K];
-    if packed {
+    if packed && !late {
         wv = unsafe { load_row::<K>(w as *const V16, vecs) };
         offset_weight::<T, K>(&mut wv, offset);
     }
@@ -332,7 +347,13 @@ unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize, const ONE: bool>
         // One uniform branch per row, each arm straight-line code.
         match (has_w, packed) {
             (false, _) => unsafe { store_row::<K>(yr, vecs, normed) },
-            (true, true) => unsafe { store_row::<K>(yr, vecs, |k| T::mul_rn(normed(k), wv[k])) },
+            (true, true) => unsafe {
+                if late {
+                    wv = load_row::<K>(w as *const V16, vecs);
+                    offset_weight::<T, K>(&mut wv, offset);
+                }
+                store_row::<K>(yr, vecs, |k| T::mul_rn(normed(k), wv[k]))
+            },
             (true, false) => unsafe {
                 let wv = load_row::<K>(w as *const V16, vecs);
                 store_row::<K>(yr, vecs, |k| {
@@ -738,30 +759,31 @@ dw_reduce_kernel!(f16, rms_norm_dw_reduce_f16);
 dw_reduce_kernel!(Bf16, rms_norm_dw_reduce_bf16);
 
 /// The vector kernels of one dtype and mode: forward with 1, 2, 4 vectors per thread (grid-stride
-/// `_v{K}`, and one row per block `_vr{K}` for K = 2, 4), backward with 1 and 2 (its dW
-/// accumulators need the registers), `_vs1` and, when named last (16-bit types), `_vs2`: f32
+/// `_v{K}`, one row per block `_vr{K}` for K = 2, 4, and `_vl4`), backward with 1 and 2 (its
+/// dW accumulators need the registers), `_vs1` and, when named last (16-bit types), `_vs2`: f32
 /// rows of two vectors per thread keep dW in registers (host: `has_shared_dw`).
 macro_rules! rms_norm_vec_family {
     (
         $ty:ty, $mode:expr, $f1:ident, $b1:ident, $s1:ident, $f2:ident, $b2:ident,
-        $f4:ident, $r2:ident, $r4:ident $(, $s2:ident)?
+        $f4:ident, $r2:ident, $r4:ident, $l4:ident $(, $s2:ident)?
     ) => {
-        rms_norm_vec_family!(@fwd $ty, $mode, $f1, 1, false);
-        rms_norm_vec_family!(@fwd $ty, $mode, $f2, 2, false);
-        rms_norm_vec_family!(@fwd $ty, $mode, $f4, 4, false);
-        rms_norm_vec_family!(@fwd $ty, $mode, $r2, 2, true);
-        rms_norm_vec_family!(@fwd $ty, $mode, $r4, 4, true);
+        rms_norm_vec_family!(@fwd $ty, $mode, $f1, 1, false, false);
+        rms_norm_vec_family!(@fwd $ty, $mode, $f2, 2, false, false);
+        rms_norm_vec_family!(@fwd $ty, $mode, $f4, 4, false, false);
+        rms_norm_vec_family!(@fwd $ty, $mode, $r2, 2, true, false);
+        rms_norm_vec_family!(@fwd $ty, $mode, $r4, 4, true, false);
+        rms_norm_vec_family!(@fwd $ty, $mode, $l4, 4, true, true);
         rms_norm_vec_family!(@bwd $ty, $mode, $b1, 1, false);
         rms_norm_vec_family!(@bwd $ty, $mode, $b2, 2, false);
         rms_norm_vec_family!(@bwd $ty, $mode, $s1, 1, true);
         $(rms_norm_vec_family!(@bwd $ty, $mode, $s2, 2, true);)?
     };
-    (@fwd $ty:ty, $mode:expr, $name:ident, $k:literal, $one:literal) => {
+    (@fwd $ty:ty, $mode:expr, $name:ident, $k:literal, $one:literal, $late:literal) => {
         fwd_entry!(
             $name,
             $ty,
-            forward_vec::<$ty, { $mode }, $k, $one>,
-            "Vectorised RMSNorm forward (`K` vectors of 16 bytes per thread, see the module docs; `_vr`: one row per block, the grid covers every row).",
+            forward_vec::<$ty, { $mode }, $k, $one, $late>,
+            "Vectorised RMSNorm forward (`K` vectors of 16 bytes per thread, see the module docs; `_vr`: one row per block, the grid covers every row; `_vl`: the same, the weight loaded after the reduction).",
             "As the scalar forward, and every row of `x` and `y` and `w` start 16-byte aligned with `cols` a multiple of the lanes per vector."
         );
     };
@@ -786,7 +808,8 @@ rms_norm_vec_family!(
     rms_norm_bwd_v2_f32_llama,
     rms_norm_fwd_v4_f32_llama,
     rms_norm_fwd_vr2_f32_llama,
-    rms_norm_fwd_vr4_f32_llama
+    rms_norm_fwd_vr4_f32_llama,
+    rms_norm_fwd_vl4_f32_llama
 );
 rms_norm_vec_family!(
     f32,
@@ -798,7 +821,8 @@ rms_norm_vec_family!(
     rms_norm_bwd_v2_f32_gemma,
     rms_norm_fwd_v4_f32_gemma,
     rms_norm_fwd_vr2_f32_gemma,
-    rms_norm_fwd_vr4_f32_gemma
+    rms_norm_fwd_vr4_f32_gemma,
+    rms_norm_fwd_vl4_f32_gemma
 );
 rms_norm_vec_family!(
     f32,
@@ -810,7 +834,8 @@ rms_norm_vec_family!(
     rms_norm_bwd_v2_f32_none,
     rms_norm_fwd_v4_f32_none,
     rms_norm_fwd_vr2_f32_none,
-    rms_norm_fwd_vr4_f32_none
+    rms_norm_fwd_vr4_f32_none,
+    rms_norm_fwd_vl4_f32_none
 );
 rms_norm_vec_family!(
     f16,
@@ -823,6 +848,7 @@ rms_norm_vec_family!(
     rms_norm_fwd_v4_f16_llama,
     rms_norm_fwd_vr2_f16_llama,
     rms_norm_fwd_vr4_f16_llama,
+    rms_norm_fwd_vl4_f16_llama,
     rms_norm_bwd_vs2_f16_llama
 );
 rms_norm_vec_family!(
@@ -836,6 +862,7 @@ rms_norm_vec_family!(
     rms_norm_fwd_v4_f16_llama_offset,
     rms_norm_fwd_vr2_f16_llama_offset,
     rms_norm_fwd_vr4_f16_llama_offset,
+    rms_norm_fwd_vl4_f16_llama_offset,
     rms_norm_bwd_vs2_f16_llama_offset
 );
 rms_norm_vec_family!(
@@ -849,6 +876,7 @@ rms_norm_vec_family!(
     rms_norm_fwd_v4_f16_gemma,
     rms_norm_fwd_vr2_f16_gemma,
     rms_norm_fwd_vr4_f16_gemma,
+    rms_norm_fwd_vl4_f16_gemma,
     rms_norm_bwd_vs2_f16_gemma
 );
 rms_norm_vec_family!(
@@ -862,6 +890,7 @@ rms_norm_vec_family!(
     rms_norm_fwd_v4_f16_none,
     rms_norm_fwd_vr2_f16_none,
     rms_norm_fwd_vr4_f16_none,
+    rms_norm_fwd_vl4_f16_none,
     rms_norm_bwd_vs2_f16_none
 );
 rms_norm_vec_family!(
@@ -875,6 +904,7 @@ rms_norm_vec_family!(
     rms_norm_fwd_v4_bf16_llama,
     rms_norm_fwd_vr2_bf16_llama,
     rms_norm_fwd_vr4_bf16_llama,
+    rms_norm_fwd_vl4_bf16_llama,
     rms_norm_bwd_vs2_bf16_llama
 );
 rms_norm_vec_family!(
@@ -888,6 +918,7 @@ rms_norm_vec_family!(
     rms_norm_fwd_v4_bf16_llama_offset,
     rms_norm_fwd_vr2_bf16_llama_offset,
     rms_norm_fwd_vr4_bf16_llama_offset,
+    rms_norm_fwd_vl4_bf16_llama_offset,
     rms_norm_bwd_vs2_bf16_llama_offset
 );
 rms_norm_vec_family!(
@@ -901,6 +932,7 @@ rms_norm_vec_family!(
     rms_norm_fwd_v4_bf16_gemma,
     rms_norm_fwd_vr2_bf16_gemma,
     rms_norm_fwd_vr4_bf16_gemma,
+    rms_norm_fwd_vl4_bf16_gemma,
     rms_norm_bwd_vs2_bf16_gemma
 );
 rms_norm_vec_family!(
@@ -914,5 +946,6 @@ rms_norm_vec_family!(
     rms_norm_fwd_v4_bf16_none,
     rms_norm_fwd_vr2_bf16_none,
     rms_norm_fwd_vr4_bf16_none,
+    rms_norm_fwd_vl4_bf16_none,
     rms_norm_bwd_vs2_bf16_none
 );

@@ -130,10 +130,26 @@ unsafe fn rotate<T: Elem, const ROWS: u32, const BWD: bool>(
     }
 }
 
-/// Heads one thread of the vector path rotates per step: their `2·VEC_HEADS` 16-byte loads are
-/// all issued before the first result is stored (the host sizes `blockDim.y` so that one step
-/// usually covers every head of the token: `blockDim.y = ⌈heads / VEC_HEADS⌉`).
-pub const VEC_HEADS: usize = 4;
+/// Heads one thread of the vector path rotates per step in 16-bit types ([`vec_heads`]).
+pub const VEC_HEADS_16BIT: usize = 2;
+/// The same in f32.
+pub const VEC_HEADS_F32: usize = 4;
+
+/// Heads one thread of the vector path rotates per step, for elements of `lanes` per vector:
+/// their `2·vec_heads` 16-byte loads are all issued before the first result is stored (the host
+/// sizes `blockDim.y` so that one step usually covers every head of the token: `blockDim.y =
+/// ⌈heads / vec_heads⌉`). On an H200 (llama shape, 40 heads of 128): 16-bit types 2 (64
+/// registers, 6 blocks of 160 threads per SM) measured +0.5 % over 4 (96 registers, 4 blocks of
+/// 160), f32 4 measured +1 % over 2 (whose 16 vectors per half leave 2.5 heads per thread).
+pub const fn vec_heads(lanes: usize) -> usize {
+    match lanes {
+        8 => VEC_HEADS_16BIT,
+        _ => VEC_HEADS_F32,
+    }
+}
+
+/// The most heads per step of any type (the length of the per-step arrays).
+const MAX_VEC_HEADS: usize = 4;
 
 /// `v`, hidden from the optimiser: a value it cannot reason about.
 #[inline(always)]
@@ -180,8 +196,8 @@ unsafe fn raw_id<const ROWS: u32>(ids: *const u8, token: usize, tokens: usize) -
 /// vector `v` within a half (threads with `v ≥ half / LANES` idle): the thread loads `cos[v]`
 /// and `sin[v]` once per token and reuses them for every head it rotates. `threadIdx.y` picks
 /// heads `y, y + blockDim.y, …` of the token's `q_heads + k_heads` (q heads first, then k
-/// heads: q and k share the launch), [`VEC_HEADS`] per step with all `2·VEC_HEADS` loads of
-/// the step in flight before the first store. Consecutive threads (x fastest, then y) touch
+/// heads: q and k share the launch), [`vec_heads`] per step with all their loads in flight
+/// before the first store. Consecutive threads (x fastest, then y) touch
 /// consecutive 16-byte vectors of a half, then the next head, so a warp's accesses cover whole
 /// contiguous segments. No division in the loops (the per-position row follows the token
 /// incrementally).
@@ -203,6 +219,7 @@ unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool>(
 ) {
     // Everything below counts 16-byte vectors; in-token offsets are u32 (host-checked).
     let vph = (rotary_dim / 2 / T::LANES) as u32;
+    let vh = vec_heads(T::LANES);
     let head_vecs = (head_dim / T::LANES) as u32;
     let row_vecs = rotary_dim / T::LANES;
     let (q_heads32, heads) = (q_heads as u32, (q_heads + k_heads) as u32);
@@ -241,7 +258,7 @@ unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool>(
             .wrapping_sub(q_heads * head_vecs as usize);
         let mut h0 = thread_idx_y() as u32;
         while h0 < heads {
-            // All `2·VEC_HEADS` loads are issued before any math, so their latencies overlap:
+            // All `2·vh` loads are issued before any math, so their latencies overlap:
             // - every load is unconditional: a head past the last one re-reads this thread's
             //   own head `h0` (live, written only later by this same thread: no race) and is
             //   not stored. Predicated loads into zeroed registers let ptxas schedule the
@@ -249,11 +266,14 @@ unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool>(
             // - `live` is computed from an opaque copy of `heads`, so head 0's math (otherwise
             //   known live) stays in its own block after the loads; in the same block ptxas
             //   interleaves it with the other heads' loads, which then wait for head 0's.
-            let mut live = [false; VEC_HEADS];
-            let mut at = [core::ptr::null_mut::<V16>(); VEC_HEADS];
-            let mut x1 = [V16::ZERO; VEC_HEADS];
-            let mut x2 = [V16::ZERO; VEC_HEADS];
-            unroll::<VEC_HEADS>(|j| {
+            let mut live = [false; MAX_VEC_HEADS];
+            let mut at = [core::ptr::null_mut::<V16>(); MAX_VEC_HEADS];
+            let mut x1 = [V16::ZERO; MAX_VEC_HEADS];
+            let mut x2 = [V16::ZERO; MAX_VEC_HEADS];
+            unroll::<MAX_VEC_HEADS>(|j| {
+                if j >= vh {
+                    return;
+                }
                 let h = h0 + j as u32 * by;
                 live[j] = h < opaque(heads);
                 let h = if h < heads { h } else { h0 };
@@ -262,7 +282,7 @@ unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool>(
                 x1[j] = unsafe { V16::load(at[j]) };
                 x2[j] = unsafe { V16::load(at[j].add(vph as usize)) };
             });
-            unroll::<VEC_HEADS>(|j| {
+            unroll::<MAX_VEC_HEADS>(|j| {
                 // cos/sin stay packed across heads and are widened per head (one shift or
                 // mask per lane): hoisted, their widened lanes took 16 registers for the
                 // whole loop (bf16 106 → 96 registers: 4 blocks per SM instead of 3, +2 %).
@@ -284,7 +304,7 @@ unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool>(
                     }
                 }
             });
-            h0 += VEC_HEADS as u32 * by;
+            h0 += vh as u32 * by;
         }
         token += step;
         if ROWS == rows::PER_POSITION {
