@@ -197,10 +197,9 @@ unsafe fn raw_id<const ROWS: u32>(ids: *const u8, token: usize, tokens: usize) -
 /// and `sin[v]` once per token and reuses them for every head it rotates. `threadIdx.y` picks
 /// heads `y, y + blockDim.y, …` of the token's `q_heads + k_heads` (q heads first, then k
 /// heads: q and k share the launch), [`vec_heads`] per step with all their loads in flight
-/// before the first store. Consecutive threads (x fastest, then y) touch
-/// consecutive 16-byte vectors of a half, then the next head, so a warp's accesses cover whole
-/// contiguous segments. No division in the loops (the per-position row follows the token
-/// incrementally).
+/// before the first store. Consecutive threads (x fastest, then y) touch consecutive 16-byte
+/// vectors of a half, then the next head, so a warp's accesses cover whole contiguous
+/// segments. No division in the loops (the per-position row follows the token incrementally).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool>(
