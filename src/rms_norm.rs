@@ -388,7 +388,7 @@ fn forward_kernel<T: Dtype>(
 
 /// Blocks of at least this many threads (rows of four vectors per thread) load a packed weight
 /// after the row's reduction (`_vl4`) rather than first (`_vr4`). On an H200: bf16 16384×8192
-/// (256 threads) +2.4 %, f32 16384×8192 (512) +1.6 %, f32 16384×4096 (256) +0.5 %; 128 threads
+/// (256 threads) +2.1 %, f32 16384×8192 (512) +1.0 %, f32 16384×4096 (256) +0.3 %; 128 threads
 /// (bf16 16384×4096) −0.9 %.
 const LATE_WEIGHT_THREADS: u32 = 256;
 

@@ -652,9 +652,8 @@ mod tests {
     fn vector_block_covers_the_token_in_one_step_within_256_threads() {
         // The benchmark shape: 40 heads, d = 128 → 8 (16-bit, 2 heads per step) or 16 (f32, 4
         // heads per step) vectors per half.
-        assert_eq!((vec_heads(2), vec_heads(4)), (2, 4));
-        assert_eq!(vector_block(8, 40, 16384, 2), (8, 20, 1)); // 160 threads, 5 full warps
-        assert_eq!(vector_block(16, 40, 16384, 4), (16, 10, 1));
+        assert_eq!(vector_block(8, 40, 16384, vec_heads(2)), (8, 20, 1)); // 160 threads
+        assert_eq!(vector_block(16, 40, 16384, vec_heads(4)), (16, 10, 1));
         // 15 threads per token: 17 tokens fill 255 of 8 warps' 256 lanes (the least waste);
         // with 4 tokens, 4 fill 60 of 64 (as good as 2 in 32, and more per block).
         assert_eq!(vector_block(5, 10, 100, 4), (5, 3, 17));

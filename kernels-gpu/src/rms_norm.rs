@@ -264,10 +264,12 @@ unsafe fn store_row<const K: usize>(row: *mut V16, vecs: usize, out: impl Fn(usi
 /// The vector forward: `ONE` runs one row per block (`_vr{K}`, `_vl4`), else a resident grid
 /// walks the rows (`_v{K}`). `LATE_W` (with `ONE`: `_vl4`) loads a packed weight after the
 /// row's reduction, where the grid-stride and `_vr{K}` kernels load it first and hold it across
-/// the barriers. On an H200, loading it late measured +2.4 % (bf16 16384×8192, 256 threads per
-/// row), +1.6 % (f32 16384×8192, 512) and +0.5 % (f32 16384×4096, 256), but −0.9 % for rows of
+/// the barriers. On an H200, loading it late measured +2.1 % (bf16 16384×8192, 256 threads per
+/// row), +1.0 % (f32 16384×8192, 512) and +0.3 % (f32 16384×4096, 256), but −0.9 % for rows of
 /// 128 threads (bf16 16384×4096), whose short blocks wait on the extra load; the host picks it
-/// from the block size (`LATE_WEIGHT_THREADS` in src/rms_norm.rs).
+/// from the block size (`LATE_WEIGHT_THREADS` in src/rms_norm.rs). In modes whose weight
+/// product is not packed (16-bit gemma and llama with an offset) the weight is read after the
+/// reduction anyway, so there `_vl4` is the same code as `_vr4`.
 #[inline(always)]
 unsafe fn forward_vec<
     T: Elem,

@@ -130,11 +130,6 @@ unsafe fn rotate<T: Elem, const ROWS: u32, const BWD: bool>(
     }
 }
 
-/// Heads one thread of the vector path rotates per step in 16-bit types ([`vec_heads`]).
-pub const VEC_HEADS_16BIT: usize = 2;
-/// The same in f32.
-pub const VEC_HEADS_F32: usize = 4;
-
 /// Heads one thread of the vector path rotates per step, for elements of `lanes` per vector:
 /// their `2·vec_heads` 16-byte loads are all issued before the first result is stored (the host
 /// sizes `blockDim.y` so that one step usually covers every head of the token: `blockDim.y =
@@ -143,8 +138,8 @@ pub const VEC_HEADS_F32: usize = 4;
 /// 160), f32 4 measured +1 % over 2 (whose 16 vectors per half leave 2.5 heads per thread).
 pub const fn vec_heads(lanes: usize) -> usize {
     match lanes {
-        8 => VEC_HEADS_16BIT,
-        _ => VEC_HEADS_F32,
+        8 => 2,
+        _ => 4,
     }
 }
 
