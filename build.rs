@@ -1,5 +1,7 @@
 //! Compiles `kernels-gpu` to PTX with its pinned nightly and hands it to the library through
-//! `OUT_DIR/kernels.ptx` (see `crates/ptx-builder`).
+//! `OUT_DIR`: `kernels.ptx` built for sm_80 and `kernels_sm90.ptx` built for sm_90, where the
+//! kernels use sm_90's programmatic dependent launch (see `crates/ptx-builder` and
+//! `src/module.rs`).
 //!
 //! The device crate is read through `packaging/kernels-gpu/`: symbolic links to the files of
 //! `kernels-gpu/`, its `Cargo.toml` as `manifest.toml`. `cargo package` leaves `kernels-gpu/`
@@ -7,7 +9,7 @@
 //! and the published package build the same files the same way.
 //!
 //! On docs.rs (`DOCS_RS` set) the build is offline and only rustdoc runs, so no device
-//! toolchain is installed there and `kernels.ptx` is left empty.
+//! toolchain is installed there and both PTX files are left empty.
 use liger_ptx_builder::{NO_INSTALL_ENV, PtxBuild};
 use std::path::PathBuf;
 
@@ -17,6 +19,8 @@ const SHIPPED_CRATE: &str = "packaging/kernels-gpu";
 const SHIPPED_MANIFEST: &str = "manifest.toml";
 /// The device crate in a checkout (absent from the package).
 const CHECKOUT_CRATE: &str = "kernels-gpu";
+/// Each device build: its `-C target-cpu` and the file in `OUT_DIR` that receives its PTX.
+const BUILDS: [(&str, &str); 2] = [("sm_80", "kernels.ptx"), ("sm_90", "kernels_sm90.ptx")];
 
 fn main() {
     let root =
@@ -24,14 +28,17 @@ fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     println!("cargo:rerun-if-env-changed=DOCS_RS");
     if std::env::var_os("DOCS_RS").is_some() {
-        std::fs::write(out.join("kernels.ptx"), "").expect("write OUT_DIR/kernels.ptx");
+        for (_, file) in BUILDS {
+            std::fs::write(out.join(file), "").expect("write the PTX files to OUT_DIR");
+        }
         return;
     }
     let build = PtxBuild {
         crate_dir: root.join(SHIPPED_CRATE),
         manifest: SHIPPED_MANIFEST.into(),
-        work_dir: out.join("kernels-gpu"),
-        target_cpu: "sm_80".into(),
+        // Both set per build below.
+        work_dir: out.clone(),
+        target_cpu: String::new(),
         install_missing: std::env::var_os(NO_INSTALL_ENV).is_none(),
     };
     let checkout = PtxBuild {
@@ -51,18 +58,26 @@ fn main() {
         println!("cargo:rerun-if-changed={}", input.display());
     }
     println!("cargo:rerun-if-env-changed={NO_INSTALL_ENV}");
-    match build.build() {
-        Ok(result) => {
-            for note in &result.notes {
-                println!("cargo:warning={note}");
+    // One after the other: the first installs a missing toolchain, which the second then finds.
+    for (cpu, file) in BUILDS {
+        let build = PtxBuild {
+            work_dir: out.join(format!("kernels-gpu-{cpu}")),
+            target_cpu: cpu.into(),
+            ..build.clone()
+        };
+        match build.build() {
+            Ok(result) => {
+                for note in &result.notes {
+                    println!("cargo:warning={note}");
+                }
+                std::fs::write(out.join(file), result.ptx).expect("write the PTX to OUT_DIR");
             }
-            std::fs::write(out.join("kernels.ptx"), result.ptx).expect("write OUT_DIR/kernels.ptx");
-        }
-        Err(e) => {
-            for line in e.to_string().lines() {
-                println!("cargo:warning={line}");
+            Err(e) => {
+                for line in e.to_string().lines() {
+                    println!("cargo:warning={line}");
+                }
+                panic!("building the device kernels (kernels-gpu) for {cpu} failed: {e}");
             }
-            panic!("building the device kernels (kernels-gpu) failed: {e}");
         }
     }
 }

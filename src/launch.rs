@@ -1,6 +1,7 @@
 //! Argument checks shared by every op's launcher.
 use crate::error::{Error, Result, invalid};
-use cudarc::driver::{CudaStream, DeviceSlice};
+use cudarc::driver::{CudaFunction, CudaStream, DeviceSlice, LaunchConfig, sys};
+use std::ffi::c_void;
 
 /// Elements a `rows × cols` block with row stride `stride` spans: `(rows − 1)·stride + cols`.
 pub(crate) fn span(arg: &'static str, rows: usize, cols: usize, stride: usize) -> Result<usize> {
@@ -117,6 +118,53 @@ pub(crate) fn disjoint(outputs: &[Region], inputs: &[Region]) -> Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// Launches `func` on `stream` as a programmatic dependent launch (sm_90 and later): the
+/// driver processes its launch while the grid queued before it runs, and its blocks may start
+/// as that grid's blocks exit, before its completion is processed and its writes flushed. So
+/// `func` must run `griddepcontrol.wait` before it reads anything that grid writes (the sm_90
+/// build's `wait_for_prerequisite_grids`).
+///
+/// # Safety
+/// As cudarc's `LaunchArgs::launch`: `args` point to one value per kernel parameter, of its
+/// type, and every buffer the kernel touches is valid for the launch; the stream orders the
+/// buffers (plain device pointers carry no events of their own).
+pub(crate) unsafe fn launch_dependent(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    cfg: LaunchConfig,
+    args: &mut [*mut c_void],
+) -> Result<()> {
+    stream.context().bind_to_thread()?;
+    // SAFETY: a zeroed attribute is valid (the union's pad covers every member); the id and
+    // its member are set next.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: `config` and `attr` outlive the call; the caller vouches for `args`.
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &config,
+            func.cu_function(),
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()?;
     Ok(())
 }
 

@@ -79,7 +79,7 @@ pub use dtype::Dtype;
 pub use error::{Error, Result};
 pub use half;
 pub use mode::CastingMode;
-pub use module::{PTX, cuda_context};
+pub use module::{BASELINE_PTX_ENV, PTX, PTX_SM90, cuda_context};
 pub use rms_norm::{RmsNormArgs, rms_norm_backward, rms_norm_backward_inplace, rms_norm_forward};
 pub use rope::{CosSinLayout, PositionIds, RopeArgs, rope_backward, rope_forward};
 pub use settings::{LaunchSettings, MAX_FUSED_SIZE, calculate_settings};

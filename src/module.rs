@@ -4,13 +4,36 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, sys};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// PTX of every kernel, built from `kernels-gpu` by `build.rs` (sm_80 baseline, JIT-compiled
-/// forward by the driver on newer GPUs).
+/// PTX of every kernel, built from `kernels-gpu` by `build.rs` for sm_80 (JIT-compiled forward
+/// by the driver on newer GPUs). Loaded on devices of compute capability 8.x, and on newer
+/// ones where [`PTX_SM90`] is not (see there).
 ///
 /// ```
 /// assert!(liger_rs::PTX.contains(".visible .entry rms_norm_fwd_bf16_llama"));
 /// ```
 pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
+
+/// The same kernels built for sm_90. The code is [`PTX`]'s but for one instruction: the
+/// RMSNorm dW reduction starts with `griddepcontrol.wait`, as the host launches it as a
+/// programmatic dependent launch after the backward (its launch is processed while the
+/// backward runs, and its blocks start as the backward's last blocks exit, then wait there for
+/// the backward's partial rows: ~1.5 µs less per backward on an H200, PERFORMANCE.md). Loaded
+/// on devices of compute capability ≥ 9.0 with a driver of CUDA ≥ 12.3, unless the
+/// environment variable [`BASELINE_PTX_ENV`] is set.
+///
+/// ```
+/// assert!(liger_rs::PTX_SM90.contains("griddepcontrol.wait"));
+/// assert!(!liger_rs::PTX.contains("griddepcontrol"));
+/// ```
+pub const PTX_SM90: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels_sm90.ptx"));
+
+/// Set (to anything) to load [`PTX`] even where [`PTX_SM90`] would be loaded, e.g. to test the
+/// sm_80 build on a Hopper GPU. Read when a context's kernels are first loaded.
+pub const BASELINE_PTX_ENV: &str = "LIGER_RS_BASELINE_PTX";
+
+/// The oldest driver (`cuDriverGetVersion`) [`PTX_SM90`] is loaded with: CUDA 12.3, the release
+/// that brought programmatic edges to graphs (so a captured backward keeps its early start).
+const SM90_MIN_DRIVER: i32 = 12030;
 
 /// One context's loaded module, the functions looked up in it so far, and their occupancy.
 pub(crate) struct Kernels {
@@ -19,6 +42,8 @@ pub(crate) struct Kernels {
     /// Resident blocks per SM, keyed by (function handle, threads, dynamic shared bytes).
     occupancy: Mutex<HashMap<(usize, u32, u32), u32>>,
     sm_count: u32,
+    /// [`PTX_SM90`] is loaded: launches may let the next grid start early (see there).
+    pub(crate) dependent_launch: bool,
 }
 
 impl Kernels {
@@ -70,7 +95,9 @@ pub(crate) fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
     if let Some((_, k)) = cache.iter().find(|(k, _)| *k == key) {
         return Ok(k.clone());
     }
-    let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(PTX))?;
+    let dependent_launch = sm90_build(ctx)?;
+    let ptx = if dependent_launch { PTX_SM90 } else { PTX };
+    let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx))?;
     let sm_count =
         ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
     let kernels = Arc::new(Kernels {
@@ -78,9 +105,23 @@ pub(crate) fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
         functions: Mutex::new(HashMap::new()),
         occupancy: Mutex::new(HashMap::new()),
         sm_count: sm_count.max(1) as u32,
+        dependent_launch,
     });
     cache.push((key, kernels.clone()));
     Ok(kernels)
+}
+
+/// Whether `ctx` gets [`PTX_SM90`] (see there) rather than [`PTX`].
+fn sm90_build(ctx: &CudaContext) -> Result<bool> {
+    if std::env::var_os(BASELINE_PTX_ENV).is_some() || PTX_SM90.is_empty() {
+        return Ok(false);
+    }
+    let major =
+        ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    let mut driver = 0;
+    // SAFETY: writes one int; the driver is loaded (a context exists).
+    unsafe { sys::cuDriverGetVersion(&mut driver) }.result()?;
+    Ok(major >= 9 && driver >= SM90_MIN_DRIVER)
 }
 
 /// Whether the CUDA driver library loads under one of the names cudarc loads it by
@@ -127,4 +168,34 @@ pub fn cuda_context(ordinal: usize) -> Result<Arc<CudaContext>> {
         return Err(Error::NoDevice { ordinal, count });
     }
     Ok(CudaContext::new(ordinal)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each entry point's name and body in one PTX file.
+    fn entries(ptx: &str) -> Vec<(&str, &str)> {
+        ptx.split(".visible .entry ")
+            .skip(1)
+            .map(|e| (e.split('(').next().unwrap_or(e), e))
+            .collect()
+    }
+
+    #[test]
+    fn the_sm90_build_differs_only_in_the_dw_reduction_s_wait() {
+        let (base, sm90) = (entries(PTX), entries(PTX_SM90));
+        let names = |e: &[(&'static str, &str)]| e.iter().map(|(n, _)| *n).collect::<Vec<_>>();
+        assert_eq!(names(&base), names(&sm90));
+        assert!(!PTX.contains("griddepcontrol"));
+        for (name, body) in sm90 {
+            let waits = usize::from(name.starts_with("rms_norm_dw_reduce_"));
+            assert_eq!(body.matches("griddepcontrol").count(), waits, "{name}");
+            assert_eq!(
+                body.matches("griddepcontrol.wait;").count(),
+                waits,
+                "{name}"
+            );
+        }
+    }
 }

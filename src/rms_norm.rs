@@ -3,7 +3,9 @@
 use crate::CastingMode;
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
-use crate::launch::{Region, at_least, disjoint, exactly, item_grid, same_context, span};
+use crate::launch::{
+    Region, at_least, disjoint, exactly, item_grid, launch_dependent, same_context, span,
+};
 use crate::module::{Kernels, kernels};
 use crate::settings::{LaunchSettings, MAX_FUSED_SIZE, calculate_settings};
 use cudarc::driver::{
@@ -729,15 +731,22 @@ fn backward<T: Dtype>(
     if dw_ptr != 0 {
         let reduce = kernels.function(&format!("rms_norm_dw_reduce_{}", T::NAME))?;
         let parts = grid as u64;
-        let mut launch = stream.launch_builder(&reduce);
-        launch.arg(&p_ptr).arg(&parts).arg(&cols).arg(&dw_ptr);
         let cfg = LaunchConfig {
             grid_dim: (args.cols.div_ceil(DW_REDUCE_COLS as usize) as u32, 1, 1),
             block_dim: (DW_REDUCE_COLS, DW_REDUCE_PART_LANES, 1),
             shared_mem_bytes: DW_REDUCE_COLS * DW_REDUCE_PART_LANES * 4,
         };
-        // SAFETY: matches `dw_reduce_kernel!`; `partial` holds `parts × cols`, `dw` `cols`.
-        unsafe { launch.launch(cfg) }?;
+        if kernels.dependent_launch {
+            let mut params = [&p_ptr, &parts, &cols, &dw_ptr].map(|v| v as *const u64 as *mut _);
+            // SAFETY: matches `dw_reduce_kernel!`, whose sm_90 build waits for the backward
+            // before reading `partial`; `partial` holds `parts × cols`, `dw` `cols`.
+            unsafe { launch_dependent(stream, &reduce, cfg, &mut params) }?;
+        } else {
+            let mut launch = stream.launch_builder(&reduce);
+            launch.arg(&p_ptr).arg(&parts).arg(&cols).arg(&dw_ptr);
+            // SAFETY: matches `dw_reduce_kernel!`; `partial` holds `parts × cols`, `dw` `cols`.
+            unsafe { launch.launch(cfg) }?;
+        }
     }
     Ok(())
 }

@@ -1,10 +1,12 @@
 //! Cross-op guarantees: thread safety of the public types, bitwise determinism of every op
-//! (dW included), every op driven from several threads on several streams at once and on two
-//! GPUs at once (skipped with one GPU), and no panic without a driver or GPU.
+//! (dW included), the RMSNorm backward replayed from a captured CUDA graph, every op driven
+//! from several threads on several streams at once and on two GPUs at once (skipped with one
+//! GPU), and no panic without a driver or GPU.
 mod common;
 
 use common::{Rng, download, gpu, upload};
 use half::bf16;
+use liger_rs::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream};
 use liger_rs::reference::{self, rope::CosSinRows};
 use liger_rs::{
@@ -160,6 +162,60 @@ fn gpu_every_op_is_bitwise_deterministic() {
                 "swiglu grads differ, {case}"
             );
         }
+    }
+}
+
+/// The RMSNorm backward captured into a CUDA graph and replayed gives the eager call's bits.
+/// On sm_90 and later its dW reduction is a programmatic dependent launch, which the capture
+/// keeps as a programmatic edge; the replays' outputs are poisoned before each.
+#[test]
+fn gpu_rms_norm_backward_replays_from_a_captured_graph() {
+    let Some(default) = gpu("gpu_rms_norm_backward_replays_from_a_captured_graph") else {
+        return;
+    };
+    let ctx = default.context().clone();
+    // SAFETY: this handle's buffers are used on one stream only, in order; without tracking
+    // no event recorded before the capture is waited on inside it (which capture forbids).
+    unsafe { ctx.disable_event_tracking() };
+    let stream = ctx.new_stream().unwrap();
+    let (rows, cols) = (3000, 4096);
+    let mut rng = Rng::new(7);
+    let args = RmsNormArgs::new(rows, cols);
+    let x = upload(&stream, &rng.vec::<bf16>(rows * cols, 0.0, 1.0));
+    let w = upload(&stream, &rng.vec::<bf16>(cols, 1.0, 0.3));
+    let dy = upload(&stream, &rng.vec::<bf16>(rows * cols, 0.0, 1.0));
+    let (mut y, mut rstd) = (
+        common::poisoned::<bf16>(&stream, rows * cols),
+        common::poisoned::<f32>(&stream, rows),
+    );
+    let wv = w.as_view();
+    rms_norm_forward(&stream, &args, &x, Some(&wv), &mut y, &mut rstd).unwrap();
+    let backward = |dx: &mut CudaSlice<bf16>, dw: &mut CudaSlice<bf16>| {
+        let mut dw = dw.as_view_mut();
+        rms_norm_backward(&stream, &args, &dy, &x, Some(&wv), &rstd, dx, Some(&mut dw)).unwrap()
+    };
+    let (mut dx, mut dw) = (
+        common::poisoned::<bf16>(&stream, rows * cols),
+        common::poisoned::<bf16>(&stream, cols),
+    );
+    backward(&mut dx, &mut dw);
+    let eager = (bits(&download(&stream, &dx)), bits(&download(&stream, &dw)));
+
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .unwrap();
+    backward(&mut dx, &mut dw);
+    let graph = stream
+        .end_capture(CUgraphInstantiate_flags(0))
+        .unwrap()
+        .expect("the capture holds the backward");
+    for replay in 1..=2 {
+        common::poison(&stream, &mut dx);
+        common::poison(&stream, &mut dw);
+        graph.launch().unwrap();
+        let again = (bits(&download(&stream, &dx)), bits(&download(&stream, &dw)));
+        assert!(again.0 == eager.0, "dx differs, replay {replay}");
+        assert!(again.1 == eager.1, "dw differs, replay {replay}");
     }
 }
 

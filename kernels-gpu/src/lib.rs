@@ -356,6 +356,20 @@ pub fn sync_threads() {
     unsafe { nvptx::_syncthreads() }
 }
 
+/// Waits until the grid queued before this one in the stream has completed and its writes are
+/// visible. The host launches the RMSNorm dW reduction as a programmatic dependent launch
+/// (sm_90 and later): its blocks may start once the backward's blocks have exited, before the
+/// backward's completion is processed, so the reduction calls this before it reads the
+/// backward's partial rows. Returns at once after an ordinary launch; a no-op in the sm_80
+/// build.
+#[inline(always)]
+pub fn wait_for_prerequisite_grids() {
+    #[cfg(target_feature = "sm_90")]
+    unsafe {
+        asm!("griddepcontrol.wait;", options(nostack))
+    }
+}
+
 /// Sum over the 32 lanes of a (full) warp by butterfly exchange; every lane gets the same bits
 /// (a + b = b + a).
 #[inline(always)]

@@ -4,7 +4,10 @@
 //! time, columns strided by the block. The forward writes `y` and the row's rstd; the backward
 //! writes `dx` (possibly over `dy`: every element is read before the same thread writes it) and,
 //! when there is a weight, accumulates its dW contribution into one f32 partial row per block,
-//! which `rms_norm_dw_reduce_*` sums over blocks in a fixed order.
+//! which `rms_norm_dw_reduce_*` sums over blocks in a fixed order. In the sm_90 build the
+//! reduction first waits in `griddepcontrol.wait` (see `wait_for_prerequisite_grids`): the host
+//! launches it as a programmatic dependent launch, so its blocks may start before the
+//! backward's completion is processed.
 //!
 //! `dx = r·m − r³/n·(Σ m·x)·x` is evaluated as `r·(m − mean(m·h)·h)` with `h = x·r`: every
 //! factor stays near 1 whatever the row's scale (`r³` underflows f32 once the row's RMS
@@ -27,7 +30,7 @@
 //! with an offset other than ±0 run the `_llama_offset` twins, which multiply lane by lane.
 use crate::{
     Bf16, Elem, V16, block_dim, block_dim_y, block_idx, block_sum, block_sum2, fma, grid_dim,
-    lanes, mode, sqrt, sync_threads, thread_idx, thread_idx_y, unroll,
+    lanes, mode, sqrt, sync_threads, thread_idx, thread_idx_y, unroll, wait_for_prerequisite_grids,
 };
 
 /// Scale of the second sum of squares, for rows whose f32 sum overflows: with `Σx² ≥ 2¹²⁸`
@@ -289,7 +292,7 @@ unsafe fn forward_vec<
     eps: f32,
     offset: f32,
 ) {
-    let (tid, nt) = (thread_idx(), block_dim());
+    let tid = thread_idx();
     let vecs = cols / T::LANES;
     let has_w = !w.is_null();
     // The packed product holds `w'` in registers; the per-lane one re-reads w each row (an L1
@@ -751,6 +754,7 @@ macro_rules! dw_reduce_kernel {
             cols: u64,
             dw: *mut $ty,
         ) {
+            wait_for_prerequisite_grids();
             unsafe { dw_reduce::<$ty>(partial, parts as usize, cols as usize, dw) }
         }
     };

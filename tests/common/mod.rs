@@ -67,16 +67,19 @@ pub fn poisoned<T: Dtype>(stream: &Arc<CudaStream>, n: usize) -> CudaSlice<T> {
 /// A device buffer of `n` elements with every bit set (NaN in f32, f16 and bf16), filled on
 /// the device: for buffers too large to poison through a host copy.
 pub fn poisoned_on_device<T: Dtype>(stream: &Arc<CudaStream>, n: usize) -> CudaSlice<T> {
-    // SAFETY: the memset below writes every byte before anything reads the buffer.
+    // SAFETY: `poison` writes every byte before anything reads the buffer.
     let mut buf = unsafe { stream.alloc::<T>(n) }.expect("allocate");
-    {
-        let (ptr, _record) = buf.device_ptr_mut(stream);
-        let bytes = n * std::mem::size_of::<T>();
-        // SAFETY: `ptr` covers `bytes` bytes of this stream's context; the memset is ordered
-        // on `stream` before any later use of the buffer.
-        unsafe { memset_d8_async(ptr, 0xFF, bytes, stream.cu_stream()) }.expect("poison");
-    }
+    poison(stream, &mut buf);
     buf
+}
+
+/// Sets every bit of `buf` (NaN in f32, f16 and bf16) on the device, ordered on `stream`.
+pub fn poison<T: Dtype>(stream: &Arc<CudaStream>, buf: &mut CudaSlice<T>) {
+    let bytes = buf.len() * std::mem::size_of::<T>();
+    let (ptr, _record) = buf.device_ptr_mut(stream);
+    // SAFETY: `ptr` covers `bytes` bytes of this stream's context; the memset is ordered on
+    // `stream` before any later use of the buffer.
+    unsafe { memset_d8_async(ptr, 0xFF, bytes, stream.cu_stream()) }.expect("poison");
 }
 
 pub fn upload<T: Dtype>(stream: &Arc<CudaStream>, data: &[T]) -> CudaSlice<T> {
