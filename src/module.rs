@@ -42,7 +42,8 @@ pub(crate) struct Kernels {
     /// Resident blocks per SM, keyed by (function handle, threads, dynamic shared bytes).
     occupancy: Mutex<HashMap<(usize, u32, u32), u32>>,
     sm_count: u32,
-    /// [`PTX_SM90`] is loaded: launches may let the next grid start early (see there).
+    /// [`PTX_SM90`] is loaded: the RMSNorm dW reduction is launched as a programmatic
+    /// dependent launch (see there).
     pub(crate) dependent_launch: bool,
 }
 
