@@ -374,7 +374,11 @@ fn forward_kernel<T: Dtype>(
             threads,
         } if per_thread >= 2 => Some(vector_kernel_for::<T>(
             "fwd",
-            whole_twin(per_thread, threads),
+            whole_twin(
+                per_thread,
+                threads,
+                packs_weight::<T>(vector_mode::<T>(args)),
+            ),
             per_thread,
             args,
         )),
@@ -396,12 +400,20 @@ const LATE_WEIGHT_THREADS: u32 = 256;
 
 /// The variant of the one-row-per-block forward for `per_thread` vectors per thread and
 /// `threads` per block: `"l"` (`_vl4`) for rows of four vectors per thread in blocks of at
-/// least [`LATE_WEIGHT_THREADS`], else `"r"` (`_vr{K}`).
-fn whole_twin(per_thread: usize, threads: u32) -> &'static str {
-    match per_thread == 4 && threads >= LATE_WEIGHT_THREADS {
+/// least [`LATE_WEIGHT_THREADS`] where the weight product is `packed` ([`packs_weight`]), else
+/// `"r"` (`_vr{K}`, which reads an unpacked weight after the reduction anyway).
+fn whole_twin(per_thread: usize, threads: u32, packed: bool) -> &'static str {
+    match packed && per_thread == 4 && threads >= LATE_WEIGHT_THREADS {
         true => "l",
         false => "r",
     }
+}
+
+/// Whether the vector kernels of `T` in `mode` (a [`vector_mode`]) form the weight product as
+/// one packed product and hold the weight in registers (`packed_weight` in
+/// `kernels-gpu/src/rms_norm.rs`; must match): every f32 mode, and 16-bit llama and none.
+fn packs_weight<T: Dtype>(mode: &str) -> bool {
+    std::mem::size_of::<T>() == 4 || matches!(mode, "llama" | "none")
 }
 
 /// Most threads per block the named kernel can launch with (fewer when it uses many registers).
@@ -820,7 +832,7 @@ mod tests {
                 let whole = in_ptx(&vector_kernel::<bf16>("fwd", "r", *k, mode));
                 assert_eq!(whole, *k >= 2);
                 let late = in_ptx(&vector_kernel::<bf16>("fwd", "l", *k, mode));
-                assert_eq!(late, *k == 4);
+                assert_eq!(late, *k == 4 && packs_weight::<bf16>(mode), "{k} {mode}");
             }
         }
         for k in BWD_RULE.per_thread {
@@ -851,7 +863,12 @@ mod tests {
             "rms_norm_fwd_vr4_f16_llama"
         );
         for mode in modes::<f32>() {
+            assert!(packs_weight::<f32>(mode));
             assert!(in_ptx(&vector_kernel::<f32>("fwd", "l", 4, mode)));
+        }
+        for mode in modes::<f16>() {
+            let late = in_ptx(&vector_kernel::<f16>("fwd", "l", 4, mode));
+            assert_eq!(late, packs_weight::<f16>(mode), "{mode}");
         }
         let s = Plan::Scalar { threads: 128 };
         let none = RmsNormArgs::new(1, 8).with_mode(CastingMode::None);
@@ -860,10 +877,14 @@ mod tests {
 
     #[test]
     fn long_rows_of_four_vectors_per_thread_load_the_weight_late() {
-        assert_eq!(whole_twin(4, 256), "l");
-        assert_eq!(whole_twin(4, 512), "l");
-        assert_eq!(whole_twin(4, 128), "r");
-        assert_eq!(whole_twin(2, 1024), "r");
+        assert_eq!(whole_twin(4, 256, true), "l");
+        assert_eq!(whole_twin(4, 512, true), "l");
+        assert_eq!(whole_twin(4, 128, true), "r");
+        assert_eq!(whole_twin(2, 1024, true), "r");
+        // 16-bit gemma and llama with an offset read the weight late in `_vr4` already.
+        assert_eq!(whole_twin(4, 256, false), "r");
+        assert!(!packs_weight::<bf16>("gemma") && !packs_weight::<f16>("llama_offset"));
+        assert!(packs_weight::<bf16>("llama") && packs_weight::<f32>("gemma"));
     }
 
     #[test]

@@ -270,9 +270,9 @@ unsafe fn store_row<const K: usize>(row: *mut V16, vecs: usize, out: impl Fn(usi
 /// the barriers. On an H200, loading it late measured +2.1 % (bf16 16384×8192, 256 threads per
 /// row), +1.0 % (f32 16384×8192, 512) and +0.3 % (f32 16384×4096, 256), but −0.9 % for rows of
 /// 128 threads (bf16 16384×4096), whose short blocks wait on the extra load; the host picks it
-/// from the block size (`LATE_WEIGHT_THREADS` in src/rms_norm.rs). In modes whose weight
-/// product is not packed (16-bit gemma and llama with an offset) the weight is read after the
-/// reduction anyway, so there `_vl4` is the same code as `_vr4`.
+/// from the block size (`LATE_WEIGHT_THREADS` in src/rms_norm.rs). Only the modes whose weight
+/// product is packed have a `_vl4`: in the others (16-bit gemma and llama with an offset) the
+/// weight is read after the reduction anyway, so `_vr4` already does what `_vl4` would.
 #[inline(always)]
 unsafe fn forward_vec<
     T: Elem,
@@ -765,20 +765,21 @@ dw_reduce_kernel!(f16, rms_norm_dw_reduce_f16);
 dw_reduce_kernel!(Bf16, rms_norm_dw_reduce_bf16);
 
 /// The vector kernels of one dtype and mode: forward with 1, 2, 4 vectors per thread (grid-stride
-/// `_v{K}`, one row per block `_vr{K}` for K = 2, 4, and `_vl4`), backward with 1 and 2 (its
-/// dW accumulators need the registers), `_vs1` and, when named last (16-bit types), `_vs2`: f32
-/// rows of two vectors per thread keep dW in registers (host: `has_shared_dw`).
+/// `_v{K}`, one row per block `_vr{K}` for K = 2, 4, and after `late`, in modes whose weight
+/// product is packed, `_vl4`), backward with 1 and 2 (its dW accumulators need the registers),
+/// `_vs1` and, after `shared` (16-bit types), `_vs2`: f32 rows of two vectors per thread keep
+/// dW in registers (host: `has_shared_dw`).
 macro_rules! rms_norm_vec_family {
     (
         $ty:ty, $mode:expr, $f1:ident, $b1:ident, $s1:ident, $f2:ident, $b2:ident,
-        $f4:ident, $r2:ident, $r4:ident, $l4:ident $(, $s2:ident)?
+        $f4:ident, $r2:ident, $r4:ident $(, late $l4:ident)? $(, shared $s2:ident)?
     ) => {
         rms_norm_vec_family!(@fwd $ty, $mode, $f1, 1, false, false);
         rms_norm_vec_family!(@fwd $ty, $mode, $f2, 2, false, false);
         rms_norm_vec_family!(@fwd $ty, $mode, $f4, 4, false, false);
         rms_norm_vec_family!(@fwd $ty, $mode, $r2, 2, true, false);
         rms_norm_vec_family!(@fwd $ty, $mode, $r4, 4, true, false);
-        rms_norm_vec_family!(@fwd $ty, $mode, $l4, 4, true, true);
+        $(rms_norm_vec_family!(@fwd $ty, $mode, $l4, 4, true, true);)?
         rms_norm_vec_family!(@bwd $ty, $mode, $b1, 1, false);
         rms_norm_vec_family!(@bwd $ty, $mode, $b2, 2, false);
         rms_norm_vec_family!(@bwd $ty, $mode, $s1, 1, true);
@@ -815,7 +816,7 @@ rms_norm_vec_family!(
     rms_norm_fwd_v4_f32_llama,
     rms_norm_fwd_vr2_f32_llama,
     rms_norm_fwd_vr4_f32_llama,
-    rms_norm_fwd_vl4_f32_llama
+    late rms_norm_fwd_vl4_f32_llama
 );
 rms_norm_vec_family!(
     f32,
@@ -828,7 +829,7 @@ rms_norm_vec_family!(
     rms_norm_fwd_v4_f32_gemma,
     rms_norm_fwd_vr2_f32_gemma,
     rms_norm_fwd_vr4_f32_gemma,
-    rms_norm_fwd_vl4_f32_gemma
+    late rms_norm_fwd_vl4_f32_gemma
 );
 rms_norm_vec_family!(
     f32,
@@ -841,7 +842,7 @@ rms_norm_vec_family!(
     rms_norm_fwd_v4_f32_none,
     rms_norm_fwd_vr2_f32_none,
     rms_norm_fwd_vr4_f32_none,
-    rms_norm_fwd_vl4_f32_none
+    late rms_norm_fwd_vl4_f32_none
 );
 rms_norm_vec_family!(
     f16,
@@ -854,8 +855,8 @@ rms_norm_vec_family!(
     rms_norm_fwd_v4_f16_llama,
     rms_norm_fwd_vr2_f16_llama,
     rms_norm_fwd_vr4_f16_llama,
-    rms_norm_fwd_vl4_f16_llama,
-    rms_norm_bwd_vs2_f16_llama
+    late rms_norm_fwd_vl4_f16_llama,
+    shared rms_norm_bwd_vs2_f16_llama
 );
 rms_norm_vec_family!(
     f16,
@@ -868,8 +869,7 @@ rms_norm_vec_family!(
     rms_norm_fwd_v4_f16_llama_offset,
     rms_norm_fwd_vr2_f16_llama_offset,
     rms_norm_fwd_vr4_f16_llama_offset,
-    rms_norm_fwd_vl4_f16_llama_offset,
-    rms_norm_bwd_vs2_f16_llama_offset
+    shared rms_norm_bwd_vs2_f16_llama_offset
 );
 rms_norm_vec_family!(
     f16,
@@ -882,8 +882,7 @@ rms_norm_vec_family!(
     rms_norm_fwd_v4_f16_gemma,
     rms_norm_fwd_vr2_f16_gemma,
     rms_norm_fwd_vr4_f16_gemma,
-    rms_norm_fwd_vl4_f16_gemma,
-    rms_norm_bwd_vs2_f16_gemma
+    shared rms_norm_bwd_vs2_f16_gemma
 );
 rms_norm_vec_family!(
     f16,
@@ -896,8 +895,8 @@ rms_norm_vec_family!(
     rms_norm_fwd_v4_f16_none,
     rms_norm_fwd_vr2_f16_none,
     rms_norm_fwd_vr4_f16_none,
-    rms_norm_fwd_vl4_f16_none,
-    rms_norm_bwd_vs2_f16_none
+    late rms_norm_fwd_vl4_f16_none,
+    shared rms_norm_bwd_vs2_f16_none
 );
 rms_norm_vec_family!(
     Bf16,
@@ -910,8 +909,8 @@ rms_norm_vec_family!(
     rms_norm_fwd_v4_bf16_llama,
     rms_norm_fwd_vr2_bf16_llama,
     rms_norm_fwd_vr4_bf16_llama,
-    rms_norm_fwd_vl4_bf16_llama,
-    rms_norm_bwd_vs2_bf16_llama
+    late rms_norm_fwd_vl4_bf16_llama,
+    shared rms_norm_bwd_vs2_bf16_llama
 );
 rms_norm_vec_family!(
     Bf16,
@@ -924,8 +923,7 @@ rms_norm_vec_family!(
     rms_norm_fwd_v4_bf16_llama_offset,
     rms_norm_fwd_vr2_bf16_llama_offset,
     rms_norm_fwd_vr4_bf16_llama_offset,
-    rms_norm_fwd_vl4_bf16_llama_offset,
-    rms_norm_bwd_vs2_bf16_llama_offset
+    shared rms_norm_bwd_vs2_bf16_llama_offset
 );
 rms_norm_vec_family!(
     Bf16,
@@ -938,8 +936,7 @@ rms_norm_vec_family!(
     rms_norm_fwd_v4_bf16_gemma,
     rms_norm_fwd_vr2_bf16_gemma,
     rms_norm_fwd_vr4_bf16_gemma,
-    rms_norm_fwd_vl4_bf16_gemma,
-    rms_norm_bwd_vs2_bf16_gemma
+    shared rms_norm_bwd_vs2_bf16_gemma
 );
 rms_norm_vec_family!(
     Bf16,
@@ -952,6 +949,6 @@ rms_norm_vec_family!(
     rms_norm_fwd_v4_bf16_none,
     rms_norm_fwd_vr2_bf16_none,
     rms_norm_fwd_vr4_bf16_none,
-    rms_norm_fwd_vl4_bf16_none,
-    rms_norm_bwd_vs2_bf16_none
+    late rms_norm_fwd_vl4_bf16_none,
+    shared rms_norm_bwd_vs2_bf16_none
 );
