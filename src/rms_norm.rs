@@ -14,9 +14,10 @@ use cudarc::driver::{
 };
 use std::sync::Arc;
 
-/// Dynamic shared memory of the row kernels: two f32 per warp for the block reductions (the
-/// forward sums its squares plainly and scaled at once).
-const REDUCE_SMEM_BYTES: u32 = 2 * 32 * 4;
+/// Dynamic shared memory of the row kernels' block reductions (`SUM_SLOTS` in kernels-gpu):
+/// two f32 per warp (the forward sums its squares plainly and scaled at once), in two sets
+/// that consecutive rows alternate, so that each row's reduction needs one barrier.
+const REDUCE_SMEM_BYTES: u32 = 2 * 2 * 32 * 4;
 /// Rows per block below which the backward keeps dW in registers even where shared memory fits
 /// more blocks: bf16 4096 columns (3 vs 2 blocks per SM) measured −12 % at 2048 rows (5 rows a
 /// block) and +10 % at 16384 rows (41 a block).

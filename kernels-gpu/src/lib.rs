@@ -382,19 +382,26 @@ fn warp_sum(mut v: f32) -> f32 {
     v
 }
 
+/// f32 slots of dynamic shared memory that [`block_sum2`] and [`block_sum`] use (from offset 0):
+/// two sets, each one value per warp for each of the two sums.
+pub const SUM_SLOTS: usize = 4 * 32;
+
 /// Sums of `a` and of `b` over the whole block, returned to every thread, in a fixed order
 /// (deterministic).
 ///
-/// Needs the block size to be a multiple of 32 and 64 f32 of dynamic shared memory.
-/// Starts with a barrier so back-to-back calls may reuse the shared slots.
+/// Needs the block size to be a multiple of 32 and [`SUM_SLOTS`] f32 of dynamic shared memory.
+/// One barrier per call: the warps' sums go to slot set `parity`, so consecutive calls must
+/// alternate `parity` (0, 1, 0, …). A set is written again only two calls later, after the
+/// next call's barrier, which every thread reaches only once it has read this call's slots.
 #[inline(always)]
-pub fn block_sum2(a: f32, b: f32) -> (f32, f32) {
-    let smem = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>();
+pub fn block_sum2(a: f32, b: f32, parity: usize) -> (f32, f32) {
+    let smem = unsafe {
+        core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>().add(parity * SUM_SLOTS / 2)
+    };
     let (wa, wb) = (warp_sum(a), warp_sum(b));
     let lane = thread_idx() & 31;
     let warp = thread_idx() >> 5;
     let warps = block_dim() >> 5;
-    sync_threads();
     if lane == 0 {
         unsafe {
             *smem.add(warp) = wa;
@@ -410,15 +417,16 @@ pub fn block_sum2(a: f32, b: f32) -> (f32, f32) {
     (warp_sum(pa), warp_sum(pb))
 }
 
-/// Sum of `v` over the whole block (see [`block_sum2`]; needs 32 f32 of shared memory).
+/// Sum of `v` over the whole block (see [`block_sum2`]: one barrier, alternate `parity`).
 #[inline(always)]
-pub fn block_sum(v: f32) -> f32 {
-    let smem = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>();
+pub fn block_sum(v: f32, parity: usize) -> f32 {
+    let smem = unsafe {
+        core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>().add(parity * SUM_SLOTS / 2)
+    };
     let warp_total = warp_sum(v);
     let lane = thread_idx() & 31;
     let warp = thread_idx() >> 5;
     let warps = block_dim() >> 5;
-    sync_threads();
     if lane == 0 {
         unsafe { *smem.add(warp) = warp_total };
     }

@@ -29,8 +29,9 @@
 //! fewer registers) wherever that gives the mode's bits (see `packed_weight`); 16-bit llama rows
 //! with an offset other than ±0 run the `_llama_offset` twins, which multiply lane by lane.
 use crate::{
-    Bf16, Elem, V16, block_dim, block_dim_y, block_idx, block_sum, block_sum2, fma, grid_dim,
-    lanes, mode, sqrt, sync_threads, thread_idx, thread_idx_y, unroll, wait_for_prerequisite_grids,
+    Bf16, Elem, SUM_SLOTS, V16, block_dim, block_dim_y, block_idx, block_sum, block_sum2, fma,
+    grid_dim, lanes, mode, sqrt, sync_threads, thread_idx, thread_idx_y, unroll,
+    wait_for_prerequisite_grids,
 };
 
 /// Scale of the second sum of squares, for rows whose f32 sum overflows: with `Σx² ≥ 2¹²⁸`
@@ -84,9 +85,10 @@ fn inverse_rms<T: Elem, const MODE: u32>(
     scaled: impl FnOnce(f32) -> f32,
     cols: usize,
     eps: f32,
+    parity: usize,
 ) -> f32 {
     if MODE == mode::NONE {
-        let mean = T::round(block_sum(part) / cols as f32);
+        let mean = T::round(block_sum(part, parity) / cols as f32);
         return T::round(1.0 / T::round(sqrt(T::round(mean + T::round(eps)))));
     }
     let part_scaled = if part == f32::INFINITY {
@@ -94,7 +96,7 @@ fn inverse_rms<T: Elem, const MODE: u32>(
     } else {
         part * RESCALE * RESCALE
     };
-    let (sum_sq, sum_scaled) = block_sum2(part, part_scaled);
+    let (sum_sq, sum_scaled) = block_sum2(part, part_scaled, parity);
     if sum_sq == f32::INFINITY {
         return RESCALE * (1.0 / sqrt(sum_scaled / cols as f32));
     }
@@ -116,6 +118,7 @@ unsafe fn forward<T: Elem, const MODE: u32>(
 ) {
     let (tid, nt) = (thread_idx(), block_dim());
     let mut row = block_idx();
+    let mut parity = 0;
     while row < rows {
         let xr = unsafe { x.add(row * x_stride) };
         let yr = unsafe { y.add(row * y_stride) };
@@ -139,7 +142,8 @@ unsafe fn forward<T: Elem, const MODE: u32>(
             }
             sum
         };
-        let r = inverse_rms::<T, MODE>(acc, scaled, cols, eps);
+        let r = inverse_rms::<T, MODE>(acc, scaled, cols, eps, parity);
+        parity ^= 1;
         if tid == 0 {
             unsafe { *rstd.add(row) = r };
         }
@@ -200,6 +204,7 @@ unsafe fn backward<T: Elem, const MODE: u32>(
     };
     let mut first = true;
     let mut row = block_idx();
+    let mut parity = 0;
     while row < rows {
         let dyr = unsafe { dy.add(row * dy_stride) };
         let xr = unsafe { x.add(row * x_stride) };
@@ -213,7 +218,8 @@ unsafe fn backward<T: Elem, const MODE: u32>(
             acc += scaled_grad::<T, MODE>(g, load_w(c), offset) * (v * r);
             c += nt;
         }
-        let mean = block_sum(acc) / cols as f32;
+        let mean = block_sum(acc, parity) / cols as f32;
+        parity ^= 1;
         let mut c = tid;
         while c < cols {
             let g = unsafe { *dyr.add(c) }.to_f32();
@@ -267,12 +273,13 @@ unsafe fn store_row<const K: usize>(row: *mut V16, vecs: usize, out: impl Fn(usi
 /// The vector forward: `ONE` runs one row per block (`_vr{K}`, `_vl4`), else a resident grid
 /// walks the rows (`_v{K}`). `LATE_W` (with `ONE`: `_vl4`) loads a packed weight after the
 /// row's reduction, where the grid-stride and `_vr{K}` kernels load it first and hold it across
-/// the barriers. On an H200, loading it late measured +2.1 % (bf16 16384×8192, 256 threads per
-/// row), +1.0 % (f32 16384×8192, 512) and +0.3 % (f32 16384×4096, 256), but −0.9 % for rows of
-/// 128 threads (bf16 16384×4096), whose short blocks wait on the extra load; the host picks it
-/// from the block size (`LATE_WEIGHT_THREADS` in src/rms_norm.rs). Only the modes whose weight
-/// product is packed have a `_vl4`: in the others (16-bit gemma and llama with an offset) the
-/// weight is read after the reduction anyway, so `_vr4` already does what `_vl4` would.
+/// the row's barrier. On an H200, loading it late measured +2.1 % (bf16 16384×8192, 256
+/// threads per row), +1.0 % (f32 16384×8192, 512) and +0.3 % (f32 16384×4096, 256), but
+/// −0.9 % for rows of 128 threads (bf16 16384×4096), whose short blocks wait on the extra
+/// load; the host picks it from the block size (`LATE_WEIGHT_THREADS` in src/rms_norm.rs).
+/// Only the modes whose weight product is packed have a `_vl4`: in the others (16-bit gemma
+/// and llama with an offset) the weight is read after the reduction anyway, so `_vr4` already
+/// does what `_vl4` would.
 #[inline(always)]
 unsafe fn forward_vec<
     T: Elem,
@@ -309,10 +316,11 @@ unsafe fn forward_vec<
         false => [V16::ZERO; K],
     };
     let mut row = block_idx();
+    let mut parity = 0;
     let mut next = load_x(row);
     while row < rows {
         // The next row's loads are issued before this row's reduction, so they are in flight
-        // while this block waits at its barriers and stores (`ONE`: no next row).
+        // while this block waits at its barrier and stores (`ONE`: no next row).
         let xv = next;
         if !ONE {
             next = load_x(row + grid_dim());
@@ -338,7 +346,8 @@ unsafe fn forward_vec<
             });
             sum
         };
-        let r = inverse_rms::<T, MODE>(acc, scaled, cols, eps);
+        let r = inverse_rms::<T, MODE>(acc, scaled, cols, eps, parity);
+        parity ^= 1;
         if tid == 0 {
             unsafe { *rstd.add(row) = r };
         }
@@ -383,8 +392,9 @@ unsafe fn forward_vec<
 }
 
 /// The vector backward. Its dW partial row lives in registers (`SMEM_DW = false`: `K × 8`
-/// f32 per thread) or in shared memory after the 64 reduction slots (`SMEM_DW = true`: `cols`
-/// f32 per block; each thread owns the columns of its vectors, so no barrier guards them).
+/// f32 per thread) or in shared memory after the [`SUM_SLOTS`] reduction slots (`SMEM_DW =
+/// true`: `cols` f32 per block; each thread owns the columns of its vectors, so no barrier
+/// guards them).
 /// Shared memory frees those registers, which raises the resident blocks of some shapes (bf16
 /// 4096: 2 → 4 per SM, 8192: 1 → 2) and costs a shared-memory round trip per element; the host
 /// runs it only where it fits more blocks per SM and every block gets many rows (`shared_dw`
@@ -416,7 +426,8 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
     let packed = MODE != mode::GEMMA && packed_weight::<T, MODE>();
     let off = T::pack(&[offset; 8]);
     let mut dw_acc = [[0.0f32; 8]; K];
-    let dw_s = unsafe { core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>().add(64) };
+    let dw_s =
+        unsafe { core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>().add(SUM_SLOTS) };
     // This thread's slots (8 f32: two vectors of 4) for its `k`-th vector's columns.
     let own = |k: usize| unsafe { dw_s.add((tid + k * nt) * T::LANES) } as *mut V16;
     if SMEM_DW && has_w {
@@ -430,6 +441,7 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
         });
     }
     let mut row = block_idx();
+    let mut parity = 0;
     while row < rows {
         let gv = unsafe { load_row::<K>(dy.add(row * dy_stride) as *const V16, vecs) };
         let xv = unsafe { load_row::<K>(x.add(row * x_stride) as *const V16, vecs) };
@@ -491,7 +503,8 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
                 mv[k] = T::pack(&m);
             }
         });
-        let mean = block_sum(acc) / cols as f32;
+        let mean = block_sum(acc, parity) / cols as f32;
+        parity ^= 1;
         let dxr = unsafe { dx.add(row * dx_stride) } as *mut V16;
         unroll::<K>(|k| {
             let j = tid + k * nt;
