@@ -20,8 +20,9 @@ use std::sync::Arc;
 const REDUCE_SMEM_BYTES: u32 = 2 * 2 * 32 * 4;
 /// Rows per block below which the backward keeps dW in registers even where shared memory fits
 /// more blocks: bf16 4096 columns (3 vs 2 blocks per SM) measured −12 % at 2048 rows (5 rows a
-/// block) and +10 % at 16384 rows (41 a block).
-const SMEM_DW_MIN_ROWS: usize = 16;
+/// block) and +10 % at 16384 rows (41 a block); bf16 2048 columns in blocks of 128 threads
+/// (`_vs2` 8 blocks per SM against `_v2` 4) +3.5 % at 16384 rows (15.5 a block).
+const SMEM_DW_MIN_ROWS: usize = 8;
 /// Dynamic shared memory a block may use without opting in to more (48 KiB).
 const DEFAULT_SMEM_LIMIT: u32 = 48 * 1024;
 /// Most f32 elements of dW partial rows (256 MiB) whenever there are two or more: very wide
@@ -190,10 +191,12 @@ const FWD_RULE: VecRule = VecRule {
     threads: 128,
 };
 /// Backward: K = 1, 2 (the dW accumulators need the registers a fourth vector would take), up
-/// to 256 threads (128 measured −2 % at bf16 16384×2048).
+/// to 128 threads: twice the rows in flight per SM at bf16 16384×2048 (`_vs2` at 128 threads,
+/// 8 blocks per SM, against `_vs1` at 256, 5), 62.7 → 60.5 µs on an H200 (PERFORMANCE.md,
+/// tenth session); wider rows take K = 2 at more threads either way.
 const BWD_RULE: VecRule = VecRule {
     per_thread: &[1, 2],
-    threads: 256,
+    threads: 128,
 };
 
 /// Which kernel a call runs and with how many threads per block.

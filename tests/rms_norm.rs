@@ -559,26 +559,29 @@ fn gpu_forward_rows_walk_grid_stride_or_take_a_block_each() {
 
 #[test]
 fn gpu_many_rows_take_the_shared_memory_dw_kernels() {
-    // 8600 × 4096 16-bit rows with a weight: the shared-memory dW kernels fit more blocks per
-    // SM and every block gets ≥ 16 rows, so the host runs `rms_norm_bwd_vs2_*` (on an H200:
-    // 4 blocks per SM, 528 blocks, 16–17 rows each; `llama_offset` 3 per SM); the sweep's
-    // shapes keep dW in registers.
+    // 8600 × 4096 and 8600 × 2048 16-bit rows with a weight: the shared-memory dW kernels fit
+    // more blocks per SM and every block gets ≥ 8 rows, so the host runs `rms_norm_bwd_vs2_*`
+    // (on an H200, 4096 columns: 256 threads, 4 blocks per SM, 528 blocks, 16–17 rows each,
+    // `llama_offset` 3 per SM; 2048 columns: 128 threads, 8 blocks per SM, 1056 blocks, 8–9
+    // rows each); the sweep's shapes keep dW in registers.
     let Some(stream) = gpu("gpu_many_rows_take_the_shared_memory_dw_kernels") else {
         return;
     };
     let mut failures = Failures::new("gpu_many_rows_take_the_shared_memory_dw_kernels");
     for (i, (mode, offset)) in MODE_OFFSETS.into_iter().enumerate() {
-        let case = Case {
-            rows: 8600,
-            cols: 4096,
-            mode,
-            weighted: true,
-            inplace: i % 2 == 0,
-            offset,
-            seed: 60_000 + i as u64,
-        };
-        failures.run(|| run_case::<bf16>(&stream, &case));
-        failures.run(|| run_case::<f16>(&stream, &case));
+        for cols in [4096, 2048] {
+            let case = Case {
+                rows: 8600,
+                cols,
+                mode,
+                weighted: true,
+                inplace: i % 2 == 0,
+                offset,
+                seed: 60_000 + 10 * i as u64 + cols as u64 / 2048,
+            };
+            failures.run(|| run_case::<bf16>(&stream, &case));
+            failures.run(|| run_case::<f16>(&stream, &case));
+        }
     }
     failures.finish();
 }
