@@ -561,9 +561,9 @@ fn gpu_forward_rows_walk_grid_stride_or_take_a_block_each() {
 fn gpu_many_rows_take_the_shared_memory_dw_kernels() {
     // 8600 × 4096 and 8600 × 2048 16-bit rows with a weight: the shared-memory dW kernels fit
     // more blocks per SM and every block gets ≥ 8 rows, so the host runs `rms_norm_bwd_vs2_*`
-    // (on an H200, 4096 columns: 256 threads, 4 blocks per SM, 528 blocks, 16–17 rows each,
-    // `llama_offset` 3 per SM; 2048 columns: 128 threads, 8 blocks per SM, 1056 blocks, 8–9
-    // rows each); the sweep's shapes keep dW in registers.
+    // (on an H200, 4096 columns: 256 threads, 4 blocks per SM, 528 blocks, 16–17 rows each;
+    // 2048 columns: 128 threads, 8 blocks per SM, 1056 blocks, 8–9 rows each; `llama_offset`
+    // 3 and 7 per SM); the sweep's shapes keep dW in registers.
     let Some(stream) = gpu("gpu_many_rows_take_the_shared_memory_dw_kernels") else {
         return;
     };
