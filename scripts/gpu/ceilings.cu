@@ -19,14 +19,7 @@
 #include <cuda_runtime.h>
 #include <vector>
 
-#define CHECK(x)                                                                    \
-  do {                                                                              \
-    cudaError_t e_ = (x);                                                           \
-    if (e_ != cudaSuccess) {                                                        \
-      std::printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));         \
-      std::exit(1);                                                                 \
-    }                                                                               \
-  } while (0)
+#include "timing.cuh"
 
 __device__ __forceinline__ int4 flip(int4 v) {  // sign flip of every 16-bit lane: a real write
   const int m = 0x80008000;
@@ -61,28 +54,6 @@ __global__ void __launch_bounds__(256) stream(int4* __restrict__ a, const int4* 
       }
     }
   }
-}
-
-template <class F>
-static double median_us(F f) {
-  for (int i = 0; i < 10; i++) f();
-  std::vector<cudaEvent_t> ev(200);
-  for (auto& e : ev) CHECK(cudaEventCreate(&e));
-  for (int i = 0; i < 100; i++) {
-    CHECK(cudaEventRecord(ev[2 * i]));
-    f();
-    CHECK(cudaEventRecord(ev[2 * i + 1]));
-  }
-  CHECK(cudaDeviceSynchronize());
-  std::vector<double> us(100);
-  for (int i = 0; i < 100; i++) {
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
-    us[i] = ms * 1e3;
-  }
-  for (auto& e : ev) CHECK(cudaEventDestroy(e));
-  std::sort(us.begin(), us.end());
-  return us[50];
 }
 
 static int4 *A, *B, *O;

@@ -7,12 +7,13 @@
 //
 // Variants (16-byte vectors of 8 bf16, K per thread and row):
 //   block K   one row per 256-thread block at a time, the row's sum through two block barriers
-//             (the shape of the shipped `_vs{K}` kernels)
+//             (the `_vs{K}` kernels' shape before the tenth session, which left them one)
 //   group K G a block of 8 warps runs 8/G rows at once, G warps per row: the row's sum by warp
 //             shuffles, and for G > 1 one named barrier (`bar.sync 1 + group, 32·G`) over a
 //             double-buffered slot, so rows of the same block do not wait for each other; each
 //             group keeps its own dW row in shared memory, summed in group order at the end.
-// Every variant is checked against `block` (dx bits, dW to 1e-3 relative) before it is timed.
+// Every variant is checked against `block` before it is timed (dx to 2 bf16 ulps, which a row's
+// sum added in another order may move; dW to 1 %).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -22,14 +23,7 @@
 #include <cuda_runtime.h>
 #include <vector>
 
-#define CHECK(x)                                                                    \
-  do {                                                                              \
-    cudaError_t e_ = (x);                                                           \
-    if (e_ != cudaSuccess) {                                                        \
-      std::printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));         \
-      std::exit(1);                                                                 \
-    }                                                                               \
-  } while (0)
+#include "timing.cuh"
 
 __device__ __forceinline__ void unpack8(uint4 v, float f[8]) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
@@ -219,28 +213,6 @@ __global__ void __launch_bounds__(1024) dw_reduce(const float* part, int parts, 
     for (int i = 0; i < 32; i++) s += sm[i * 32 + x];
     dw[c] = __float2bfloat16_rn(s);
   }
-}
-
-template <class F>
-static double median_us(F f) {
-  for (int i = 0; i < 10; i++) f();
-  std::vector<cudaEvent_t> ev(200);
-  for (auto& e : ev) CHECK(cudaEventCreate(&e));
-  for (int i = 0; i < 100; i++) {
-    CHECK(cudaEventRecord(ev[2 * i]));
-    f();
-    CHECK(cudaEventRecord(ev[2 * i + 1]));
-  }
-  CHECK(cudaDeviceSynchronize());
-  std::vector<double> us(100);
-  for (int i = 0; i < 100; i++) {
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
-    us[i] = ms * 1e3;
-  }
-  for (auto& e : ev) CHECK(cudaEventDestroy(e));
-  std::sort(us.begin(), us.end());
-  return us[50];
 }
 
 using Kernel = void (*)(const uint4*, const uint4*, const uint4*, const float*, uint4*, float*,
