@@ -225,6 +225,7 @@ fn main() {
         }
         rms_norm::<f16>(&stream, 16384, 4096, &mut rows);
         rms_norm::<bf16>(&stream, 2048, 4096, &mut rows);
+        rms_norm::<f32>(&stream, 2048, 4096, &mut rows);
     }
     if run("rope") {
         rope::<bf16>(&stream, [4, 4096, 32, 8, 128], &mut rows);

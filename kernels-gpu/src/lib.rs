@@ -370,6 +370,18 @@ pub fn wait_for_prerequisite_grids() {
     }
 }
 
+/// Lets the grid queued after this one in the stream, when it is a programmatic dependent
+/// launch, start before this grid's blocks exit (once every block of this grid has called this
+/// or exited); that grid still waits in [`wait_for_prerequisite_grids`] for this grid's
+/// completion and writes. A no-op in the sm_80 build and for an ordinary launch.
+#[inline(always)]
+pub fn allow_dependent_grids() {
+    #[cfg(target_feature = "sm_90")]
+    unsafe {
+        asm!("griddepcontrol.launch_dependents;", options(nostack))
+    }
+}
+
 /// Sum over the 32 lanes of a (full) warp by butterfly exchange; every lane gets the same bits
 /// (a + b = b + a).
 #[inline(always)]

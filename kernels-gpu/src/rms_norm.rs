@@ -7,7 +7,8 @@
 //! which `rms_norm_dw_reduce_*` sums over blocks in a fixed order. In the sm_90 build the
 //! reduction first waits in `griddepcontrol.wait` (see `wait_for_prerequisite_grids`): the host
 //! launches it as a programmatic dependent launch, so its blocks may start before the
-//! backward's completion is processed.
+//! backward's completion is processed. The f32 `_v2` backward also lets it launch at once
+//! (`allow_dependent_grids`, see `backward_vec`).
 //!
 //! `dx = r·m − r³/n·(Σ m·x)·x` is evaluated as `r·(m − mean(m·h)·h)` with `h = x·r`: every
 //! factor stays near 1 whatever the row's scale (`r³` underflows f32 once the row's RMS
@@ -29,9 +30,9 @@
 //! fewer registers) wherever that gives the mode's bits (see `packed_weight`); 16-bit llama rows
 //! with an offset other than ±0 run the `_llama_offset` twins, which multiply lane by lane.
 use crate::{
-    Bf16, Elem, SUM_SLOTS, V16, block_dim, block_dim_y, block_idx, block_sum, block_sum2, fma,
-    grid_dim, lanes, mode, sqrt, sync_threads, thread_idx, thread_idx_y, unroll,
-    wait_for_prerequisite_grids,
+    Bf16, Elem, SUM_SLOTS, V16, allow_dependent_grids, block_dim, block_dim_y, block_idx,
+    block_sum, block_sum2, fma, grid_dim, lanes, mode, sqrt, sync_threads, thread_idx,
+    thread_idx_y, unroll, wait_for_prerequisite_grids,
 };
 
 /// Scale of the second sum of squares, for rows whose f32 sum overflows: with `Σx² ≥ 2¹²⁸`
@@ -414,6 +415,12 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
     cols: usize,
     offset: f32,
 ) {
+    // f32 with dW in registers (`_v2`, the f32 rows above 512 columns): the dW reduction may
+    // be launched at once, its launch hidden behind this grid (16384×2048 on an H200: −3 µs;
+    // the 16-bit kernels lost up to 0.7 µs with it: PERFORMANCE.md, ninth and eleventh sessions).
+    if T::LANES == 4 && K == 2 && !SMEM_DW {
+        allow_dependent_grids();
+    }
     let (tid, nt) = (thread_idx(), block_dim());
     let vecs = cols / T::LANES;
     let has_w = !w.is_null();

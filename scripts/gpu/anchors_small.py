@@ -121,5 +121,6 @@ def swiglu_case(M, I, dt):
 
 
 rms_case(2048, 4096, torch.bfloat16)
+rms_case(2048, 4096, torch.float32)
 rope_case(1, 1024, 32, 8, 128, torch.bfloat16)
 swiglu_case(2048, 14336, torch.bfloat16)
