@@ -176,28 +176,48 @@ fn row_settings(cols: usize) -> Result<LaunchSettings> {
     calculate_settings(cols)
 }
 
-/// How one direction's vector kernels are shaped: the fewest vectors per thread (from
-/// `per_thread`, the `_v{K}` kernels that exist) that keep a row's block at most `threads`.
+/// How one direction's vector kernels are shaped: `steps` lists `(K, most threads)` by
+/// increasing `K` (the `_v{K}` kernels that exist); the first `K` whose row fits in a block of
+/// at most that many threads runs.
 struct VecRule {
-    per_thread: &'static [usize],
-    threads: usize,
+    steps: &'static [(usize, usize)],
 }
 
-/// Forward: K = 1, 2, 4, up to 128 threads. Against 256 (H200 A/B, PERFORMANCE.md): bf16
-/// 16384×2048 +4 % (`_vr2` at 128 threads instead of `_v1` at 256), 2048×4096 +5 %, level
-/// elsewhere.
-const FWD_RULE: VecRule = VecRule {
-    per_thread: &[1, 2, 4],
-    threads: 128,
+impl VecRule {
+    /// The vectors per thread this rule can choose.
+    fn per_thread(&self) -> impl DoubleEndedIterator<Item = usize> {
+        self.steps.iter().map(|&(k, _)| k)
+    }
+}
+
+/// Forward, 16-bit types: K = 1, 2, 4, up to 128 threads. Against 256 (H200 A/B,
+/// PERFORMANCE.md): bf16 16384×2048 +4 % (`_vr2` at 128 threads instead of `_v1` at 256),
+/// 2048×4096 +5 %, level elsewhere; bf16 16384×4096 with `_vr2` at 256 instead of `_vr4` at
+/// 128 level (eleventh session).
+const FWD_RULE_16: VecRule = VecRule {
+    steps: &[(1, 128), (2, 128), (4, 128)],
+};
+/// Forward, f32: the same, but K = 2 up to 256 threads: f32 16384×2048 runs `_vr2` at 256
+/// threads instead of `_vr4` at 128, 70.4–70.6 → 69.3–69.6 µs on an H200 (PERFORMANCE.md,
+/// eleventh session).
+const FWD_RULE_F32: VecRule = VecRule {
+    steps: &[(1, 128), (2, 256), (4, 128)],
 };
 /// Backward: K = 1, 2 (the dW accumulators need the registers a fourth vector would take), up
 /// to 128 threads: twice the rows in flight per SM at bf16 16384×2048 (`_vs2` at 128 threads,
 /// 8 blocks per SM, against `_vs1` at 256, 5), 62.7 → 60.5 µs on an H200 (PERFORMANCE.md,
 /// tenth session); wider rows take K = 2 at more threads either way.
 const BWD_RULE: VecRule = VecRule {
-    per_thread: &[1, 2],
-    threads: 128,
+    steps: &[(1, 128), (2, 128)],
 };
+
+/// The forward's rule for `T`.
+fn fwd_rule<T: Dtype>() -> &'static VecRule {
+    match std::mem::size_of::<T>() {
+        4 => &FWD_RULE_F32,
+        _ => &FWD_RULE_16,
+    }
+}
 
 /// Which kernel a call runs and with how many threads per block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,9 +230,8 @@ enum Plan {
 
 impl Plan {
     /// The vector plan when every pointer and row stride is 16-byte aligned and `cols` is a
-    /// multiple of the lanes per vector: the fewest vectors per thread (from `rule`) that keep
-    /// the block at most `rule.threads` threads, else the most vectors per thread whose block
-    /// fits; `capacity(k)` is the most threads per block the `_v{k}` kernel can launch with
+    /// multiple of the lanes per vector: the first step of `rule` whose vectors per thread keep
+    /// the block within its threads, else the most vectors per thread whose block fits; `capacity(k)` is the most threads per block the `_v{k}` kernel can launch with
     /// (its register use decides). Otherwise the scalar plan.
     fn choose<T: Dtype>(
         settings: LaunchSettings,
@@ -239,12 +258,12 @@ impl Plan {
             per_thread: k,
             threads: threads(k) as u32,
         };
-        for &k in rule.per_thread {
-            if threads(k) <= rule.threads.min(capacity(k)?) {
+        for &(k, most) in rule.steps {
+            if threads(k) <= most.min(capacity(k)?) {
                 return Ok(vector(k));
             }
         }
-        for &k in rule.per_thread.iter().rev() {
+        for k in rule.per_thread().rev() {
             if threads(k) <= capacity(k)? {
                 return Ok(vector(k));
             }
@@ -500,7 +519,7 @@ pub fn rms_norm_forward<T: Dtype>(
         args.cols,
         &[x_ptr, w_ptr, y_ptr],
         &[args.x_stride, args.y_stride],
-        &FWD_RULE,
+        fwd_rule::<T>(),
         |k| capacity(&kernels, &vector_kernel_for::<T>("fwd", "", k, args)),
     )?;
     let (func, grid) = forward_kernel::<T>(&kernels, plan, args)?;
@@ -774,7 +793,7 @@ mod tests {
 
     fn plan<T: Dtype>(cols: usize, ptrs: &[u64], strides: &[usize], cap: usize) -> Plan {
         let settings = row_settings(cols).unwrap();
-        Plan::choose::<T>(settings, cols, ptrs, strides, &FWD_RULE, |_| Ok(cap)).unwrap()
+        Plan::choose::<T>(settings, cols, ptrs, strides, fwd_rule::<T>(), |_| Ok(cap)).unwrap()
     }
 
     #[test]
@@ -789,7 +808,10 @@ mod tests {
         );
         assert_eq!(plan::<bf16>(2048, &[256], &[2048], 1024), vector(2, 128));
         assert_eq!(plan::<bf16>(1024, &[256], &[1024], 1024), vector(1, 128));
-        // No K keeps 128 threads: the most vectors per thread.
+        // f32: K = 2 up to 256 threads.
+        assert_eq!(plan::<f32>(1024, &[256], &[1024], 1024), vector(2, 128));
+        assert_eq!(plan::<f32>(2048, &[256], &[2048], 1024), vector(2, 256));
+        // No K keeps its step's threads: the most vectors per thread.
         assert_eq!(plan::<f32>(4096, &[256], &[4096], 1024), vector(4, 256));
         assert_eq!(plan::<bf16>(16384, &[256], &[16384], 1024), vector(4, 512));
         assert_eq!(plan::<f32>(100, &[256], &[100], 1024), vector(1, 32));
@@ -830,26 +852,31 @@ mod tests {
             }
             m
         }
-        for k in FWD_RULE.per_thread {
-            for mode in modes::<bf16>() {
-                assert!(in_ptx(&vector_kernel::<bf16>("fwd", "", *k, mode)));
-                let whole = in_ptx(&vector_kernel::<bf16>("fwd", "r", *k, mode));
-                assert_eq!(whole, *k >= 2);
-                let late = in_ptx(&vector_kernel::<bf16>("fwd", "l", *k, mode));
-                assert_eq!(late, *k == 4 && packs_weight::<bf16>(mode), "{k} {mode}");
+        fn forward_kernels_exist<T: Dtype>(in_ptx: impl Fn(&str) -> bool) {
+            for k in fwd_rule::<T>().per_thread() {
+                for mode in modes::<T>() {
+                    assert!(in_ptx(&vector_kernel::<T>("fwd", "", k, mode)));
+                    let whole = in_ptx(&vector_kernel::<T>("fwd", "r", k, mode));
+                    assert_eq!(whole, k >= 2);
+                    let late = in_ptx(&vector_kernel::<T>("fwd", "l", k, mode));
+                    assert_eq!(late, k == 4 && packs_weight::<T>(mode), "{k} {mode}");
+                }
             }
         }
-        for k in BWD_RULE.per_thread {
+        forward_kernels_exist::<bf16>(in_ptx);
+        forward_kernels_exist::<f16>(in_ptx);
+        forward_kernels_exist::<f32>(in_ptx);
+        for k in BWD_RULE.per_thread() {
             for mode in modes::<f16>() {
-                assert!(in_ptx(&vector_kernel::<f16>("bwd", "", *k, mode)));
+                assert!(in_ptx(&vector_kernel::<f16>("bwd", "", k, mode)));
             }
             for mode in modes::<f32>() {
-                let shared = in_ptx(&vector_kernel::<f32>("bwd", "s", *k, mode));
-                assert_eq!(shared, has_shared_dw::<f32>(*k), "{k} {mode}");
+                let shared = in_ptx(&vector_kernel::<f32>("bwd", "s", k, mode));
+                assert_eq!(shared, has_shared_dw::<f32>(k), "{k} {mode}");
             }
             for mode in modes::<bf16>() {
-                assert!(in_ptx(&vector_kernel::<bf16>("bwd", "s", *k, mode)));
-                assert!(has_shared_dw::<bf16>(*k));
+                assert!(in_ptx(&vector_kernel::<bf16>("bwd", "s", k, mode)));
+                assert!(has_shared_dw::<bf16>(k));
             }
         }
         assert!(!in_ptx("rms_norm_fwd_v2_f32_llama_offset"));
