@@ -20,9 +20,8 @@ pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
 /// the backward's partial rows: ~1.5 µs less per backward on an H200, PERFORMANCE.md), and the
 /// f32 backward kernels that keep dW in registers (`rms_norm_bwd_v2_f32_*`) start with
 /// `griddepcontrol.launch_dependents`, which lets that launch happen at once (~2.5 µs less at
-/// 16384×2048). Loaded
-/// on devices of compute capability ≥ 9.0 with a driver of CUDA ≥ 12.3, unless the
-/// environment variable [`BASELINE_PTX_ENV`] is set.
+/// 16384×2048). Loaded on devices of compute capability ≥ 9.0 with a driver of CUDA ≥ 12.3,
+/// unless the environment variable [`BASELINE_PTX_ENV`] is set.
 ///
 /// ```
 /// assert!(liger_rs::PTX_SM90.contains("griddepcontrol.wait"));

@@ -231,8 +231,9 @@ enum Plan {
 impl Plan {
     /// The vector plan when every pointer and row stride is 16-byte aligned and `cols` is a
     /// multiple of the lanes per vector: the first step of `rule` whose vectors per thread keep
-    /// the block within its threads, else the most vectors per thread whose block fits; `capacity(k)` is the most threads per block the `_v{k}` kernel can launch with
-    /// (its register use decides). Otherwise the scalar plan.
+    /// the block within its threads, else the most vectors per thread whose block fits;
+    /// `capacity(k)` is the most threads per block the `_v{k}` kernel can launch with (its
+    /// register use decides). Otherwise the scalar plan.
     fn choose<T: Dtype>(
         settings: LaunchSettings,
         cols: usize,

@@ -416,7 +416,7 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
     offset: f32,
 ) {
     // f32 with dW in registers (`_v2`, the f32 rows above 512 columns): the dW reduction may
-    // be launched at once, its launch hidden behind this grid (16384×2048 on an H200: −3 µs;
+    // be launched at once, its launch hidden behind this grid (16384×2048 on an H200: −2.6 µs;
     // the 16-bit kernels lost up to 0.7 µs with it: PERFORMANCE.md, ninth and eleventh sessions).
     if T::LANES == 4 && K == 2 && !SMEM_DW {
         allow_dependent_grids();
