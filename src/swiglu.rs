@@ -32,36 +32,46 @@ const FWD_VECS_WHOLE: usize = 4;
 /// The same for `swiglu_fwd_vt_f32` (`FWD_VECS_WHOLE_F32` there): on an H200, 2 measured
 /// +0.7 % over 4 for f32, and −2 % for bf16/f16.
 const FWD_VECS_WHOLE_F32: usize = 2;
-/// The same for the backward `swiglu_bwd_vt_*` (`BWD_VECS_WHOLE` there), every dtype.
-const BWD_VECS_WHOLE: usize = 2;
+/// 8-byte vectors of each operand per thread of the backward `swiglu_bwd_vt_*`
+/// (`BWD_VECS_WHOLE` there), every dtype. On an H200, 8 bytes per thread per operand measured
+/// the highest DRAM throughput for this five-stream pattern of every width (4, 8, 16 bytes),
+/// vector count (1, 2, 4) and block size (128, 256) tried (PERFORMANCE.md, twelfth session):
+/// +0.9 % (f32 16384×8192) and +1.5 % (bf16 2048×14336) over two 16-byte vectors, level
+/// for 16-bit 16384×14336. The forward measured 1–6 % lower with it and keeps 16 bytes.
+const BWD_VECS_WHOLE: usize = 1;
 /// Most threads per block of the forward `_vt` kernels: on an H200, 128 measured +0.4 % (f32
 /// 16384×8192) and +1.2 % (bf16 2048×14336) over [`MAX_THREADS`], level for 16-bit
-/// 16384×14336; the backward keeps [`MAX_THREADS`] (128 measured −0.3 %).
+/// 16384×14336; the backward keeps [`MAX_THREADS`] (128 measured −0.3 % with two 16-byte
+/// vectors, −0.1 % with one 8-byte vector in the CUDA C stand-in).
 const FWD_THREADS_WHOLE: usize = 128;
 /// Largest `rows`, `cols` and row stride the vector kernels take (they index in 32 bits).
 const VEC_MAX: usize = i32::MAX as usize;
 
-/// Tile of a one-tile-per-block `_vt` kernel: vectors per thread and most threads per block.
+/// Tile of a one-tile-per-block `_vt` kernel: vector bytes, vectors per thread and most
+/// threads per block.
 #[derive(Debug, Clone, Copy)]
 struct Whole {
+    vector_bytes: usize,
     per_thread: usize,
     max_threads: usize,
 }
 
-/// The forward `_vt` tile of `T`.
+/// The forward `_vt` tile of `T`: 16-byte vectors.
 fn fwd_whole<T: Dtype>() -> Whole {
     let per_thread = match std::mem::size_of::<T>() {
         4 => FWD_VECS_WHOLE_F32,
         _ => FWD_VECS_WHOLE,
     };
     Whole {
+        vector_bytes: 16,
         per_thread,
         max_threads: FWD_THREADS_WHOLE,
     }
 }
 
-/// The backward `_vt` tile (every dtype).
+/// The backward `_vt` tile (every dtype): 8-byte vectors.
 const BWD_WHOLE: Whole = Whole {
+    vector_bytes: 8,
     per_thread: BWD_VECS_WHOLE,
     max_threads: MAX_THREADS,
 };
@@ -334,8 +344,8 @@ struct Shape {
 ///
 /// Scalar: `threads` per block for `cols` (see [`threads_for`]), a tile is `ITEMS · threads`
 /// columns of one row. Vector: the `rows × cols / lanes` vectors form one flat range, a tile
-/// is `per_thread · threads` consecutive vectors, up to 256 threads per block (`_vt`: the
-/// `whole` tile).
+/// is `per_thread · threads` consecutive vectors, up to 256 threads per block (16-byte
+/// vectors; `_vt`: the `whole` tile, in its own vectors).
 fn launch_shape<T>(
     path: Path,
     whole: Whole,
@@ -343,8 +353,8 @@ fn launch_shape<T>(
     cols: usize,
     resident: impl FnOnce(u32) -> Result<usize>,
 ) -> Result<Shape> {
-    let vecs = rows as u64 * (cols / (16 / std::mem::size_of::<T>())) as u64;
-    let vector_shape = |per_thread: usize, max_threads: usize| {
+    let vecs = |bytes: usize| rows as u64 * (cols * std::mem::size_of::<T>() / bytes) as u64;
+    let vector_shape = |vecs: u64, per_thread: usize, max_threads: usize| {
         let threads =
             (vecs.div_ceil(per_thread as u64).next_multiple_of(32) as usize).clamp(32, max_threads);
         let per_tile = (per_thread * threads) as u64;
@@ -356,16 +366,19 @@ fn launch_shape<T>(
             let tiles = (rows as u64).saturating_mul(cols.div_ceil(ITEMS * threads) as u64);
             (threads, tiles, (ITEMS * threads) as u64)
         }
-        Path::Vector { per_thread } => vector_shape(per_thread, MAX_THREADS),
+        Path::Vector { per_thread } => vector_shape(vecs(16), per_thread, MAX_THREADS),
     };
     let resident = resident(threads as u32)?;
     // The vector kernels index `grid · per_tile` vectors in 32 bits.
     let max_grid = |per_tile: u64| (i32::MAX as u64 / per_tile).max(1);
     // Only the vector path has `_vt` twins (and `vecs > 0`: `cols` is whole vectors).
     let whole = match path {
-        Path::Vector { .. } if whole_grid(tiles, resident) => {
-            Some(vector_shape(whole.per_thread, whole.max_threads)).filter(|w| w.1 <= max_grid(w.2))
-        }
+        Path::Vector { .. } if whole_grid(tiles, resident) => Some(vector_shape(
+            vecs(whole.vector_bytes),
+            whole.per_thread,
+            whole.max_threads,
+        ))
+        .filter(|w| w.1 <= max_grid(w.2)),
         _ => None,
     };
     Ok(match whole {
@@ -880,6 +893,7 @@ mod tests {
     fn launch_shapes_pick_whole_grids_for_many_waves_of_vector_tiles() {
         let shape = |path, per_thread, rows, cols, resident: usize| {
             let whole = Whole {
+                vector_bytes: 16,
                 per_thread,
                 max_threads: MAX_THREADS,
             };
@@ -899,7 +913,7 @@ mod tests {
         let s = shape(v, 4, 3, 11008, 396);
         assert_eq!((s.whole, s.grid, s.threads), (false, 6, 256));
         // The benchmark shape: 16384 × 1792 vectors, 38229 tiles of 768 ≥ 4 × 396, so one
-        // block per tile of 4 × 256 vectors (forward) or 2 × 256 (backward).
+        // block per tile of 4 × 256 vectors or 2 × 256.
         let s = shape(v, 4, 16384, 14336, 396);
         assert_eq!((s.whole, s.grid, s.threads), (true, 28672, 256));
         let s = shape(v, 2, 16384, 14336, 396);
@@ -915,14 +929,19 @@ mod tests {
         // Driver errors pass through.
         let err = launch_shape::<f32>(v, BWD_WHOLE, 8, 8, |_| Err(crate::Error::NoDriver));
         assert!(err.is_err());
-        // The forward's `_vt` tiles: 4 (16-bit) or 2 (f32) vectors × 128 threads, here over
-        // 16384 rows of 1792 vectors each.
+        // The forward's `_vt` tiles: 4 (16-bit) or 2 (f32) 16-byte vectors × 128 threads,
+        // here over 16384 rows of 1792 vectors each.
         let s = launch_shape::<bf16>(v, fwd_whole::<bf16>(), 16384, 1792 * 8, |_| Ok(396));
         let s = s.unwrap();
         assert_eq!((s.whole, s.grid, s.threads), (true, 57344, 128));
         let s = launch_shape::<f32>(v, fwd_whole::<f32>(), 16384, 1792 * 4, |_| Ok(396));
         let s = s.unwrap();
         assert_eq!((s.whole, s.grid, s.threads), (true, 114688, 128));
+        // The backward's: one 8-byte vector × 256 threads, over 16384 rows of 3584 of them.
+        let s = launch_shape::<bf16>(v, BWD_WHOLE, 16384, 3584 * 4, |_| Ok(396)).unwrap();
+        assert_eq!((s.whole, s.grid, s.threads), (true, 229376, 256));
+        let s = launch_shape::<f32>(v, BWD_WHOLE, 16384, 3584 * 2, |_| Ok(396)).unwrap();
+        assert_eq!((s.whole, s.grid, s.threads), (true, 229376, 256));
     }
 
     #[test]

@@ -298,10 +298,12 @@ fn slacks<T: Element>(a: &[T], b: &[T], dc: &[T], gm: f32, dm: f32) -> [Vec<f64>
 /// (pad a multiple of 8): 3×11008, 2×14336, 1000×64 contiguous; 9×2048 pad 8 (every buffer
 /// strided, and the fused up half 16-byte aligned); 24000×56 pad 8 (7 or 14 vectors per
 /// row, so tiles span many rows and the f32 walk sweeps the grid more than once); 5×20 pad
-/// 4 takes the vector path for f32 only (20 is not a multiple of 8); 1300×8192 has over four
-/// waves of tiles on an H200, so it runs the one-tile-per-block `_vt` kernels. The rest (odd
-/// widths, 14337, pad 13/7/1) take the scalar kernels.
-const SHAPES: [(usize, usize, usize); 19] = [
+/// 4 takes the vector path for f32 only (20 is not a multiple of 8); 1300×8192 and
+/// 200001×56 pad 8 have over four waves of tiles on an H200, so they run the
+/// one-tile-per-block `_vt` kernels (8-byte vectors), the latter with strided rows, many rows
+/// per tile and a last tile cut short. The rest (odd widths, 14337, pad 13/7/1) take the
+/// scalar kernels.
+const SHAPES: [(usize, usize, usize); 20] = [
     (1, 1, 0),
     (1, 3, 0),
     (3, 1, 0),
@@ -321,6 +323,7 @@ const SHAPES: [(usize, usize, usize); 19] = [
     (24000, 56, 8),
     (5, 20, 4),
     (1300, 8192, 0),
+    (200001, 56, 8),
 ];
 
 /// Gate values mixed into the data (~2 %): the tails where σ is 0/1 or subnormal in f32, and

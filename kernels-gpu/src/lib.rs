@@ -40,7 +40,30 @@ pub mod mode {
     pub const LLAMA_OFFSET: u32 = 3;
 }
 
-/// 16 bytes, 16-byte aligned: the unit of vectorised loads and stores (`ld/st.global.v4.b32`).
+/// A unit of vectorised loads and stores: [`V16`] or [`V8`], whole 32-bit words, aligned to
+/// its size.
+pub trait Vector: Copy {
+    /// 32-bit words per vector.
+    const WORDS: usize;
+    /// All bits zero (0.0 in every lane of every element type).
+    const ZERO: Self;
+    /// Loads a vector from an address aligned to its size.
+    ///
+    /// # Safety
+    /// `p` must be valid for a vector's bytes and aligned to its size.
+    unsafe fn load(p: *const Self) -> Self;
+    /// Stores a vector to an address aligned to its size.
+    ///
+    /// # Safety
+    /// `p` must be valid for a vector's bytes and aligned to its size.
+    unsafe fn store(self, p: *mut Self);
+    /// Word `i` (< `WORDS`), the lowest-addressed first.
+    fn word(&self, i: usize) -> u32;
+    /// The vector whose word `i` is `f(i)`.
+    fn from_words(f: impl FnMut(usize) -> u32) -> Self;
+}
+
+/// 16 bytes, 16-byte aligned (`ld/st.global.v4.b32`).
 #[derive(Clone, Copy)]
 #[repr(C, align(16))]
 pub struct V16 {
@@ -54,21 +77,17 @@ pub struct V16 {
     pub d: u32,
 }
 
-impl V16 {
-    /// All bits zero (0.0 in every lane of every element type).
-    pub const ZERO: V16 = V16 {
+impl Vector for V16 {
+    const WORDS: usize = 4;
+    const ZERO: V16 = V16 {
         a: 0,
         b: 0,
         c: 0,
         d: 0,
     };
 
-    /// Loads 16 bytes from a 16-byte aligned address.
-    ///
-    /// # Safety
-    /// `p` must be valid for 16 bytes and 16-byte aligned.
     #[inline(always)]
-    pub unsafe fn load(p: *const V16) -> V16 {
+    unsafe fn load(p: *const V16) -> V16 {
         let r = unsafe { &*p };
         V16 {
             a: r.a,
@@ -78,12 +97,8 @@ impl V16 {
         }
     }
 
-    /// Stores 16 bytes to a 16-byte aligned address.
-    ///
-    /// # Safety
-    /// `p` must be valid for 16 bytes and 16-byte aligned.
     #[inline(always)]
-    pub unsafe fn store(self, p: *mut V16) {
+    unsafe fn store(self, p: *mut V16) {
         unsafe {
             *p = V16 {
                 a: self.a,
@@ -103,20 +118,76 @@ impl V16 {
             _ => self.d,
         }
     }
+
+    #[inline(always)]
+    fn from_words(mut f: impl FnMut(usize) -> u32) -> V16 {
+        V16 {
+            a: f(0),
+            b: f(1),
+            c: f(2),
+            d: f(3),
+        }
+    }
+}
+
+/// 8 bytes, 8-byte aligned (`ld/st.global.v2.b32`).
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+pub struct V8 {
+    /// Bytes 0..4.
+    pub a: u32,
+    /// Bytes 4..8.
+    pub b: u32,
+}
+
+impl Vector for V8 {
+    const WORDS: usize = 2;
+    const ZERO: V8 = V8 { a: 0, b: 0 };
+
+    #[inline(always)]
+    unsafe fn load(p: *const V8) -> V8 {
+        let r = unsafe { &*p };
+        V8 { a: r.a, b: r.b }
+    }
+
+    #[inline(always)]
+    unsafe fn store(self, p: *mut V8) {
+        unsafe {
+            *p = V8 {
+                a: self.a,
+                b: self.b,
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn word(&self, i: usize) -> u32 {
+        match i & 1 {
+            0 => self.a,
+            _ => self.b,
+        }
+    }
+
+    #[inline(always)]
+    fn from_words(mut f: impl FnMut(usize) -> u32) -> V8 {
+        V8 { a: f(0), b: f(1) }
+    }
 }
 
 /// A storage element: widened to f32 for arithmetic, narrowed with round-to-nearest-even.
 pub trait Elem: Copy {
+    /// Elements per 32-bit word (1 or 2).
+    const PER_WORD: usize;
     /// Elements per [`V16`].
-    const LANES: usize;
+    const LANES: usize = 4 * Self::PER_WORD;
     /// Exact widening to f32.
     fn to_f32(self) -> f32;
     /// Round-to-nearest-even narrowing from f32 (NaN stays NaN).
     fn from_f32(v: f32) -> Self;
-    /// Lane `i` (< `LANES`) of a vector, widened.
-    fn lane(v: &V16, i: usize) -> f32;
-    /// Packs `LANES` values (rounded to this type) into a vector.
-    fn pack(v: &[f32; 8]) -> V16;
+    /// Lane `i` (< `V::WORDS · PER_WORD`) of a vector, widened.
+    fn lane<V: Vector>(v: &V, i: usize) -> f32;
+    /// Packs `V::WORDS · PER_WORD` values (rounded to this type) into a vector.
+    fn pack<V: Vector>(v: &[f32; 8]) -> V;
     /// `v` rounded to this type and widened back: the value an op "in D" produces.
     #[inline(always)]
     fn round(v: f32) -> f32 {
@@ -125,24 +196,19 @@ pub trait Elem: Copy {
     /// Lane-wise `D(a·b)` of two vectors of this type: the exact product rounded once, as
     /// `from_f32(a · b)` on widened lanes gives (the f32 product of two 16-bit values is exact).
     /// 16-bit types: one packed instruction per two lanes.
-    fn mul_rn(a: V16, b: V16) -> V16;
+    fn mul_rn<V: Vector>(a: V, b: V) -> V;
     /// Lane-wise `D(a + b)`, like [`Elem::mul_rn`].
-    fn add_rn(a: V16, b: V16) -> V16;
+    fn add_rn<V: Vector>(a: V, b: V) -> V;
 }
 
-/// `f(a, b)` on each of the four 32-bit words of two vectors.
+/// `f(a, b)` on each pair of 32-bit words of two vectors.
 #[inline(always)]
-fn words(a: V16, b: V16, f: impl Fn(u32, u32) -> u32) -> V16 {
-    V16 {
-        a: f(a.a, b.a),
-        b: f(a.b, b.b),
-        c: f(a.c, b.c),
-        d: f(a.d, b.d),
-    }
+fn words<V: Vector>(a: V, b: V, f: impl Fn(u32, u32) -> u32) -> V {
+    V::from_words(|i| f(a.word(i), b.word(i)))
 }
 
 impl Elem for f32 {
-    const LANES: usize = 4;
+    const PER_WORD: usize = 1;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
@@ -152,26 +218,21 @@ impl Elem for f32 {
         v
     }
     #[inline(always)]
-    fn lane(v: &V16, i: usize) -> f32 {
+    fn lane<V: Vector>(v: &V, i: usize) -> f32 {
         f32::from_bits(v.word(i))
     }
     #[inline(always)]
-    fn pack(v: &[f32; 8]) -> V16 {
-        V16 {
-            a: v[0].to_bits(),
-            b: v[1].to_bits(),
-            c: v[2].to_bits(),
-            d: v[3].to_bits(),
-        }
+    fn pack<V: Vector>(v: &[f32; 8]) -> V {
+        V::from_words(|i| v[i].to_bits())
     }
     #[inline(always)]
-    fn mul_rn(a: V16, b: V16) -> V16 {
+    fn mul_rn<V: Vector>(a: V, b: V) -> V {
         words(a, b, |a, b| {
             (f32::from_bits(a) * f32::from_bits(b)).to_bits()
         })
     }
     #[inline(always)]
-    fn add_rn(a: V16, b: V16) -> V16 {
+    fn add_rn<V: Vector>(a: V, b: V) -> V {
         words(a, b, |a, b| {
             (f32::from_bits(a) + f32::from_bits(b)).to_bits()
         })
@@ -200,11 +261,11 @@ const NEG_ZERO_X2: u32 = 0x8000_8000;
 macro_rules! packed_arith {
     ($fma:literal, $one_x2:expr) => {
         #[inline(always)]
-        fn mul_rn(a: V16, b: V16) -> V16 {
+        fn mul_rn<V: Vector>(a: V, b: V) -> V {
             words(a, b, |a, b| fma_x2!($fma, a, b, NEG_ZERO_X2))
         }
         #[inline(always)]
-        fn add_rn(a: V16, b: V16) -> V16 {
+        fn add_rn<V: Vector>(a: V, b: V) -> V {
             words(a, b, |a, b| fma_x2!($fma, a, $one_x2, b))
         }
     };
@@ -235,12 +296,12 @@ fn bf16x2(lo: f32, hi: f32) -> u32 {
 }
 
 #[inline(always)]
-fn half_word(v: &V16, i: usize) -> u16 {
+fn half_word<V: Vector>(v: &V, i: usize) -> u16 {
     (v.word(i >> 1) >> ((i & 1) * 16)) as u16
 }
 
 impl Elem for f16 {
-    const LANES: usize = 8;
+    const PER_WORD: usize = 2;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self as f32
@@ -250,17 +311,12 @@ impl Elem for f16 {
         v as f16
     }
     #[inline(always)]
-    fn lane(v: &V16, i: usize) -> f32 {
+    fn lane<V: Vector>(v: &V, i: usize) -> f32 {
         f16::from_bits(half_word(v, i)) as f32
     }
     #[inline(always)]
-    fn pack(v: &[f32; 8]) -> V16 {
-        V16 {
-            a: f16x2(v[0], v[1]),
-            b: f16x2(v[2], v[3]),
-            c: f16x2(v[4], v[5]),
-            d: f16x2(v[6], v[7]),
-        }
+    fn pack<V: Vector>(v: &[f32; 8]) -> V {
+        V::from_words(|i| f16x2(v[2 * i], v[2 * i + 1]))
     }
     packed_arith!("fma.rn.f16x2", 0x3c00_3c00);
 }
@@ -271,19 +327,14 @@ impl Elem for f16 {
 pub struct Bf16(pub u16);
 
 impl Elem for Bf16 {
-    const LANES: usize = 8;
+    const PER_WORD: usize = 2;
     #[inline(always)]
-    fn lane(v: &V16, i: usize) -> f32 {
+    fn lane<V: Vector>(v: &V, i: usize) -> f32 {
         Bf16(half_word(v, i)).to_f32()
     }
     #[inline(always)]
-    fn pack(v: &[f32; 8]) -> V16 {
-        V16 {
-            a: bf16x2(v[0], v[1]),
-            b: bf16x2(v[2], v[3]),
-            c: bf16x2(v[4], v[5]),
-            d: bf16x2(v[6], v[7]),
-        }
+    fn pack<V: Vector>(v: &[f32; 8]) -> V {
+        V::from_words(|i| bf16x2(v[2 * i], v[2 * i + 1]))
     }
     #[inline(always)]
     fn to_f32(self) -> f32 {
@@ -464,11 +515,12 @@ pub fn unroll<const N: usize>(mut f: impl FnMut(usize)) {
     step!(0 1 2 3 4 5 6 7);
 }
 
-/// Calls `f(i)` for each lane `i < T::LANES` of a [`V16`] as straight-line code.
+/// Calls `f(i)` for each lane `i` of a vector `V` of `T` (`i < V::WORDS · T::PER_WORD`) as
+/// straight-line code.
 #[inline(always)]
-pub fn lanes<T: Elem>(mut f: impl FnMut(usize)) {
+pub fn lanes<T: Elem, V: Vector>(mut f: impl FnMut(usize)) {
     unroll::<8>(|i| {
-        if i < T::LANES {
+        if i < V::WORDS * T::PER_WORD {
             f(i)
         }
     });

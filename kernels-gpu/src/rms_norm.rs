@@ -30,7 +30,7 @@
 //! fewer registers) wherever that gives the mode's bits (see `packed_weight`); 16-bit llama rows
 //! with an offset other than ±0 run the `_llama_offset` twins, which multiply lane by lane.
 use crate::{
-    Bf16, Elem, SUM_SLOTS, V16, allow_dependent_grids, block_dim, block_dim_y, block_idx,
+    Bf16, Elem, SUM_SLOTS, V16, Vector, allow_dependent_grids, block_dim, block_dim_y, block_idx,
     block_sum, block_sum2, fma, grid_dim, lanes, mode, sqrt, sync_threads, thread_idx,
     thread_idx_y, unroll, wait_for_prerequisite_grids,
 };
@@ -328,7 +328,7 @@ unsafe fn forward_vec<
         }
         let mut acc = 0.0f32;
         unroll::<K>(|k| {
-            lanes::<T>(|i| {
+            lanes::<T, V16>(|i| {
                 let e = T::lane(&xv[k], i);
                 acc = if MODE == mode::NONE {
                     acc + T::round(e * e)
@@ -340,7 +340,7 @@ unsafe fn forward_vec<
         let scaled = |s: f32| {
             let mut sum = 0.0f32;
             unroll::<K>(|k| {
-                lanes::<T>(|i| {
+                lanes::<T, V16>(|i| {
                     let v = T::lane(&xv[k], i) * s;
                     sum = fma(v, v, sum);
                 })
@@ -356,7 +356,7 @@ unsafe fn forward_vec<
         // `D(x·r)` of vector `k`, packed.
         let normed = |k: usize| {
             let mut h = [0.0f32; 8];
-            lanes::<T>(|i| h[i] = T::lane(&xv[k], i) * r);
+            lanes::<T, V16>(|i| h[i] = T::lane(&xv[k], i) * r);
             T::pack(&h)
         };
         // One uniform branch per row, each arm straight-line code.
@@ -373,7 +373,7 @@ unsafe fn forward_vec<
                 let wv = load_row::<K>(w as *const V16, vecs);
                 store_row::<K>(yr, vecs, |k| {
                     let mut out = [0.0f32; 8];
-                    lanes::<T>(|i| {
+                    lanes::<T, V16>(|i| {
                         let v = T::lane(&xv[k], i);
                         let wc = T::lane(&wv[k], i);
                         out[i] = match llama::<MODE>() {
@@ -483,7 +483,7 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
                 },
                 false => (V16::ZERO, V16::ZERO),
             };
-            lanes::<T>(|i| {
+            lanes::<T, V16>(|i| {
                 let (g, h) = (T::lane(&gv[k], i), T::lane(&xv[k], i) * r);
                 m[i] = match packed {
                     true => T::lane(&mv[k], i),
@@ -500,10 +500,10 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
             });
             if in_smem {
                 let d = &dw_acc[k];
-                unsafe { f32::pack(d).store(own(k)) };
+                unsafe { f32::pack::<V16>(d).store(own(k)) };
                 if T::LANES == 8 {
                     let d_hi = [d[4], d[5], d[6], d[7], 0.0, 0.0, 0.0, 0.0];
-                    unsafe { f32::pack(&d_hi).store(own(k).add(1)) };
+                    unsafe { f32::pack::<V16>(&d_hi).store(own(k).add(1)) };
                 }
             }
             if packed_m && !packed {
@@ -517,7 +517,7 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
             let j = tid + k * nt;
             if j < vecs {
                 let mut out = [0.0f32; 8];
-                lanes::<T>(|i| {
+                lanes::<T, V16>(|i| {
                     let m = if packed_m {
                         T::lane(&mv[k], i)
                     } else {
@@ -525,7 +525,7 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
                     };
                     out[i] = r * fma(-mean, T::lane(&xv[k], i) * r, m);
                 });
-                unsafe { T::pack(&out).store(dxr.add(j)) };
+                unsafe { T::pack::<V16>(&out).store(dxr.add(j)) };
             }
         });
         row += grid_dim();

@@ -26,8 +26,8 @@
 //! `o1 = T(x1·c − x2·s)`, `o2 = T(x2·c + x1·s)` with each product rounded to f32. The backward
 //! is the same with `s → −s` (exact), i.e. `g1 = dy1·c + dy2·s`, `g2 = dy2·c − dy1·s`.
 use crate::{
-    Bf16, Elem, V16, block_dim, block_dim_y, block_dim_z, block_idx, grid_dim, lanes, thread_idx,
-    thread_idx_y, thread_idx_z, unroll,
+    Bf16, Elem, V16, Vector, block_dim, block_dim_y, block_dim_z, block_idx, grid_dim, lanes,
+    thread_idx, thread_idx_y, thread_idx_z, unroll,
 };
 
 /// Where a token's cos/sin row comes from (the `ROWS` const parameter; the host's kernel-name
@@ -283,7 +283,7 @@ unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool>(
                 let (cw, sw) = (opaque_v(c), opaque_v(s));
                 if live[j] {
                     let (mut o1, mut o2) = ([0.0f32; 8], [0.0f32; 8]);
-                    lanes::<T>(|i| {
+                    lanes::<T, V16>(|i| {
                         let a = T::lane(&x1[j], i);
                         let b = T::lane(&x2[j], i);
                         let cc = T::lane(&cw, i);
@@ -293,8 +293,8 @@ unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool>(
                         o2[i] = b * cc + a * ss;
                     });
                     unsafe {
-                        T::pack(&o1).store(at[j]);
-                        T::pack(&o2).store(at[j].add(vph as usize));
+                        T::pack::<V16>(&o1).store(at[j]);
+                        T::pack::<V16>(&o2).store(at[j].add(vph as usize));
                     }
                 }
             });

@@ -18,21 +18,27 @@
 //! or `a·gm` overflowing f32) takes the limits silu(−∞) = −0, silu(+∞) = +∞,
 //! silu'(−∞) = 0, silu'(+∞) = 1 instead of `∞·0 = NaN`. NaN propagates.
 //!
-//! The `_v` kernels are the fast path when every pointer and row stride is 16-byte aligned,
-//! `cols` is a multiple of the lanes per vector (`T::LANES`) and `rows`, `cols`, strides and
-//! `gridDim.x · K · blockDim.x` are below 2³¹ (the host checks): the `rows × cols/LANES`
-//! vectors form one flat range (a vector never crosses a row) walked grid-stride in tiles of
-//! `K · blockDim.x` vectors (`K` = `FWD_VECS`, `BWD_VECS`). Thread `t` of a tile takes
-//! vectors `t, t + blockDim.x, …` (coalesced `ld/st.global.v4`), and loads its next tile
+//! The vector kernels are the fast path when every pointer and row stride is 16-byte aligned,
+//! `cols` is a multiple of the lanes per 16-byte vector (`T::LANES`) and `rows`, `cols`,
+//! strides and `gridDim.x · K · blockDim.x` are below 2³¹ (the host checks): the
+//! `rows × cols/lanes` vectors form one flat range (a vector never crosses a row) walked
+//! grid-stride in tiles of `K · blockDim.x` vectors. Thread `t` of a tile takes vectors
+//! `t, t + blockDim.x, …` (coalesced vector loads and stores). The `_v` kernels take `K`
+//! ([`FWD_VECS`], [`BWD_VECS`]) 16-byte vectors ([`V16`]) per thread and load their next tile
 //! before computing the current one, so all `K` vectors of every operand are in flight at
-//! once. Their `_vt` twins run one tile per block over a grid of every tile (`K` =
-//! `FWD_VECS_WHOLE` or, for f32, `FWD_VECS_WHOLE_F32`, and `BWD_VECS_WHOLE`; no next tile, so
-//! about half the registers and more blocks per SM), which the host picks for many waves of
-//! tiles. Each thread tracks the (row, column) of its vectors incrementally in 32 bits (three
-//! divisions per thread at start, none per vector), so row strides and the fused layout cost
-//! one wide multiply-add per pointer per vector. The f32 math per element is the scalar
-//! kernels' (same functions, same order), so both paths give the same bits.
-use crate::{Bf16, Elem, V16, block_dim, block_idx, grid_dim, lanes, thread_idx, unroll};
+//! once. Their `_vt` twins, which the host picks for many waves of tiles, run one tile per
+//! block over a grid of every tile, with no next tile: the forward's take [`FWD_VECS_WHOLE`]
+//! (f32: [`FWD_VECS_WHOLE_F32`]) 16-byte vectors per thread, the backward's one 8-byte vector
+//! ([`V8`]) of each operand, which on an H200 gives the five-stream pattern its highest DRAM
+//! throughput of every width, vector count and block size measured (PERFORMANCE.md, twelfth
+//! session; the forward measured lower with it, its index arithmetic then a larger share). Each
+//! thread tracks the (row, column) of its vectors incrementally in 32 bits (three divisions
+//! per thread at start, none per vector), so row strides and the fused layout cost one wide
+//! multiply-add per pointer per vector. The f32 math per element is the scalar kernels' (same
+//! functions, same order), so every path gives the same bits.
+use crate::{
+    Bf16, Elem, V8, V16, Vector, block_dim, block_idx, grid_dim, lanes, thread_idx, unroll,
+};
 
 /// Elements per thread per tile (scalar kernels).
 const ITEMS: usize = 4;
@@ -49,9 +55,9 @@ const FWD_VECS_WHOLE: usize = 4;
 /// The same for f32, whose vectors hold half the elements (`FWD_VECS_WHOLE_F32` on the host):
 /// 2 (H200 A/B, PERFORMANCE.md: +0.7 % over 4 for f32, −2 % for bf16/f16).
 const FWD_VECS_WHOLE_F32: usize = 2;
-/// The same for the backward `_vt` kernels (`BWD_VECS_WHOLE` on the host): three operands
-/// and two outputs per vector make smaller tiles faster there.
-const BWD_VECS_WHOLE: usize = 2;
+/// 8-byte vectors of each operand per thread in the one-tile-per-block backward `_vt` kernels
+/// (`BWD_VECS_WHOLE` on the host).
+const BWD_VECS_WHOLE: usize = 1;
 
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
 
@@ -258,7 +264,7 @@ struct Walk<const K: usize> {
 impl<const K: usize> Walk<K> {
     #[inline(always)]
     fn new(rows: u32, per_row: u32) -> Self {
-        // The host never launches with cols < LANES; `max(1)` keeps the divisions trap-free.
+        // The host never launches with fewer columns than a vector holds; `max(1)` keeps the divisions trap-free.
         let per_row = per_row.max(1);
         let nt = block_dim() as u32;
         let step = |n: u32| Step {
@@ -330,7 +336,7 @@ impl<const K: usize> Walk<K> {
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn forward_vec<T: Elem, const K: usize, const ONE: bool>(
+unsafe fn forward_vec<T: Elem, V: Vector, const K: usize, const ONE: bool>(
     a: *const T,
     a_stride: usize,
     b: *const T,
@@ -341,18 +347,19 @@ unsafe fn forward_vec<T: Elem, const K: usize, const ONE: bool>(
     cols: usize,
     gm: f32,
 ) {
-    let (a, b, c) = (a as *const V16, b as *const V16, c as *mut V16);
+    let (a, b, c) = (a as *const V, b as *const V, c as *mut V);
+    let lanes_per = V::WORDS * T::PER_WORD;
     let (sa, sb, sc) = (
-        (a_stride / T::LANES) as u32,
-        (b_stride / T::LANES) as u32,
-        (c_stride / T::LANES) as u32,
+        (a_stride / lanes_per) as u32,
+        (b_stride / lanes_per) as u32,
+        (c_stride / lanes_per) as u32,
     );
-    let walk = Walk::<K>::new(rows as u32, (cols / T::LANES) as u32);
+    let walk = Walk::<K>::new(rows as u32, (cols / lanes_per) as u32);
     let load = |pos: &[Pos; K]| {
-        let (mut av, mut bv) = ([V16::ZERO; K], [V16::ZERO; K]);
+        let (mut av, mut bv) = ([V::ZERO; K], [V::ZERO; K]);
         unroll::<K>(|k| {
-            av[k] = unsafe { V16::load(a.add(pos[k].at(sa))) };
-            bv[k] = unsafe { V16::load(b.add(pos[k].at(sb))) };
+            av[k] = unsafe { V::load(a.add(pos[k].at(sa))) };
+            bv[k] = unsafe { V::load(b.add(pos[k].at(sb))) };
         });
         (av, bv)
     };
@@ -373,7 +380,7 @@ unsafe fn forward_vec<T: Elem, const K: usize, const ONE: bool>(
         let (an, bn) = if ONE { (av, bv) } else { load(&pos_n) };
         unroll::<K>(|k| {
             let mut s = [0.0f32; 8];
-            lanes::<T>(|i| {
+            lanes::<T, V>(|i| {
                 let z = T::lane(&av[k], i) * gm;
                 let (sig, _) = sigmoid_pair(z);
                 s[i] = silu_of(z, sig);
@@ -392,7 +399,7 @@ unsafe fn forward_vec<T: Elem, const K: usize, const ONE: bool>(
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn backward_vec<T: Elem, const K: usize, const ONE: bool>(
+unsafe fn backward_vec<T: Elem, V: Vector, const K: usize, const ONE: bool>(
     dc: *const T,
     dc_stride: usize,
     a: *const T,
@@ -406,20 +413,21 @@ unsafe fn backward_vec<T: Elem, const K: usize, const ONE: bool>(
     gm: f32,
     dm: f32,
 ) {
-    let (dc, a, b) = (dc as *const V16, a as *const V16, b as *const V16);
-    let (da, db) = (da as *mut V16, db as *mut V16);
+    let (dc, a, b) = (dc as *const V, a as *const V, b as *const V);
+    let (da, db) = (da as *mut V, db as *mut V);
+    let lanes_per = V::WORDS * T::PER_WORD;
     let (sc, sa, sb) = (
-        (dc_stride / T::LANES) as u32,
-        (a_stride / T::LANES) as u32,
-        (b_stride / T::LANES) as u32,
+        (dc_stride / lanes_per) as u32,
+        (a_stride / lanes_per) as u32,
+        (b_stride / lanes_per) as u32,
     );
-    let walk = Walk::<K>::new(rows as u32, (cols / T::LANES) as u32);
+    let walk = Walk::<K>::new(rows as u32, (cols / lanes_per) as u32);
     let load = |pos: &[Pos; K]| {
-        let (mut gv, mut av, mut bv) = ([V16::ZERO; K], [V16::ZERO; K], [V16::ZERO; K]);
+        let (mut gv, mut av, mut bv) = ([V::ZERO; K], [V::ZERO; K], [V::ZERO; K]);
         unroll::<K>(|k| {
-            gv[k] = unsafe { V16::load(dc.add(pos[k].at(sc))) };
-            av[k] = unsafe { V16::load(a.add(pos[k].at(sa))) };
-            bv[k] = unsafe { V16::load(b.add(pos[k].at(sb))) };
+            gv[k] = unsafe { V::load(dc.add(pos[k].at(sc))) };
+            av[k] = unsafe { V::load(a.add(pos[k].at(sa))) };
+            bv[k] = unsafe { V::load(b.add(pos[k].at(sb))) };
         });
         (gv, av, bv)
     };
@@ -439,7 +447,7 @@ unsafe fn backward_vec<T: Elem, const K: usize, const ONE: bool>(
         unroll::<K>(|k| {
             let mut da_v = [0.0f32; 8];
             let mut db_v = [0.0f32; 8];
-            lanes::<T>(|i| {
+            lanes::<T, V>(|i| {
                 let g = T::lane(&gv[k], i) * dm;
                 let z = T::lane(&av[k], i) * gm;
                 let (sig, one_minus) = sigmoid_pair(z);
@@ -448,8 +456,8 @@ unsafe fn backward_vec<T: Elem, const K: usize, const ONE: bool>(
             });
             // In place (da = a, db = b) each vector is loaded above, by this thread,
             // before these stores.
-            unsafe { T::pack(&da_v).store(da.add(pos[k].at(sa))) };
-            unsafe { T::pack(&db_v).store(db.add(pos[k].at(sb))) };
+            unsafe { T::pack::<V>(&da_v).store(da.add(pos[k].at(sa))) };
+            unsafe { T::pack::<V>(&db_v).store(db.add(pos[k].at(sb))) };
         });
         if !more {
             return;
@@ -459,7 +467,7 @@ unsafe fn backward_vec<T: Elem, const K: usize, const ONE: bool>(
 }
 
 macro_rules! swiglu_fwd_kernel {
-    ($ty:ty, $name:ident, $body:ident $(:: $k:ident, $one:literal)?, $doc:literal) => {
+    ($ty:ty, $name:ident, $body:ident $(:: $v:ident, $k:ident, $one:literal)?, $doc:literal) => {
         /// SwiGLU forward `c = T(T(silu(a·gm)) · b)` for one dtype (see the module docs).
         #[doc = $doc]
         ///
@@ -479,7 +487,7 @@ macro_rules! swiglu_fwd_kernel {
             gm: f32,
         ) {
             unsafe {
-                $body::<$ty $(, $k, $one)?>(
+                $body::<$ty $(, $v, $k, $one)?>(
                     a,
                     a_stride as usize,
                     b,
@@ -496,7 +504,7 @@ macro_rules! swiglu_fwd_kernel {
 }
 
 macro_rules! swiglu_bwd_kernel {
-    ($ty:ty, $name:ident, $body:ident $(:: $k:ident, $one:literal)?, $doc:literal) => {
+    ($ty:ty, $name:ident, $body:ident $(:: $v:ident, $k:ident, $one:literal)?, $doc:literal) => {
         /// SwiGLU backward for one dtype (see the module docs): with `g = dc·dm`,
         /// `db = g·silu(z)`, `da = g·silu'(z)·gm·b`, `z = a·gm`.
         #[doc = $doc]
@@ -521,7 +529,7 @@ macro_rules! swiglu_bwd_kernel {
             dm: f32,
         ) {
             unsafe {
-                $body::<$ty $(, $k, $one)?>(
+                $body::<$ty $(, $v, $k, $one)?>(
                     dc,
                     dc_stride as usize,
                     a,
@@ -547,10 +555,10 @@ macro_rules! swiglu_kernels {
     ) => {
         swiglu_fwd_kernel!($ty, $fwd, forward, "Scalar kernel: any alignment, any `cols`.");
         swiglu_bwd_kernel!($ty, $bwd, backward, "Scalar kernel: any alignment, any `cols`.");
-        swiglu_fwd_kernel!($ty, $fwd_v, forward_vec::FWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per vector.");
-        swiglu_bwd_kernel!($ty, $bwd_v, backward_vec::BWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per vector.");
-        swiglu_fwd_kernel!($ty, $fwd_t, forward_vec::$kt, true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
-        swiglu_bwd_kernel!($ty, $bwd_t, backward_vec::BWD_VECS_WHOLE, true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
+        swiglu_fwd_kernel!($ty, $fwd_v, forward_vec::V16, FWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per 16-byte vector.");
+        swiglu_bwd_kernel!($ty, $bwd_v, backward_vec::V16, BWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per 16-byte vector.");
+        swiglu_fwd_kernel!($ty, $fwd_t, forward_vec::V16, $kt, true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
+        swiglu_bwd_kernel!($ty, $bwd_t, backward_vec::V8, BWD_VECS_WHOLE, true, "8-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules; the host counts its tiles in 8-byte vectors.");
     };
 }
 
