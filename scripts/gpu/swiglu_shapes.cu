@@ -3,7 +3,7 @@
 // twelfth session). CUDA C on purpose: it runs on the device machine, which has nvcc and no
 // Rust.
 //
-//   nvcc -O3 -arch=sm_90 -o /tmp/shapes scripts/gpu/swiglu_shapes.cu && /tmp/shapes
+//   nvcc -O3 -arch=sm_90 -o /tmp/shapes scripts/gpu/swiglu_shapes.cu && /tmp/shapes [index]
 //
 // Patterns: backward (read dc, a, b; write da, db) and forward (read a, b; write c). Every
 // kernel runs one tile per block (a grid of every tile, as the `_vt` kernels): thread t of block
@@ -13,8 +13,12 @@
 // plain products (the same bytes, almost no arithmetic), which also stands in for the 16-bit
 // sizes (the bytes of a bf16 tensor, read as f32). Each variant's outputs are checked bit for
 // bit against the first variant of its group, after poisoning. Timing as the bench
-// (timing.cuh), three interleaved rounds.
+// (timing.cuh), three interleaved rounds. With `index`: the forward with liger-rs's math at
+// two tile shapes, each with the three ways of finding a vector's offset below (flat, a
+// division per thread, a multiply-high per thread), which prices the index arithmetic.
 #include <cstdio>
+#include <string>
+#include <tuple>
 #include <cuda_runtime.h>
 #include <vector>
 
@@ -67,18 +71,39 @@ template <class V> struct Lanes;
 template <> struct Lanes<float2> { static constexpr int n = 2; };
 template <> struct Lanes<float4> { static constexpr int n = 4; };
 
+// How a kernel finds its vectors: FLAT takes vector j of every operand at offset j (a
+// contiguous layout only); ROWS finds j's (row, column) with a 32-bit division by the vectors
+// per row and each operand's offset as row · stride + column, as kernels-gpu's `Walk` does;
+// MAGIC does the same with the division as a multiply-high and shift by host-computed
+// constants (exact for j < 2³¹).
+enum { FLAT, ROWS, MAGIC };
+
+struct Index {
+  unsigned per_row, magic, shift, stride[5];
+};
+
+template <int IDX>
+__device__ __forceinline__ size_t offset(size_t j, const Index& ix, int operand) {
+  if (IDX == FLAT) return j;
+  unsigned row = IDX == ROWS ? (unsigned)j / ix.per_row
+                             : (unsigned)(((unsigned long long)j * ix.magic) >> ix.shift);
+  unsigned col = (unsigned)j - row * ix.per_row;
+  return (size_t)row * ix.stride[operand] + col;
+}
+
 // FWD: c (o0) from a (x0) and b (x1). Else: da (o0), db (o1) from dc (x0), a (x1), b (x2).
-template <class V, int K, int THREADS, int MATH, bool FWD>
+template <class V, int K, int THREADS, int MATH, bool FWD, int IDX = FLAT>
 __global__ void __launch_bounds__(THREADS) kernel(const V* x0, const V* x1, const V* x2, V* o0,
-                                                  V* o1) {
+                                                  V* o1, Index ix) {
   constexpr int L = Lanes<V>::n;
   const size_t base = (size_t)blockIdx.x * K * THREADS + threadIdx.x;
   V v0[K], v1[K], v2[K];
 #pragma unroll
   for (int k = 0; k < K; k++) {
-    v0[k] = x0[base + k * THREADS];
-    v1[k] = x1[base + k * THREADS];
-    if (!FWD) v2[k] = x2[base + k * THREADS];
+    const size_t j = base + k * THREADS;
+    v0[k] = x0[offset<IDX>(j, ix, 0)];
+    v1[k] = x1[offset<IDX>(j, ix, 1)];
+    if (!FWD) v2[k] = x2[offset<IDX>(j, ix, 2)];
   }
 #pragma unroll
   for (int k = 0; k < K; k++) {
@@ -93,8 +118,9 @@ __global__ void __launch_bounds__(THREADS) kernel(const V* x0, const V* x1, cons
       if (FWD) q0[i] = forward<MATH>(p0[i], p1[i]);
       else backward<MATH>(p0[i], p1[i], p2[i], q0[i], q1[i]);
     }
-    o0[base + k * THREADS] = r0;
-    if (!FWD) o1[base + k * THREADS] = r1;
+    const size_t j = base + k * THREADS;
+    o0[offset<IDX>(j, ix, 3)] = r0;
+    if (!FWD) o1[offset<IDX>(j, ix, 4)] = r1;
   }
 }
 
@@ -124,20 +150,35 @@ __global__ void fill_random(float* x, size_t n, unsigned seed) {  // in (-2, 2),
   }
 }
 
-using Launch = void (*)(float* const*, float* const*, size_t);
+// Launches over `n` floats in rows of `row_floats` (the ROWS and MAGIC indexing's rows).
+using Launch = void (*)(float* const*, float* const*, size_t n, unsigned row_floats);
 
 struct Variant {
   const char* name;
   Launch launch;
 };
 
-template <class V, int K, int THREADS, int MATH, bool FWD>
+template <class V, int K, int THREADS, int MATH, bool FWD, int IDX = FLAT>
 Variant variant(const char* name) {
-  return {name, [](float* const* in, float* const* out, size_t n) {
+  return {name, [](float* const* in, float* const* out, size_t n, unsigned row_floats) {
             constexpr size_t per_block = (size_t)Lanes<V>::n * K * THREADS;
-            kernel<V, K, THREADS, MATH, FWD><<<n / per_block, THREADS>>>(
-                (const V*)in[0], (const V*)in[1], (const V*)in[2], (V*)out[0], (V*)out[1]);
+            Index ix{row_floats / Lanes<V>::n, 0, 0, {}};
+            unsigned l = 0;
+            while ((1u << l) < ix.per_row) l++;
+            // m = ceil(2^(31 + l) / d) < 2^32: j / d = (j · m) >> (31 + l) for every j < 2^31.
+            ix.magic = (unsigned)(((1ull << (31 + l)) + ix.per_row - 1) / ix.per_row);
+            ix.shift = 31 + l;
+            for (unsigned& s : ix.stride) s = ix.per_row;
+            kernel<V, K, THREADS, MATH, FWD, IDX><<<n / per_block, THREADS>>>(
+                (const V*)in[0], (const V*)in[1], (const V*)in[2], (V*)out[0], (V*)out[1], ix);
           }};
+}
+
+template <class V, int K, int THREADS, int MATH>
+std::vector<Variant> indexings(const char* flat, const char* rows, const char* magic) {
+  return {variant<V, K, THREADS, MATH, true, FLAT>(flat),
+          variant<V, K, THREADS, MATH, true, ROWS>(rows),
+          variant<V, K, THREADS, MATH, true, MAGIC>(magic)};
 }
 
 template <int MATH, bool FWD>
@@ -153,14 +194,15 @@ std::vector<Variant> variants() {
 }
 
 // One group: every variant on `n` floats, checked, then timed in three interleaved rounds.
-static void group(const char* title, std::vector<Variant> vs, bool fwd, size_t n, float* const* in,
-                  float* const* out, float* const* ref, unsigned long long* bad) {
+static void group(const char* title, std::vector<Variant> vs, bool fwd, size_t n,
+                  unsigned row_floats, float* const* in, float* const* out, float* const* ref,
+                  unsigned long long* bad) {
   const int outs = fwd ? 1 : 2;
   std::printf("%s\n", title);
   for (size_t i = 0; i < vs.size(); i++) {
     float* const* o = i == 0 ? ref : out;
     for (int j = 0; j < outs; j++) CHECK(cudaMemset(o[j], 0xff, n * 4));
-    vs[i].launch(in, o, n);
+    vs[i].launch(in, o, n, row_floats);
     CHECK(cudaGetLastError());
     *bad = 0;
     for (int j = 0; j < outs; j++) {
@@ -176,13 +218,14 @@ static void group(const char* title, std::vector<Variant> vs, bool fwd, size_t n
   std::vector<std::vector<double>> gbps(vs.size());
   for (int round = 0; round < 3; round++)
     for (size_t i = 0; i < vs.size(); i++)
-      gbps[i].push_back(bytes / median_us([&] { vs[i].launch(in, out, n); }) / 1e3);
+      gbps[i].push_back(
+          bytes / median_us([&] { vs[i].launch(in, out, n, row_floats); }) / 1e3);
   for (size_t i = 0; i < vs.size(); i++)
-    std::printf("  %-24s %.0f / %.0f / %.0f GB/s\n", vs[i].name, gbps[i][0], gbps[i][1],
+    std::printf("  %-32s %.0f / %.0f / %.0f GB/s\n", vs[i].name, gbps[i][0], gbps[i][1],
                 gbps[i][2]);
 }
 
-int main() {
+int main(int argc, char** argv) {
   const size_t f32 = 16384ull * 8192, bf16 = 16384ull * 14336 / 2, small = 2048ull * 14336 / 2;
   float *in[3], *out[2], *ref[2];
   for (float** p : {&in[0], &in[1], &in[2], &out[0], &out[1], &ref[0], &ref[1]})
@@ -190,13 +233,28 @@ int main() {
   for (int i = 0; i < 3; i++) fill_random<<<1024, 256>>>(in[i], f32, i + 1);
   unsigned long long* bad;
   CHECK(cudaMallocManaged(&bad, 8));
-  group("backward f32 16384x8192, liger-rs math", variants<1, false>(), false, f32, in, out, ref, bad);
-  group("backward f32 16384x8192, plain products", variants<0, false>(), false, f32, in, out, ref, bad);
-  group("backward bf16 16384x14336 (bytes)", variants<0, false>(), false, bf16, in, out, ref, bad);
-  group("backward bf16 2048x14336 (bytes)", variants<0, false>(), false, small, in, out, ref, bad);
-  group("forward f32 16384x8192, liger-rs math", variants<1, true>(), true, f32, in, out, ref, bad);
-  group("forward f32 16384x8192, plain products", variants<0, true>(), true, f32, in, out, ref, bad);
-  group("forward bf16 16384x14336 (bytes)", variants<0, true>(), true, bf16, in, out, ref, bad);
-  group("forward bf16 2048x14336 (bytes)", variants<0, true>(), true, small, in, out, ref, bad);
+  const unsigned f32_row = 8192, bf16_row = 14336 / 2;
+  const bool fwd = true, bwd = false;
+  if (argc > 1 && std::string(argv[1]) == "index") {
+    for (auto [title, n, row] : {std::tuple{"forward f32 16384x8192, liger-rs math", f32, f32_row},
+                                 {"forward bf16 16384x14336 (bytes), liger-rs math", bf16, bf16_row},
+                                 {"forward bf16 2048x14336 (bytes), liger-rs math", small, bf16_row}}) {
+      auto vs = indexings<float2, 1, 128, 1>("1 x 8 B, 128, flat", "1 x 8 B, 128, rows",
+                                             "1 x 8 B, 128, magic");
+      for (auto v : indexings<float4, 2, 128, 1>("2 x 16 B, 128, flat", "2 x 16 B, 128, rows",
+                                                 "2 x 16 B, 128, magic"))
+        vs.push_back(v);
+      group(title, vs, fwd, n, row, in, out, ref, bad);
+    }
+    return 0;
+  }
+  group("backward f32 16384x8192, liger-rs math", variants<1, bwd>(), bwd, f32, f32_row, in, out, ref, bad);
+  group("backward f32 16384x8192, plain products", variants<0, bwd>(), bwd, f32, f32_row, in, out, ref, bad);
+  group("backward bf16 16384x14336 (bytes)", variants<0, bwd>(), bwd, bf16, bf16_row, in, out, ref, bad);
+  group("backward bf16 2048x14336 (bytes)", variants<0, bwd>(), bwd, small, bf16_row, in, out, ref, bad);
+  group("forward f32 16384x8192, liger-rs math", variants<1, fwd>(), fwd, f32, f32_row, in, out, ref, bad);
+  group("forward f32 16384x8192, plain products", variants<0, fwd>(), fwd, f32, f32_row, in, out, ref, bad);
+  group("forward bf16 16384x14336 (bytes)", variants<0, fwd>(), fwd, bf16, bf16_row, in, out, ref, bad);
+  group("forward bf16 2048x14336 (bytes)", variants<0, fwd>(), fwd, small, bf16_row, in, out, ref, bad);
   return 0;
 }
