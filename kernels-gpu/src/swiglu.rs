@@ -264,7 +264,8 @@ struct Walk<const K: usize> {
 impl<const K: usize> Walk<K> {
     #[inline(always)]
     fn new(rows: u32, per_row: u32) -> Self {
-        // The host never launches with fewer columns than a vector holds; `max(1)` keeps the divisions trap-free.
+        // The host never launches with fewer columns than a vector holds; `max(1)` keeps the
+        // divisions trap-free.
         let per_row = per_row.max(1);
         let nt = block_dim() as u32;
         let step = |n: u32| Step {
