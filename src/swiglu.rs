@@ -260,8 +260,8 @@ fn threads_for(cols: usize) -> usize {
 enum Path {
     /// `swiglu_{fwd,bwd}_{dtype}`: any alignment, any shape.
     Scalar,
-    /// `swiglu_{fwd,bwd}_v_{dtype}` (grid-stride over tiles) or `_vt_` (one tile per block):
-    /// 16-byte vectors, `per_thread` of each operand per thread per tile.
+    /// `swiglu_{fwd,bwd}_v_{dtype}` (grid-stride over tiles): 16-byte vectors, `per_thread` of
+    /// each operand per thread per tile; or `_vt_` (one tile per block), shaped by [`Whole`].
     Vector { per_thread: usize },
 }
 

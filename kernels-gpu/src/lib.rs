@@ -515,12 +515,17 @@ pub fn unroll<const N: usize>(mut f: impl FnMut(usize)) {
     step!(0 1 2 3 4 5 6 7);
 }
 
-/// Calls `f(i)` for each lane `i` of a vector `V` of `T` (`i < V::WORDS · T::PER_WORD`) as
-/// straight-line code.
+/// Elements of `T` per vector `V`.
+#[inline(always)]
+pub fn lanes_per<T: Elem, V: Vector>() -> usize {
+    V::WORDS * T::PER_WORD
+}
+
+/// Calls `f(i)` for each lane `i < lanes_per::<T, V>()` of a vector as straight-line code.
 #[inline(always)]
 pub fn lanes<T: Elem, V: Vector>(mut f: impl FnMut(usize)) {
     unroll::<8>(|i| {
-        if i < V::WORDS * T::PER_WORD {
+        if i < lanes_per::<T, V>() {
             f(i)
         }
     });

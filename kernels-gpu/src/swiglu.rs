@@ -37,7 +37,8 @@
 //! multiply-add per pointer per vector. The f32 math per element is the scalar kernels' (same
 //! functions, same order), so every path gives the same bits.
 use crate::{
-    Bf16, Elem, V8, V16, Vector, block_dim, block_idx, grid_dim, lanes, thread_idx, unroll,
+    Bf16, Elem, V8, V16, Vector, block_dim, block_idx, grid_dim, lanes, lanes_per, thread_idx,
+    unroll,
 };
 
 /// Elements per thread per tile (scalar kernels).
@@ -349,7 +350,7 @@ unsafe fn forward_vec<T: Elem, V: Vector, const K: usize, const ONE: bool>(
     gm: f32,
 ) {
     let (a, b, c) = (a as *const V, b as *const V, c as *mut V);
-    let lanes_per = V::WORDS * T::PER_WORD;
+    let lanes_per = lanes_per::<T, V>();
     let (sa, sb, sc) = (
         (a_stride / lanes_per) as u32,
         (b_stride / lanes_per) as u32,
@@ -416,7 +417,7 @@ unsafe fn backward_vec<T: Elem, V: Vector, const K: usize, const ONE: bool>(
 ) {
     let (dc, a, b) = (dc as *const V, a as *const V, b as *const V);
     let (da, db) = (da as *mut V, db as *mut V);
-    let lanes_per = V::WORDS * T::PER_WORD;
+    let lanes_per = lanes_per::<T, V>();
     let (sc, sa, sb) = (
         (dc_stride / lanes_per) as u32,
         (a_stride / lanes_per) as u32,
