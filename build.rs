@@ -1,7 +1,8 @@
 //! Compiles `kernels-gpu` to PTX with its pinned nightly and hands it to the library through
 //! `OUT_DIR`: `kernels.ptx` built for sm_80 and `kernels_sm90.ptx` built for sm_90, where the
 //! RMSNorm dW reduction waits for the backward with sm_90's `griddepcontrol` instructions, so
-//! the host can launch it as a programmatic dependent launch (see `crates/ptx-builder` and
+//! the host can launch it as a programmatic dependent launch, and the backward can merge its
+//! dW partial rows within thread-block clusters (see `crates/ptx-builder` and
 //! `src/module.rs`).
 //!
 //! The device crate is read through `packaging/kernels-gpu/`: symbolic links to the files of

@@ -1,6 +1,7 @@
 //! Argument checks shared by every op's launcher.
 use crate::error::{Error, Result, invalid};
-use cudarc::driver::{CudaFunction, CudaStream, DeviceSlice, LaunchConfig, sys};
+use crate::module::cluster_attribute;
+use cudarc::driver::{CudaFunction, CudaStream, DeviceSlice, LaunchConfig, result, sys};
 use std::ffi::c_void;
 
 /// Elements a `rows × cols` block with row stride `stride` spans: `(rows − 1)·stride + cols`.
@@ -121,28 +122,63 @@ pub(crate) fn disjoint(outputs: &[Region], inputs: &[Region]) -> Result<()> {
     Ok(())
 }
 
-/// Launches `func` on `stream` as a programmatic dependent launch (sm_90 and later): the
-/// driver processes its launch while the grid queued before it runs, and its blocks may start
-/// as that grid's blocks exit, before its completion is processed and its writes flushed. So
-/// `func` must run `griddepcontrol.wait` before it reads anything that grid writes (the sm_90
-/// build's `wait_for_prerequisite_grids`).
+/// How [`launch_ex`] launches a kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Launch {
+    /// An ordinary launch (`cuLaunchKernel`).
+    Plain,
+    /// A programmatic dependent launch (sm_90 and later): the driver processes the launch while
+    /// the grid queued before it runs, and its blocks may start as that grid's blocks exit,
+    /// before its completion is processed and its writes flushed. So the kernel must run
+    /// `griddepcontrol.wait` before it reads anything that grid writes (the sm_90 build's
+    /// `wait_for_prerequisite_grids`).
+    Dependent,
+    /// Thread-block clusters of this many consecutive blocks along x (sm_90 and later), which
+    /// run at once on one GPC and can read each other's shared memory; the grid's x dimension
+    /// must be a multiple of it.
+    Cluster(u32),
+}
+
+/// Launches `func` on `stream`: `cuLaunchKernel`, or `cuLaunchKernelEx` with the one launch
+/// attribute that `how` names.
 ///
 /// # Safety
 /// As cudarc's `LaunchArgs::launch`: `args` point to one value per kernel parameter, of its
 /// type, and every buffer the kernel touches is valid for the launch; the stream orders the
 /// buffers (plain device pointers carry no events of their own).
-pub(crate) unsafe fn launch_dependent(
+pub(crate) unsafe fn launch_ex(
     stream: &CudaStream,
     func: &CudaFunction,
     cfg: LaunchConfig,
     args: &mut [*mut c_void],
+    how: Launch,
 ) -> Result<()> {
     stream.context().bind_to_thread()?;
-    // SAFETY: a zeroed attribute is valid (the union's pad covers every member); the id and
-    // its member are set next.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
+    let mut attr = match how {
+        Launch::Plain => {
+            // SAFETY: the caller vouches for `args`.
+            return Ok(unsafe {
+                result::launch_kernel(
+                    func.cu_function(),
+                    cfg.grid_dim,
+                    cfg.block_dim,
+                    cfg.shared_mem_bytes,
+                    stream.cu_stream(),
+                    args,
+                )
+            }?);
+        }
+        Launch::Dependent => {
+            // SAFETY: a zeroed attribute is valid (the union's pad covers every member); the
+            // id and its member are set next.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            attr
+        }
+        Launch::Cluster(blocks) => cluster_attribute(blocks),
+    };
     let config = sys::CUlaunchConfig {
         gridDimX: cfg.grid_dim.0,
         gridDimY: cfg.grid_dim.1,
@@ -166,6 +202,11 @@ pub(crate) unsafe fn launch_dependent(
     }
     .result()?;
     Ok(())
+}
+
+/// A kernel argument as `cuLaunchKernelEx` takes it: a pointer to the value.
+pub(crate) fn arg<T>(value: &T) -> *mut c_void {
+    value as *const T as *mut c_void
 }
 
 #[cfg(test)]

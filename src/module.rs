@@ -13,19 +13,25 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// ```
 pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
 
-/// The same kernels built for sm_90. The code is [`PTX`]'s but for two instructions: the
-/// RMSNorm dW reduction starts with `griddepcontrol.wait`, as the host launches it as a
+/// The same kernels built for sm_90. The code is [`PTX`]'s but for the RMSNorm backward's dW
+/// hand-off: the dW reduction starts with `griddepcontrol.wait`, as the host launches it as a
 /// programmatic dependent launch after the backward (its launch is processed while the
 /// backward runs, and its blocks start as the backward's last blocks exit, then wait there for
-/// the backward's partial rows: ~1.5 µs less per backward on an H200, PERFORMANCE.md), and the
-/// f32 backward kernels that keep dW in registers (`rms_norm_bwd_v2_f32_*`) start with
+/// the backward's partial rows: ~1.5 µs less per backward on an H200, PERFORMANCE.md); the f32
+/// backward kernels that keep dW in registers (`rms_norm_bwd_v2_f32_*`) start with
 /// `griddepcontrol.launch_dependents`, which lets that launch happen at once (~2.5 µs less at
-/// 16384×2048). Loaded on devices of compute capability ≥ 9.0 with a driver of CUDA ≥ 12.3,
-/// unless the environment variable [`BASELINE_PTX_ENV`] is set.
+/// 16384×2048); and the backward kernels that keep dW in shared memory
+/// (`rms_norm_bwd_vs{1,2}_*`), launched in thread-block clusters of two, merge their blocks'
+/// rows into one partial row per cluster through distributed shared memory (`barrier.cluster`,
+/// `mapa`, `ld.shared::cluster`; half the partial rows: ~1.3 µs less at bf16 16384×2048).
+/// Loaded on devices of compute capability ≥ 9.0 with a driver of CUDA ≥ 12.3, unless the
+/// environment variable [`BASELINE_PTX_ENV`] is set.
 ///
 /// ```
 /// assert!(liger_rs::PTX_SM90.contains("griddepcontrol.wait"));
+/// assert!(liger_rs::PTX_SM90.contains("barrier.cluster.wait"));
 /// assert!(!liger_rs::PTX.contains("griddepcontrol"));
+/// assert!(!liger_rs::PTX.contains("cluster"));
 /// ```
 pub const PTX_SM90: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels_sm90.ptx"));
 
@@ -43,10 +49,13 @@ pub(crate) struct Kernels {
     functions: Mutex<HashMap<String, CudaFunction>>,
     /// Resident blocks per SM, keyed by (function handle, threads, dynamic shared bytes).
     occupancy: Mutex<HashMap<(usize, u32, u32), u32>>,
+    /// Resident clusters on the whole device, keyed by (function handle, threads, dynamic
+    /// shared bytes, blocks per cluster).
+    clusters: Mutex<HashMap<(usize, u32, u32, u32), usize>>,
     sm_count: u32,
     /// [`PTX_SM90`] is loaded: the RMSNorm dW reduction is launched as a programmatic
-    /// dependent launch (see there).
-    pub(crate) dependent_launch: bool,
+    /// dependent launch, and the shared-memory dW backward in clusters (see there).
+    pub(crate) sm90: bool,
 }
 
 impl Kernels {
@@ -81,6 +90,58 @@ impl Kernels {
         lock(&self.occupancy).insert(key, n);
         Ok(self.sm_count as usize * n as usize)
     }
+
+    /// Clusters of `blocks` blocks of `func` (`threads` threads, `smem` bytes of dynamic shared
+    /// memory each) that fit on the whole device at once (`cuOccupancyMaxActiveClusters`; a
+    /// cluster's blocks share one GPC, so this can be below the resident blocks / `blocks`).
+    /// Asked of the driver once per shape, in `ctx` (this module's context); only with
+    /// [`PTX_SM90`] loaded.
+    pub(crate) fn resident_clusters(
+        &self,
+        ctx: &CudaContext,
+        func: &CudaFunction,
+        threads: u32,
+        smem: u32,
+        blocks: u32,
+    ) -> Result<usize> {
+        let key = (func.cu_function() as usize, threads, smem, blocks);
+        if let Some(&n) = lock(&self.clusters).get(&key) {
+            return Ok(n);
+        }
+        let mut attr = cluster_attribute(blocks);
+        let config = sys::CUlaunchConfig {
+            gridDimX: blocks,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: threads,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: std::ptr::null_mut(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        let mut n = 0;
+        ctx.bind_to_thread()?;
+        // SAFETY: writes one int; `config` and `attr` outlive the call.
+        unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, func.cu_function(), &config) }
+            .result()?;
+        let n = n.max(0) as usize;
+        lock(&self.clusters).insert(key, n);
+        Ok(n)
+    }
+}
+
+/// The launch attribute for clusters of `blocks` blocks along x.
+pub(crate) fn cluster_attribute(blocks: u32) -> sys::CUlaunchAttribute {
+    // SAFETY: a zeroed attribute is valid (the union's pad covers every member); the id and
+    // its member are set next.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = blocks;
+    attr.value.clusterDim.y = 1;
+    attr.value.clusterDim.z = 1;
+    attr
 }
 
 /// Contexts seen so far (keyed by `CUcontext`; the module keeps its context alive, so a key
@@ -98,8 +159,8 @@ pub(crate) fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
     if let Some((_, k)) = cache.iter().find(|(k, _)| *k == key) {
         return Ok(k.clone());
     }
-    let dependent_launch = sm90_build(ctx)?;
-    let ptx = if dependent_launch { PTX_SM90 } else { PTX };
+    let sm90 = sm90_build(ctx)?;
+    let ptx = if sm90 { PTX_SM90 } else { PTX };
     let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx))?;
     let sm_count =
         ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
@@ -107,8 +168,9 @@ pub(crate) fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
         module,
         functions: Mutex::new(HashMap::new()),
         occupancy: Mutex::new(HashMap::new()),
+        clusters: Mutex::new(HashMap::new()),
         sm_count: sm_count.max(1) as u32,
-        dependent_launch,
+        sm90,
     });
     cache.push((key, kernels.clone()));
     Ok(kernels)
@@ -186,11 +248,12 @@ mod tests {
     }
 
     #[test]
-    fn the_sm90_build_differs_only_in_the_dependent_launch_controls() {
+    fn the_sm90_build_differs_only_in_the_dw_hand_off() {
         let (base, sm90) = (entries(PTX), entries(PTX_SM90));
         let names = |e: &[(&'static str, &str)]| e.iter().map(|(n, _)| *n).collect::<Vec<_>>();
         assert_eq!(names(&base), names(&sm90));
-        assert!(!PTX.contains("griddepcontrol"));
+        assert!(!PTX.contains("griddepcontrol") && !PTX.contains("cluster"));
+        let mut clustered = 0;
         for (name, body) in sm90 {
             let waits = usize::from(name.starts_with("rms_norm_dw_reduce_"));
             let triggers = usize::from(name.starts_with("rms_norm_bwd_v2_f32_"));
@@ -209,6 +272,18 @@ mod tests {
                 triggers,
                 "{name}"
             );
+            // The cluster merge: two cluster barriers and the remote loads, in the
+            // shared-memory dW backward kernels only.
+            let merges = name.starts_with("rms_norm_bwd_vs");
+            clustered += usize::from(merges);
+            assert_eq!(
+                body.matches("barrier.cluster.arrive.aligned;").count(),
+                2 * usize::from(merges),
+                "{name}"
+            );
+            assert_eq!(body.contains("ld.shared::cluster.v4.b32"), merges, "{name}");
         }
+        // bf16, f16 `_vs1` / `_vs2` in four modes; f32 `_vs1` in three (no `llama_offset`).
+        assert_eq!(clustered, 19);
     }
 }

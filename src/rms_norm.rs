@@ -4,7 +4,7 @@ use crate::CastingMode;
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
 use crate::launch::{
-    Region, at_least, disjoint, exactly, item_grid, launch_dependent, same_context, span,
+    Launch, Region, arg, at_least, disjoint, exactly, item_grid, launch_ex, same_context, span,
 };
 use crate::module::{Kernels, kernels};
 use crate::settings::{LaunchSettings, MAX_FUSED_SIZE, calculate_settings};
@@ -329,39 +329,74 @@ fn vector_mode<T: Dtype>(args: &RmsNormArgs) -> &'static str {
     }
 }
 
-/// The backward kernel for `plan` and its dynamic shared memory. With a weight, a vector plan
-/// has two kernels (one where [`has_shared_dw`] says so): `_v{K}` keeps each block's dW
-/// partial row in registers, `_vs{K}` in shared memory (`cols` f32 more per block, within the
-/// 48 KiB a block gets without opting in; the register kernels' thread limit keeps vector rows
-/// below that anyway). Shared memory runs when it fits more blocks per SM and every block gets
-/// at least [`SMEM_DW_MIN_ROWS`] rows (its per-block set-up and per-element round trip pay off
-/// only over many rows).
+/// A backward kernel, its dynamic shared memory, and whether it keeps dW in shared memory
+/// (`_vs{K}`).
+struct BackwardKernel {
+    func: CudaFunction,
+    smem: u32,
+    shared_dw: bool,
+}
+
+/// The backward kernel for `plan`. With a weight, a vector plan has two kernels (one where
+/// [`has_shared_dw`] says so): `_v{K}` keeps each block's dW partial row in registers,
+/// `_vs{K}` in shared memory (`cols` f32 more per block, within the 48 KiB a block gets
+/// without opting in; the register kernels' thread limit keeps vector rows below that anyway).
+/// Shared memory runs when it fits more blocks per SM and every block gets at least
+/// [`SMEM_DW_MIN_ROWS`] rows (its per-block set-up and per-element round trip pay off only over
+/// many rows).
 fn backward_kernel<T: Dtype>(
     kernels: &Kernels,
     plan: Plan,
     args: &RmsNormArgs,
     weighted: bool,
-) -> Result<(CudaFunction, u32)> {
+) -> Result<BackwardKernel> {
     let func = kernels.function(&plan.kernel::<T>("bwd", args))?;
+    let in_registers = |func| BackwardKernel {
+        func,
+        smem: REDUCE_SMEM_BYTES,
+        shared_dw: false,
+    };
     let Plan::Vector {
         per_thread,
         threads,
     } = plan
     else {
-        return Ok((func, REDUCE_SMEM_BYTES));
+        return Ok(in_registers(func));
     };
     let smem = REDUCE_SMEM_BYTES as usize + args.cols * 4;
     if !weighted || !has_shared_dw::<T>(per_thread) || smem > DEFAULT_SMEM_LIMIT as usize {
-        return Ok((func, REDUCE_SMEM_BYTES));
+        return Ok(in_registers(func));
     }
     let smem = smem as u32;
     let shared = kernels.function(&vector_kernel_for::<T>("bwd", "s", per_thread, args))?;
-    let in_registers = kernels.resident_blocks(&func, threads, REDUCE_SMEM_BYTES)?;
-    let in_shared = kernels.resident_blocks(&shared, threads, smem)?;
-    if shared_dw(args.rows, in_registers, in_shared) {
-        Ok((shared, smem))
+    let resident_registers = kernels.resident_blocks(&func, threads, REDUCE_SMEM_BYTES)?;
+    let resident_shared = kernels.resident_blocks(&shared, threads, smem)?;
+    if shared_dw(args.rows, resident_registers, resident_shared) {
+        Ok(BackwardKernel {
+            func: shared,
+            smem,
+            shared_dw: true,
+        })
     } else {
-        Ok((func, REDUCE_SMEM_BYTES))
+        Ok(in_registers(func))
+    }
+}
+
+/// Blocks per thread-block cluster of the shared-memory dW backward in the sm_90 build: the
+/// blocks of a cluster merge their dW rows into one partial row (`write_cluster_partial` in
+/// kernels-gpu), halving the rows written as the grid ends and read by the reduction. In a CUDA
+/// C stand-in on an H200 (PERFORMANCE.md, thirteenth session): bf16 16384×2048 −1.3 µs with 2,
+/// −0.8 µs with 4 or 8 (only 124 clusters of 8 fit at once, 992 of 1056 blocks), 16 slower;
+/// 16384×4096 level with 2, 1.7 µs slower with 4 or 8 (fewer resident clusters than blocks).
+const DW_CLUSTER: usize = 2;
+
+/// The backward's grid and blocks per cluster when its dW rows are merged in clusters of
+/// [`DW_CLUSTER`] and `fit` clusters can be resident at once: the grid rounded down to whole
+/// clusters, at most `fit` of them; `(grid, 1)` (no clusters) where not one cluster would run.
+fn cluster_grid(grid: usize, fit: usize) -> (usize, usize) {
+    match (grid / DW_CLUSTER).min(fit) {
+        0 => (grid, 1),
+        clusters => (clusters * DW_CLUSTER, DW_CLUSTER),
     }
 }
 
@@ -720,17 +755,30 @@ fn backward<T: Dtype>(
         |k| capacity(&kernels, &vector_kernel_for::<T>("bwd", "", k, args)),
     )?;
     let threads = plan.threads();
-    let (func, smem) = backward_kernel::<T>(&kernels, plan, args, dw_ptr != 0)?;
-    let resident = kernels.resident_blocks(&func, threads, smem)?;
+    let bwd = backward_kernel::<T>(&kernels, plan, args, dw_ptr != 0)?;
+    let resident = kernels.resident_blocks(&bwd.func, threads, bwd.smem)?;
     let mut grid = args.rows.min(resident).min(i32::MAX as usize);
     if dw_ptr != 0 {
         grid = grid.min((DW_PARTIAL_MAX / args.cols).max(1));
     }
+    let mut cluster = 1;
+    if bwd.shared_dw && kernels.sm90 {
+        let fit = kernels.resident_clusters(
+            stream.context(),
+            &bwd.func,
+            threads,
+            bwd.smem,
+            DW_CLUSTER as u32,
+        )?;
+        (grid, cluster) = cluster_grid(grid, fit);
+    }
+    let parts = grid / cluster;
     let mut partial = match dw_ptr {
         0 => None,
         // SAFETY: every element is written by its block (the scalar kernel at its first row,
-        // the vector kernel at its end) before the reduction reads it.
-        _ => Some(unsafe { stream.alloc::<f32>(grid * args.cols) }?),
+        // the vector kernel at its end) or its cluster (`write_cluster_partial`) before the
+        // reduction reads it.
+        _ => Some(unsafe { stream.alloc::<f32>(parts * args.cols) }?),
     };
     let (p_ptr, _p) = match partial.as_mut() {
         Some(p) => {
@@ -742,47 +790,48 @@ fn backward<T: Dtype>(
     let (x_stride, y_stride) = (args.x_stride as u64, args.y_stride as u64);
     let (rows, cols) = (args.rows as u64, args.cols as u64);
     let dy_ptr = dy_ptr.unwrap_or(dx_ptr);
-    let mut launch = stream.launch_builder(&func);
-    launch
-        .arg(&dy_ptr)
-        .arg(&y_stride)
-        .arg(&x_ptr)
-        .arg(&x_stride)
-        .arg(&w_ptr)
-        .arg(&r_ptr)
-        .arg(&dx_ptr)
-        .arg(&y_stride)
-        .arg(&p_ptr)
-        .arg(&rows)
-        .arg(&cols)
-        .arg(&args.offset);
+    let mut params = [
+        arg(&dy_ptr),
+        arg(&y_stride),
+        arg(&x_ptr),
+        arg(&x_stride),
+        arg(&w_ptr),
+        arg(&r_ptr),
+        arg(&dx_ptr),
+        arg(&y_stride),
+        arg(&p_ptr),
+        arg(&rows),
+        arg(&cols),
+        arg(&args.offset),
+    ];
     let cfg = LaunchConfig {
         grid_dim: (grid as u32, 1, 1),
         block_dim: (threads, 1, 1),
-        shared_mem_bytes: smem,
+        shared_mem_bytes: bwd.smem,
+    };
+    let how = match cluster {
+        1 => Launch::Plain,
+        c => Launch::Cluster(c as u32),
     };
     // SAFETY: argument order and types match `rms_norm_kernels!`; buffers were checked above,
-    // the partial buffer holds `grid × cols` f32.
-    unsafe { launch.launch(cfg) }?;
+    // the partial buffer holds `parts × cols` f32 (one row per block, or per cluster).
+    unsafe { launch_ex(stream, &bwd.func, cfg, &mut params, how) }?;
     if dw_ptr != 0 {
         let reduce = kernels.function(&format!("rms_norm_dw_reduce_{}", T::NAME))?;
-        let parts = grid as u64;
+        let parts = parts as u64;
         let cfg = LaunchConfig {
             grid_dim: (args.cols.div_ceil(DW_REDUCE_COLS as usize) as u32, 1, 1),
             block_dim: (DW_REDUCE_COLS, DW_REDUCE_PART_LANES, 1),
             shared_mem_bytes: DW_REDUCE_COLS * DW_REDUCE_PART_LANES * 4,
         };
-        if kernels.dependent_launch {
-            let mut params = [&p_ptr, &parts, &cols, &dw_ptr].map(|v| v as *const u64 as *mut _);
-            // SAFETY: matches `dw_reduce_kernel!`, whose sm_90 build waits for the backward
-            // before reading `partial`; `partial` holds `parts × cols`, `dw` `cols`.
-            unsafe { launch_dependent(stream, &reduce, cfg, &mut params) }?;
-        } else {
-            let mut launch = stream.launch_builder(&reduce);
-            launch.arg(&p_ptr).arg(&parts).arg(&cols).arg(&dw_ptr);
-            // SAFETY: matches `dw_reduce_kernel!`; `partial` holds `parts × cols`, `dw` `cols`.
-            unsafe { launch.launch(cfg) }?;
-        }
+        let mut params = [arg(&p_ptr), arg(&parts), arg(&cols), arg(&dw_ptr)];
+        let how = match kernels.sm90 {
+            true => Launch::Dependent,
+            false => Launch::Plain,
+        };
+        // SAFETY: matches `dw_reduce_kernel!`, whose sm_90 build waits for the backward before
+        // reading `partial`; `partial` holds `parts × cols`, `dw` `cols`.
+        unsafe { launch_ex(stream, &reduce, cfg, &mut params, how) }?;
     }
     Ok(())
 }
@@ -917,6 +966,19 @@ mod tests {
         assert_eq!(whole_twin(4, 256, false), "r");
         assert!(!packs_weight::<bf16>("gemma") && !packs_weight::<f16>("llama_offset"));
         assert!(packs_weight::<bf16>("llama") && packs_weight::<f32>("gemma"));
+    }
+
+    #[test]
+    fn cluster_grids_hold_whole_clusters_that_fit_at_once() {
+        assert_eq!(DW_CLUSTER, 2);
+        // H200, bf16 16384×2048: 1188 resident blocks, 594 clusters of two fit.
+        assert_eq!(cluster_grid(1188, 594), (1188, 2));
+        // An odd grid loses its last block; a GPC-bound fit caps the grid.
+        assert_eq!(cluster_grid(1187, 594), (1186, 2));
+        assert_eq!(cluster_grid(1188, 500), (1000, 2));
+        // No whole cluster: the plain grid.
+        assert_eq!(cluster_grid(1, 594), (1, 1));
+        assert_eq!(cluster_grid(1188, 0), (1188, 1));
     }
 
     #[test]

@@ -526,7 +526,7 @@ fn gpu_forward_rows_walk_grid_stride_or_take_a_block_each() {
     // 4000 × 2048 f32 (`_vr2`, 256 threads; four waves of `_v2` are 2640 rows), and with the
     // weight loaded late 2200 × 8192 f16 and 2000 × 4096 f32 (`_vl4`, 256 threads; f16 gemma
     // and llama with an offset, whose weight product is not packed, run `_vr4`); the
-    // shared-memory dW test's 8600 × 4096 16-bit rows run `_vr4` too. Between one and four
+    // shared-memory dW test's 9600 × 4096 16-bit rows run `_vr4` too. Between one and four
     // waves the `_v{K}` kernels walk rows grid-stride, prefetching each block's next row: on
     // an H200 2000 × 2048 bf16 (`_v2`, 1188 blocks), 1500 × 2048 f32 (`_v2` at 256 threads,
     // 660 blocks), 1500 × 4096 bf16 (`_v4`, 660 blocks) and 1000 × 4096 f32 (`_v4`, 396
@@ -561,11 +561,12 @@ fn gpu_forward_rows_walk_grid_stride_or_take_a_block_each() {
 
 #[test]
 fn gpu_many_rows_take_the_shared_memory_dw_kernels() {
-    // 8600 × 4096 and 8600 × 2048 16-bit rows with a weight: the shared-memory dW kernels fit
+    // 9600 × 4096 and 9600 × 2048 16-bit rows with a weight: the shared-memory dW kernels fit
     // more blocks per SM and every block gets ≥ 8 rows, so the host runs `rms_norm_bwd_vs2_*`
-    // (on an H200, 4096 columns: 256 threads, 4 blocks per SM, 528 blocks, 16–17 rows each;
-    // 2048 columns: 128 threads, 8 blocks per SM, 1056 blocks, 8–9 rows each; `llama_offset`
-    // 3 and 7 per SM); the sweep's shapes keep dW in registers.
+    // (on an H200 with the sm_90 build, 4096 columns: 256 threads, 4 blocks per SM, 528
+    // blocks, 18–19 rows each; 2048 columns: 128 threads, 9 blocks per SM, 1188 blocks, 8–9
+    // rows each; both in clusters of two that merge their dW rows); the sweep's shapes keep dW
+    // in registers.
     let Some(stream) = gpu("gpu_many_rows_take_the_shared_memory_dw_kernels") else {
         return;
     };
@@ -573,7 +574,7 @@ fn gpu_many_rows_take_the_shared_memory_dw_kernels() {
     for (i, (mode, offset)) in MODE_OFFSETS.into_iter().enumerate() {
         for cols in [4096, 2048] {
             let case = Case {
-                rows: 8600,
+                rows: 9600,
                 cols,
                 mode,
                 weighted: true,

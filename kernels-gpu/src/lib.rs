@@ -433,6 +433,95 @@ pub fn allow_dependent_grids() {
     }
 }
 
+/// Blocks in this block's thread-block cluster: 1 unless the host launched the grid in
+/// clusters (sm_90 and later); always 1 in the sm_80 build, which has no clusters.
+#[inline(always)]
+pub fn cluster_blocks() -> usize {
+    #[cfg(target_feature = "sm_90")]
+    {
+        let n: u32;
+        // SAFETY: reads a special register.
+        unsafe {
+            asm!("mov.u32 {n}, %cluster_nctarank;", n = out(reg32) n,
+                 options(pure, nomem, nostack))
+        };
+        n as usize
+    }
+    #[cfg(not(target_feature = "sm_90"))]
+    1
+}
+
+/// This block's rank in its cluster (`0..cluster_blocks()`); 0 without a cluster.
+#[inline(always)]
+pub fn cluster_rank() -> usize {
+    #[cfg(target_feature = "sm_90")]
+    {
+        let r: u32;
+        // SAFETY: reads a special register.
+        unsafe {
+            asm!("mov.u32 {r}, %cluster_ctarank;", r = out(reg32) r,
+                 options(pure, nomem, nostack))
+        };
+        r as usize
+    }
+    #[cfg(not(target_feature = "sm_90"))]
+    0
+}
+
+/// Barrier over every thread of every block in the cluster, with release / acquire semantics
+/// at cluster scope (the defaults of `barrier.cluster.arrive` / `.wait`; PTX 7.8 cannot spell
+/// them out): shared-memory writes before it are visible to the cluster's blocks after
+/// it ([`load_from_cluster_block`]), and a block that passes it knows that every block of the
+/// cluster has arrived. Every thread of the block must call it (`.aligned`). A no-op in the
+/// sm_80 build.
+#[inline(always)]
+pub fn cluster_sync() {
+    #[cfg(target_feature = "sm_90")]
+    // SAFETY: a barrier; the asm's implied memory clobber keeps shared-memory accesses on
+    // their side of it.
+    unsafe {
+        asm!(
+            "barrier.cluster.arrive.aligned;",
+            "barrier.cluster.wait.aligned;",
+            options(nostack)
+        )
+    }
+}
+
+/// The 16 bytes at `p`, an address in this block's shared memory, read from the same address
+/// in the shared memory of block `rank` of the cluster (`mapa` then `ld.shared::cluster`).
+///
+/// # Safety
+/// `p` must point into this block's dynamic shared memory, 16-byte aligned; `rank` must be
+/// below [`cluster_blocks`]; that block must still be running, and the bytes written before a
+/// [`cluster_sync`] that both blocks have passed. Only in the sm_90 build.
+#[cfg(target_feature = "sm_90")]
+#[inline(always)]
+pub unsafe fn load_from_cluster_block(p: *const V16, rank: usize) -> V16 {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: the caller vouches for the address, the rank and the ordering.
+    unsafe {
+        asm!(
+            "{{",
+            ".reg .u64 %shared64;",
+            ".reg .u32 %shared, %remote;",
+            "cvta.to.shared.u64 %shared64, {p};",
+            "cvt.u32.u64 %shared, %shared64;",
+            "mapa.shared::cluster.u32 %remote, %shared, {rank};",
+            "ld.shared::cluster.v4.b32 {{{a}, {b}, {c}, {d}}}, [%remote];",
+            "}}",
+            p = in(reg64) p,
+            rank = in(reg32) rank as u32,
+            a = out(reg32) a,
+            b = out(reg32) b,
+            c = out(reg32) c,
+            d = out(reg32) d,
+            options(nostack, readonly)
+        )
+    };
+    V16 { a, b, c, d }
+}
+
 /// Sum over the 32 lanes of a (full) warp by butterfly exchange; every lane gets the same bits
 /// (a + b = b + a).
 #[inline(always)]

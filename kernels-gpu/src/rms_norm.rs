@@ -8,7 +8,8 @@
 //! reduction first waits in `griddepcontrol.wait` (see `wait_for_prerequisite_grids`): the host
 //! launches it as a programmatic dependent launch, so its blocks may start before the
 //! backward's completion is processed. The f32 `_v2` backward also lets it launch at once
-//! (`allow_dependent_grids`, see `backward_vec`).
+//! (`allow_dependent_grids`, see `backward_vec`), and the `_vs{K}` backward, launched in
+//! thread-block clusters, writes one partial row per cluster (`write_cluster_partial`).
 //!
 //! `dx = r·m − r³/n·(Σ m·x)·x` is evaluated as `r·(m − mean(m·h)·h)` with `h = x·r`: every
 //! factor stays near 1 whatever the row's scale (`r³` underflows f32 once the row's RMS
@@ -34,6 +35,8 @@ use crate::{
     block_sum, block_sum2, fma, grid_dim, lanes, mode, sqrt, sync_threads, thread_idx,
     thread_idx_y, unroll, wait_for_prerequisite_grids,
 };
+#[cfg(target_feature = "sm_90")]
+use crate::{cluster_blocks, cluster_rank, cluster_sync, load_from_cluster_block};
 
 /// Scale of the second sum of squares, for rows whose f32 sum overflows: with `Σx² ≥ 2¹²⁸`
 /// the scaled sum `Σ(x·2⁻⁸⁰)²` is ≥ 2⁻³² (normal f32, full precision) and, for any finite `x`
@@ -531,6 +534,11 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
         row += grid_dim();
     }
     if has_w {
+        #[cfg(target_feature = "sm_90")]
+        if SMEM_DW && cluster_blocks() > 1 {
+            unsafe { write_cluster_partial(dw_s, dw_partial, cols) };
+            return;
+        }
         let part = unsafe { dw_partial.add(block_idx() * cols) };
         unroll::<K>(|k| {
             let j = tid + k * nt;
@@ -557,6 +565,40 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
             }
         });
     }
+}
+
+/// The dW partial row of this block's cluster (row `block_idx() / cluster_blocks()` of
+/// `dw_partial`) from its blocks' rows in shared memory (`dw_s`, `cols` f32 each): block `r`
+/// of the cluster sums column slice `r` over the blocks in rank order, so the row's bits depend
+/// only on the grid and the cluster size. Half the partial rows with clusters of two: they are
+/// written in one burst as the persistent grid ends, and the reduction reads every one (bf16
+/// 16384×2048: −1.3 µs per backward in a CUDA C stand-in, PERFORMANCE.md, thirteenth session).
+/// Every thread of the block calls it.
+#[cfg(target_feature = "sm_90")]
+#[inline(always)]
+unsafe fn write_cluster_partial(dw_s: *const f32, dw_partial: *mut f32, cols: usize) {
+    let (blocks, rank) = (cluster_blocks(), cluster_rank());
+    let (tid, nt) = (thread_idx(), block_dim());
+    // Every block's row is complete here, and stays readable until the second barrier.
+    cluster_sync();
+    let vecs = cols / f32::LANES;
+    let per = vecs.div_ceil(blocks);
+    let end = ((rank + 1) * per).min(vecs);
+    let part = unsafe { dw_partial.add(block_idx() / blocks * cols) } as *mut V16;
+    let mut v = rank * per + tid;
+    while v < end {
+        let own = unsafe { dw_s.add(v * f32::LANES) } as *const V16;
+        let mut sum = [0.0f32; 8];
+        let mut q = 0;
+        while q < blocks {
+            let w = unsafe { load_from_cluster_block(own, q) };
+            lanes::<f32, V16>(|i| sum[i] += f32::lane(&w, i));
+            q += 1;
+        }
+        unsafe { f32::pack::<V16>(&sum).store(part.add(v)) };
+        v += nt;
+    }
+    cluster_sync();
 }
 
 /// Loads of partial rows each thread of the dW reduction has in flight.
