@@ -22,8 +22,7 @@
 #include <cuda_runtime.h>
 #include <vector>
 
-#include "bf16x8.cuh"
-#include "timing.cuh"
+#include "rms_standin.cuh"
 
 // Thread `t` of `n` owns vectors t, t + n, … of the row. Loads dy, x, w; forms m = D(dy·w), the
 // dot Σ m·x·r (returned) and adds dy·D(x·r) into its dW slots.
@@ -158,29 +157,6 @@ __global__ void __launch_bounds__(256) bwd_group(const uint4* dy, const uint4* x
   }
 }
 
-// The shipped reduction's shape: 32 columns × 32 part-lanes, 8 loads in flight per thread.
-__global__ void __launch_bounds__(1024) dw_reduce(const float* part, int parts, int cols,
-                                                  __nv_bfloat16* dw) {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  __shared__ float sm[1024];
-  const int x = threadIdx.x, y = threadIdx.y, c = blockIdx.x * 32 + x;
-  float acc = 0.f;
-  for (int p = y; p < parts; p += 8 * 32) {
-    float v[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) v[i] = p + i * 32 < parts ? part[(size_t)(p + i * 32) * cols + c] : 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; i++) acc += v[i];
-  }
-  sm[y * 32 + x] = acc;
-  __syncthreads();
-  if (y == 0) {
-    float s = 0.f;
-    for (int i = 0; i < 32; i++) s += sm[i * 32 + x];
-    dw[c] = __float2bfloat16_rn(s);
-  }
-}
-
 using Kernel = void (*)(const uint4*, const uint4*, const uint4*, const float*, uint4*, float*,
                         int, int);
 
@@ -200,15 +176,7 @@ struct Run {
 static void launch(const Bufs& b, const Run& r, int rows, int vecs, bool with_reduce) {
   r.k<<<r.grid, 256, r.smem>>>(b.dy, b.x, b.w, b.rstd, b.dy, b.part, rows, vecs);
   if (!with_reduce) return;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(vecs * 8 / 32);
-  cfg.blockDim = dim3(32, 32);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  CHECK(cudaLaunchKernelEx(&cfg, dw_reduce, (const float*)b.part, r.parts, vecs * 8, b.dw));
+  launch_dw_reduce(b.part, r.parts, vecs * 8, b.dw);
 }
 
 static Run plan(Kernel k, int rows_per_block, int rows, int cols, int groups, int sms) {
@@ -234,44 +202,14 @@ int main() {
   CHECK(cudaMalloc(&b.rstd, rows * 4));
   CHECK(cudaMalloc(&b.part, (size_t)sms * 8 * max_cols * 4));
   CHECK(cudaMalloc(&b.dw, max_cols * 2));
-  // Fresh random data per width: x, dy ~ U(-2, 2), w ~ U(0.5, 1.5), rstd from x.
-  std::vector<__nv_bfloat16> hx(max_n), hdy(max_n), hw(max_cols);
-  std::vector<float> hr(rows);
-  unsigned s = 12345;
-  auto uni = [&] { s = s * 1664525u + 1013904223u; return (s >> 8) * (1.0f / 16777216.0f); };
+  unsigned seed = 12345;
   std::printf("copy GB/s (1 GiB) and per variant: bwd + dW reduction µs, backward alone µs, "
               "GB/s on 3·rows·cols·2 bytes, grid\n");
-  {
-    const size_t big = size_t(1) << 30;
-    void *p, *q;
-    CHECK(cudaMalloc(&p, big));
-    CHECK(cudaMalloc(&q, big));
-    CHECK(cudaMemset(p, 1, big));
-    const double us = median_us([&] { CHECK(cudaMemcpyAsync(q, p, big, cudaMemcpyDeviceToDevice)); });
-    std::printf("copy %.0f GB/s\n", 2.0 * big / us / 1e3);
-    CHECK(cudaFree(p));
-    CHECK(cudaFree(q));
-  }
+  std::printf("copy %.0f GB/s\n", copy_gbps());
   for (int cols : {2048, 4096, 8192}) {
     const int vecs = cols / 8;
     const size_t n = (size_t)rows * cols;
-    for (size_t i = 0; i < n; i++) {
-      hx[i] = __float2bfloat16(4.f * uni() - 2.f);
-      hdy[i] = __float2bfloat16(4.f * uni() - 2.f);
-    }
-    for (int c = 0; c < cols; c++) hw[c] = __float2bfloat16(0.5f + uni());
-    for (int r = 0; r < rows; r++) {
-      double ss = 0;
-      for (int c = 0; c < cols; c++) {
-        double v = __bfloat162float(hx[(size_t)r * cols + c]);
-        ss += v * v;
-      }
-      hr[r] = (float)(1.0 / std::sqrt(ss / cols + 1e-6));
-    }
-    CHECK(cudaMemcpy(b.x, hx.data(), n * 2, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(b.dy0, hdy.data(), n * 2, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(b.w, hw.data(), cols * 2, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(b.rstd, hr.data(), rows * 4, cudaMemcpyHostToDevice));
+    upload_inputs(seed, rows, cols, b.x, b.dy0, b.w, b.rstd);
     struct V {
       const char* name;
       Run run;

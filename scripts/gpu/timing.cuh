@@ -39,3 +39,16 @@ static double median_us(F f) {
   std::sort(us.begin(), us.end());
   return us[50];
 }
+
+// GB/s of a 1 GiB device-to-device copy (read + write), timed as above.
+static double copy_gbps() {
+  const size_t big = size_t(1) << 30;
+  void *p, *q;
+  CHECK(cudaMalloc(&p, big));
+  CHECK(cudaMalloc(&q, big));
+  CHECK(cudaMemset(p, 1, big));
+  const double us = median_us([&] { CHECK(cudaMemcpyAsync(q, p, big, cudaMemcpyDeviceToDevice)); });
+  CHECK(cudaFree(p));
+  CHECK(cudaFree(q));
+  return 2.0 * big / us / 1e3;
+}
