@@ -9,7 +9,7 @@ use crate::launch::{
 use crate::module::{Kernels, kernels};
 use crate::settings::{LaunchSettings, MAX_FUSED_SIZE, calculate_settings};
 use cudarc::driver::{
-    CudaFunction, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig,
+    CudaContext, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig,
     PushKernelArg,
 };
 use std::sync::Arc;
@@ -329,10 +329,10 @@ fn vector_mode<T: Dtype>(args: &RmsNormArgs) -> &'static str {
     }
 }
 
-/// A backward kernel, its dynamic shared memory, and whether it keeps dW in shared memory
-/// (`_vs{K}`).
+/// A backward kernel's name, its dynamic shared memory, and whether it keeps dW in shared
+/// memory (`_vs{K}`).
 struct BackwardKernel {
-    func: CudaFunction,
+    name: String,
     smem: u32,
     shared_dw: bool,
 }
@@ -350,9 +350,9 @@ fn backward_kernel<T: Dtype>(
     args: &RmsNormArgs,
     weighted: bool,
 ) -> Result<BackwardKernel> {
-    let func = kernels.function(&plan.kernel::<T>("bwd", args))?;
-    let in_registers = |func| BackwardKernel {
-        func,
+    let name = plan.kernel::<T>("bwd", args);
+    let in_registers = |name| BackwardKernel {
+        name,
         smem: REDUCE_SMEM_BYTES,
         shared_dw: false,
     };
@@ -361,25 +361,71 @@ fn backward_kernel<T: Dtype>(
         threads,
     } = plan
     else {
-        return Ok(in_registers(func));
+        return Ok(in_registers(name));
     };
     let smem = REDUCE_SMEM_BYTES as usize + args.cols * 4;
     if !weighted || !has_shared_dw::<T>(per_thread) || smem > DEFAULT_SMEM_LIMIT as usize {
-        return Ok(in_registers(func));
+        return Ok(in_registers(name));
     }
     let smem = smem as u32;
-    let shared = kernels.function(&vector_kernel_for::<T>("bwd", "s", per_thread, args))?;
-    let resident_registers = kernels.resident_blocks(&func, threads, REDUCE_SMEM_BYTES)?;
-    let resident_shared = kernels.resident_blocks(&shared, threads, smem)?;
+    let shared = vector_kernel_for::<T>("bwd", "s", per_thread, args);
+    let resident_registers =
+        kernels.resident_blocks(&kernels.function(&name)?, threads, REDUCE_SMEM_BYTES)?;
+    let resident_shared = kernels.resident_blocks(&kernels.function(&shared)?, threads, smem)?;
     if shared_dw(args.rows, resident_registers, resident_shared) {
         Ok(BackwardKernel {
-            func: shared,
+            name: shared,
             smem,
             shared_dw: true,
         })
     } else {
-        Ok(in_registers(func))
+        Ok(in_registers(name))
     }
+}
+
+/// What one backward call launches: the kernel, its block and grid, its dynamic shared memory
+/// and blocks per cluster (1: no clusters); the dW reduction then sums `grid / cluster` partial
+/// rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct BackwardLaunch {
+    kernel: String,
+    threads: u32,
+    grid: usize,
+    smem: u32,
+    cluster: usize,
+}
+
+/// The backward launch for `plan` in `ctx`: [`backward_kernel`], a grid of the blocks that fit
+/// at once (at most one per row, and at most [`DW_PARTIAL_MAX`] partial-row elements with a
+/// weight), and with the sm_90 build the shared-memory dW kernels in clusters
+/// ([`cluster_grid`]).
+fn backward_launch<T: Dtype>(
+    ctx: &CudaContext,
+    kernels: &Kernels,
+    plan: Plan,
+    args: &RmsNormArgs,
+    weighted: bool,
+) -> Result<BackwardLaunch> {
+    let threads = plan.threads();
+    let bwd = backward_kernel::<T>(kernels, plan, args, weighted)?;
+    let func = kernels.function(&bwd.name)?;
+    let resident = kernels.resident_blocks(&func, threads, bwd.smem)?;
+    let mut grid = args.rows.min(resident).min(i32::MAX as usize);
+    if weighted {
+        grid = grid.min((DW_PARTIAL_MAX / args.cols).max(1));
+    }
+    let mut cluster = 1;
+    if bwd.shared_dw && kernels.sm90 {
+        let fit = kernels.resident_clusters(ctx, &func, threads, bwd.smem, DW_CLUSTER as u32)?;
+        (grid, cluster) = cluster_grid(grid, fit);
+    }
+    Ok(BackwardLaunch {
+        kernel: bwd.name,
+        threads,
+        grid,
+        smem: bwd.smem,
+        cluster,
+    })
 }
 
 /// Blocks per thread-block cluster of the shared-memory dW backward in the sm_90 build: the
@@ -414,7 +460,7 @@ fn shared_dw(rows: usize, in_registers: usize, in_shared: usize) -> bool {
     in_shared > in_registers && rows >= SMEM_DW_MIN_ROWS * in_shared
 }
 
-/// The forward kernel for `plan` and its grid. Grid-stride row loops run as many blocks as can
+/// The forward kernel's name for `plan` and its grid. Grid-stride row loops run as many blocks as can
 /// be resident at once (SMs × blocks per SM at the plan's threads), at most one per row; the
 /// vector kernels prefetch a block's next row while finishing the current one. With many
 /// waves of rows ([`whole_grid`]) a vector plan of two or more vectors per thread runs its
@@ -424,8 +470,9 @@ fn forward_kernel<T: Dtype>(
     kernels: &Kernels,
     plan: Plan,
     args: &RmsNormArgs,
-) -> Result<(CudaFunction, u32)> {
-    let func = kernels.function(&plan.kernel::<T>("fwd", args))?;
+) -> Result<(String, u32)> {
+    let name = plan.kernel::<T>("fwd", args);
+    let func = kernels.function(&name)?;
     let resident = kernels.resident_blocks(&func, plan.threads(), REDUCE_SMEM_BYTES)?;
     let twin = match plan {
         Plan::Vector {
@@ -444,11 +491,10 @@ fn forward_kernel<T: Dtype>(
         _ => None,
     };
     let (whole, grid) = item_grid(args.rows, resident, twin.is_some());
-    let func = match twin {
-        Some(name) if whole => kernels.function(&name)?,
-        _ => func,
-    };
-    Ok((func, grid))
+    match twin {
+        Some(twin) if whole => Ok((twin, grid)),
+        _ => Ok((name, grid)),
+    }
 }
 
 /// Blocks of at least this many threads (rows of four vectors per thread) load a packed weight
@@ -558,7 +604,8 @@ pub fn rms_norm_forward<T: Dtype>(
         fwd_rule::<T>(),
         |k| capacity(&kernels, &vector_kernel_for::<T>("fwd", "", k, args)),
     )?;
-    let (func, grid) = forward_kernel::<T>(&kernels, plan, args)?;
+    let (name, grid) = forward_kernel::<T>(&kernels, plan, args)?;
+    let func = kernels.function(&name)?;
     disjoint(
         &[
             Region::new::<T>("y", y_ptr, y_span),
@@ -754,24 +801,8 @@ fn backward<T: Dtype>(
         &BWD_RULE,
         |k| capacity(&kernels, &vector_kernel_for::<T>("bwd", "", k, args)),
     )?;
-    let threads = plan.threads();
-    let bwd = backward_kernel::<T>(&kernels, plan, args, dw_ptr != 0)?;
-    let resident = kernels.resident_blocks(&bwd.func, threads, bwd.smem)?;
-    let mut grid = args.rows.min(resident).min(i32::MAX as usize);
-    if dw_ptr != 0 {
-        grid = grid.min((DW_PARTIAL_MAX / args.cols).max(1));
-    }
-    let mut cluster = 1;
-    if bwd.shared_dw && kernels.sm90 {
-        let fit = kernels.resident_clusters(
-            stream.context(),
-            &bwd.func,
-            threads,
-            bwd.smem,
-            DW_CLUSTER as u32,
-        )?;
-        (grid, cluster) = cluster_grid(grid, fit);
-    }
+    let launch = backward_launch::<T>(stream.context(), &kernels, plan, args, dw_ptr != 0)?;
+    let (grid, cluster) = (launch.grid, launch.cluster);
     let parts = grid / cluster;
     let mut partial = match dw_ptr {
         0 => None,
@@ -806,8 +837,8 @@ fn backward<T: Dtype>(
     ];
     let cfg = LaunchConfig {
         grid_dim: (grid as u32, 1, 1),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: bwd.smem,
+        block_dim: (launch.threads, 1, 1),
+        shared_mem_bytes: launch.smem,
     };
     let how = match cluster {
         1 => Launch::Plain,
@@ -815,7 +846,8 @@ fn backward<T: Dtype>(
     };
     // SAFETY: argument order and types match `rms_norm_kernels!`; buffers were checked above,
     // the partial buffer holds `parts × cols` f32 (one row per block, or per cluster).
-    unsafe { launch_ex(stream, &bwd.func, cfg, &mut params, how) }?;
+    let func = kernels.function(&launch.kernel)?;
+    unsafe { launch_ex(stream, &func, cfg, &mut params, how) }?;
     if dw_ptr != 0 {
         let reduce = kernels.function(&format!("rms_norm_dw_reduce_{}", T::NAME))?;
         let parts = parts as u64;
@@ -971,11 +1003,12 @@ mod tests {
     #[test]
     fn cluster_grids_hold_whole_clusters_that_fit_at_once() {
         assert_eq!(DW_CLUSTER, 2);
-        // H200, bf16 16384×2048: 1188 resident blocks, 594 clusters of two fit.
-        assert_eq!(cluster_grid(1188, 594), (1188, 2));
-        // An odd grid loses its last block; a GPC-bound fit caps the grid.
+        // H200, bf16 16384×2048 (`_vs2`, sm_90 build): 1188 blocks fit at once (9 per SM),
+        // but only 528 clusters of two (a cluster's blocks share a GPC).
+        assert_eq!(cluster_grid(1188, 528), (1056, 2));
+        // An odd grid loses its last block where the clusters fit.
         assert_eq!(cluster_grid(1187, 594), (1186, 2));
-        assert_eq!(cluster_grid(1188, 500), (1000, 2));
+        assert_eq!(cluster_grid(528, 264), (528, 2));
         // No whole cluster: the plain grid.
         assert_eq!(cluster_grid(1, 594), (1, 1));
         assert_eq!(cluster_grid(1188, 0), (1188, 1));
@@ -1021,5 +1054,161 @@ mod tests {
                 assert_eq!(vector_mode::<bf16>(&args.with_mode(mode)), mode.name());
             }
         }
+    }
+
+    /// 16-byte aligned stand-ins for device pointers: the plans look only at alignment.
+    const ALIGNED: u64 = 1 << 20;
+
+    fn gpu_args(rows: usize, cols: usize, mode: CastingMode, offset: f32) -> RmsNormArgs {
+        RmsNormArgs::new(rows, cols)
+            .with_mode(mode)
+            .with_offset(offset)
+    }
+
+    /// The forward's kernel, grid and threads for contiguous, aligned buffers with a weight.
+    fn forward_choice<T: Dtype>(kernels: &Kernels, args: &RmsNormArgs) -> (String, u32, u32) {
+        let settings = args.check().unwrap();
+        let capacity = |k| capacity(kernels, &vector_kernel_for::<T>("fwd", "", k, args));
+        let (cols, rule) = (args.cols, fwd_rule::<T>());
+        let plan = Plan::choose::<T>(settings, cols, &[ALIGNED; 3], &[cols; 2], rule, capacity);
+        let plan = plan.unwrap();
+        let (name, grid) = forward_kernel::<T>(kernels, plan, args).unwrap();
+        (name, grid, plan.threads())
+    }
+
+    /// The backward launch for contiguous, aligned buffers, with or without a weight.
+    fn backward_choice<T: Dtype>(
+        ctx: &CudaContext,
+        kernels: &Kernels,
+        args: &RmsNormArgs,
+        weighted: bool,
+    ) -> BackwardLaunch {
+        let settings = args.check().unwrap();
+        let capacity = |k| capacity(kernels, &vector_kernel_for::<T>("bwd", "", k, args));
+        let cols = args.cols;
+        let plan = Plan::choose::<T>(
+            settings,
+            cols,
+            &[ALIGNED; 4],
+            &[cols; 2],
+            &BWD_RULE,
+            capacity,
+        );
+        backward_launch::<T>(ctx, kernels, plan.unwrap(), args, weighted).unwrap()
+    }
+
+    #[test]
+    fn gpu_h200_suite_shapes_take_their_documented_kernels() {
+        // The kernels, grids and clusters that tests/rms_norm.rs's comments (and
+        // PERFORMANCE.md) say its shapes run on an H200: if a kernel's registers or a host rule
+        // change, the suites would still pass on whatever kernel ran; this says which did.
+        let Some((ctx, k)) = crate::module::h200_kernels(
+            "rms_norm::tests::gpu_h200_suite_shapes_take_their_documented_kernels",
+        ) else {
+            return;
+        };
+        let llama = |rows, cols| gpu_args(rows, cols, CastingMode::Llama, 0.0);
+        let fwd = |name: &str, grid, threads| (name.to_string(), grid, threads);
+        // `gpu_forward_rows_walk_grid_stride_or_take_a_block_each`: one row per block from
+        // four waves of resident blocks, grid-stride below.
+        let cases = [
+            (
+                forward_choice::<bf16>(&k, &llama(7000, 2048)),
+                fwd("rms_norm_fwd_vr2_bf16_llama", 7000, 128),
+            ),
+            (
+                forward_choice::<f32>(&k, &llama(4000, 2048)),
+                fwd("rms_norm_fwd_vr2_f32_llama", 4000, 256),
+            ),
+            (
+                forward_choice::<f16>(&k, &llama(2200, 8192)),
+                fwd("rms_norm_fwd_vl4_f16_llama", 2200, 256),
+            ),
+            (
+                forward_choice::<f16>(&k, &gpu_args(2200, 8192, CastingMode::Gemma, 1.0)),
+                fwd("rms_norm_fwd_vr4_f16_gemma", 2200, 256),
+            ),
+            (
+                forward_choice::<f32>(&k, &llama(2000, 4096)),
+                fwd("rms_norm_fwd_vl4_f32_llama", 2000, 256),
+            ),
+            (
+                forward_choice::<bf16>(&k, &llama(9600, 4096)),
+                fwd("rms_norm_fwd_vr4_bf16_llama", 9600, 128),
+            ),
+            (
+                forward_choice::<bf16>(&k, &llama(2000, 2048)),
+                fwd("rms_norm_fwd_v2_bf16_llama", 1188, 128),
+            ),
+            (
+                forward_choice::<f32>(&k, &llama(1500, 2048)),
+                fwd("rms_norm_fwd_v2_f32_llama", 660, 256),
+            ),
+            (
+                forward_choice::<bf16>(&k, &llama(1500, 4096)),
+                fwd("rms_norm_fwd_v4_bf16_llama", 660, 128),
+            ),
+            (
+                forward_choice::<f32>(&k, &llama(1000, 4096)),
+                fwd("rms_norm_fwd_v4_f32_llama", 396, 256),
+            ),
+        ];
+        for (got, want) in cases {
+            assert_eq!(got, want);
+        }
+        // `gpu_many_rows_take_the_shared_memory_dw_kernels`: dW in shared memory, in clusters
+        // of two, for every mode (at 2048 columns 9 blocks per SM fit, 1188, but only 528
+        // clusters of two); without a weight, and for f32 rows of two vectors, dW stays
+        // in registers and no cluster runs (the bench's 16384×2048 f32 and 2048×4096 bf16 too).
+        let bwd = |kernel: &str, threads, grid, smem, cluster| BackwardLaunch {
+            kernel: kernel.to_string(),
+            threads,
+            grid,
+            smem,
+            cluster,
+        };
+        let shared = |cols: usize| REDUCE_SMEM_BYTES + 4 * cols as u32;
+        assert_eq!(
+            backward_choice::<bf16>(&ctx, &k, &llama(9600, 2048), true),
+            bwd("rms_norm_bwd_vs2_bf16_llama", 128, 1056, shared(2048), 2)
+        );
+        assert_eq!(
+            backward_choice::<bf16>(&ctx, &k, &llama(9600, 4096), true),
+            bwd("rms_norm_bwd_vs2_bf16_llama", 256, 528, shared(4096), 2)
+        );
+        assert_eq!(
+            backward_choice::<bf16>(&ctx, &k, &llama(16384, 2048), true),
+            bwd("rms_norm_bwd_vs2_bf16_llama", 128, 1056, shared(2048), 2)
+        );
+        for (mode, offset) in [
+            (CastingMode::Llama, 1.0),
+            (CastingMode::Gemma, 1.0),
+            (CastingMode::None, 0.25),
+        ] {
+            for cols in [2048, 4096] {
+                let args = gpu_args(9600, cols, mode, offset);
+                for got in [
+                    backward_choice::<bf16>(&ctx, &k, &args, true),
+                    backward_choice::<f16>(&ctx, &k, &args, true),
+                ] {
+                    assert!(got.kernel.starts_with("rms_norm_bwd_vs2_"), "{got:?}");
+                    assert_eq!((got.cluster, got.grid % 2), (2, 0), "{got:?}");
+                }
+            }
+        }
+        assert_eq!(
+            backward_choice::<bf16>(&ctx, &k, &llama(9600, 2048), false),
+            bwd("rms_norm_bwd_v2_bf16_llama", 128, 528, REDUCE_SMEM_BYTES, 1)
+        );
+        let f32_2048 = backward_choice::<f32>(&ctx, &k, &llama(16384, 2048), true);
+        assert_eq!(
+            (f32_2048.kernel.as_str(), f32_2048.cluster),
+            ("rms_norm_bwd_v2_f32_llama", 1)
+        );
+        let small = backward_choice::<bf16>(&ctx, &k, &llama(2048, 4096), true);
+        assert_eq!(
+            (small.kernel.as_str(), small.cluster),
+            ("rms_norm_bwd_v2_bf16_llama", 1)
+        );
     }
 }

@@ -11,9 +11,7 @@ use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
 use crate::launch::{Region, at_least, disjoint, same_context, span, whole_grid};
 use crate::module::{Kernels, kernels};
-use cudarc::driver::{
-    CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
 
 /// Elements per thread per tile of the scalar kernels (must match `ITEMS` in
@@ -303,7 +301,7 @@ impl Path {
     }
 }
 
-/// Kernel and launch shape (see [`launch_shape`]).
+/// Kernel name and launch shape (see [`launch_shape`]).
 fn config<T: Dtype>(
     kernels: &Kernels,
     path: Path,
@@ -311,21 +309,17 @@ fn config<T: Dtype>(
     whole: Whole,
     rows: usize,
     cols: usize,
-) -> Result<(CudaFunction, LaunchConfig)> {
+) -> Result<(String, LaunchConfig)> {
     let func = kernels.function(&path.kernel::<T>(direction, false))?;
     let shape = launch_shape::<T>(path, whole, rows, cols, |threads| {
         kernels.resident_blocks(&func, threads, 0)
     })?;
-    let func = match shape.whole {
-        true => kernels.function(&path.kernel::<T>(direction, true))?,
-        false => func,
-    };
     let cfg = LaunchConfig {
         grid_dim: (shape.grid, 1, 1),
         block_dim: (shape.threads, 1, 1),
         shared_mem_bytes: 0,
     };
-    Ok((func, cfg))
+    Ok((path.kernel::<T>(direction, shape.whole), cfg))
 }
 
 /// A launch's shape: the kernel variant, blocks and threads per block.
@@ -413,7 +407,7 @@ fn launch_forward<T: Dtype>(stream: &Arc<CudaStream>, args: &SwigluArgs, p: Forw
         FWD_VECS,
     );
     let kernels = kernels(stream.context())?;
-    let (func, cfg) = config::<T>(
+    let (name, cfg) = config::<T>(
         &kernels,
         path,
         "fwd",
@@ -421,6 +415,7 @@ fn launch_forward<T: Dtype>(stream: &Arc<CudaStream>, args: &SwigluArgs, p: Forw
         args.rows,
         args.cols,
     )?;
+    let func = kernels.function(&name)?;
     let (a_stride, b_stride, c_stride) =
         (p.a_stride as u64, p.b_stride as u64, args.c_stride as u64);
     let (rows, cols) = (args.rows as u64, args.cols as u64);
@@ -468,7 +463,8 @@ fn launch_backward<T: Dtype>(
         BWD_VECS,
     );
     let kernels = kernels(stream.context())?;
-    let (func, cfg) = config::<T>(&kernels, path, "bwd", BWD_WHOLE, args.rows, args.cols)?;
+    let (name, cfg) = config::<T>(&kernels, path, "bwd", BWD_WHOLE, args.rows, args.cols)?;
+    let func = kernels.function(&name)?;
     let (a_stride, b_stride, c_stride) =
         (p.a_stride as u64, p.b_stride as u64, args.c_stride as u64);
     let (rows, cols) = (args.rows as u64, args.cols as u64);
@@ -988,5 +984,33 @@ mod tests {
                 .unwrap(),
             [10, 9, 8]
         );
+    }
+
+    #[test]
+    fn gpu_h200_suite_shapes_take_their_documented_kernels() {
+        // tests/swiglu.rs's SHAPES on an H200: 1300×8192 and 200001×56 have over four waves of
+        // tiles and run the one-tile-per-block `_vt` kernels, 24000×56 the grid-stride `_v`
+        // ones (alignment only decides the path, so aligned stand-in pointers do).
+        let Some((_ctx, k)) = crate::module::h200_kernels(
+            "swiglu::tests::gpu_h200_suite_shapes_take_their_documented_kernels",
+        ) else {
+            return;
+        };
+        fn check<T: Dtype>(k: &Kernels) {
+            for (rows, cols, twin) in [(1300, 8192, "vt"), (200001, 56, "vt"), (24000, 56, "v")] {
+                for (direction, per_thread, whole) in [
+                    ("fwd", FWD_VECS, fwd_whole::<T>()),
+                    ("bwd", BWD_VECS, BWD_WHOLE),
+                ] {
+                    let path = Path::Vector { per_thread };
+                    let (name, _) = config::<T>(k, path, direction, whole, rows, cols).unwrap();
+                    let want = format!("swiglu_{direction}_{twin}_{}", T::NAME);
+                    assert_eq!(name, want, "{rows}×{cols}");
+                }
+            }
+        }
+        check::<bf16>(&k);
+        check::<f16>(&k);
+        check::<f32>(&k);
     }
 }

@@ -563,10 +563,12 @@ fn gpu_forward_rows_walk_grid_stride_or_take_a_block_each() {
 fn gpu_many_rows_take_the_shared_memory_dw_kernels() {
     // 9600 × 4096 and 9600 × 2048 16-bit rows with a weight: the shared-memory dW kernels fit
     // more blocks per SM and every block gets ≥ 8 rows, so the host runs `rms_norm_bwd_vs2_*`
-    // (on an H200 with the sm_90 build, 4096 columns: 256 threads, 4 blocks per SM, 528
-    // blocks, 18–19 rows each; 2048 columns: 128 threads, 9 blocks per SM, 1188 blocks, 8–9
-    // rows each; both in clusters of two that merge their dW rows); the sweep's shapes keep dW
-    // in registers.
+    // (on an H200 with the sm_90 build, in clusters of two that merge their dW rows; 4096
+    // columns: 256 threads, 528 blocks, 18–19 rows each; 2048 columns: 128 threads, 1056
+    // blocks, 9–10 rows each: 9 blocks per SM fit, 1188, but only 528 clusters of two, and
+    // 9600 rows keep ≥ 8 rows for each of the 1188 in the host's test); the sweep's shapes keep
+    // dW in registers. `rms_norm::tests::gpu_h200_suite_shapes_take_their_documented_kernels`
+    // checks these choices.
     let Some(stream) = gpu("gpu_many_rows_take_the_shared_memory_dw_kernels") else {
         return;
     };
