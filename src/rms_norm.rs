@@ -460,9 +460,9 @@ fn shared_dw(rows: usize, in_registers: usize, in_shared: usize) -> bool {
     in_shared > in_registers && rows >= SMEM_DW_MIN_ROWS * in_shared
 }
 
-/// The forward kernel's name for `plan` and its grid. Grid-stride row loops run as many blocks as can
-/// be resident at once (SMs × blocks per SM at the plan's threads), at most one per row; the
-/// vector kernels prefetch a block's next row while finishing the current one. With many
+/// The forward kernel's name for `plan` and its grid. Grid-stride row loops run as many blocks
+/// as can be resident at once (SMs × blocks per SM at the plan's threads), at most one per row;
+/// the vector kernels prefetch a block's next row while finishing the current one. With many
 /// waves of rows ([`whole_grid`]) a vector plan of two or more vectors per thread runs its
 /// one-row-per-block twin instead ([`whole_twin`]; f32 4096: +9 %). One vector per thread is a
 /// row too short to pay for a block of its own (bf16 2048: −17 %), so `_v1` stays grid-stride.
@@ -844,9 +844,9 @@ fn backward<T: Dtype>(
         1 => Launch::Plain,
         c => Launch::Cluster(c as u32),
     };
+    let func = kernels.function(&launch.kernel)?;
     // SAFETY: argument order and types match `rms_norm_kernels!`; buffers were checked above,
     // the partial buffer holds `parts × cols` f32 (one row per block, or per cluster).
-    let func = kernels.function(&launch.kernel)?;
     unsafe { launch_ex(stream, &func, cfg, &mut params, how) }?;
     if dw_ptr != 0 {
         let reduce = kernels.function(&format!("rms_norm_dw_reduce_{}", T::NAME))?;

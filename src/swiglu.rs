@@ -990,7 +990,8 @@ mod tests {
     fn gpu_h200_suite_shapes_take_their_documented_kernels() {
         // tests/swiglu.rs's SHAPES on an H200: 1300×8192 and 200001×56 have over four waves of
         // tiles and run the one-tile-per-block `_vt` kernels, 24000×56 the grid-stride `_v`
-        // ones (alignment only decides the path, so aligned stand-in pointers do).
+        // ones. The suite's buffers for these shapes are aligned (whole vectors per row), so
+        // they take the vector path, where this starts.
         let Some((_ctx, k)) = crate::module::h200_kernels(
             "swiglu::tests::gpu_h200_suite_shapes_take_their_documented_kernels",
         ) else {
