@@ -49,8 +49,10 @@
 //!   to their own buffers (which must not overlap any input), `*_backward_inplace` writes them
 //!   over `dy` (RMSNorm) or over `a` and `b` (SwiGLU), the memory-saving default of Liger.
 //! * **Scratch**: only the RMSNorm backward with a weight allocates (stream-ordered, one f32
-//!   partial row per resident block, freed when the call returns), so that dW is reduced on
-//!   the GPU deterministically. Everything else launches on buffers you own.
+//!   partial row per resident block), so that dW is reduced on the GPU deterministically. The
+//!   buffer is kept for the next call on the same stream (up to eight streams per context;
+//!   [`release_scratch`] frees them), except during a graph capture, where each call
+//!   allocates its own. Everything else launches on buffers you own.
 //! * **Precision**: arithmetic is f32; values are rounded to the tensor dtype exactly where
 //!   HuggingFace's modules round them ([`CastingMode`] for RMSNorm). The CPU functions in
 //!   [`mod@reference`] implement the same cast points in f64, and the test suite holds the
@@ -70,6 +72,7 @@ mod module;
 pub mod reference;
 mod rms_norm;
 mod rope;
+mod scratch;
 mod settings;
 mod swiglu;
 
@@ -80,7 +83,7 @@ pub use dtype::Dtype;
 pub use error::{Error, Result};
 pub use half;
 pub use mode::CastingMode;
-pub use module::{BASELINE_PTX_ENV, PTX, PTX_SM90, cuda_context};
+pub use module::{BASELINE_PTX_ENV, PTX, PTX_SM90, cuda_context, release_scratch};
 pub use rms_norm::{RmsNormArgs, rms_norm_backward, rms_norm_backward_inplace, rms_norm_forward};
 pub use rope::{CosSinLayout, PositionIds, RopeArgs, rope_backward, rope_forward};
 pub use settings::{LaunchSettings, MAX_FUSED_SIZE, calculate_settings};

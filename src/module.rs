@@ -1,5 +1,6 @@
 //! The embedded PTX, loaded once per CUDA context and cached for the life of the process.
 use crate::error::{Error, Result};
+use crate::scratch::ScratchCache;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, sys};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -56,6 +57,8 @@ pub(crate) struct Kernels {
     /// [`PTX_SM90`] is loaded: the RMSNorm dW reduction is launched as a programmatic
     /// dependent launch, and the shared-memory dW backward in clusters (see there).
     pub(crate) sm90: bool,
+    /// Scratch kept per stream between calls (the RMSNorm backward's dW partial rows).
+    pub(crate) scratch: ScratchCache,
 }
 
 impl Kernels {
@@ -171,9 +174,33 @@ pub(crate) fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
         clusters: Mutex::new(HashMap::new()),
         sm_count: sm_count.max(1) as u32,
         sm90,
+        scratch: ScratchCache::default(),
     });
     cache.push((key, kernels.clone()));
     Ok(kernels)
+}
+
+/// Frees the scratch that calls on `ctx`'s streams keep for the next call on the same stream
+/// (the RMSNorm backward's dW partial rows, see [`rms_norm_backward`](crate::rms_norm_backward))
+/// and lets go of the streams it held. Each buffer is freed stream-ordered on its own stream,
+/// after the work already queued there; later calls allocate again. Nothing happens for a
+/// context no call has used. Never synchronises.
+///
+/// ```no_run
+/// let ctx = liger_rs::cuda_context(0)?;
+/// // … training steps on ctx's streams …
+/// liger_rs::release_scratch(&ctx);
+/// # Ok::<(), liger_rs::Error>(())
+/// ```
+pub fn release_scratch(ctx: &CudaContext) {
+    let key = ctx.cu_ctx() as usize;
+    let kernels = lock(&CACHE)
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, k)| k.clone());
+    if let Some(kernels) = kernels {
+        kernels.scratch.clear();
+    }
 }
 
 /// Whether `ctx` gets [`PTX_SM90`] (see there) rather than [`PTX`].

@@ -650,7 +650,11 @@ pub fn rms_norm_forward<T: Dtype>(
 /// memory), then a second launch sums the partial rows in a fixed order (deterministic). That
 /// scratch (`blocks × cols` f32, blocks ≤ SMs × resident blocks per SM and ≤ max(1, 2²⁶ /
 /// cols), so at most 256 MiB for rows of up to 2²⁶ columns) is allocated stream-ordered on
-/// `stream` per call and freed when the call returns.
+/// `stream` by the first call that needs that much and kept for the next calls on `stream`
+/// (a new allocation per call cost 1.2–1.4 µs on an H200). Up to eight streams per context
+/// keep one each, the least recently used is dropped beyond that, and
+/// [`release_scratch`](crate::release_scratch) frees them all; a call on a stream being
+/// captured into a CUDA graph allocates its own, which the graph then owns.
 /// Outputs must not overlap inputs; use [`rms_norm_backward_inplace`] to write `dx` over `dy`.
 ///
 /// ```no_run
@@ -804,37 +808,9 @@ fn backward<T: Dtype>(
     let launch = backward_launch::<T>(stream.context(), &kernels, plan, args, dw_ptr != 0)?;
     let (grid, cluster) = (launch.grid, launch.cluster);
     let parts = grid / cluster;
-    let mut partial = match dw_ptr {
-        0 => None,
-        // SAFETY: every element is written by its block (the scalar kernel at its first row,
-        // the vector kernel at its end) or its cluster (`write_cluster_partial`) before the
-        // reduction reads it.
-        _ => Some(unsafe { stream.alloc::<f32>(parts * args.cols) }?),
-    };
-    let (p_ptr, _p) = match partial.as_mut() {
-        Some(p) => {
-            let (ptr, g) = p.device_ptr_mut(stream);
-            (ptr, Some(g))
-        }
-        None => (0, None),
-    };
     let (x_stride, y_stride) = (args.x_stride as u64, args.y_stride as u64);
     let (rows, cols) = (args.rows as u64, args.cols as u64);
     let dy_ptr = dy_ptr.unwrap_or(dx_ptr);
-    let mut params = [
-        arg(&dy_ptr),
-        arg(&y_stride),
-        arg(&x_ptr),
-        arg(&x_stride),
-        arg(&w_ptr),
-        arg(&r_ptr),
-        arg(&dx_ptr),
-        arg(&y_stride),
-        arg(&p_ptr),
-        arg(&rows),
-        arg(&cols),
-        arg(&args.offset),
-    ];
     let cfg = LaunchConfig {
         grid_dim: (grid as u32, 1, 1),
         block_dim: (launch.threads, 1, 1),
@@ -845,10 +821,31 @@ fn backward<T: Dtype>(
         c => Launch::Cluster(c as u32),
     };
     let func = kernels.function(&launch.kernel)?;
-    // SAFETY: argument order and types match `rms_norm_kernels!`; buffers were checked above,
-    // the partial buffer holds `parts × cols` f32 (one row per block, or per cluster).
-    unsafe { launch_ex(stream, &func, cfg, &mut params, how) }?;
-    if dw_ptr != 0 {
+    // The backward, then (with a weight) the dW reduction over `partial`, the scratch of
+    // `parts × cols` f32 (0 without a weight).
+    let run = |p_ptr: u64| -> Result<()> {
+        let mut params = [
+            arg(&dy_ptr),
+            arg(&y_stride),
+            arg(&x_ptr),
+            arg(&x_stride),
+            arg(&w_ptr),
+            arg(&r_ptr),
+            arg(&dx_ptr),
+            arg(&y_stride),
+            arg(&p_ptr),
+            arg(&rows),
+            arg(&cols),
+            arg(&args.offset),
+        ];
+        // SAFETY: argument order and types match `rms_norm_kernels!`; buffers were checked
+        // above, the partial buffer holds `parts × cols` f32 (one row per block, or per
+        // cluster), every element written by its block (the scalar kernel at its first row,
+        // the vector kernel at its end) or its cluster (`write_cluster_partial`).
+        unsafe { launch_ex(stream, &func, cfg, &mut params, how) }?;
+        if p_ptr == 0 {
+            return Ok(());
+        }
         let reduce = kernels.function(&format!("rms_norm_dw_reduce_{}", T::NAME))?;
         let parts = parts as u64;
         let cfg = LaunchConfig {
@@ -862,16 +859,22 @@ fn backward<T: Dtype>(
             false => Launch::Plain,
         };
         // SAFETY: matches `dw_reduce_kernel!`, whose sm_90 build waits for the backward before
-        // reading `partial`; `partial` holds `parts × cols`, `dw` `cols`.
-        unsafe { launch_ex(stream, &reduce, cfg, &mut params, how) }?;
+        // reading `partial`; `partial` holds `parts × cols`, `dw` `cols`, and the backward
+        // just queued wrote every element the reduction reads.
+        unsafe { launch_ex(stream, &reduce, cfg, &mut params, how) }
+    };
+    match dw_ptr {
+        0 => run(0),
+        _ => kernels.scratch.with(stream, parts * args.cols, run),
     }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cudarc::driver::result::memset_d8_async;
     use half::{bf16, f16};
+    use std::io::Write;
 
     fn plan<T: Dtype>(cols: usize, ptrs: &[u64], strides: &[usize], cap: usize) -> Plan {
         let settings = row_settings(cols).unwrap();
@@ -1095,6 +1098,74 @@ mod tests {
             capacity,
         );
         backward_launch::<T>(ctx, kernels, plan.unwrap(), args, weighted).unwrap()
+    }
+
+    /// One backward of `rows × cols` (llama, with a weight) on `stream`: dW's bits.
+    fn dw_bits<T: Dtype>(stream: &Arc<CudaStream>, rows: usize, cols: usize) -> Vec<u64> {
+        // Small exact values (multiples of 1/64 in [-2, 2)): a fixed input per shape.
+        let value =
+            |i: usize| T::from_f64((i.wrapping_mul(2_654_435_761) % 256) as f64 / 64.0 - 2.0);
+        let x: Vec<T> = (0..rows * cols).map(value).collect();
+        let w: Vec<T> = (0..cols).map(|i| value(i + 7)).collect();
+        let dy: Vec<T> = (0..rows * cols).map(|i| value(i + 3)).collect();
+        let (x, w, mut dy) = (
+            stream.clone_htod(&x).unwrap(),
+            stream.clone_htod(&w).unwrap(),
+            stream.clone_htod(&dy).unwrap(),
+        );
+        let args = RmsNormArgs::new(rows, cols);
+        let mut y = stream.alloc_zeros::<T>(rows * cols).unwrap();
+        let mut rstd = stream.alloc_zeros::<f32>(rows).unwrap();
+        rms_norm_forward(stream, &args, &x, Some(&w.as_view()), &mut y, &mut rstd).unwrap();
+        let mut dw = stream.alloc_zeros::<T>(cols).unwrap();
+        let (wv, mut dwv) = (w.as_view(), dw.as_view_mut());
+        rms_norm_backward_inplace(stream, &args, &mut dy, &x, Some(&wv), &rstd, Some(&mut dwv))
+            .unwrap();
+        let dw = stream.clone_dtoh(&dw).unwrap();
+        dw.iter().map(|v| v.to_f64().to_bits()).collect()
+    }
+
+    /// Whatever the last call left in a stream's kept dW scratch must not reach the next
+    /// call's dW: its backward writes every partial element the reduction reads. Between two
+    /// calls on one stream the kept buffer is filled with NaN; dW must keep its bits. Shapes:
+    /// the clustered shared-memory dW kernel (bf16 9600 × 2048 on an H200), dW in registers
+    /// (bf16 2048 × 4096, f32 3000 × 2048), the scalar kernel (4095 columns), one row.
+    #[test]
+    fn gpu_a_poisoned_kept_scratch_does_not_reach_dw() {
+        let ctx = match crate::cuda_context(0) {
+            Ok(ctx) => ctx,
+            Err(e) => {
+                let test = "rms_norm::tests::gpu_a_poisoned_kept_scratch_does_not_reach_dw";
+                let _ = writeln!(std::io::stderr(), "SKIP {test}: no GPU ({e})");
+                return;
+            }
+        };
+        fn check<T: Dtype>(ctx: &Arc<CudaContext>, rows: usize, cols: usize) {
+            let stream = ctx.new_stream().unwrap();
+            let first = dw_bits::<T>(&stream, rows, cols);
+            assert!(first.iter().all(|&b| f64::from_bits(b).is_finite()));
+            let kernels = kernels(ctx).unwrap();
+            let handle = stream.cu_stream() as usize;
+            let kept = kernels.scratch.kept();
+            // Other tests' streams may have pushed this one out; then it allocates afresh.
+            if let Some(&(_, len)) = kept.iter().find(|(h, _)| *h == handle) {
+                kernels
+                    .scratch
+                    .with(&stream, len, |ptr| {
+                        // SAFETY: `ptr` holds `len` f32, used on `stream` only.
+                        unsafe { memset_d8_async(ptr, 0xFF, len * 4, stream.cu_stream()) }?;
+                        Ok(())
+                    })
+                    .unwrap();
+            }
+            let what = format!("{} {rows} x {cols}", T::NAME);
+            assert_eq!(dw_bits::<T>(&stream, rows, cols), first, "{what}");
+        }
+        check::<bf16>(&ctx, 9600, 2048);
+        check::<bf16>(&ctx, 2048, 4096);
+        check::<f32>(&ctx, 3000, 2048);
+        check::<f16>(&ctx, 700, 4095);
+        check::<bf16>(&ctx, 1, 4096);
     }
 
     #[test]

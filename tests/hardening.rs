@@ -1,7 +1,8 @@
 //! Cross-op guarantees: thread safety of the public types, bitwise determinism of every op
-//! (dW included), the RMSNorm backward replayed from a captured CUDA graph, every op driven
-//! from several threads on several streams at once and on two GPUs at once (skipped with one
-//! GPU), and no panic without a driver or GPU.
+//! (dW included), the RMSNorm backward replayed from a captured CUDA graph, its kept dW
+//! scratch across shapes, streams and threads sharing a stream, every op driven from several
+//! threads on several streams at once and on two GPUs at once (skipped with one GPU), and no
+//! panic without a driver or GPU.
 mod common;
 
 use common::{Rng, download, gpu, upload};
@@ -167,7 +168,8 @@ fn gpu_every_op_is_bitwise_deterministic() {
 
 /// The RMSNorm backward captured into a CUDA graph and replayed gives the eager call's bits.
 /// On sm_90 and later its dW reduction is a programmatic dependent launch, which the capture
-/// keeps as a programmatic edge; the replays' outputs are poisoned before each.
+/// keeps as a programmatic edge; the replays' outputs are poisoned before each, and between
+/// them an eager call replaces the stream's kept dW scratch.
 #[test]
 fn gpu_rms_norm_backward_replays_from_a_captured_graph() {
     let Some(default) = gpu("gpu_rms_norm_backward_replays_from_a_captured_graph") else {
@@ -210,6 +212,11 @@ fn gpu_rms_norm_backward_replays_from_a_captured_graph() {
         .unwrap()
         .expect("the capture holds the backward");
     for replay in 1..=2 {
+        if replay == 2 {
+            // An eager call that needs more partial rows replaces the stream's kept scratch;
+            // the graph allocates its own, so its replay must not notice.
+            checked_rms_norm(&stream, 9, 4000, 8192);
+        }
         common::poison(&stream, &mut dx);
         common::poison(&stream, &mut dw);
         graph.launch().unwrap();
@@ -219,58 +226,120 @@ fn gpu_rms_norm_backward_replays_from_a_captured_graph() {
     }
 }
 
+/// `got` within 2⁻⁶ of `want`, relative to each element's magnitude or the RMS of `want`,
+/// whichever is larger: loose next to the op tests' few ulps, tight enough to catch one
+/// call's results mixed with another's.
+fn close(what: &str, got: &[bf16], want: &[bf16]) {
+    let rms = (want.iter().map(|v| v.to_f64().powi(2)).sum::<f64>() / want.len() as f64).sqrt();
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (g.to_f64() - w.to_f64()).abs() / w.to_f64().abs().max(rms);
+        assert!(err < 1.0 / 64.0, "{what}[{i}] {g} vs {w}");
+    }
+}
+
+/// One bf16 RMSNorm forward and backward (llama, with a weight) on `stream` from seed `seed`,
+/// y, dx and dW (outputs poisoned first) checked against the CPU reference.
+fn checked_rms_norm(stream: &Arc<CudaStream>, seed: u64, rows: usize, cols: usize) {
+    let mut rng = Rng::new(seed);
+    let x: Vec<bf16> = rng.vec(rows * cols, 0.0, 1.0);
+    let w: Vec<bf16> = rng.vec(cols, 1.0, 0.3);
+    let dy: Vec<bf16> = rng.vec(rows * cols, 0.0, 1.0);
+    let args = RmsNormArgs::new(rows, cols);
+    let (xd, wd, dyd) = (upload(stream, &x), upload(stream, &w), upload(stream, &dy));
+    let (mut y, mut rstd) = (
+        common::poisoned::<bf16>(stream, rows * cols),
+        common::poisoned::<f32>(stream, rows),
+    );
+    rms_norm_forward(stream, &args, &xd, Some(&wd.as_view()), &mut y, &mut rstd).unwrap();
+    let what = format!("seed {seed}, {rows} x {cols}");
+    let want = reference::rms_norm_forward(&x, Some(&w), cols, 1e-6, 0.0, CastingMode::Llama);
+    close(
+        &format!("{what}: y"),
+        &download(stream, &y),
+        &want.unwrap().y,
+    );
+    let (mut dx, mut dw) = (
+        common::poisoned::<bf16>(stream, rows * cols),
+        common::poisoned::<bf16>(stream, cols),
+    );
+    let (wv, mut dwv) = (wd.as_view(), dw.as_view_mut());
+    rms_norm_backward(
+        stream,
+        &args,
+        &dyd,
+        &xd,
+        Some(&wv),
+        &rstd,
+        &mut dx,
+        Some(&mut dwv),
+    )
+    .unwrap();
+    let rstd_h: Vec<f64> = download(stream, &rstd).iter().map(|&r| r as f64).collect();
+    let want =
+        reference::rms_norm_backward(&dy, &x, Some(&w), &rstd_h, cols, 0.0, CastingMode::Llama)
+            .unwrap();
+    close(&format!("{what}: dx"), &download(stream, &dx), &want.dx);
+    close(
+        &format!("{what}: dw"),
+        &download(stream, &dw),
+        &want.dw.unwrap(),
+    );
+}
+
+/// RMSNorm backward calls from four threads on one stream at once. The calls share the
+/// stream's kept dW scratch; each holds it from its backward's launch to its dW reduction's,
+/// so no other call's backward can land between them and overwrite its partial rows.
+#[test]
+fn gpu_rms_norm_backward_from_many_threads_on_one_stream() {
+    let Some(default) = gpu("gpu_rms_norm_backward_from_many_threads_on_one_stream") else {
+        return;
+    };
+    let stream = default.context().new_stream().unwrap();
+    std::thread::scope(|scope| {
+        for id in 0..4u64 {
+            let stream = stream.clone();
+            scope.spawn(move || {
+                for iter in 0..6 {
+                    checked_rms_norm(&stream, 100 * id + iter, 300 + id as usize, 2048);
+                }
+            });
+        }
+    });
+}
+
+/// The kept dW scratch across shapes and streams: rounds of backward calls on ten streams
+/// (more than the eight a context keeps scratch for, so streams are dropped and come back),
+/// with shapes that need more partial rows, then fewer, then more again (the buffer grows and
+/// is reused), and `release_scratch` between two rounds; every dx and dW checked.
+#[test]
+fn gpu_rms_norm_backward_keeps_scratch_across_shapes_and_streams() {
+    let Some(default) = gpu("gpu_rms_norm_backward_keeps_scratch_across_shapes_and_streams") else {
+        return;
+    };
+    let ctx = default.context().clone();
+    let streams: Vec<_> = (0..10).map(|_| ctx.new_stream().unwrap()).collect();
+    let shapes = [(64, 1024), (3000, 4096), (5, 8192), (2500, 2048), (1, 4095)];
+    for (round, &(rows, cols)) in shapes.iter().enumerate() {
+        for (i, stream) in streams.iter().enumerate() {
+            checked_rms_norm(stream, (10 * round + i) as u64, rows, cols);
+        }
+        if round == 2 {
+            liger_rs::release_scratch(&ctx);
+        }
+    }
+}
+
 /// One thread's work on its own stream: every op on its own data, checked against the CPU
 /// reference (same cast points; the kernels agree with it to within a few ulps, see the op
 /// tests — here a looser 2⁻⁶ relative bound suffices to catch cross-talk between threads).
 fn worker(stream: Arc<CudaStream>, id: u64) {
     let mut rng = Rng::new(1000 + id);
     let (rows, cols) = (64 + id as usize, 1024);
-    let close = |what: &str, got: &[bf16], want: &[bf16]| {
-        let rms = (want.iter().map(|v| v.to_f64().powi(2)).sum::<f64>() / want.len() as f64).sqrt();
-        for (i, (g, w)) in got.iter().zip(want).enumerate() {
-            let err = (g.to_f64() - w.to_f64()).abs() / w.to_f64().abs().max(rms);
-            assert!(err < 1.0 / 64.0, "thread {id}: {what}[{i}] {g} vs {w}");
-        }
-    };
+    let close =
+        |what: &str, got: &[bf16], want: &[bf16]| close(&format!("thread {id}: {what}"), got, want);
     for iter in 0..4 {
-        let x: Vec<bf16> = rng.vec(rows * cols, 0.0, 1.0);
-        let w: Vec<bf16> = rng.vec(cols, 1.0, 0.3);
-        let args = RmsNormArgs::new(rows, cols);
-        let (xd, wd) = (upload(&stream, &x), upload(&stream, &w));
-        let (mut y, mut rstd) = (
-            common::poisoned::<bf16>(&stream, rows * cols),
-            common::poisoned::<f32>(&stream, rows),
-        );
-        rms_norm_forward(&stream, &args, &xd, Some(&wd.as_view()), &mut y, &mut rstd).unwrap();
-        let want =
-            reference::rms_norm_forward(&x, Some(&w), cols, 1e-6, 0.0, CastingMode::Llama).unwrap();
-        close(
-            &format!("rms y (iter {iter})"),
-            &download(&stream, &y),
-            &want.y,
-        );
-
-        let dy: Vec<bf16> = rng.vec(rows * cols, 0.0, 1.0);
-        let mut dx = common::poisoned::<bf16>(&stream, rows * cols);
-        let mut dw = common::poisoned::<bf16>(&stream, cols);
-        let dyd = upload(&stream, &dy);
-        rms_norm_backward(
-            &stream,
-            &args,
-            &dyd,
-            &xd,
-            Some(&wd.as_view()),
-            &rstd,
-            &mut dx,
-            Some(&mut dw.as_view_mut()),
-        )
-        .unwrap();
-        let rstd_h: Vec<f64> = download(&stream, &rstd).iter().map(|&r| r as f64).collect();
-        let g =
-            reference::rms_norm_backward(&dy, &x, Some(&w), &rstd_h, cols, 0.0, CastingMode::Llama)
-                .unwrap();
-        close("rms dx", &download(&stream, &dx), &g.dx);
-        close("rms dw", &download(&stream, &dw), &g.dw.unwrap());
+        checked_rms_norm(&stream, 1000 + 10 * id + iter, rows, cols);
 
         let (s, hq, hk, d) = (17, 4, 2, 64);
         let ra = RopeArgs::new(1, s, hq, hk, d);
