@@ -49,32 +49,7 @@ struct Pass {
 /// Shapes: `cols` 4096 takes the vector kernels, 4095 the scalar ones (RMSNorm).
 fn one_pass(stream: &Arc<CudaStream>, seed: u64, rows: usize, cols: usize) -> Pass {
     let mut rng = Rng::new(seed);
-    let x: Vec<bf16> = rng.vec(rows * cols, 0.0, 1.0);
-    let w: Vec<bf16> = rng.vec(cols, 1.0, 0.3);
-    let dy: Vec<bf16> = rng.vec(rows * cols, 0.0, 1.0);
-    let args = RmsNormArgs::new(rows, cols);
-    let (xd, wd, dyd) = (upload(stream, &x), upload(stream, &w), upload(stream, &dy));
-    let (mut y, mut rstd) = (
-        common::poisoned::<bf16>(stream, rows * cols),
-        common::poisoned::<f32>(stream, rows),
-    );
-    let (mut dx, mut dw) = (
-        common::poisoned::<bf16>(stream, rows * cols),
-        common::poisoned::<bf16>(stream, cols),
-    );
-    let wv = wd.as_view();
-    rms_norm_forward(stream, &args, &xd, Some(&wv), &mut y, &mut rstd).unwrap();
-    rms_norm_backward(
-        stream,
-        &args,
-        &dyd,
-        &xd,
-        Some(&wv),
-        &rstd,
-        &mut dx,
-        Some(&mut dw.as_view_mut()),
-    )
-    .unwrap();
+    let rms = rms_run(stream, &mut rng, rows, cols);
 
     let (b, s, hq, hk, d) = (2, 33, 8, 2, 128);
     let rope_args = RopeArgs::new(b, s, hq, hk, d);
@@ -122,13 +97,13 @@ fn one_pass(stream: &Arc<CudaStream>, seed: u64, rows: usize, cols: usize) -> Pa
     swiglu_backward(stream, &sw, &dc, &a, &bb, &mut da, &mut db).unwrap();
     let dl = |v: &CudaSlice<bf16>| bits(&download(stream, v));
     Pass {
-        y: dl(&y),
-        rstd: download(stream, &rstd)
+        y: dl(&rms.y),
+        rstd: download(stream, &rms.rstd)
             .iter()
             .map(|r| r.to_bits())
             .collect(),
-        dx: dl(&dx),
-        dw: dl(&dw),
+        dx: dl(&rms.dx),
+        dw: dl(&rms.dw),
         q: dl(&q),
         k: dl(&k),
         c: dl(&c),
@@ -238,10 +213,19 @@ fn close(what: &str, got: &[bf16], want: &[bf16]) {
     }
 }
 
-/// One bf16 RMSNorm forward and backward (llama, with a weight) on `stream` from seed `seed`,
-/// y, dx and dW (outputs poisoned first) checked against the CPU reference.
-fn checked_rms_norm(stream: &Arc<CudaStream>, seed: u64, rows: usize, cols: usize) {
-    let mut rng = Rng::new(seed);
+/// One bf16 RMSNorm forward and backward (llama, with a weight, outputs poisoned first) on
+/// `stream`, inputs drawn from `rng`: the host inputs and the device outputs.
+struct RmsRun {
+    x: Vec<bf16>,
+    w: Vec<bf16>,
+    dy: Vec<bf16>,
+    y: CudaSlice<bf16>,
+    rstd: CudaSlice<f32>,
+    dx: CudaSlice<bf16>,
+    dw: CudaSlice<bf16>,
+}
+
+fn rms_run(stream: &Arc<CudaStream>, rng: &mut Rng, rows: usize, cols: usize) -> RmsRun {
     let x: Vec<bf16> = rng.vec(rows * cols, 0.0, 1.0);
     let w: Vec<bf16> = rng.vec(cols, 1.0, 0.3);
     let dy: Vec<bf16> = rng.vec(rows * cols, 0.0, 1.0);
@@ -251,19 +235,12 @@ fn checked_rms_norm(stream: &Arc<CudaStream>, seed: u64, rows: usize, cols: usiz
         common::poisoned::<bf16>(stream, rows * cols),
         common::poisoned::<f32>(stream, rows),
     );
-    rms_norm_forward(stream, &args, &xd, Some(&wd.as_view()), &mut y, &mut rstd).unwrap();
-    let what = format!("seed {seed}, {rows} x {cols}");
-    let want = reference::rms_norm_forward(&x, Some(&w), cols, 1e-6, 0.0, CastingMode::Llama);
-    close(
-        &format!("{what}: y"),
-        &download(stream, &y),
-        &want.unwrap().y,
-    );
     let (mut dx, mut dw) = (
         common::poisoned::<bf16>(stream, rows * cols),
         common::poisoned::<bf16>(stream, cols),
     );
     let (wv, mut dwv) = (wd.as_view(), dw.as_view_mut());
+    rms_norm_forward(stream, &args, &xd, Some(&wv), &mut y, &mut rstd).unwrap();
     rms_norm_backward(
         stream,
         &args,
@@ -275,14 +252,34 @@ fn checked_rms_norm(stream: &Arc<CudaStream>, seed: u64, rows: usize, cols: usiz
         Some(&mut dwv),
     )
     .unwrap();
-    let rstd_h: Vec<f64> = download(stream, &rstd).iter().map(|&r| r as f64).collect();
-    let want =
-        reference::rms_norm_backward(&dy, &x, Some(&w), &rstd_h, cols, 0.0, CastingMode::Llama)
-            .unwrap();
-    close(&format!("{what}: dx"), &download(stream, &dx), &want.dx);
+    RmsRun {
+        x,
+        w,
+        dy,
+        y,
+        rstd,
+        dx,
+        dw,
+    }
+}
+
+/// [`rms_run`] from seed `seed`, its y, dx and dW checked against the CPU reference.
+fn checked_rms_norm(stream: &Arc<CudaStream>, seed: u64, rows: usize, cols: usize) {
+    let run = rms_run(stream, &mut Rng::new(seed), rows, cols);
+    let what = format!("seed {seed}, {rows} x {cols}");
+    let mode = CastingMode::Llama;
+    let want = reference::rms_norm_forward(&run.x, Some(&run.w), cols, 1e-6, 0.0, mode).unwrap();
+    close(&format!("{what}: y"), &download(stream, &run.y), &want.y);
+    let rstd: Vec<f64> = download(stream, &run.rstd)
+        .iter()
+        .map(|&r| r as f64)
+        .collect();
+    let (dy, x, w) = (&run.dy, &run.x, Some(&run.w[..]));
+    let want = reference::rms_norm_backward(dy, x, w, &rstd, cols, 0.0, mode).unwrap();
+    close(&format!("{what}: dx"), &download(stream, &run.dx), &want.dx);
     close(
         &format!("{what}: dw"),
-        &download(stream, &dw),
+        &download(stream, &run.dw),
         &want.dw.unwrap(),
     );
 }
