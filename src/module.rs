@@ -157,10 +157,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// The kernels of `ctx`, loading the PTX into it on first use.
 pub(crate) fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
-    let key = ctx.cu_ctx() as usize;
     let mut cache = lock(&CACHE);
-    if let Some((_, k)) = cache.iter().find(|(k, _)| *k == key) {
-        return Ok(k.clone());
+    if let Some(k) = cached(&cache, ctx) {
+        return Ok(k);
     }
     let sm90 = sm90_build(ctx)?;
     let ptx = if sm90 { PTX_SM90 } else { PTX };
@@ -176,8 +175,17 @@ pub(crate) fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
         sm90,
         scratch: ScratchCache::default(),
     });
-    cache.push((key, kernels.clone()));
+    cache.push((ctx.cu_ctx() as usize, kernels.clone()));
     Ok(kernels)
+}
+
+/// `ctx`'s kernels in `cache`, if loaded.
+fn cached(cache: &[(usize, Arc<Kernels>)], ctx: &CudaContext) -> Option<Arc<Kernels>> {
+    let key = ctx.cu_ctx() as usize;
+    cache
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, k)| k.clone())
 }
 
 /// Frees the scratch that calls on `ctx`'s streams keep for the next call on the same stream
@@ -193,11 +201,7 @@ pub(crate) fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
 /// # Ok::<(), liger_rs::Error>(())
 /// ```
 pub fn release_scratch(ctx: &CudaContext) {
-    let key = ctx.cu_ctx() as usize;
-    let kernels = lock(&CACHE)
-        .iter()
-        .find(|(k, _)| *k == key)
-        .map(|(_, k)| k.clone());
+    let kernels = cached(&lock(&CACHE), ctx);
     if let Some(kernels) = kernels {
         kernels.scratch.clear();
     }

@@ -17,12 +17,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// (its buffer is freed stream-ordered on its own stream, after the work queued there).
 pub(crate) const KEPT_STREAMS: usize = 8;
 
-/// One stream's kept buffer and its device address.
-struct Entry {
-    /// The stream, kept alive while its entry is, so that its handle names no other stream.
-    _stream: Arc<CudaStream>,
-    buffer: Option<(CudaSlice<f32>, u64)>,
-}
+/// One stream's kept buffer and its device address, once allocated. The buffer holds its
+/// stream alive, so the handle it is kept under names no other stream while it exists (an
+/// entry without a buffer may pass to a later stream with a recycled handle: nothing to share).
+type Entry = Option<(CudaSlice<f32>, u64)>;
 
 /// The kept scratch of one context's streams by stream handle, least recently used first.
 #[derive(Default)]
@@ -55,15 +53,15 @@ impl ScratchCache {
         }
         let entry = self.entry(stream);
         let mut entry = lock(&entry);
-        let ptr = match &entry.buffer {
+        let ptr = match &*entry {
             Some((b, ptr)) if b.len() >= len => *ptr,
             _ => {
                 // The shorter buffer is freed on its stream after the calls queued before.
-                entry.buffer = None;
+                *entry = None;
                 // SAFETY: as above.
                 let mut b = unsafe { stream.alloc::<f32>(len) }?;
                 let ptr = raw_ptr(&mut b);
-                entry.buffer = Some((b, ptr));
+                *entry = Some((b, ptr));
                 ptr
             }
         };
@@ -72,15 +70,12 @@ impl ScratchCache {
 
     /// `stream`'s entry, made the most recently used; a new one drops the least recently used
     /// beyond [`KEPT_STREAMS`].
-    fn entry(&self, stream: &Arc<CudaStream>) -> Arc<Mutex<Entry>> {
+    fn entry(&self, stream: &CudaStream) -> Arc<Mutex<Entry>> {
         let mut entries = lock(&self.entries);
         let handle = stream.cu_stream() as usize;
         let entry = match entries.iter().position(|(h, _)| *h == handle) {
             Some(i) => entries.remove(i).1,
-            None => Arc::new(Mutex::new(Entry {
-                _stream: stream.clone(),
-                buffer: None,
-            })),
+            None => Arc::default(),
         };
         entries.push((handle, entry.clone()));
         if entries.len() > KEPT_STREAMS {
@@ -99,7 +94,7 @@ impl ScratchCache {
     pub(crate) fn kept(&self) -> Vec<(usize, usize)> {
         lock(&self.entries)
             .iter()
-            .map(|(h, e)| (*h, lock(e).buffer.as_ref().map_or(0, |(b, _)| b.len())))
+            .map(|(h, e)| (*h, lock(e).as_ref().map_or(0, |(b, _)| b.len())))
             .collect()
     }
 }
