@@ -45,7 +45,8 @@
 //!   shape before anything is launched; rows may be strided (`with_strides` on the argument
 //!   types) so a row-slice of a larger buffer works.
 //! * **In place**: RoPE rotates q and k in place (forward) and dq, dk in place (backward), as
-//!   Liger does. RMSNorm and SwiGLU backward come in two forms: `*_backward` writes gradients
+//!   Liger does ([`rope_forward_into`] and [`rope_backward_into`] write to their own buffers
+//!   instead). RMSNorm and SwiGLU backward come in two forms: `*_backward` writes gradients
 //!   to their own buffers (which must not overlap any input), `*_backward_inplace` writes them
 //!   over `dy` (RMSNorm) or over `a` and `b` (SwiGLU), the memory-saving default of Liger.
 //! * **Scratch**: only the RMSNorm backward with a weight allocates (stream-ordered, one f32
@@ -85,7 +86,10 @@ pub use half;
 pub use mode::CastingMode;
 pub use module::{BASELINE_PTX_ENV, PTX, PTX_SM90, cuda_context, release_scratch};
 pub use rms_norm::{RmsNormArgs, rms_norm_backward, rms_norm_backward_inplace, rms_norm_forward};
-pub use rope::{CosSinLayout, PositionIds, RopeArgs, rope_backward, rope_forward};
+pub use rope::{
+    CosSinLayout, PositionIds, RopeArgs, rope_backward, rope_backward_into, rope_forward,
+    rope_forward_into,
+};
 pub use settings::{LaunchSettings, MAX_FUSED_SIZE, calculate_settings};
 pub use swiglu::{
     SwigluArgs, swiglu_backward, swiglu_backward_fused, swiglu_backward_fused_inplace,

@@ -22,14 +22,19 @@ fn vec_heads(size: usize) -> usize {
 /// pairs than this, else one token in `⌈pairs / BLOCK_THREADS⌉` passes.
 const BLOCK_THREADS: usize = 256;
 
-/// Shape of a RoPE call: q is `[batch, seq_len, q_heads, head_dim]` and k is
+/// Shape and form of a RoPE call: q is `[batch, seq_len, q_heads, head_dim]` and k is
 /// `[batch, seq_len, k_heads, head_dim]`, both contiguous (HuggingFace's
-/// `proj(h).view(B, S, H, d)`, before its `.transpose(1, 2)`).
+/// `proj(h).view(B, S, H, d)`, before its `.transpose(1, 2)`), or head-major
+/// `[batch, heads, seq_len, head_dim]` with [`RopeArgs::with_head_major`].
 ///
-/// Only the first `rotary_dim` dims of each head rotate (NeoX half split inside them: dim `i`
-/// pairs with `i + rotary_dim / 2`); dims `rotary_dim..head_dim` are left untouched (not even
-/// rewritten). Each cos/sin row is `rotary_dim` long, as HuggingFace passes them for partial
-/// rotary; only its first half is read (HF tables are `cat(freqs, freqs)`).
+/// Only the first `rotary_dim` dims of each head rotate; dims `rotary_dim..head_dim` are left
+/// untouched (not even rewritten). Pair `i < rotary_dim / 2` is `(x[i], x[i + rotary_dim / 2])`
+/// (NeoX half split, the default) or `(x[2i], x[2i + 1])` ([`RopeArgs::with_interleaved`],
+/// GPT-J). Each cos/sin row is `rotary_dim` long by default, one value per rotary dim, as
+/// HuggingFace passes them; pair `i` reads the entry of its first dim, `i` (HF's
+/// `cat(freqs, freqs)`: the first half) or `2i` interleaved (`repeat_interleave(freqs, 2)`).
+/// With [`RopeArgs::with_half_tables`] a row holds `rotary_dim / 2` values, one per pair
+/// (candle-nn's and Meta's tables), and pair `i` reads entry `i`.
 ///
 /// ```
 /// use liger_rs::RopeArgs;
@@ -37,6 +42,9 @@ const BLOCK_THREADS: usize = 256;
 /// let args = RopeArgs::new(2, 4096, 32, 8, 128);
 /// assert_eq!(args.rotary_dim, 128);
 /// assert_eq!(args.with_rotary_dim(64).rotary_dim, 64);
+/// // candle-nn's `rope_i` layout: [B, H, S, d], interleaved pairs, [S, d/2] tables.
+/// let gptj = args.with_head_major().with_interleaved().with_half_tables();
+/// assert!(gptj.head_major && gptj.interleaved && gptj.half_tables);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RopeArgs {
@@ -51,16 +59,25 @@ pub struct RopeArgs {
     /// Elements per head d (even, ≥ 2; need not be a power of two).
     pub head_dim: usize,
     /// Leading dims of each head that rotate (even, `2 ..= head_dim`); also the length of a
-    /// cos/sin row.
+    /// cos/sin row (half of it with `half_tables`).
     pub rotary_dim: usize,
+    /// Pairs are adjacent dims `(x[2i], x[2i + 1])` instead of the NeoX halves.
+    pub interleaved: bool,
+    /// cos/sin rows hold `rotary_dim / 2` values, one per pair, instead of `rotary_dim`.
+    pub half_tables: bool,
+    /// q and k are `[batch, heads, seq_len, head_dim]` instead of `[batch, seq_len, heads,
+    /// head_dim]`.
+    pub head_major: bool,
 }
 
 impl RopeArgs {
-    /// Full rotary (`rotary_dim = head_dim`).
+    /// Full rotary (`rotary_dim = head_dim`), NeoX pairs, full-width cos/sin rows, q and k
+    /// `[batch, seq_len, heads, head_dim]`.
     ///
     /// ```
     /// let args = liger_rs::RopeArgs::new(1, 16, 4, 4, 64);
     /// assert_eq!((args.seq_len, args.rotary_dim), (16, 64));
+    /// assert!(!args.interleaved && !args.half_tables && !args.head_major);
     /// ```
     pub fn new(
         batch: usize,
@@ -76,6 +93,9 @@ impl RopeArgs {
             k_heads,
             head_dim,
             rotary_dim: head_dim,
+            interleaved: false,
+            half_tables: false,
+            head_major: false,
         }
     }
 
@@ -88,8 +108,72 @@ impl RopeArgs {
         RopeArgs { rotary_dim, ..self }
     }
 
-    /// Validates the shape; returns the sizes the launch needs (also used by the reference).
+    /// Interleaved pairs: pair `i` is `(x[2i], x[2i + 1])` (GPT-J, candle-nn's `rope_i`).
+    ///
+    /// ```
+    /// assert!(liger_rs::RopeArgs::new(1, 1, 1, 1, 64).with_interleaved().interleaved);
+    /// ```
+    pub fn with_interleaved(self) -> Self {
+        RopeArgs {
+            interleaved: true,
+            ..self
+        }
+    }
+
+    /// Half-width cos/sin rows: `rotary_dim / 2` values, one per pair (candle-nn's `[S, d/2]`).
+    ///
+    /// ```
+    /// let args = liger_rs::RopeArgs::new(1, 1, 1, 1, 64).with_half_tables();
+    /// assert_eq!(args.table_row_len(), 32);
+    /// ```
+    pub fn with_half_tables(self) -> Self {
+        RopeArgs {
+            half_tables: true,
+            ..self
+        }
+    }
+
+    /// Head-major q and k: `[batch, heads, seq_len, head_dim]` (HF's layout after its
+    /// `transpose(1, 2)`, candle-nn's `rope`).
+    ///
+    /// ```
+    /// assert!(liger_rs::RopeArgs::new(1, 1, 1, 1, 64).with_head_major().head_major);
+    /// ```
+    pub fn with_head_major(self) -> Self {
+        RopeArgs {
+            head_major: true,
+            ..self
+        }
+    }
+
+    /// Elements of a cos/sin row: `rotary_dim`, or `rotary_dim / 2` with `half_tables`.
+    ///
+    /// ```
+    /// let args = liger_rs::RopeArgs::new(1, 1, 1, 1, 128).with_rotary_dim(64);
+    /// assert_eq!((args.table_row_len(), args.with_half_tables().table_row_len()), (64, 32));
+    /// ```
+    pub fn table_row_len(&self) -> usize {
+        if self.half_tables {
+            self.rotary_dim / 2
+        } else {
+            self.rotary_dim
+        }
+    }
+
+    /// Whether the call takes the NeoX in-place kernels (scalar and vector) rather than the
+    /// general ones.
+    fn neox_in_place(&self) -> bool {
+        !(self.interleaved || self.half_tables || self.head_major)
+    }
+
+    /// Validates the shape of a q-and-k call; returns the sizes the launch needs (also used by
+    /// the reference).
     pub(crate) fn check(&self) -> Result<RopeSizes> {
+        self.check_heads(true)
+    }
+
+    /// [`RopeArgs::check`] for a call with k (`k_heads ≥ 1`) or on q alone (`k_heads = 0`).
+    pub(crate) fn check_heads(&self, with_k: bool) -> Result<RopeSizes> {
         let d = self.head_dim;
         if d == 0 || !d.is_multiple_of(2) {
             return Err(invalid("args.head_dim", "an even value ≥ 2", d));
@@ -105,8 +189,11 @@ impl RopeArgs {
         if self.q_heads == 0 {
             return Err(invalid("args.q_heads", "at least 1", 0));
         }
-        if self.k_heads == 0 {
+        if with_k && self.k_heads == 0 {
             return Err(invalid("args.k_heads", "at least 1", 0));
+        }
+        if !with_k && self.k_heads != 0 {
+            return Err(invalid("args.k_heads", "0 (no k)", self.k_heads));
         }
         let half = r / 2;
         let pairs = self
@@ -153,8 +240,9 @@ pub(crate) struct RopeSizes {
     pub(crate) pairs: usize,
 }
 
-/// Where each token's cos/sin row comes from. Every row is `rotary_dim` elements of the
-/// tensor dtype; token `(b, s)` is element `b·seq_len + s` of the flattened `[B, S]`.
+/// Where each token's cos/sin row comes from. Every row is [`RopeArgs::table_row_len`]
+/// elements of the tensor dtype (`rotary_dim`, or `rotary_dim / 2` with half tables; written
+/// `r` below); token `(b, s)` is element `b·seq_len + s` of the flattened `[B, S]`.
 ///
 /// ```no_run
 /// use liger_rs::{CosSinLayout, PositionIds};
@@ -165,12 +253,12 @@ pub(crate) struct RopeSizes {
 /// ```
 #[derive(Debug)]
 pub enum CosSinLayout<'a> {
-    /// cos, sin: `[seq_len, rotary_dim]`, shared by every batch row (token `(b, s)` uses row `s`).
+    /// cos, sin: `[seq_len, r]`, shared by every batch row (token `(b, s)` uses row `s`).
     PerPosition,
-    /// cos, sin: `[batch, seq_len, rotary_dim]` (what HF's `LlamaRotaryEmbedding` returns).
+    /// cos, sin: `[batch, seq_len, r]` (what HF's `LlamaRotaryEmbedding` returns).
     PerBatch,
-    /// cos, sin: a table `[max_pos, rotary_dim]` (`max_pos = cos.len() / rotary_dim ≥ 1`),
-    /// token `(b, s)` uses row `position_ids[b·seq_len + s]`.
+    /// cos, sin: a table `[max_pos, r]` (`max_pos = cos.len() / r ≥ 1`), token `(b, s)` uses
+    /// row `position_ids[b·seq_len + s]`.
     Gathered(PositionIds<'a>),
 }
 
@@ -204,18 +292,21 @@ pub enum PositionIds<'a> {
     DeviceI64(CudaView<'a, i64>),
 }
 
-/// RoPE forward (NeoX half-split rotation by θ), in place on `q` and `k`, in one launch.
+/// RoPE forward (rotation by θ), in place on `q` and `k`, in one launch.
 ///
-/// For every head of q and k and every `i < r/2` (`r = args.rotary_dim`), with
-/// `x1 = x[i]`, `x2 = x[i + r/2]` and `c`, `s` = element `i` of the token's cos/sin row:
-/// `x[i] ← x1·c − x2·s`, `x[i + r/2] ← x2·c + x1·s`, computed in f32 (each product rounded
-/// to f32, no FMA) and rounded once to `T`. Dims `r..head_dim` are not written.
+/// For every head of q and k and every pair `i < r/2` (`r = args.rotary_dim`), with
+/// `(x1, x2)` the pair's two dims (`x[i]`, `x[i + r/2]`, or `x[2i]`, `x[2i + 1]` interleaved)
+/// and `c`, `s` its entries of the token's cos/sin rows ([`RopeArgs`]): `x1 ← x1·c − x2·s`,
+/// `x2 ← x2·c + x1·s`, computed in f32 (each product rounded to f32, no FMA) and rounded once
+/// to `T`. Dims `r..head_dim` are not written.
 ///
 /// `q` must hold exactly `batch × seq_len × q_heads × head_dim` elements and `k`
 /// `batch × seq_len × k_heads × head_dim` (layouts: [`RopeArgs`]); `cos`/`sin` are laid out
 /// as `layout` says (their lengths must match it exactly; `sin` like `cos`). `q` and `k` must
 /// not overlap each other, `cos`, `sin` or device position ids. One launch on `stream`, no
-/// synchronisation, no allocation (except for [`PositionIds::Host`]).
+/// synchronisation, no allocation (except for [`PositionIds::Host`]). NeoX pairs in the
+/// default layout with full-width rows take 16-byte vector kernels where the shape and
+/// alignment allow; the other forms take scalar kernels.
 ///
 /// ```no_run
 /// use liger_rs::{CosSinLayout, RopeArgs, rope_forward};
@@ -253,8 +344,8 @@ pub fn rope_forward<T: Dtype>(
 
 /// RoPE backward (rotation by −θ), in place on the gradients `dq` and `dk`, in one launch.
 ///
-/// With `dy1 = dx[i]`, `dy2 = dx[i + r/2]`: `dx[i] ← dy1·c + dy2·s`,
-/// `dx[i + r/2] ← dy2·c − dy1·s`, f32 math and one rounding to `T`. `dq`/`dk` have the
+/// With `(dy1, dy2)` a pair of the gradient: `dy1 ← dy1·c + dy2·s`, `dy2 ← dy2·c − dy1·s`,
+/// f32 math and one rounding to `T`. `dq`/`dk` have the
 /// shapes of `q`/`k`; `cos`, `sin` and `layout` are those of the forward. Otherwise as
 /// [`rope_forward`].
 ///
@@ -286,18 +377,20 @@ pub fn rope_backward<T: Dtype>(
     rope(stream, args, Direction::Backward, dq, dk, cos, sin, layout)
 }
 
-#[derive(Clone, Copy)]
-enum Direction {
+/// Rotation by θ (forward) or by −θ (backward).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Direction {
     Forward,
     Backward,
 }
 
 impl Direction {
-    /// Kernel-name part and the names of the two in-place buffers.
-    fn names(self) -> (&'static str, &'static str, &'static str) {
+    /// Kernel-name part and the names of the q and k buffers, then of their outputs when
+    /// they have their own.
+    fn names(self) -> (&'static str, [&'static str; 4]) {
         match self {
-            Direction::Forward => ("fwd", "q", "k"),
-            Direction::Backward => ("bwd", "dq", "dk"),
+            Direction::Forward => ("fwd", ["q", "k", "q_out", "k_out"]),
+            Direction::Backward => ("bwd", ["dq", "dk", "dq_out", "dk_out"]),
         }
     }
 }
@@ -372,13 +465,10 @@ fn rope<T: Dtype>(
     sin: &impl DevicePtr<T>,
     layout: &CosSinLayout<'_>,
 ) -> Result<()> {
-    let (dir, q_name, k_name) = direction.names();
+    let [q_name, k_name, ..] = direction.names().1;
     let sizes = args.check()?;
-    let r = args.rotary_dim;
     same_context(stream, q_name, q)?;
     same_context(stream, k_name, k)?;
-    same_context(stream, "cos", cos)?;
-    same_context(stream, "sin", sin)?;
     exactly(
         q_name,
         q.len(),
@@ -391,33 +481,205 @@ fn rope<T: Dtype>(
         sizes.k_len,
         "batch × seq_len × k_heads × head_dim",
     )?;
+    let table = check_tables(stream, args, &sizes, cos, sin, layout)?;
+    if sizes.tokens == 0 {
+        return Ok(());
+    }
+    let (q_ptr, _q) = q.device_ptr_mut(stream);
+    let (k_ptr, _k) = k.device_ptr_mut(stream);
+    let io = Io {
+        q: q_ptr,
+        k: k_ptr,
+        out: None,
+    };
+    launch(stream, args, direction, &sizes, io, cos, sin, layout, table)
+}
 
-    // The cos/sin rows: how many there are and which kernel variant selects them.
-    let table_rows = match layout {
+/// RoPE forward out of place: the rotation of [`rope_forward`] read from `q` and `k` and
+/// written to `q_out` and `k_out` (shaped like them, dims past `rotary_dim` copied), in one
+/// launch; `q` and `k` are not modified.
+///
+/// Arguments as [`rope_forward`]; `q_out` and `k_out` must not overlap each other or any input
+/// (`q` and `k` may overlap each other: they are only read). Out of place always takes the
+/// scalar kernels, so a caller that would otherwise copy q and k first reads and writes each
+/// element once instead of twice; in place, [`rope_forward`] may take the vector kernels.
+///
+/// ```no_run
+/// use liger_rs::{CosSinLayout, RopeArgs, rope_forward_into};
+/// let stream = liger_rs::cuda_context(0)?.default_stream();
+/// let (b, s, hq, hk, d) = (1, 16, 8, 2, 64);
+/// // candle-nn's tables: [s, d/2], one value per pair; q and k head-major [b, h, s, d].
+/// let args = RopeArgs::new(b, s, hq, hk, d).with_half_tables().with_head_major();
+/// let cos = stream.clone_htod(&vec![1.0f32; s * d / 2])?;
+/// let sin = stream.alloc_zeros::<f32>(s * d / 2)?;
+/// let q = stream.clone_htod(&vec![1.0f32; b * hq * s * d])?;
+/// let k = stream.clone_htod(&vec![1.0f32; b * hk * s * d])?;
+/// let (mut q_rot, mut k_rot) = (stream.alloc_zeros::<f32>(q.len())?, stream.alloc_zeros::<f32>(k.len())?);
+/// rope_forward_into(&stream, &args, &q, &k, &cos, &sin, &CosSinLayout::PerPosition, &mut q_rot, &mut k_rot)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[allow(clippy::too_many_arguments)]
+pub fn rope_forward_into<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &RopeArgs,
+    q: &impl DevicePtr<T>,
+    k: &impl DevicePtr<T>,
+    cos: &impl DevicePtr<T>,
+    sin: &impl DevicePtr<T>,
+    layout: &CosSinLayout<'_>,
+    q_out: &mut impl DevicePtrMut<T>,
+    k_out: &mut impl DevicePtrMut<T>,
+) -> Result<()> {
+    let io = (q, q_out, Some((k, k_out)));
+    rope_into(stream, args, Direction::Forward, io, cos, sin, layout)
+}
+
+/// RoPE backward out of place: the rotation by −θ of [`rope_backward`] read from `dq` and
+/// `dk` and written to `dq_out` and `dk_out`; otherwise as [`rope_forward_into`].
+///
+/// ```no_run
+/// use liger_rs::{CosSinLayout, RopeArgs, rope_backward_into};
+/// let stream = liger_rs::cuda_context(0)?.default_stream();
+/// let (b, s, hq, hk, d) = (1, 16, 8, 2, 64);
+/// let args = RopeArgs::new(b, s, hq, hk, d).with_interleaved();
+/// let cos = stream.clone_htod(&vec![1.0f32; s * d])?;
+/// let sin = stream.alloc_zeros::<f32>(s * d)?;
+/// let dq = stream.clone_htod(&vec![1.0f32; b * s * hq * d])?;
+/// let dk = stream.clone_htod(&vec![1.0f32; b * s * hk * d])?;
+/// let (mut gq, mut gk) = (stream.alloc_zeros::<f32>(dq.len())?, stream.alloc_zeros::<f32>(dk.len())?);
+/// rope_backward_into(&stream, &args, &dq, &dk, &cos, &sin, &CosSinLayout::PerPosition, &mut gq, &mut gk)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[allow(clippy::too_many_arguments)]
+pub fn rope_backward_into<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &RopeArgs,
+    dq: &impl DevicePtr<T>,
+    dk: &impl DevicePtr<T>,
+    cos: &impl DevicePtr<T>,
+    sin: &impl DevicePtr<T>,
+    layout: &CosSinLayout<'_>,
+    dq_out: &mut impl DevicePtrMut<T>,
+    dk_out: &mut impl DevicePtrMut<T>,
+) -> Result<()> {
+    let io = (dq, dq_out, Some((dk, dk_out)));
+    rope_into(stream, args, Direction::Backward, io, cos, sin, layout)
+}
+
+/// The q input and output of an out-of-place call, and k's (`None`: q alone, with
+/// `args.k_heads = 0`).
+pub(crate) type OutOfPlace<'a, Q, QO, K, KO> = (&'a Q, &'a mut QO, Option<(&'a K, &'a mut KO)>);
+
+/// RoPE out of place on the general kernels, with or without k (see [`rope_forward_into`]).
+pub(crate) fn rope_into<T, Q, QO, K, KO>(
+    stream: &Arc<CudaStream>,
+    args: &RopeArgs,
+    direction: Direction,
+    (q, q_out, k): OutOfPlace<'_, Q, QO, K, KO>,
+    cos: &impl DevicePtr<T>,
+    sin: &impl DevicePtr<T>,
+    layout: &CosSinLayout<'_>,
+) -> Result<()>
+where
+    T: Dtype,
+    Q: DevicePtr<T>,
+    QO: DevicePtrMut<T>,
+    K: DevicePtr<T>,
+    KO: DevicePtrMut<T>,
+{
+    let [q_name, k_name, q_out_name, k_out_name] = direction.names().1;
+    let sizes = args.check_heads(k.is_some())?;
+    // The general kernels index a token's items (pairs and copied tail dims) in 32 bits.
+    (args.q_heads + args.k_heads)
+        .checked_mul(args.head_dim)
+        .filter(|&n| n < 1 << 31)
+        .ok_or_else(|| {
+            invalid(
+                "args",
+                "(q_heads + k_heads) × head_dim < 2^31",
+                format!(
+                    "{} + {} heads of {}",
+                    args.q_heads, args.k_heads, args.head_dim
+                ),
+            )
+        })?;
+    let what_q = "batch × seq_len × q_heads × head_dim";
+    let what_k = "batch × seq_len × k_heads × head_dim";
+    same_context(stream, q_name, q)?;
+    same_context(stream, q_out_name, q_out)?;
+    exactly(q_name, q.len(), sizes.q_len, what_q)?;
+    exactly(q_out_name, q_out.len(), sizes.q_len, what_q)?;
+    if let Some((k, k_out)) = &k {
+        same_context(stream, k_name, *k)?;
+        same_context(stream, k_out_name, &**k_out)?;
+        exactly(k_name, k.len(), sizes.k_len, what_k)?;
+        exactly(k_out_name, k_out.len(), sizes.k_len, what_k)?;
+    }
+    let table = check_tables(stream, args, &sizes, cos, sin, layout)?;
+    if sizes.tokens == 0 {
+        return Ok(());
+    }
+    let (q_ptr, _q) = q.device_ptr(stream);
+    let (q_out_ptr, _q_out) = q_out.device_ptr_mut(stream);
+    let (k_ptr, _k, k_out_ptr, _k_out) = match k {
+        Some((k, k_out)) => {
+            let (p, g) = k.device_ptr(stream);
+            let (po, go) = k_out.device_ptr_mut(stream);
+            (p, Some(g), po, Some(go))
+        }
+        None => (0, None, 0, None),
+    };
+    let io = Io {
+        q: q_ptr,
+        k: k_ptr,
+        out: Some((q_out_ptr, k_out_ptr)),
+    };
+    launch(stream, args, direction, &sizes, io, cos, sin, layout, table)
+}
+
+/// The cos/sin rows a call's layout provides and the kernel-name suffix that selects them.
+struct Tables {
+    rows: usize,
+    variant: &'static str,
+}
+
+/// Checks cos, sin and the position ids against `args` and `layout`.
+fn check_tables<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &RopeArgs,
+    sizes: &RopeSizes,
+    cos: &impl DevicePtr<T>,
+    sin: &impl DevicePtr<T>,
+    layout: &CosSinLayout<'_>,
+) -> Result<Tables> {
+    same_context(stream, "cos", cos)?;
+    same_context(stream, "sin", sin)?;
+    let r = args.table_row_len();
+    let rows = match layout {
         CosSinLayout::PerPosition => {
             let need = args
                 .seq_len
                 .checked_mul(r)
-                .ok_or_else(|| invalid("cos", "seq_len × rotary_dim within usize", args.seq_len))?;
-            exactly("cos", cos.len(), need, "seq_len × rotary_dim")?;
+                .ok_or_else(|| invalid("cos", "seq_len × row length within usize", args.seq_len))?;
+            exactly("cos", cos.len(), need, "seq_len × row length")?;
             args.seq_len
         }
         CosSinLayout::PerBatch => {
             let need = sizes.tokens.checked_mul(r).ok_or_else(|| {
                 invalid(
                     "cos",
-                    "batch × seq_len × rotary_dim within usize",
+                    "batch × seq_len × row length within usize",
                     sizes.tokens,
                 )
             })?;
-            exactly("cos", cos.len(), need, "batch × seq_len × rotary_dim")?;
+            exactly("cos", cos.len(), need, "batch × seq_len × row length")?;
             sizes.tokens
         }
         CosSinLayout::Gathered(_) => {
             if cos.len() == 0 || !cos.len().is_multiple_of(r) {
                 return Err(invalid(
                     "cos",
-                    format!("a table of max_pos ≥ 1 rows of rotary_dim = {r} elements"),
+                    format!("a table of max_pos ≥ 1 rows of {r} elements"),
                     format!("length {}", cos.len()),
                 ));
             }
@@ -446,14 +708,11 @@ fn rope<T: Dtype>(
                     if let Some((i, &id)) = h
                         .iter()
                         .enumerate()
-                        .find(|&(_, &id)| id < 0 || id as u64 >= table_rows as u64)
+                        .find(|&(_, &id)| id < 0 || id as u64 >= rows as u64)
                     {
                         return Err(invalid(
                             "position_ids",
-                            format!(
-                                "ids in 0 ..= {} (rows of the cos/sin table)",
-                                table_rows - 1
-                            ),
+                            format!("ids in 0 ..= {} (rows of the cos/sin table)", rows - 1),
                             format!("position_ids[{i}] = {id}"),
                         ));
                     }
@@ -464,12 +723,64 @@ fn rope<T: Dtype>(
             }
         }
     };
-    if sizes.tokens == 0 {
-        return Ok(());
-    }
+    Ok(Tables { rows, variant })
+}
 
-    let (q_ptr, _q) = q.device_ptr_mut(stream);
-    let (k_ptr, _k) = k.device_ptr_mut(stream);
+/// The q and k buffers of one launch as device pointers (their guards held by the caller):
+/// `q` and `k` (0 without k) are read, and written in place (`out = None`) or to the
+/// `(q_out, k_out)` pointers.
+struct Io {
+    q: u64,
+    k: u64,
+    out: Option<(u64, u64)>,
+}
+
+/// The form bits of the general kernels (`flags` in `kernels-gpu/src/rope.rs`; must match).
+mod form {
+    pub(super) const INTERLEAVED: u32 = 1;
+    pub(super) const HEAD_MAJOR: u32 = 2;
+    pub(super) const HALF_TABLES: u32 = 4;
+    pub(super) const COPY_TAIL: u32 = 8;
+}
+
+/// The form bits of a general-kernel call, and the work items of one token: each head's
+/// pairs, and out of place its tail dims past `rotary_dim`, which the kernel copies.
+fn general_form(args: &RopeArgs, out_of_place: bool) -> (u32, usize) {
+    let tail = if out_of_place {
+        args.head_dim - args.rotary_dim
+    } else {
+        0
+    };
+    let bits = [
+        (args.interleaved, form::INTERLEAVED),
+        (args.head_major, form::HEAD_MAJOR),
+        (args.half_tables, form::HALF_TABLES),
+        (tail > 0, form::COPY_TAIL),
+    ];
+    let flags = bits
+        .iter()
+        .filter(|(on, _)| *on)
+        .fold(0, |f, (_, bit)| f | bit);
+    let items = (args.q_heads + args.k_heads) * (args.rotary_dim / 2 + tail);
+    (flags, items)
+}
+
+/// Checks aliasing and launches: the NeoX in-place kernels (vector where they apply) or the
+/// general kernels.
+#[allow(clippy::too_many_arguments)]
+fn launch<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &RopeArgs,
+    direction: Direction,
+    sizes: &RopeSizes,
+    io: Io,
+    cos: &impl DevicePtr<T>,
+    sin: &impl DevicePtr<T>,
+    layout: &CosSinLayout<'_>,
+    table: Tables,
+) -> Result<()> {
+    let (dir, [q_name, k_name, q_out_name, k_out_name]) = direction.names();
+    let r = args.rotary_dim;
     let (cos_ptr, _cos) = cos.device_ptr(stream);
     let (sin_ptr, _sin) = sin.device_ptr(stream);
     let (ids_ptr, _ids, ids_region) = match layout {
@@ -483,17 +794,34 @@ fn rope<T: Dtype>(
         }
         _ => (0, None, Region::new::<i64>("position_ids", 0, 0)),
     };
-    disjoint(
-        &[
-            Region::new::<T>(q_name, q_ptr, sizes.q_len),
-            Region::new::<T>(k_name, k_ptr, sizes.k_len),
-        ],
-        &[
-            Region::new::<T>("cos", cos_ptr, cos.len()),
-            Region::new::<T>("sin", sin_ptr, sin.len()),
-            ids_region,
-        ],
-    )?;
+    let tables = [
+        Region::new::<T>("cos", cos_ptr, cos.len()),
+        Region::new::<T>("sin", sin_ptr, sin.len()),
+        ids_region,
+    ];
+    let (q_write, k_write) = match io.out {
+        None => {
+            let outputs = [
+                Region::new::<T>(q_name, io.q, sizes.q_len),
+                Region::new::<T>(k_name, io.k, sizes.k_len),
+            ];
+            disjoint(&outputs, &tables)?;
+            (io.q, io.k)
+        }
+        Some((q_out, k_out)) => {
+            let outputs = [
+                Region::new::<T>(q_out_name, q_out, sizes.q_len),
+                Region::new::<T>(k_out_name, k_out, sizes.k_len),
+            ];
+            let inputs = [
+                Region::new::<T>(q_name, io.q, sizes.q_len),
+                Region::new::<T>(k_name, io.k, sizes.k_len),
+            ];
+            let inputs: Vec<Region> = inputs.into_iter().chain(tables).collect();
+            disjoint(&outputs, &inputs)?;
+            (q_out, k_out)
+        }
+    };
     // Host ids go up only now that every check has passed; a fresh allocation is disjoint
     // from every argument by construction.
     let uploaded: Option<CudaSlice<i64>> = match layout {
@@ -509,7 +837,54 @@ fn rope<T: Dtype>(
     };
 
     let kernels = kernels(stream.context())?;
-    let ptrs = [q_ptr, k_ptr, cos_ptr, sin_ptr];
+    let variant = table.variant;
+    let dims = [
+        sizes.tokens,
+        args.seq_len,
+        args.q_heads,
+        args.k_heads,
+        args.head_dim,
+        r,
+        table.rows,
+    ]
+    .map(|v| v as u64);
+    if io.out.is_some() || !args.neox_in_place() {
+        let func = kernels.function(&format!("rope_{dir}_g_{}_{variant}", T::NAME))?;
+        let (form, items) = general_form(args, io.out.is_some());
+        let (tx, ty) = block_shape(items);
+        let blocks = sizes.tokens.div_ceil(ty as usize).min(i32::MAX as usize);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (tx, ty, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = stream.launch_builder(&func);
+        launch
+            .arg(&io.q)
+            .arg(&io.k)
+            .arg(&q_write)
+            .arg(&k_write)
+            .arg(&cos_ptr)
+            .arg(&sin_ptr)
+            .arg(&ids_ptr);
+        for v in &dims {
+            launch.arg(v);
+        }
+        launch.arg(&form);
+        // SAFETY: argument order and types match `rope_general_kernel!` in kernels-gpu (7
+        // pointers, the 7 sizes as u64, the form bits as u32). q/k and their outputs were
+        // checked to hold exactly tokens × heads × head_dim elements (k absent, null and
+        // unused, when k_heads = 0), every output to be its input (in place) or disjoint from
+        // every other buffer, and cos/sin to hold every row the variant selects in rows of
+        // `table_row_len` elements, as `form` tells the kernel; ids as for the other
+        // kernels. `rotary_dim` is even, 2 ..= head_dim, `tokens > 0` implies `seq_len ≥ 1`,
+        // and a token's items (pairs, plus tail dims out of place: `rope_into` checked
+        // heads × head_dim < 2^31) are below 2^31.
+        unsafe { launch.launch(cfg) }?;
+        return Ok(());
+    }
+
+    let ptrs = [io.q, io.k, cos_ptr, sin_ptr];
     let cfg = match vector_lanes(args, std::mem::size_of::<T>(), ptrs) {
         Some(lanes) => {
             let func = kernels.function(&format!("rope_{dir}_v_{}_{variant}", T::NAME))?;
@@ -547,20 +922,10 @@ fn rope<T: Dtype>(
         }
     };
     let (func, cfg) = cfg;
-    let dims = [
-        sizes.tokens,
-        args.seq_len,
-        args.q_heads,
-        args.k_heads,
-        args.head_dim,
-        r,
-        table_rows,
-    ]
-    .map(|v| v as u64);
     let mut launch = stream.launch_builder(&func);
     launch
-        .arg(&q_ptr)
-        .arg(&k_ptr)
+        .arg(&io.q)
+        .arg(&io.k)
         .arg(&cos_ptr)
         .arg(&sin_ptr)
         .arg(&ids_ptr);
@@ -676,6 +1041,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn general_form_bits_and_items() {
+        let a = RopeArgs::new(2, 3, 4, 2, 16).with_rotary_dim(8);
+        // In place the tail is not touched; out of place each head copies its 8 tail dims.
+        assert_eq!(general_form(&a, false), (0, 6 * 4));
+        assert_eq!(general_form(&a, true), (form::COPY_TAIL, 6 * (4 + 8)));
+        let all = a.with_interleaved().with_half_tables().with_head_major();
+        let bits = form::INTERLEAVED | form::HEAD_MAJOR | form::HALF_TABLES;
+        assert_eq!(general_form(&all, false).0, bits);
+        let full = RopeArgs::new(1, 1, 1, 1, 16).with_head_major();
+        assert_eq!(general_form(&full, true), (form::HEAD_MAJOR, 2 * 8));
+        assert!(RopeArgs::new(1, 1, 1, 1, 8).neox_in_place());
+        assert!(!full.neox_in_place());
+    }
+
+    #[test]
+    fn q_alone_needs_zero_k_heads() {
+        let q_only = RopeArgs::new(2, 3, 4, 0, 8);
+        let sizes = q_only.check_heads(false).unwrap();
+        assert_eq!((sizes.q_len, sizes.k_len, sizes.pairs), (192, 0, 16));
+        assert!(q_only.check().is_err());
+        assert!(RopeArgs::new(2, 3, 4, 1, 8).check_heads(false).is_err());
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! RoPE forward and backward, NeoX half-split rotation, in place on q and k in one launch
-//! (semantics: DESIGN.md §3, host: `src/rope.rs`).
+//! RoPE forward and backward on q and k in one launch: the NeoX half-split rotation in place
+//! (scalar and vector kernels), and the general kernels' other forms (host: `src/rope.rs`).
 //!
 //! q is `[tokens, q_heads, head_dim]` and k `[tokens, k_heads, head_dim]` (tokens = B·S,
 //! contiguous). Only the first `rotary_dim` dims of a head rotate: with `half = rotary_dim / 2`,
@@ -22,6 +22,10 @@
 //! Vector path (`rope_{fwd,bwd}_v_*`, see [`rotate_vec`]): 16-byte loads and stores when both
 //! halves of the rotary part are whole [`V16`]s. Same math, bit for bit.
 //!
+//! General path (`rope_{fwd,bwd}_g_*`, see [`rotate_any`]): the scalar mapping with separate
+//! inputs and outputs (in place when they are the same buffers), and the forms that [`flags`]
+//! select: interleaved pairs, head-major q and k, half-width cos/sin rows. Same math.
+//!
 //! Math in f32, one rounding to the element type per output, no FMA contraction:
 //! `o1 = T(x1·c − x2·s)`, `o2 = T(x2·c + x1·s)` with each product rounded to f32. The backward
 //! is the same with `s → −s` (exact), i.e. `g1 = dy1·c + dy2·s`, `g2 = dy2·c − dy1·s`.
@@ -41,6 +45,23 @@ pub mod rows {
     pub const IDS_I32: u32 = 2;
     /// As [`IDS_I32`] with i64 ids.
     pub const IDS_I64: u32 = 3;
+}
+
+/// Forms of the general kernels, a bit set (the `flags` argument; the host's `flags()` in
+/// `src/rope.rs` builds the same bits).
+pub mod flags {
+    /// Pair `i < rotary_dim/2` is `(x[2i], x[2i + 1])` (GPT-J, candle-nn's `rope_i`) instead
+    /// of the NeoX halves `(x[i], x[i + rotary_dim/2])`.
+    pub const INTERLEAVED: u32 = 1;
+    /// q is `[B, q_heads, S, head_dim]` and k `[B, k_heads, S, head_dim]` (heads before
+    /// positions) instead of `[B, S, heads, head_dim]`.
+    pub const HEAD_MAJOR: u32 = 2;
+    /// cos/sin rows hold `rotary_dim/2` values, one per pair, instead of `rotary_dim`, one per
+    /// rotary dim (where pair `i` reads the entry of its first dim: `i`, or `2i` interleaved).
+    pub const HALF_TABLES: u32 = 4;
+    /// The output is not the input and `rotary_dim < head_dim`: dims `rotary_dim..head_dim`
+    /// are copied from input to output.
+    pub const COPY_TAIL: u32 = 8;
 }
 
 /// A position id clamped into `[0, rows)` (`rows ≥ 1`).
@@ -123,6 +144,110 @@ unsafe fn rotate<T: Elem, const ROWS: u32, const BWD: bool>(
             unsafe {
                 *x = T::from_f32(x1 * c - x2 * s);
                 *x.add(half) = T::from_f32(x2 * c + x1 * s);
+            }
+            j += tx;
+        }
+        token += step;
+    }
+}
+
+/// The general path: the scalar mapping of [`rotate`] (a 2-D block, `threadIdx.y` a token,
+/// `threadIdx.x` striding over the token's work items, q heads first, then k heads), reading
+/// from `q`, `k` and writing to `q_out`, `k_out` (the same pointers for in place: each element
+/// is read and written by one thread). A head has `rotary_dim/2` pairs, then, with
+/// [`flags::COPY_TAIL`], its `head_dim − rotary_dim` tail dims as items that copy one element.
+/// `k_heads = 0` rotates q alone (`k`, `k_out` unused). The host guarantees
+/// `(q_heads + k_heads)·head_dim < 2³¹` (32-bit item indices); offsets are 64-bit.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rotate_any<T: Elem, const ROWS: u32, const BWD: bool>(
+    q: *const T,
+    k: *const T,
+    q_out: *mut T,
+    k_out: *mut T,
+    cos: *const T,
+    sin: *const T,
+    ids: *const u8,
+    tokens: usize,
+    seq_len: usize,
+    q_heads: usize,
+    k_heads: usize,
+    head_dim: usize,
+    rotary_dim: usize,
+    table_rows: usize,
+    form: u32,
+) {
+    let half = rotary_dim / 2;
+    let interleaved = form & flags::INTERLEAVED != 0;
+    let head_major = form & flags::HEAD_MAJOR != 0;
+    // Row length and the table entry of pair `i` (`i·cs_step`).
+    let (row_len, cs_step) = if form & flags::HALF_TABLES != 0 {
+        (half, 1)
+    } else if interleaved {
+        (rotary_dim, 2)
+    } else {
+        (rotary_dim, 1)
+    };
+    let tail = if form & flags::COPY_TAIL != 0 {
+        head_dim - rotary_dim
+    } else {
+        0
+    };
+    let per_head = (half + tail) as u32;
+    let q_items = q_heads as u32 * per_head;
+    let items = q_items + k_heads as u32 * per_head;
+    let (tx, ty) = (block_dim() as u32, block_dim_y());
+    let mut token = block_idx() * ty + thread_idx_y();
+    let step = grid_dim() * ty;
+    while token < tokens {
+        let row = unsafe { table_row::<ROWS>(token, seq_len, ids, table_rows) };
+        let cos_row = unsafe { cos.add(row * row_len) };
+        let sin_row = unsafe { sin.add(row * row_len) };
+        // Offset of head 0 of this token in q and in k, and the distance between heads.
+        let (q_tok, k_tok, head_stride) = if head_major {
+            let b = token / seq_len;
+            let s = token - b * seq_len;
+            (
+                (b * q_heads * seq_len + s) * head_dim,
+                (b * k_heads * seq_len + s) * head_dim,
+                seq_len * head_dim,
+            )
+        } else {
+            (
+                token * q_heads * head_dim,
+                token * k_heads * head_dim,
+                head_dim,
+            )
+        };
+        let mut j = thread_idx() as u32;
+        while j < items {
+            let (src, dst, jj, tok) = if j < q_items {
+                (q, q_out, j, q_tok)
+            } else {
+                (k, k_out, j - q_items, k_tok)
+            };
+            let head = jj / per_head;
+            let e = (jj - head * per_head) as usize;
+            let at = tok + head as usize * head_stride;
+            let (x, y) = unsafe { (src.add(at), dst.add(at)) };
+            if e < half {
+                let (o1, o2) = if interleaved {
+                    (2 * e, 2 * e + 1)
+                } else {
+                    (e, e + half)
+                };
+                let x1 = unsafe { *x.add(o1) }.to_f32();
+                let x2 = unsafe { *x.add(o2) }.to_f32();
+                let c = unsafe { *cos_row.add(e * cs_step) }.to_f32();
+                let s = unsafe { *sin_row.add(e * cs_step) }.to_f32();
+                let s = if BWD { -s } else { s };
+                unsafe {
+                    *y.add(o1) = T::from_f32(x1 * c - x2 * s);
+                    *y.add(o2) = T::from_f32(x2 * c + x1 * s);
+                }
+            } else {
+                let o = rotary_dim + (e - half);
+                unsafe { *y.add(o) = *x.add(o) };
             }
             j += tx;
         }
@@ -416,4 +541,96 @@ rope_kernels!(Bf16,
     rope_bwd_v_bf16_batch: rotate_vec, rows::PER_BATCH, true;
     rope_bwd_v_bf16_ids32: rotate_vec, rows::IDS_I32, true;
     rope_bwd_v_bf16_ids64: rotate_vec, rows::IDS_I64, true;
+);
+
+macro_rules! rope_general_kernel {
+    ($ty:ty, $name:ident, $rows:expr, $bwd:expr) => {
+        /// RoPE for one dtype, direction and cos/sin row source on the general path
+        /// ([`rotate_any`]): out of place or in place, in the forms `form` selects ([`flags`]).
+        ///
+        /// # Safety
+        /// `q`/`q_out` hold `tokens × q_heads × head_dim` elements and `k`/`k_out`
+        /// `tokens × k_heads × head_dim` (none and unused when `k_heads = 0`) in the layout
+        /// `form` names; each output is its input or disjoint from every buffer; the outputs
+        /// are disjoint. `cos`/`sin` hold every row the variant can select (`seq_len`,
+        /// `tokens` or `table_rows` rows of `rotary_dim`, or `rotary_dim/2` with
+        /// [`flags::HALF_TABLES`]); `ids` as for the other kernels. `2 ≤ rotary_dim ≤
+        /// head_dim`, both even, `seq_len ≥ 1`, `(q_heads + k_heads)·head_dim < 2³¹`;
+        /// [`flags::COPY_TAIL`] only out of place.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "gpu-kernel" fn $name(
+            q: *const $ty,
+            k: *const $ty,
+            q_out: *mut $ty,
+            k_out: *mut $ty,
+            cos: *const $ty,
+            sin: *const $ty,
+            ids: *const u8,
+            tokens: u64,
+            seq_len: u64,
+            q_heads: u64,
+            k_heads: u64,
+            head_dim: u64,
+            rotary_dim: u64,
+            table_rows: u64,
+            form: u32,
+        ) {
+            unsafe {
+                rotate_any::<$ty, { $rows }, { $bwd }>(
+                    q,
+                    k,
+                    q_out,
+                    k_out,
+                    cos,
+                    sin,
+                    ids,
+                    tokens as usize,
+                    seq_len as usize,
+                    q_heads as usize,
+                    k_heads as usize,
+                    head_dim as usize,
+                    rotary_dim as usize,
+                    table_rows as usize,
+                    form,
+                )
+            }
+        }
+    };
+}
+
+macro_rules! rope_general_kernels {
+    ($ty:ty, $($name:ident: $rows:expr, $bwd:expr;)*) => {
+        $(rope_general_kernel!($ty, $name, $rows, $bwd);)*
+    };
+}
+
+rope_general_kernels!(f32,
+    rope_fwd_g_f32_pos: rows::PER_POSITION, false;
+    rope_fwd_g_f32_batch: rows::PER_BATCH, false;
+    rope_fwd_g_f32_ids32: rows::IDS_I32, false;
+    rope_fwd_g_f32_ids64: rows::IDS_I64, false;
+    rope_bwd_g_f32_pos: rows::PER_POSITION, true;
+    rope_bwd_g_f32_batch: rows::PER_BATCH, true;
+    rope_bwd_g_f32_ids32: rows::IDS_I32, true;
+    rope_bwd_g_f32_ids64: rows::IDS_I64, true;
+);
+rope_general_kernels!(f16,
+    rope_fwd_g_f16_pos: rows::PER_POSITION, false;
+    rope_fwd_g_f16_batch: rows::PER_BATCH, false;
+    rope_fwd_g_f16_ids32: rows::IDS_I32, false;
+    rope_fwd_g_f16_ids64: rows::IDS_I64, false;
+    rope_bwd_g_f16_pos: rows::PER_POSITION, true;
+    rope_bwd_g_f16_batch: rows::PER_BATCH, true;
+    rope_bwd_g_f16_ids32: rows::IDS_I32, true;
+    rope_bwd_g_f16_ids64: rows::IDS_I64, true;
+);
+rope_general_kernels!(Bf16,
+    rope_fwd_g_bf16_pos: rows::PER_POSITION, false;
+    rope_fwd_g_bf16_batch: rows::PER_BATCH, false;
+    rope_fwd_g_bf16_ids32: rows::IDS_I32, false;
+    rope_fwd_g_bf16_ids64: rows::IDS_I64, false;
+    rope_bwd_g_bf16_pos: rows::PER_POSITION, true;
+    rope_bwd_g_bf16_batch: rows::PER_BATCH, true;
+    rope_bwd_g_bf16_ids32: rows::IDS_I32, true;
+    rope_bwd_g_bf16_ids64: rows::IDS_I64, true;
 );

@@ -1,16 +1,18 @@
-//! RoPE on the CPU: NeoX half-split rotation with the kernels' f32 cast points, f64 between.
+//! RoPE on the CPU: the kernels' rotation with their f32 cast points, f64 between.
 //!
-//! Layouts and argument rules are those of [`crate::rope_forward`] ([`RopeArgs`]): q
-//! `[B, S, Hq, d]`, k `[B, S, Hk, d]`, cos/sin rows of `rotary_dim` elements of which only the
-//! first half is read. With `h = rotary_dim / 2`, for `i < h`: `x1 = x[i]`, `x2 = x[i + h]`,
-//! `c = cos[i]`, `s = sin[i]` (`s → −s` in the backward, an exact negation), all widened
-//! exactly, `F(·)` = rounding to f32 ([`Element::cast_f32`], the identity for f64) and `D(·)`
-//! = the one rounding to the element type:
+//! Layouts, forms and argument rules are those of [`crate::rope_forward`] ([`RopeArgs`]): q
+//! `[B, S, Hq, d]` and k `[B, S, Hk, d]` (or head-major `[B, H, S, d]`), NeoX or interleaved
+//! pairs, full- or half-width cos/sin rows. With `h = rotary_dim / 2`, pair `i < h` is
+//! `(x1, x2) = (x[i], x[i + h])` (NeoX) or `(x[2i], x[2i + 1])` (interleaved), and `c`, `s`
+//! are the pair's cos/sin entries (`i`, `2i` for interleaved full-width rows; `s → −s` in the
+//! backward, an exact negation), all widened exactly, `F(·)` = rounding to f32
+//! ([`Element::cast_f32`], the identity for f64) and `D(·)` = the one rounding to the element
+//! type:
 //!
-//! | output      | value                              |
-//! |-------------|------------------------------------|
-//! | `x[i]`      | `D(F(F(x1·c) − F(x2·s)))`          |
-//! | `x[i + h]`  | `D(F(F(x2·c) + F(x1·s)))`          |
+//! | output | value                     |
+//! |--------|---------------------------|
+//! | `x1`   | `D(F(F(x1·c) − F(x2·s)))` |
+//! | `x2`   | `D(F(F(x2·c) + F(x1·s)))` |
 //!
 //! This is exactly what the kernel computes (`mul.rn.f32` for each product, one
 //! `sub`/`add.rn.f32`, no FMA): the f64 product of two values of at most 24 significant bits
@@ -22,7 +24,8 @@ use super::Element;
 use crate::RopeArgs;
 use crate::error::{Result, invalid};
 
-/// Where each token's cos/sin row comes from (host form of [`crate::CosSinLayout`]).
+/// Where each token's cos/sin row comes from (host form of [`crate::CosSinLayout`]); rows are
+/// [`RopeArgs::table_row_len`] long (`r` below).
 ///
 /// ```
 /// use liger_rs::reference::rope::CosSinRows;
@@ -31,12 +34,12 @@ use crate::error::{Result, invalid};
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CosSinRows<'a> {
-    /// cos, sin: `[seq_len, rotary_dim]`; token `(b, s)` uses row `s`.
+    /// cos, sin: `[seq_len, r]`; token `(b, s)` uses row `s`.
     PerPosition,
-    /// cos, sin: `[batch, seq_len, rotary_dim]`; token `(b, s)` uses row `b·seq_len + s`.
+    /// cos, sin: `[batch, seq_len, r]`; token `(b, s)` uses row `b·seq_len + s`.
     PerBatch,
-    /// cos, sin: `[max_pos, rotary_dim]` (`max_pos = cos.len() / rotary_dim`); token `(b, s)`
-    /// uses row `position_ids[b·seq_len + s]`, which must lie in `0 .. max_pos`.
+    /// cos, sin: `[max_pos, r]` (`max_pos = cos.len() / r`); token `(b, s)` uses row
+    /// `position_ids[b·seq_len + s]`, which must lie in `0 .. max_pos`.
     Gathered(&'a [i64]),
 }
 
@@ -58,7 +61,7 @@ pub fn rope_forward<T: Element>(
     sin: &[T],
     rows: CosSinRows<'_>,
 ) -> Result<()> {
-    rope(args, false, ["q", "k"], q, k, cos, sin, rows)
+    rope(args, false, ["q", "k"], q, Some(k), cos, sin, rows)
 }
 
 /// The RoPE backward (rotation by −θ), in place on `dq` and `dk`:
@@ -80,7 +83,21 @@ pub fn rope_backward<T: Element>(
     sin: &[T],
     rows: CosSinRows<'_>,
 ) -> Result<()> {
-    rope(args, true, ["dq", "dk"], dq, dk, cos, sin, rows)
+    rope(args, true, ["dq", "dk"], dq, Some(dk), cos, sin, rows)
+}
+
+/// RoPE on one tensor `x` shaped like q (`args.k_heads` must be 0): the forward, or the
+/// backward with `backward`, in place.
+#[cfg(feature = "candle")]
+pub(crate) fn rope_one<T: Element>(
+    args: &RopeArgs,
+    backward: bool,
+    x: &mut [T],
+    cos: &[T],
+    sin: &[T],
+    rows: CosSinRows<'_>,
+) -> Result<()> {
+    rope(args, backward, ["x", "k"], x, None, cos, sin, rows)
 }
 
 /// Checks everything, then returns each token's cos/sin row.
@@ -91,7 +108,7 @@ fn token_rows<T>(
     sin: &[T],
     rows: CosSinRows<'_>,
 ) -> Result<Vec<usize>> {
-    let r = args.rotary_dim;
+    let r = args.table_row_len();
     let need = |n: usize, what: &str| -> Result<()> {
         let want = n
             .checked_mul(r)
@@ -102,13 +119,13 @@ fn token_rows<T>(
         Ok(())
     };
     match rows {
-        CosSinRows::PerPosition => need(args.seq_len, "seq_len × rotary_dim")?,
-        CosSinRows::PerBatch => need(tokens, "batch × seq_len × rotary_dim")?,
+        CosSinRows::PerPosition => need(args.seq_len, "seq_len × row length")?,
+        CosSinRows::PerBatch => need(tokens, "batch × seq_len × row length")?,
         CosSinRows::Gathered(_) => {
             if cos.is_empty() || !cos.len().is_multiple_of(r) {
                 return Err(invalid(
                     "cos",
-                    format!("a table of max_pos ≥ 1 rows of rotary_dim = {r} elements"),
+                    format!("a table of max_pos ≥ 1 rows of {r} elements"),
                     format!("length {}", cos.len()),
                 ));
             }
@@ -158,52 +175,66 @@ fn rope<T: Element>(
     backward: bool,
     names: [&'static str; 2],
     q: &mut [T],
-    k: &mut [T],
+    k: Option<&mut [T]>,
     cos: &[T],
     sin: &[T],
     rows: CosSinRows<'_>,
 ) -> Result<()> {
-    let sizes = args.check()?;
-    for (name, len, want, what) in [
-        (
-            names[0],
-            q.len(),
-            sizes.q_len,
-            "batch × seq_len × q_heads × head_dim",
-        ),
+    let sizes = args.check_heads(k.is_some())?;
+    let q_want = (
+        names[0],
+        q.len(),
+        sizes.q_len,
+        "batch × seq_len × q_heads × head_dim",
+    );
+    let k_want = k.as_ref().map(|k| {
         (
             names[1],
             k.len(),
             sizes.k_len,
             "batch × seq_len × k_heads × head_dim",
-        ),
-    ] {
+        )
+    });
+    for (name, len, want, what) in std::iter::once(q_want).chain(k_want) {
         if len != want {
             return Err(invalid(name, format!("length {want} ({what})"), len));
         }
     }
     let token_rows = token_rows(args, sizes.tokens, cos, sin, rows)?;
-    let (d, r) = (args.head_dim, args.rotary_dim);
+    let (d, r, s_len) = (args.head_dim, args.rotary_dim, args.seq_len);
     let h = r / 2;
+    let row_len = args.table_row_len();
+    // The table entry of pair `i` is `i·cs_step` into the row.
+    let cs_step = if args.interleaved && !args.half_tables {
+        2
+    } else {
+        1
+    };
     let f = T::cast_f32;
-    for (buf, heads) in [(q, args.q_heads), (k, args.k_heads)] {
-        if buf.is_empty() {
-            continue;
-        }
-        for (token, x) in buf.chunks_mut(heads * d).enumerate() {
-            let row = token_rows[token] * r;
-            let (c_row, s_row) = (&cos[row..row + h], &sin[row..row + h]);
-            for head in x.chunks_mut(d) {
+    let tensors = std::iter::once((q, args.q_heads)).chain(k.map(|k| (k, args.k_heads)));
+    for (buf, heads) in tensors {
+        for (token, &table_row) in token_rows.iter().enumerate() {
+            let (b, s) = (token / s_len, token % s_len);
+            let row = table_row * row_len;
+            for hd in 0..heads {
+                let at = if args.head_major {
+                    ((b * heads + hd) * s_len + s) * d
+                } else {
+                    (token * heads + hd) * d
+                };
+                let head = &mut buf[at..at + d];
                 for i in 0..h {
-                    let (x1, x2) = (head[i].to_f64(), head[i + h].to_f64());
-                    let c = c_row[i].to_f64();
-                    let s = if backward {
-                        -s_row[i].to_f64()
+                    let (i1, i2) = if args.interleaved {
+                        (2 * i, 2 * i + 1)
                     } else {
-                        s_row[i].to_f64()
+                        (i, i + h)
                     };
-                    head[i] = T::from_f64(f(f(x1 * c) - f(x2 * s)));
-                    head[i + h] = T::from_f64(f(f(x2 * c) + f(x1 * s)));
+                    let (x1, x2) = (head[i1].to_f64(), head[i2].to_f64());
+                    let c = cos[row + i * cs_step].to_f64();
+                    let s = sin[row + i * cs_step].to_f64();
+                    let s = if backward { -s } else { s };
+                    head[i1] = T::from_f64(f(f(x1 * c) - f(x2 * s)));
+                    head[i2] = T::from_f64(f(f(x2 * c) + f(x1 * s)));
                 }
             }
         }
