@@ -160,6 +160,15 @@ impl RopeArgs {
         }
     }
 
+    /// What a cos/sin row's length is called in errors: `rotary_dim` or `rotary_dim / 2`.
+    pub(crate) fn table_row_name(&self) -> &'static str {
+        if self.half_tables {
+            "rotary_dim / 2"
+        } else {
+            "rotary_dim"
+        }
+    }
+
     /// Whether the call takes the NeoX in-place kernels (scalar and vector) rather than the
     /// general ones.
     fn neox_in_place(&self) -> bool {
@@ -655,31 +664,31 @@ fn check_tables<T: Dtype>(
     same_context(stream, "cos", cos)?;
     same_context(stream, "sin", sin)?;
     let r = args.table_row_len();
+    let row = args.table_row_name();
     let rows = match layout {
         CosSinLayout::PerPosition => {
-            let need = args
-                .seq_len
-                .checked_mul(r)
-                .ok_or_else(|| invalid("cos", "seq_len × row length within usize", args.seq_len))?;
-            exactly("cos", cos.len(), need, "seq_len × row length")?;
+            let need = args.seq_len.checked_mul(r).ok_or_else(|| {
+                invalid("cos", format!("seq_len × {row} within usize"), args.seq_len)
+            })?;
+            exactly("cos", cos.len(), need, &format!("seq_len × {row}"))?;
             args.seq_len
         }
         CosSinLayout::PerBatch => {
             let need = sizes.tokens.checked_mul(r).ok_or_else(|| {
                 invalid(
                     "cos",
-                    "batch × seq_len × row length within usize",
+                    format!("batch × seq_len × {row} within usize"),
                     sizes.tokens,
                 )
             })?;
-            exactly("cos", cos.len(), need, "batch × seq_len × row length")?;
+            exactly("cos", cos.len(), need, &format!("batch × seq_len × {row}"))?;
             sizes.tokens
         }
         CosSinLayout::Gathered(_) => {
             if cos.len() == 0 || !cos.len().is_multiple_of(r) {
                 return Err(invalid(
                     "cos",
-                    format!("a table of max_pos ≥ 1 rows of {r} elements"),
+                    format!("a table of max_pos ≥ 1 rows of {row} = {r}"),
                     format!("length {}", cos.len()),
                 ));
             }

@@ -23,9 +23,9 @@ use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use liger_rs::{
     CastingMode, CosSinLayout, Dtype, Error, PositionIds, RmsNormArgs, RopeArgs, SwigluArgs,
-    rms_norm_backward, rms_norm_backward_inplace, rms_norm_forward, rope_backward, rope_forward,
-    swiglu_backward, swiglu_backward_fused, swiglu_backward_fused_inplace, swiglu_backward_inplace,
-    swiglu_forward, swiglu_forward_fused,
+    rms_norm_backward, rms_norm_backward_inplace, rms_norm_forward, rope_backward,
+    rope_backward_into, rope_forward, rope_forward_into, swiglu_backward, swiglu_backward_fused,
+    swiglu_backward_fused_inplace, swiglu_backward_inplace, swiglu_forward, swiglu_forward_fused,
 };
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -566,6 +566,15 @@ impl Op for Rms {
 enum Rope {
     Forward,
     Backward,
+    ForwardInto,
+    BackwardInto,
+}
+
+impl Rope {
+    /// Out of place: q and k are only read, `q_out` and `k_out` written.
+    fn into(self) -> bool {
+        matches!(self, Rope::ForwardInto | Rope::BackwardInto)
+    }
 }
 
 /// Where the cos/sin rows come from ([`CosSinLayout`] without the borrowed ids).
@@ -582,6 +591,7 @@ enum Layout {
 struct RopeCall {
     args: RopeArgs,
     layout: Layout,
+    into: bool,
 }
 
 /// Rows of the valid call's gathered cos/sin table.
@@ -605,14 +615,16 @@ fn table_len(c: &RopeCall) -> usize {
         Layout::PerBatch => tokens(c),
         _ => MAX_POS,
     };
-    rows * c.args.rotary_dim
+    rows * c.args.table_row_len()
 }
 
-/// A valid call for `args` under `layout`: q and k, cos and sin, device ids if any.
-fn rope_call(args: RopeArgs, layout: Layout) -> Call<RopeCall> {
+/// A valid call for `args` under `layout`: q and k (read and written in place, or read with
+/// `into`, then `q_out` and `k_out` written), cos and sin, device ids if any.
+fn rope_call(args: RopeArgs, layout: Layout, into: bool) -> Call<RopeCall> {
+    let role = if into { Role::In } else { Role::InOut };
     let mut bufs = vec![
-        buf("q", Kind::T, Role::InOut, q_len),
-        buf("k", Kind::T, Role::InOut, k_len),
+        buf("q", Kind::T, role, q_len),
+        buf("k", Kind::T, role, k_len),
         buf("cos", Kind::T, Role::In, table_len),
         buf("sin", Kind::T, Role::In, table_len),
     ];
@@ -621,12 +633,16 @@ fn rope_call(args: RopeArgs, layout: Layout) -> Call<RopeCall> {
         Layout::DeviceI64 => bufs.push(buf("position_ids", Kind::I64, Role::In, tokens)),
         _ => {}
     }
-    Call::new(RopeCall { args, layout }, bufs)
+    if into {
+        bufs.push(buf("q_out", Kind::T, Role::Out, q_len));
+        bufs.push(buf("k_out", Kind::T, Role::Out, k_len));
+    }
+    Call::new(RopeCall { args, layout, into }, bufs)
 }
 
 /// Starts the row over from the valid call under another layout.
 fn relayout(c: &mut Call<RopeCall>, layout: Layout) {
-    *c = rope_call(c.args.args, layout);
+    *c = rope_call(c.args.args, layout, c.args.into);
 }
 
 /// The valid call under host ids (0, 1, …, 4, 0, …), with `change` applied to the ids.
@@ -643,14 +659,16 @@ impl Op for Rope {
         match self {
             Rope::Forward => "rope_forward",
             Rope::Backward => "rope_backward",
+            Rope::ForwardInto => "rope_forward_into",
+            Rope::BackwardInto => "rope_backward_into",
         }
     }
 
     /// q [2, 3, 4, 8] (192), k [2, 3, 2, 8] (96), partial rotary 6, cos/sin a table of 5 rows
-    /// of 6 (30) gathered by 6 device i64 ids.
+    /// of 6 (30) gathered by 6 device i64 ids; out of place, q_out and k_out like q and k.
     fn base(self) -> Call<RopeCall> {
         let args = RopeArgs::new(2, 3, 4, 2, 8).with_rotary_dim(6);
-        rope_call(args, Layout::DeviceI64)
+        rope_call(args, Layout::DeviceI64, self.into())
     }
 
     #[rustfmt::skip]
@@ -719,8 +737,23 @@ impl Op for Rope {
         t.row("position_ids", "i32 ids, one short", |c| { relayout(c, Layout::DeviceI32); c.buf("position_ids").len -= 1 }, ids_len);
         t.row("position_ids", "i32 ids, one long", |c| { relayout(c, Layout::DeviceI32); c.buf("position_ids").len += 1 }, ids_len);
         t.row("position_ids", "i32 ids from device 1", |c| { relayout(c, Layout::DeviceI32); c.buf("position_ids").at = At::Other }, Want::WrongContext { arg: "position_ids" });
-        t.row("q", "its first element over the last i32 id", |c| { relayout(c, Layout::DeviceI32); c.buf("q").at = At::Over("position_ids", Edge::Tail) }, Want::Aliasing { output: "q", other: "position_ids" });
-        t.row("k", "its last element over the first i32 id", |c| { relayout(c, Layout::DeviceI32); c.buf("k").at = At::Over("position_ids", Edge::Head) }, Want::Aliasing { output: "k", other: "position_ids" });
+        let (q_w, k_w) = if self.into() { ("q_out", "k_out") } else { ("q", "k") };
+        t.row(q_w, "its first element over the last i32 id", move |c| { relayout(c, Layout::DeviceI32); c.buf(q_w).at = At::Over("position_ids", Edge::Tail) }, Want::Aliasing { output: q_w, other: "position_ids" });
+        t.row(k_w, "its last element over the first i32 id", move |c| { relayout(c, Layout::DeviceI32); c.buf(k_w).at = At::Over("position_ids", Edge::Head) }, Want::Aliasing { output: k_w, other: "position_ids" });
+        t.reshape("args.interleaved", "interleaved pairs", |c| c.args.interleaved = true, Want::Ok);
+        t.reshape("args.head_major", "head-major q and k", |c| c.args.head_major = true, Want::Ok);
+        t.reshape("args.half_tables", "half-width rows of 3", |c| c.args.half_tables = true, Want::Ok);
+        t.row("args.half_tables", "with full-width per-position rows", |c| { relayout(c, Layout::PerPosition); c.args.args.half_tables = true }, invalid("cos", "length 9 (seq_len × rotary_dim / 2)"));
+        t.row("args.half_tables", "gathered: the 30 elements are 10 rows of 3", |c| c.args.args.half_tables = true, Want::Ok);
+        // The out-of-place kernels index a token's pairs and copied tail dims in 32 bits.
+        let wide = if self.into() { invalid("args", "(q_heads + k_heads) × head_dim < 2^31") } else { q("length 12884901888") };
+        t.field("args.q_heads", "2^28: heads × head_dim ≥ 2^31", |c| c.args.q_heads = 1 << 28, wide);
+        if self.into() {
+            t.short("q_out", "length 192 (batch × seq_len × q_heads × head_dim)");
+            t.long("q_out", invalid("q_out", "length 192 (batch × seq_len × q_heads × head_dim)"));
+            t.short("k_out", "length 96 (batch × seq_len × k_heads × head_dim)");
+            t.long("k_out", invalid("k_out", "length 96 (batch × seq_len × k_heads × head_dim)"));
+        }
     }
 
     fn fields(args: &RopeCall) -> String {
@@ -751,16 +784,32 @@ impl Op for Rope {
             }
         };
         let a = &call.args;
-        match self {
-            Rope::Forward => rope_forward(stream, a, &mut *q, &mut *k, &*cos, &*sin, &layout),
-            Rope::Backward => rope_backward(stream, a, &mut *q, &mut *k, &*cos, &*sin, &layout),
+        let (q_out, k_out) = if call.into {
+            (Some(live.t("q_out")), Some(live.t("k_out")))
+        } else {
+            (None, None)
+        };
+        match (self, q_out, k_out) {
+            (Rope::Forward, ..) => rope_forward(stream, a, &mut *q, &mut *k, &*cos, &*sin, &layout),
+            (Rope::Backward, ..) => {
+                rope_backward(stream, a, &mut *q, &mut *k, &*cos, &*sin, &layout)
+            }
+            (Rope::ForwardInto, Some(mut qo), Some(mut ko)) => rope_forward_into(
+                stream, a, &*q, &*k, &*cos, &*sin, &layout, &mut *qo, &mut *ko,
+            ),
+            (Rope::BackwardInto, Some(mut qo), Some(mut ko)) => rope_backward_into(
+                stream, a, &*q, &*k, &*cos, &*sin, &layout, &mut *qo, &mut *ko,
+            ),
+            _ => unreachable!("out-of-place calls have q_out and k_out"),
         }
     }
 
     fn rename(self, name: &'static str) -> &'static str {
         match (self, name) {
-            (Rope::Backward, "q") => "dq",
-            (Rope::Backward, "k") => "dk",
+            (Rope::Backward | Rope::BackwardInto, "q") => "dq",
+            (Rope::Backward | Rope::BackwardInto, "k") => "dk",
+            (Rope::BackwardInto, "q_out") => "dq_out",
+            (Rope::BackwardInto, "k_out") => "dk_out",
             _ => name,
         }
     }
@@ -1387,7 +1436,12 @@ fn gpu_walk<O: Op>(test: &str, ops: &[O]) {
 }
 
 const RMS: [Rms; 3] = [Rms::Forward, Rms::Backward, Rms::BackwardInplace];
-const ROPE: [Rope; 2] = [Rope::Forward, Rope::Backward];
+const ROPE: [Rope; 4] = [
+    Rope::Forward,
+    Rope::Backward,
+    Rope::ForwardInto,
+    Rope::BackwardInto,
+];
 const SWIGLU: [Swiglu; 6] = [
     Swiglu::Forward,
     Swiglu::ForwardFused,

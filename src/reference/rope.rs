@@ -108,7 +108,7 @@ fn token_rows<T>(
     sin: &[T],
     rows: CosSinRows<'_>,
 ) -> Result<Vec<usize>> {
-    let r = args.table_row_len();
+    let (r, row) = (args.table_row_len(), args.table_row_name());
     let need = |n: usize, what: &str| -> Result<()> {
         let want = n
             .checked_mul(r)
@@ -119,13 +119,13 @@ fn token_rows<T>(
         Ok(())
     };
     match rows {
-        CosSinRows::PerPosition => need(args.seq_len, "seq_len × row length")?,
-        CosSinRows::PerBatch => need(tokens, "batch × seq_len × row length")?,
+        CosSinRows::PerPosition => need(args.seq_len, &format!("seq_len × {row}"))?,
+        CosSinRows::PerBatch => need(tokens, &format!("batch × seq_len × {row}"))?,
         CosSinRows::Gathered(_) => {
             if cos.is_empty() || !cos.len().is_multiple_of(r) {
                 return Err(invalid(
                     "cos",
-                    format!("a table of max_pos ≥ 1 rows of {r} elements"),
+                    format!("a table of max_pos ≥ 1 rows of {row} = {r}"),
                     format!("length {}", cos.len()),
                 ));
             }
