@@ -76,6 +76,9 @@ mod rope;
 mod scratch;
 mod settings;
 mod swiglu;
+#[cfg(test)]
+#[path = "../tests/common/skip.rs"]
+mod test_skip;
 
 #[cfg(feature = "candle")]
 pub use candle_core;

@@ -268,28 +268,29 @@ pub fn cuda_context(ordinal: usize) -> Result<Arc<CudaContext>> {
 
 /// For unit tests that check which kernels the host picks on the GPU the suites were tuned on:
 /// device 0's context and kernels when it is an H200 (132 SMs, compute capability 9.0) with
-/// [`PTX_SM90`] loaded; otherwise `None`, after one line on stderr saying why the test
-/// skipped (the choice depends on each kernel's occupancy, so other GPUs pick otherwise).
+/// [`PTX_SM90`] loaded; otherwise `None`, after skipping `test` (on another GPU even where
+/// `LIGER_RS_REQUIRE_GPU` is set: the choice depends on each kernel's occupancy, so other GPUs
+/// pick otherwise).
 #[cfg(test)]
 pub(crate) fn h200_kernels(test: &str) -> Option<(Arc<CudaContext>, Arc<Kernels>)> {
-    use std::io::Write;
-    let skip = |why: String| {
-        // Straight to stderr: libtest captures print!/eprint! of passing tests.
-        let _ = writeln!(std::io::stderr(), "SKIP {test}: {why}");
-        None
-    };
+    use crate::test_skip::{Need, skip};
     let ctx = match cuda_context(0) {
         Ok(ctx) => ctx,
-        Err(e) => return skip(format!("no GPU ({e})")),
+        Err(e) => {
+            skip(test, &format!("no GPU ({e})"), Need::Gpus(1));
+            return None;
+        }
     };
     let kernels = kernels(&ctx).expect("load the kernels");
     let cc = ctx.compute_capability().expect("compute capability");
     if kernels.sm_count != 132 || cc != (9, 0) || !kernels.sm90 {
-        return skip(format!(
+        let why = format!(
             "not an H200 with the sm_90 build ({} SMs, compute capability {cc:?}, sm_90 \
              build {})",
             kernels.sm_count, kernels.sm90
-        ));
+        );
+        skip(test, &why, Need::H200);
+        return None;
     }
     Some((ctx, kernels))
 }

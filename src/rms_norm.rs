@@ -872,9 +872,9 @@ fn backward<T: Dtype>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_skip::Need;
     use cudarc::driver::result::memset_d8_async;
     use half::{bf16, f16};
-    use std::io::Write;
 
     fn plan<T: Dtype>(cols: usize, ptrs: &[u64], strides: &[usize], cap: usize) -> Plan {
         let settings = row_settings(cols).unwrap();
@@ -1136,7 +1136,7 @@ mod tests {
             Ok(ctx) => ctx,
             Err(e) => {
                 let test = "rms_norm::tests::gpu_a_poisoned_kept_scratch_does_not_reach_dw";
-                let _ = writeln!(std::io::stderr(), "SKIP {test}: no GPU ({e})");
+                crate::test_skip::skip(test, &format!("no GPU ({e})"), Need::Gpus(1));
                 return;
             }
         };

@@ -112,12 +112,12 @@ fn raw_ptr(buffer: &mut CudaSlice<f32>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_skip::{Need, skip};
     use cudarc::driver::CudaContext;
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-    use std::io::Write;
 
     /// A new handle on device 0's primary context without cudarc's event tracking (a capture
-    /// must not wait on events recorded before it), or `None` after a line saying why not.
+    /// must not wait on events recorded before it), or `None` after skipping `test`.
     fn context(test: &str) -> Option<Arc<CudaContext>> {
         match crate::cuda_context(0) {
             Ok(ctx) => {
@@ -126,10 +126,8 @@ mod tests {
                 Some(ctx)
             }
             Err(e) => {
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "SKIP scratch::tests::{test}: no GPU ({e})"
-                );
+                let test = format!("scratch::tests::{test}");
+                skip(&test, &format!("no GPU ({e})"), Need::Gpus(1));
                 None
             }
         }

@@ -18,7 +18,7 @@
 //! where the row says.
 mod common;
 
-use common::{Failures, Rng, gpu};
+use common::{Failures, Need, Rng, gpu, skip};
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use liger_rs::{
@@ -28,7 +28,6 @@ use liger_rs::{
     swiglu_backward_fused_inplace, swiglu_backward_inplace, swiglu_forward, swiglu_forward_fused,
 };
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
@@ -1424,13 +1423,12 @@ fn gpu_walk<O: Op>(test: &str, ops: &[O]) {
             .map(|(op, arg, _)| format!("{op} `{arg}`"))
             .collect();
         let names: Vec<String> = names.into_iter().collect();
-        // Straight to stderr: libtest captures print!/eprint! of passing tests.
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIP {test}: {} rows with a buffer from another context need a second GPU ({e}): {}",
+        let why = format!(
+            "{} rows with a buffer from another context need a second GPU ({e}): {}",
             skipped.len(),
             names.join(", ")
         );
+        skip(test, &why, Need::Gpus(2));
     }
     failures.finish();
 }

@@ -14,19 +14,17 @@ use liger_rs::candle::{
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 use liger_rs::reference::Element;
 use liger_rs::{CastingMode, CosSinLayout, Dtype, PositionIds, RmsNormArgs, RopeArgs, SwigluArgs};
-use std::io::Write;
 use std::sync::Arc;
 
 type Stream = Arc<CudaStream>;
 
-/// CUDA device 0 as candle opens it, or `None` after printing one line saying why `test` is
-/// skipped.
+/// CUDA device 0 as candle opens it, or `None` after skipping `test` (see `common::skip`).
 fn candle_gpu(test: &str) -> Option<Device> {
     match Device::new_cuda(0) {
         Ok(dev) => Some(dev),
         Err(e) => {
             let first = e.to_string().lines().next().unwrap_or_default().to_string();
-            let _ = writeln!(std::io::stderr(), "SKIP {test}: no GPU ({first})");
+            common::skip(test, &format!("no GPU ({first})"), common::Need::Gpus(1));
             None
         }
     }

@@ -5,7 +5,7 @@
 //! panic without a driver or GPU.
 mod common;
 
-use common::{Rng, download, gpu, upload};
+use common::{Need, Rng, download, gpu, skip, upload};
 use half::bf16;
 use liger_rs::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream};
@@ -14,7 +14,6 @@ use liger_rs::{
     CastingMode, CosSinLayout, Error, RmsNormArgs, RopeArgs, SwigluArgs, rms_norm_backward,
     rms_norm_forward, rope_backward, rope_forward, swiglu_backward, swiglu_forward,
 };
-use std::io::Write;
 use std::sync::Arc;
 
 fn send_sync<T: Send + Sync>() {}
@@ -400,10 +399,8 @@ fn gpu_two_devices_at_once() {
     let second = match liger_rs::cuda_context(1) {
         Ok(ctx) => ctx,
         Err(e) => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIP gpu_two_devices_at_once: needs a second GPU ({e})"
-            );
+            let why = format!("needs a second GPU ({e})");
+            skip("gpu_two_devices_at_once", &why, Need::Gpus(2));
             return;
         }
     };

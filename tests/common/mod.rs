@@ -1,22 +1,22 @@
-//! Helpers shared by the op tests: the GPU (or a skip line), seeded random data, NaN
+//! Helpers shared by the op tests: the GPU (or a skip, see [`skip`]), seeded random data, NaN
 //! poisoning and tolerance checks against the f64 reference.
 #![allow(dead_code)] // each test binary uses its own subset
+
+pub mod skip;
 
 use liger_rs::cudarc::driver::result::memset_d8_async;
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut};
 use liger_rs::reference::Element;
 use liger_rs::{Dtype, Error};
-use std::io::Write;
+pub use skip::{Need, skip};
 use std::sync::Arc;
 
-/// The default stream of device 0, or `None` after printing one line saying why the GPU
-/// part of `test` is skipped.
+/// The default stream of device 0, or `None` after skipping `test` (see [`skip`]).
 pub fn gpu(test: &str) -> Option<Arc<CudaStream>> {
     match liger_rs::cuda_context(0) {
         Ok(ctx) => Some(ctx.default_stream()),
         Err(e) => {
-            // Straight to stderr: libtest captures print!/eprint! of passing tests.
-            let _ = writeln!(std::io::stderr(), "SKIP {test}: no GPU ({e})");
+            skip(test, &format!("no GPU ({e})"), Need::Gpus(1));
             None
         }
     }
