@@ -78,6 +78,7 @@ mod settings;
 mod swiglu;
 #[cfg(test)]
 #[path = "../tests/common/skip.rs"]
+#[allow(dead_code)] // the unit tests skip for want of a GPU or an H200, never for their shapes
 mod test_skip;
 
 #[cfg(feature = "candle")]

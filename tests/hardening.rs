@@ -3,9 +3,14 @@
 //! scratch across shapes, streams and threads sharing a stream, every op driven from several
 //! threads on several streams at once and on two GPUs at once (skipped with one GPU), and no
 //! panic without a driver or GPU.
+//!
+//! With the small shapes (`LIGER_RS_TEST_SHAPES=small`, sized for compute-sanitizer) the
+//! RMSNorm rows are 600 instead of 3000 or 2500 (more than the 528 blocks of the 2048- and
+//! 4096-column vector backward's grid on an H200, so its partial rows and kept scratch are as
+//! large) and the loops repeat fewer times.
 mod common;
 
-use common::{Need, Rng, download, gpu, skip, upload};
+use common::{Need, Rng, download, gpu, sized, skip, upload};
 use half::bf16;
 use liger_rs::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream};
@@ -116,11 +121,12 @@ fn gpu_every_op_is_bitwise_deterministic() {
     let Some(stream) = gpu("gpu_every_op_is_bitwise_deterministic") else {
         return;
     };
-    // 3000 rows: the RMSNorm backward spreads them over hundreds of blocks, so dW is a sum of
-    // many partial rows whose order must not depend on scheduling.
-    for (rows, cols) in [(3000, 4096), (3000, 4095)] {
+    // 3000 (small shapes: 600) rows: the RMSNorm backward spreads them over hundreds of
+    // blocks, so dW is a sum of many partial rows whose order must not depend on scheduling.
+    let rows = sized(3000, 600);
+    for (rows, cols) in [(rows, 4096), (rows, 4095)] {
         let first = one_pass(&stream, 99, rows, cols);
-        for run in 1..=3 {
+        for run in 1..=sized(3, 1) {
             let again = one_pass(&stream, 99, rows, cols);
             let case = format!("{rows}×{cols}, run {run}");
             assert!(first.y == again.y, "rms y differs, {case}");
@@ -154,7 +160,7 @@ fn gpu_rms_norm_backward_replays_from_a_captured_graph() {
     // no event recorded before the capture is waited on inside it (which capture forbids).
     unsafe { ctx.disable_event_tracking() };
     let stream = ctx.new_stream().unwrap();
-    let (rows, cols) = (3000, 4096);
+    let (rows, cols) = (sized(3000, 600), 4096);
     let mut rng = Rng::new(7);
     let args = RmsNormArgs::new(rows, cols);
     let x = upload(&stream, &rng.vec::<bf16>(rows * cols, 0.0, 1.0));
@@ -188,8 +194,8 @@ fn gpu_rms_norm_backward_replays_from_a_captured_graph() {
     for replay in 1..=2 {
         if replay == 2 {
             // An eager call that needs more partial rows replaces the stream's kept scratch
-            // (64 × 65536 f32, one row per row; the 3000 × 4096 backward has at most 528 on
-            // an H200); the graph allocates its own, so its replay must not notice.
+            // (64 × 65536 f32, one row per row; the 3000 (or 600) × 4096 backward has at most
+            // 528 on an H200); the graph allocates its own, so its replay must not notice.
             checked_rms_norm(&stream, 9, 64, 65536);
         }
         common::poison(&stream, &mut dx);
@@ -297,7 +303,7 @@ fn gpu_rms_norm_backward_from_many_threads_on_one_stream() {
         for id in 0..4u64 {
             let stream = stream.clone();
             scope.spawn(move || {
-                for iter in 0..6 {
+                for iter in 0..sized(6, 2) {
                     checked_rms_norm(&stream, 100 * id + iter, 300 + id as usize, 2048);
                 }
             });
@@ -316,7 +322,8 @@ fn gpu_rms_norm_backward_keeps_scratch_across_shapes_and_streams() {
     };
     let ctx = default.context().clone();
     let streams: Vec<_> = (0..10).map(|_| ctx.new_stream().unwrap()).collect();
-    let shapes = [(64, 1024), (3000, 4096), (5, 8192), (2500, 2048), (1, 4095)];
+    let (many, more) = (sized(3000, 600), sized(2500, 600));
+    let shapes = [(64, 1024), (many, 4096), (5, 8192), (more, 2048), (1, 4095)];
     for (round, &(rows, cols)) in shapes.iter().enumerate() {
         for (i, stream) in streams.iter().enumerate() {
             checked_rms_norm(stream, (10 * round + i) as u64, rows, cols);
@@ -335,7 +342,7 @@ fn worker(stream: Arc<CudaStream>, id: u64) {
     let (rows, cols) = (64 + id as usize, 1024);
     let close =
         |what: &str, got: &[bf16], want: &[bf16]| close(&format!("thread {id}: {what}"), got, want);
-    for iter in 0..4 {
+    for iter in 0..sized(4, 2) {
         checked_rms_norm(&stream, 1000 + 10 * id + iter, rows, cols);
 
         let (s, hq, hk, d) = (17, 4, 2, 64);

@@ -1,5 +1,6 @@
-//! Helpers shared by the op tests: the GPU (or a skip, see [`skip`]), seeded random data, NaN
-//! poisoning and tolerance checks against the f64 reference.
+//! Helpers shared by the op tests: the GPU (or a skip, see [`skip`]), the shapes' size
+//! ([`sized`]), seeded random data, NaN poisoning and tolerance checks against the f64
+//! reference.
 #![allow(dead_code)] // each test binary uses its own subset
 
 pub mod skip;
@@ -18,6 +19,144 @@ pub fn gpu(test: &str) -> Option<Arc<CudaStream>> {
         Err(e) => {
             skip(test, &format!("no GPU ({e})"), Need::Gpus(1));
             None
+        }
+    }
+}
+
+/// `LIGER_RS_TEST_SHAPES=small` gives the GPU tests their sanitizer-sized shapes: every code
+/// path and kernel variant a test exercises (dtypes, modes, layouts, the kernel each shape is
+/// there for) with far fewer rows, elements and repetitions, so that each suite runs under
+/// compute-sanitizer within minutes; tests whose point is their size skip. Unset, empty or
+/// `full`: the full shapes.
+pub const TEST_SHAPES_ENV: &str = "LIGER_RS_TEST_SHAPES";
+
+/// Whether [`TEST_SHAPES_ENV`] asks for the small shapes; any value other than `small`,
+/// `full` or empty panics, so a misspelt value cannot run the full shapes unnoticed.
+pub fn small_shapes() -> bool {
+    match std::env::var(TEST_SHAPES_ENV) {
+        Ok(v) if v == "small" => true,
+        Ok(v) if v == "full" || v.is_empty() => false,
+        Err(std::env::VarError::NotPresent) => false,
+        other => panic!("{TEST_SHAPES_ENV}={other:?}: expected `small` or `full`"),
+    }
+}
+
+/// `full`, or `small` where [`TEST_SHAPES_ENV`] asks for the small shapes.
+pub fn sized<T>(full: T, small: T) -> T {
+    if small_shapes() { small } else { full }
+}
+
+/// With the small shapes, skips `test`, whose point is its size (`why` says what needs it;
+/// the full-size run covers it), and returns `true`; otherwise `false`.
+pub fn skip_when_small(test: &str, why: &str) -> bool {
+    let small = small_shapes();
+    if small {
+        let why = format!("{TEST_SHAPES_ENV}=small, and {why}; the full-size run covers it");
+        skip(test, &why, Need::FullShapes);
+    }
+    small
+}
+
+/// Cases of more elements than this hold data in [`DataRows`] windows with the small shapes.
+const SPARSE_FROM: usize = 1 << 20;
+/// Elements per [`DataRows`] window, at most (and at least one row, at most 16).
+const WINDOW_ELEMENTS: usize = 1 << 17;
+
+/// The rows of a case that hold random data and are checked against the CPU reference, whose
+/// cost per element dwarfs the GPU's: every row, or, with the small shapes and a case of more
+/// than 2²⁰ elements, three windows of up to 16 rows (at the start, in the middle, at the
+/// end). The other rows hold zeros, whose outputs are known exactly and checked as such, so
+/// the GPU still runs every row (the row count picks the kernel and its grid) while the host
+/// computes the reference for a few.
+pub struct DataRows {
+    rows: usize,
+    /// The windows, or `None`: every row.
+    windows: Option<[std::ops::Range<usize>; 3]>,
+}
+
+impl DataRows {
+    /// Every one of `rows` rows.
+    pub fn all(rows: usize) -> Self {
+        DataRows {
+            rows,
+            windows: None,
+        }
+    }
+
+    /// The rows of a case of `rows × cols` elements (see [`DataRows`]).
+    pub fn of(rows: usize, cols: usize) -> Self {
+        let w = (WINDOW_ELEMENTS / cols.max(1)).clamp(1, 16);
+        if !small_shapes() || rows.saturating_mul(cols) <= SPARSE_FROM || rows <= 3 * w {
+            return DataRows::all(rows);
+        }
+        let mid = rows / 2 - w / 2;
+        DataRows {
+            rows,
+            windows: Some([0..w, mid..mid + w, rows - w..rows]),
+        }
+    }
+
+    /// Whether `row` holds data.
+    pub fn holds(&self, row: usize) -> bool {
+        let windows = self.windows.as_ref();
+        windows.is_none_or(|ws| ws.iter().any(|w| w.contains(&row)))
+    }
+
+    /// Whether every row holds data.
+    pub fn are_all(&self) -> bool {
+        self.windows.is_none()
+    }
+
+    /// The rows that hold data, in order.
+    pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.rows).filter(|&r| self.holds(r))
+    }
+
+    /// The rows that hold zeros, in order.
+    pub fn zero_rows(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.rows).filter(|&r| !self.holds(r))
+    }
+
+    /// `rows × cols` values `mean + scale·N(0,1)` rounded to `T` in the rows that hold data
+    /// (drawn in order: with every row, exactly [`Rng::vec`]'s values), zeros elsewhere.
+    pub fn vec<T: Element>(&self, rng: &mut Rng, cols: usize, mean: f64, scale: f64) -> Vec<T> {
+        let Some(windows) = &self.windows else {
+            return rng.vec(self.rows * cols, mean, scale);
+        };
+        let mut v = vec![T::from_f64(0.0); self.rows * cols];
+        for w in windows {
+            v[w.start * cols..w.end * cols].copy_from_slice(&rng.vec(w.len() * cols, mean, scale));
+        }
+        v
+    }
+
+    /// Columns `offset..offset + cols` of the rows that hold data, of a buffer whose rows start
+    /// `stride` elements apart, one after another.
+    pub fn compact<T: Copy>(&self, buf: &[T], cols: usize, stride: usize, offset: usize) -> Vec<T> {
+        self.iter()
+            .flat_map(|r| buf[r * stride + offset..r * stride + offset + cols].to_vec())
+            .collect()
+    }
+
+    /// Asserts that columns `offset..offset + cols` of the zero rows of `buf` (rows `stride`
+    /// elements apart) are zero: the output of an op on zero inputs.
+    pub fn assert_zero_rows<T: Element>(
+        &self,
+        what: &str,
+        case: &str,
+        buf: &[T],
+        cols: usize,
+        stride: usize,
+        offset: usize,
+    ) {
+        for r in self.zero_rows() {
+            let row = &buf[r * stride + offset..r * stride + offset + cols];
+            if let Some(c) = row.iter().position(|v| v.to_f64() != 0.0) {
+                panic!(
+                    "{what}: zero row {r} column {c} is {:?}, not 0, {case}",
+                    row[c]
+                );
+            }
         }
     }
 }

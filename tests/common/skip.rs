@@ -20,6 +20,10 @@ pub enum Need {
     /// that GPU's occupancy. On any other GPU it does not apply, so it skips even where
     /// [`REQUIRE_GPU_ENV`] is set.
     H200,
+    /// The full-size shapes, where `LIGER_RS_TEST_SHAPES=small` asked for small ones and the
+    /// test has no small form (its point is its size). Skips even where [`REQUIRE_GPU_ENV`]
+    /// is set.
+    FullShapes,
 }
 
 static SKIPPED: AtomicUsize = AtomicUsize::new(0);
@@ -76,9 +80,10 @@ extern "C" fn summary() {
         None => {
             format!("set {REQUIRE_GPU_ENV}=1 (or the number of GPUs) where a GPU must run them")
         }
-        Some(k) => {
-            format!("with {REQUIRE_GPU_ENV}={k} only tests that need more GPUs or an H200 skip")
-        }
+        Some(k) => format!(
+            "with {REQUIRE_GPU_ENV}={k} only tests that need more GPUs, an H200 or the \
+             full-size shapes skip"
+        ),
     };
     let _ = writeln!(
         std::io::stderr(),
