@@ -1,45 +1,67 @@
 #!/usr/bin/env bash
-# Device-side check of everything staged by ../shared/gpu/stage: the GPU test suites, then
-# compute-sanitizer memcheck + initcheck and racecheck + synccheck, split over GPUs 0 and 1
-# (one GPU: both halves on it, one after the other). Copy it next to the staged binaries:
-#   cp scripts/gpu/verify.sh .gpu/   then, with the device tool (nvidia-h200-x2 for the
-#   two-GPU tests):   run(command="BUDGET=540 bash .gpu/verify.sh", carry=[".gpu"])
-# A candle test binary built with `--features candle` may be staged as tests/candle.gz (it
-# needs the CUDA 13 libraries of the device's toolkit). Every step stops at the deadline
-# (BUDGET seconds from the start) and says so. Sanitizer runs skip the > 2³¹-element tests
-# (8 GiB buffers) and the two-GPU test.
+# Device-side check of the staged binaries in .gpu/: the release test binaries that
+# `cargo test --release --no-run` builds (the library's unit tests, liger_rs-*, and one per
+# tests/*.rs), copied into .gpu/tests/, and optionally a candle one built the same way with
+# `--features candle`, gzipped as .gpu/tests/candle.gz (it needs the CUDA 13 libraries of the
+# device's toolkit). Copy this script next to them, then run it with the device tool:
+#   cp scripts/gpu/verify.sh .gpu/
+#   run(command="BUDGET=560 bash .gpu/verify.sh", carry=[".gpu"])
+# Two phases, PHASES="tests sanitizer" unless set (e.g. PHASES=sanitizer alone):
+# - tests: every binary with the full shapes and LIGER_RS_REQUIRE_GPU set to the number of
+#   GPUs, so a test that skips for want of a GPU it has fails (tests that need two GPUs still
+#   skip on one);
+# - sanitizer: compute-sanitizer's memcheck, racecheck, initcheck and synccheck (TOOLS) over
+#   every binary with the sanitizer-sized shapes (LIGER_RS_TEST_SHAPES=small: the > 2³²
+#   element tests skip) and LIGER_RS_REQUIRE_GPU=1 on one visible GPU each; the tools run at
+#   once, one background job each, the i-th on GPU i mod the GPU count (one GPU: all on it).
+# Each run prints "== <test|tool> <binary> rc=<rc> <seconds>s: <libtest's result, the
+# sanitizer's summary, the skip summary>", then a failed run's first failure lines; every
+# log is in $OUT. Every run stops at the deadline (BUDGET seconds from the start, default 540)
+# and says so.
 set -uo pipefail
 cd "$(dirname "$0")"
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 start=$(date +%s); deadline=$((start + ${BUDGET:-540}))
 left() { echo $((deadline - $(date +%s))); }
+phases=" ${PHASES:-tests sanitizer} "
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
 gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
 if [ -f tests/candle.gz ]; then gunzip -f tests/candle.gz && chmod +x tests/candle; fi
-for t in tests/*; do
-  n=$(basename "$t"); s=$(date +%s)
-  timeout "$(left)" "$t" > "$out/test-$n.log" 2>&1; rc=$?
-  echo "== test $n rc=$rc $(( $(date +%s) - s ))s: $(grep -E '^test result' "$out/test-$n.log" | tr '\n' ' ')"
-  grep -E "SKIP|FAILED|panicked" "$out/test-$n.log" | head -5
-done
-san() { # gpu tool...
-  local gpu=$1; shift
-  for tool in "$@"; do for t in tests/*; do
-    n=$(basename "$t"); case $n in liger_rs*) continue;; esac
-    s=$(date +%s); l=$(left); [ "$l" -lt 15 ] && { echo "== $tool $n: no time left"; continue; }
-    CUDA_VISIBLE_DEVICES=$gpu timeout "$l" compute-sanitizer --tool "$tool" --error-exitcode 97 "$t" \
-      --test-threads=1 --skip beyond_2_pow --skip two_devices > "$out/$tool-$n.log" 2>&1; rc=$?
-    echo "== $tool $n rc=$rc $(( $(date +%s) - s ))s: $(grep -E '^test result|ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool-$n.log" | tr '\n' ' ')"
-  done; done
+report() { # what binary rc seconds log
+  echo "== $1 $2 rc=$3 $4s: $(grep -E '^test result|ERROR SUMMARY|RACECHECK SUMMARY|^liger-rs: ' "$5" | tr '\n' ' ')"
+  [ "$3" -eq 0 ] && return
+  grep -E '^========= [A-Z]' "$5" | grep -v -E 'COMPUTE-SANITIZER|SUMMARY' | head -3
+  grep -A1 'panicked at' "$5" | grep -v -x -- '--' | head -4
 }
-if [ "$gpus" -ge 2 ]; then
-  san 0 memcheck initcheck > "$out/san0.txt" 2>&1 &
-  san 1 racecheck synccheck > "$out/san1.txt" 2>&1 &
-  wait
-else
-  san 0 memcheck initcheck > "$out/san0.txt" 2>&1
-  san 0 racecheck synccheck > "$out/san1.txt" 2>&1
+if [[ $phases == *" tests "* ]]; then
+  for t in tests/*; do
+    n=$(basename "$t"); s=$(date +%s); l=$(left)
+    [ "$l" -lt 15 ] && { echo "== test $n: no time left"; continue; }
+    LIGER_RS_REQUIRE_GPU=$gpus timeout "$l" "$t" > "$out/test-$n.log" 2>&1; rc=$?
+    report test "$n" "$rc" $(( $(date +%s) - s )) "$out/test-$n.log"
+    grep -E '^SKIP' "$out/test-$n.log" | head -5
+  done
 fi
-cat "$out/san0.txt" "$out/san1.txt"
+san() { # gpu tool: every binary under one tool, one after another
+  local gpu=$1 tool=$2 t n s l rc
+  for t in tests/*; do
+    n=$(basename "$t"); s=$(date +%s); l=$(left)
+    [ "$l" -lt 15 ] && { echo "== $tool $n: no time left"; continue; }
+    CUDA_VISIBLE_DEVICES=$gpu LIGER_RS_TEST_SHAPES=small LIGER_RS_REQUIRE_GPU=1 timeout "$l" \
+      compute-sanitizer --tool "$tool" --error-exitcode 97 "$t" --test-threads=1 \
+      > "$out/$tool-$n.log" 2>&1; rc=$?
+    report "$tool" "$n" "$rc" $(( $(date +%s) - s )) "$out/$tool-$n.log"
+  done
+}
+if [[ $phases == *" sanitizer "* ]]; then
+  tools=${TOOLS:-memcheck racecheck initcheck synccheck}
+  i=0
+  for tool in $tools; do
+    san $((i % gpus)) "$tool" > "$out/san-$tool.txt" 2>&1 &
+    i=$((i + 1))
+  done
+  wait
+  for tool in $tools; do cat "$out/san-$tool.txt"; done
+fi
 echo "== total $(( $(date +%s) - start ))s"
