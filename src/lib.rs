@@ -49,11 +49,23 @@
 //!   instead). RMSNorm and SwiGLU backward come in two forms: `*_backward` writes gradients
 //!   to their own buffers (which must not overlap any input), `*_backward_inplace` writes them
 //!   over `dy` (RMSNorm) or over `a` and `b` (SwiGLU), the memory-saving default of Liger.
-//! * **Scratch**: only the RMSNorm backward with a weight allocates (stream-ordered, one f32
-//!   partial row per resident block), so that dW is reduced on the GPU deterministically. The
-//!   buffer is kept for the next call on the same stream (up to eight streams per context;
-//!   [`release_scratch`] frees them), except during a graph capture, where each call
-//!   allocates its own. Everything else launches on buffers you own.
+//! * **Scratch**: only the RMSNorm backward with a weight needs device scratch (one f32
+//!   partial row per resident block), so that dW is reduced on the GPU deterministically. It
+//!   is kept for the next call on the same stream (up to eight buffers per context;
+//!   [`release_scratch`] frees them); during a graph capture each call allocates its own, which
+//!   the graph owns. Everything else launches on buffers you own.
+//! * **Threads and streams**: every function may be called from any number of host threads
+//!   at once, on any streams: created ones, the legacy default stream, per-thread streams
+//!   (`CudaContext::per_thread_stream`, one handle that names a different stream in each
+//!   thread; candle's choice), streams wrapped from other libraries, and streams being
+//!   captured into a graph. What the library keeps between calls (loaded kernels, the dW
+//!   scratch) is never used by two launches that can run at once, and never freed while
+//!   queued work may still use it: a scratch buffer is reused only on the stream that the
+//!   driver's stream id says used it last, taken by one call at a time, and freed only after
+//!   an event recorded behind its last use. Ordering *your* buffers across streams is yours
+//!   to do (or cudarc's event tracking, which follows the `CudaContext` handle a buffer was
+//!   allocated through: a buffer from a second handle on the same device is accepted, since
+//!   it is the same CUDA context, but is ordered only if that handle tracks events).
 //! * **Precision**: arithmetic is f32; values are rounded to the tensor dtype exactly where
 //!   HuggingFace's modules round them ([`CastingMode`] for RMSNorm). The CPU functions in
 //!   [`mod@reference`] implement the same cast points in f64, and the test suite holds the

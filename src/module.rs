@@ -1,6 +1,6 @@
 //! The embedded PTX, loaded once per CUDA context and cached for the life of the process.
 use crate::error::{Error, Result};
-use crate::scratch::ScratchCache;
+use crate::scratch::ScratchPool;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, sys};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -57,8 +57,8 @@ pub(crate) struct Kernels {
     /// [`PTX_SM90`] is loaded: the RMSNorm dW reduction is launched as a programmatic
     /// dependent launch, and the shared-memory dW backward in clusters (see there).
     pub(crate) sm90: bool,
-    /// Scratch kept per stream between calls (the RMSNorm backward's dW partial rows).
-    pub(crate) scratch: ScratchCache,
+    /// Scratch kept between calls (the RMSNorm backward's dW partial rows).
+    pub(crate) scratch: ScratchPool,
 }
 
 impl Kernels {
@@ -173,7 +173,7 @@ pub(crate) fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
         clusters: Mutex::new(HashMap::new()),
         sm_count: sm_count.max(1) as u32,
         sm90,
-        scratch: ScratchCache::default(),
+        scratch: ScratchPool::new(ctx)?,
     });
     cache.push((ctx.cu_ctx() as usize, kernels.clone()));
     Ok(kernels)
@@ -188,22 +188,28 @@ fn cached(cache: &[(usize, Arc<Kernels>)], ctx: &CudaContext) -> Option<Arc<Kern
         .map(|(_, k)| k.clone())
 }
 
-/// Frees the scratch that calls on `ctx`'s streams keep for the next call on the same stream
-/// (the RMSNorm backward's dW partial rows, see [`rms_norm_backward`](crate::rms_norm_backward))
-/// and lets go of the streams it held. Each buffer is freed stream-ordered on its own stream,
-/// after the work already queued there; later calls allocate again. Nothing happens for a
-/// context no call has used. Never synchronises.
+/// Frees the scratch that the RMSNorm backward keeps between calls on `ctx`'s streams (its dW
+/// partial rows, see [`rms_norm_backward`](crate::rms_norm_backward)); later calls allocate
+/// again. Safe to call from any thread at any time: each buffer is freed only after the work
+/// queued on it so far (stream-ordered behind an event, without blocking the host), and a
+/// buffer held by a call in progress on another thread is left to that call. Nothing happens
+/// for a context no call has used. Never synchronises.
+///
+/// # Errors
+/// [`Error::Driver`] when the driver refuses to queue a free; that buffer is then leaked,
+/// never freed while in use.
 ///
 /// ```no_run
 /// let ctx = liger_rs::cuda_context(0)?;
 /// // … training steps on ctx's streams …
-/// liger_rs::release_scratch(&ctx);
+/// liger_rs::release_scratch(&ctx)?;
 /// # Ok::<(), liger_rs::Error>(())
 /// ```
-pub fn release_scratch(ctx: &CudaContext) {
+pub fn release_scratch(ctx: &CudaContext) -> Result<()> {
     let kernels = cached(&lock(&CACHE), ctx);
-    if let Some(kernels) = kernels {
-        kernels.scratch.clear();
+    match kernels {
+        Some(kernels) => kernels.scratch.clear(),
+        None => Ok(()),
     }
 }
 

@@ -650,11 +650,13 @@ pub fn rms_norm_forward<T: Dtype>(
 /// memory), then a second launch sums the partial rows in a fixed order (deterministic). That
 /// scratch (`blocks × cols` f32, blocks ≤ SMs × resident blocks per SM and ≤ max(1, 2²⁶ /
 /// cols), so at most 256 MiB for rows of up to 2²⁶ columns) is allocated stream-ordered on
-/// `stream` by the first call that needs that much and kept for the next calls on `stream`
-/// (a new allocation per call cost 1.2–1.4 µs on an H200). Up to eight streams per context
-/// keep one each, the least recently used is dropped beyond that, and
-/// [`release_scratch`](crate::release_scratch) frees them all; a call on a stream being
-/// captured into a CUDA graph allocates its own, which the graph then owns.
+/// `stream` by the first call that needs that much and kept for the next calls on the same
+/// stream (up to eight buffers per context, least recently used freed first;
+/// [`release_scratch`](crate::release_scratch) frees them), which saves a stream-ordered
+/// allocation and free per call; see the crate's *Threads and streams* for why this is safe
+/// on every kind of stream and thread. A call on a stream being captured into a CUDA graph
+/// allocates and frees its own scratch inside the graph (memory nodes), so such a graph can
+/// have one executable instance at a time (a CUDA rule for graphs with memory nodes).
 /// Outputs must not overlap inputs; use [`rms_norm_backward_inplace`] to write `dx` over `dy`.
 ///
 /// ```no_run
@@ -1145,14 +1147,11 @@ mod tests {
             let first = dw_bits::<T>(&stream, rows, cols);
             assert!(first.iter().all(|&b| f64::from_bits(b).is_finite()));
             let kernels = kernels(ctx).unwrap();
-            let handle = stream.cu_stream() as usize;
-            // No other test in this binary runs a backward on the shared cache, and these
+            let id = crate::scratch::stream_id(&stream).unwrap();
+            // No other test in this binary runs a backward on the shared pool, and these
             // five streams are fewer than it keeps: this stream's buffer is there.
             let kept = kernels.scratch.kept();
-            let &(_, len) = kept
-                .iter()
-                .find(|(h, _)| *h == handle)
-                .expect("kept scratch");
+            let &(_, len) = kept.iter().find(|(i, _)| *i == id).expect("kept scratch");
             kernels
                 .scratch
                 .with(&stream, len, |ptr| {

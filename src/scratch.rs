@@ -1,130 +1,241 @@
-//! Device scratch kept between calls, per stream: the RMSNorm backward's dW partial rows.
+//! Device scratch reused between calls: the RMSNorm backward's dW partial rows.
 //!
-//! A stream-ordered allocation per call (`cuMemAllocAsync` before the backward, `cuMemFreeAsync`
-//! after its dW reduction) cost the bf16 16384 × 2048 / 4096 backward 1.2–1.4 µs per call on an
-//! H200 (PERFORMANCE.md, fourteenth session), so an eager call reuses its stream's buffer from
-//! the call before. Calls on one stream run in stream order, so a buffer used by one stream only
-//! is never read by one call while the next writes it; each call holds its stream's entry from
-//! its first launch to its last, so calls from several host threads on one stream cannot
-//! interleave their launches around it. A call on a stream that is being captured into a graph
-//! allocates its own buffer as before (the graph then owns it, and a graph launched on any
-//! stream, or instantiated twice, has its own).
+//! Safe under every kind of stream and any number of host threads by construction:
+//! * A buffer is reused only by a call on the stream that used it last, as the driver
+//!   identifies it (`cuStreamGetId`: unique for the life of the process, and distinct for each
+//!   thread's per-thread stream although they share one handle), so stream order puts the last
+//!   call's reads before the next call's writes.
+//! * A call takes its buffer out of the pool until its last launch is queued, so concurrent
+//!   calls (several threads on one stream included) never hold the same buffer.
+//! * After each call an event is recorded on its stream, and a buffer is freed only after that
+//!   event, on a stream the pool owns: eviction and [`release_scratch`](crate::release_scratch)
+//!   can run on any thread without naming the stream that used the buffer (another thread's
+//!   per-thread stream cannot be named, and a borrowed stream may be gone).
+//! * A call on a stream being captured into a graph allocates and frees its own buffer inside
+//!   the capture (the graph's memory nodes) and never touches the pool, whose buffers the
+//!   graph's later launches could otherwise race with.
 use crate::error::Result;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut, sys};
+use cudarc::driver::{CudaContext, CudaStream, result, sys};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// Streams per context whose scratch is kept; using one more drops the least recently used
-/// (its buffer is freed stream-ordered on its own stream, after the work queued there).
-pub(crate) const KEPT_STREAMS: usize = 8;
+/// Buffers a context keeps between calls; one more frees the least recently used.
+pub(crate) const KEPT: usize = 8;
 
-/// One stream's kept buffer and its device address, once allocated. The buffer holds its
-/// stream alive, so the handle it is kept under names no other stream while it exists (an
-/// entry without a buffer may pass to a later stream with a recycled handle: nothing to share).
-type Entry = Option<(CudaSlice<f32>, u64)>;
+/// One kept buffer (a null `ptr` before its first allocation) and the stream that used it last.
+struct Scratch {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    stream_id: u64,
+    /// Recorded on that stream after the call's last launch.
+    last_use: sys::CUevent,
+}
 
-/// The kept scratch of one context's streams by stream handle, least recently used first.
-#[derive(Default)]
-pub(crate) struct ScratchCache {
-    entries: Mutex<Vec<(usize, Arc<Mutex<Entry>>)>>,
+// SAFETY: a device address and an event handle are driver handles valid on every thread; the
+// pool hands each `Scratch` to one call at a time.
+unsafe impl Send for Scratch {}
+
+/// The kept scratch of one context, least recently used first.
+pub(crate) struct ScratchPool {
+    ctx: Arc<CudaContext>,
+    idle: Mutex<Vec<Scratch>>,
+    /// The device supports stream-ordered allocation (`cuMemAllocAsync`); without it
+    /// allocation is synchronous and a free waits for the buffer's last use on the host.
+    pools: bool,
+    /// The pool's own stream for frees (created on first use), never captured.
+    release: Mutex<Option<usize>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-impl ScratchCache {
+/// The driver's id of the stream `stream` names on this thread (see the module docs).
+pub(crate) fn stream_id(stream: &CudaStream) -> Result<u64> {
+    stream.context().bind_to_thread()?;
+    let mut id = 0;
+    // SAFETY: writes one integer; the handle is a live stream of the bound context.
+    unsafe { sys::cuStreamGetId(stream.cu_stream(), &mut id) }.result()?;
+    Ok(id)
+}
+
+impl ScratchPool {
+    pub(crate) fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+        let pools =
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)?;
+        Ok(ScratchPool {
+            ctx: ctx.clone(),
+            idle: Mutex::new(Vec::new()),
+            pools: pools != 0,
+            release: Mutex::new(None),
+        })
+    }
+
     /// Runs `f` with the device address of at least `len` f32 of scratch for work that `f`
-    /// queues on `stream`, and returns what `f` returns. Outside a capture the buffer is
-    /// `stream`'s kept one (replaced by a longer one first when it is shorter), and no other
-    /// call on `stream` gets it until `f` returns; during a capture it is allocated for this
-    /// call and freed stream-ordered after `f`. The contents are whatever the last user left:
-    /// `f`'s kernels must write every element they read.
+    /// queues on `stream`, and returns what `f` returns. The contents are whatever the last
+    /// user left: `f`'s kernels must write every element they read.
     pub(crate) fn with<R>(
         &self,
-        stream: &Arc<CudaStream>,
+        stream: &CudaStream,
         len: usize,
         f: impl FnOnce(u64) -> Result<R>,
     ) -> Result<R> {
+        let bytes = len.max(1) * std::mem::size_of::<f32>();
+        let handle = stream.cu_stream();
         if stream.capture_status()? != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-            // SAFETY: uninitialised device memory, which `f` writes before reading (above).
-            let mut buffer = unsafe { stream.alloc::<f32>(len) }?;
-            let (ptr, _record) = buffer.device_ptr_mut(stream);
-            return f(ptr);
+            // SAFETY: a stream-ordered allocation on the bound context, freed after `f`'s
+            // launches in the same stream order (both become memory nodes of the graph).
+            let ptr = unsafe { result::malloc_async(handle, bytes) }?;
+            let out = f(ptr);
+            // SAFETY: as above; queued after everything `f` queued.
+            unsafe { result::free_async(ptr, handle) }?;
+            return out;
         }
-        let entry = self.entry(stream);
-        let mut entry = lock(&entry);
-        let ptr = match &*entry {
-            Some((b, ptr)) if b.len() >= len => *ptr,
-            _ => {
-                // The shorter buffer is freed on its stream after the calls queued before.
-                *entry = None;
-                // SAFETY: as above.
-                let mut b = unsafe { stream.alloc::<f32>(len) }?;
-                let ptr = raw_ptr(&mut b);
-                *entry = Some((b, ptr));
-                ptr
+        let id = stream_id(stream)?;
+        let mut scratch = match self.take(id) {
+            Some(s) => s,
+            None => Scratch {
+                ptr: 0,
+                len: 0,
+                stream_id: id,
+                last_use: result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)?,
+            },
+        };
+        if scratch.len < len {
+            if scratch.ptr != 0 {
+                self.free_after(scratch.ptr, scratch.last_use)?;
             }
-        };
-        f(ptr)
-    }
-
-    /// `stream`'s entry, made the most recently used; a new one drops the least recently used
-    /// beyond [`KEPT_STREAMS`].
-    fn entry(&self, stream: &CudaStream) -> Arc<Mutex<Entry>> {
-        let mut entries = lock(&self.entries);
-        let handle = stream.cu_stream() as usize;
-        let entry = match entries.iter().position(|(h, _)| *h == handle) {
-            Some(i) => entries.remove(i).1,
-            None => Arc::default(),
-        };
-        entries.push((handle, entry.clone()));
-        if entries.len() > KEPT_STREAMS {
-            entries.remove(0);
+            scratch.ptr = 0;
+            scratch.len = 0;
+            match self.alloc(handle, bytes) {
+                Ok(ptr) => (scratch.ptr, scratch.len) = (ptr, len),
+                Err(e) => {
+                    // SAFETY: this event was only ever recorded before the buffer just freed.
+                    unsafe { result::event::destroy(scratch.last_use) }?;
+                    return Err(e);
+                }
+            }
         }
-        entry
+        let out = f(scratch.ptr);
+        // Recorded even when `f` failed, which may have queued a launch before failing; if the
+        // record itself fails, the buffer is leaked rather than freed while possibly in use.
+        // SAFETY: a live event and stream of the bound context.
+        unsafe { result::event::record(scratch.last_use, handle) }?;
+        scratch.stream_id = id;
+        let evicted = {
+            let mut idle = lock(&self.idle);
+            idle.push(scratch);
+            (idle.len() > KEPT).then(|| idle.remove(0))
+        };
+        if let Some(old) = evicted {
+            self.free(old)?;
+        }
+        out
     }
 
-    /// Drops every kept buffer (each freed stream-ordered on its stream) and the streams held.
-    pub(crate) fn clear(&self) {
-        lock(&self.entries).clear();
+    /// The most recently used idle buffer of stream `id`, taken out of the pool.
+    fn take(&self, id: u64) -> Option<Scratch> {
+        let mut idle = lock(&self.idle);
+        let i = idle.iter().rposition(|s| s.stream_id == id)?;
+        Some(idle.remove(i))
     }
 
-    /// The kept buffers' lengths in f32 by stream handle, least recently used first.
+    fn alloc(&self, stream: sys::CUstream, bytes: usize) -> Result<sys::CUdeviceptr> {
+        self.ctx.bind_to_thread()?;
+        // SAFETY: allocations on the bound context; the memory is written before it is read.
+        Ok(match self.pools {
+            true => unsafe { result::malloc_async(stream, bytes) }?,
+            false => unsafe { result::malloc_sync(bytes) }?,
+        })
+    }
+
+    /// Frees `ptr` once the work recorded in `last_use` is done, without blocking the host
+    /// where the device allows it. On an error the buffer is leaked, never freed early.
+    fn free_after(&self, ptr: sys::CUdeviceptr, last_use: sys::CUevent) -> Result<()> {
+        self.ctx.bind_to_thread()?;
+        if !self.pools {
+            // SAFETY: a live event; then a buffer no queued work uses any more.
+            unsafe { result::event::synchronize(last_use) }?;
+            return Ok(unsafe { result::free_sync(ptr) }?);
+        }
+        let stream = self.release_stream()?;
+        // SAFETY: live handles of the bound context; the free is queued behind the wait.
+        unsafe {
+            result::stream::wait_event(
+                stream,
+                last_use,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )?;
+            result::free_async(ptr, stream)?;
+        }
+        Ok(())
+    }
+
+    /// Frees a buffer taken out of the pool, and its event.
+    fn free(&self, s: Scratch) -> Result<()> {
+        if s.ptr != 0 {
+            self.free_after(s.ptr, s.last_use)?;
+        }
+        // SAFETY: a live event; destroying it after a wait on it was queued is allowed (its
+        // resources go once the wait is done).
+        Ok(unsafe { result::event::destroy(s.last_use) }?)
+    }
+
+    /// The pool's stream for frees, created on first use.
+    fn release_stream(&self) -> Result<sys::CUstream> {
+        let mut release = lock(&self.release);
+        if let Some(s) = *release {
+            return Ok(s as sys::CUstream);
+        }
+        let s = result::stream::create(result::stream::StreamKind::NonBlocking)?;
+        *release = Some(s as usize);
+        Ok(s)
+    }
+
+    /// Frees every idle buffer (each after its last use, without blocking the host where the
+    /// device allows it). Buffers held by calls in progress return to the pool after them.
+    pub(crate) fn clear(&self) -> Result<()> {
+        let idle = std::mem::take(&mut *lock(&self.idle));
+        let mut first = Ok(());
+        for s in idle {
+            let r = self.free(s);
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+
+    /// The idle buffers' lengths in f32 by stream id, least recently used first.
     #[cfg(test)]
-    pub(crate) fn kept(&self) -> Vec<(usize, usize)> {
-        lock(&self.entries)
+    pub(crate) fn kept(&self) -> Vec<(u64, usize)> {
+        lock(&self.idle)
             .iter()
-            .map(|(h, e)| (*h, lock(e).as_ref().map_or(0, |(b, _)| b.len())))
+            .map(|s| (s.stream_id, s.len))
             .collect()
     }
 }
 
-/// The new buffer's device address, taken once: it is only ever used on the stream that
-/// allocated it, in stream order, so cudarc's cross-stream event bookkeeping (a wait per use
-/// in multi-stream mode) has nothing to order.
-fn raw_ptr(buffer: &mut CudaSlice<f32>) -> u64 {
-    let stream = buffer.stream().clone();
-    let (ptr, record) = buffer.device_ptr_mut(&stream);
-    std::mem::forget(record);
-    ptr
+impl Drop for ScratchPool {
+    fn drop(&mut self) {
+        // Errors here have no caller to go to; a buffer that cannot be freed is leaked.
+        let _ = self.clear();
+        if let Some(s) = *lock(&self.release) {
+            // SAFETY: the pool's own stream; pending frees finish before its resources go.
+            let _ = unsafe { result::stream::destroy(s as sys::CUstream) };
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::test_skip::{Need, skip};
-    use cudarc::driver::CudaContext;
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 
-    /// A new handle on device 0's primary context without cudarc's event tracking (a capture
-    /// must not wait on events recorded before it), or `None` after skipping `test`.
+    /// Device 0's context, or `None` after skipping `test`.
     fn context(test: &str) -> Option<Arc<CudaContext>> {
         match crate::cuda_context(0) {
-            Ok(ctx) => {
-                // SAFETY: each stream's buffers in these tests are used on that stream only.
-                unsafe { ctx.disable_event_tracking() };
-                Some(ctx)
-            }
+            Ok(ctx) => Some(ctx),
             Err(e) => {
                 let test = format!("scratch::tests::{test}");
                 skip(&test, &format!("no GPU ({e})"), Need::Gpus(1));
@@ -133,8 +244,8 @@ mod tests {
         }
     }
 
-    fn address(cache: &ScratchCache, stream: &Arc<CudaStream>, len: usize) -> u64 {
-        cache.with(stream, len, Ok).unwrap()
+    fn address(pool: &ScratchPool, stream: &CudaStream, len: usize) -> u64 {
+        pool.with(stream, len, Ok).unwrap()
     }
 
     #[test]
@@ -143,20 +254,65 @@ mod tests {
         else {
             return;
         };
-        let (cache, s) = (ScratchCache::default(), ctx.new_stream().unwrap());
-        let h = s.cu_stream() as usize;
-        let first = address(&cache, &s, 1000);
-        assert_eq!(address(&cache, &s, 1000), first);
-        assert_eq!(address(&cache, &s, 10), first);
-        assert_eq!(cache.kept(), [(h, 1000)]);
-        address(&cache, &s, 1001);
-        assert_eq!(cache.kept(), [(h, 1001)]);
+        let (pool, s) = (ScratchPool::new(&ctx).unwrap(), ctx.new_stream().unwrap());
+        let id = stream_id(&s).unwrap();
+        let first = address(&pool, &s, 1000);
+        assert_eq!(address(&pool, &s, 1000), first);
+        assert_eq!(address(&pool, &s, 10), first);
+        assert_eq!(pool.kept(), [(id, 1000)]);
+        address(&pool, &s, 1001);
+        assert_eq!(pool.kept(), [(id, 1001)]);
         // Another stream gets a buffer of its own.
         let t = ctx.new_stream().unwrap();
-        assert_ne!(address(&cache, &t, 10), address(&cache, &s, 10));
-        assert_eq!(cache.kept(), [(t.cu_stream() as usize, 10), (h, 1001)]);
-        cache.clear();
-        assert!(cache.kept().is_empty());
+        assert_ne!(address(&pool, &t, 10), address(&pool, &s, 10));
+        assert_eq!(pool.kept(), [(stream_id(&t).unwrap(), 10), (id, 1001)]);
+        pool.clear().unwrap();
+        assert!(pool.kept().is_empty());
+        s.synchronize().unwrap();
+    }
+
+    #[test]
+    fn gpu_per_thread_streams_of_two_threads_never_share_a_buffer() {
+        let Some(ctx) = context("gpu_per_thread_streams_of_two_threads_never_share_a_buffer")
+        else {
+            return;
+        };
+        let pool = ScratchPool::new(&ctx).unwrap();
+        // One `CudaStream` value, one handle (0x2), two streams: one per thread.
+        let s = ctx.per_thread_stream();
+        let mine = address(&pool, &s, 100);
+        let (theirs, their_id) = std::thread::scope(|scope| {
+            scope
+                .spawn(|| (address(&pool, &s, 100), stream_id(&s).unwrap()))
+                .join()
+                .unwrap()
+        });
+        assert_ne!(their_id, stream_id(&s).unwrap());
+        assert_ne!(theirs, mine);
+        assert_eq!(address(&pool, &s, 100), mine);
+        assert_eq!(pool.kept().len(), 2);
+        s.synchronize().unwrap();
+    }
+
+    #[test]
+    fn gpu_a_call_in_progress_holds_its_buffer() {
+        let Some(ctx) = context("gpu_a_call_in_progress_holds_its_buffer") else {
+            return;
+        };
+        let (pool, s) = (ScratchPool::new(&ctx).unwrap(), ctx.new_stream().unwrap());
+        let outer = address(&pool, &s, 64);
+        // A second call on the same stream while the first holds the buffer (as another thread
+        // would) gets another one, and the first is not freed by a clear meanwhile.
+        let inner = pool
+            .with(&s, 64, |held| {
+                assert_eq!(held, outer);
+                pool.clear()?;
+                Ok(address(&pool, &s, 64))
+            })
+            .unwrap();
+        assert_ne!(inner, outer);
+        let kept: Vec<_> = pool.kept().iter().map(|k| k.1).collect();
+        assert_eq!(kept, [64, 64]);
         s.synchronize().unwrap();
     }
 
@@ -166,26 +322,24 @@ mod tests {
         else {
             return;
         };
-        let cache = ScratchCache::default();
-        let streams: Vec<_> = (0..KEPT_STREAMS + 2)
-            .map(|_| ctx.new_stream().unwrap())
-            .collect();
-        let handle = |i: usize| streams[i].cu_stream() as usize;
-        for (i, s) in streams.iter().take(KEPT_STREAMS).enumerate() {
-            address(&cache, s, 100 + i);
+        let pool = ScratchPool::new(&ctx).unwrap();
+        let streams: Vec<_> = (0..KEPT + 2).map(|_| ctx.new_stream().unwrap()).collect();
+        let id = |i: usize| stream_id(&streams[i]).unwrap();
+        for (i, s) in streams.iter().take(KEPT).enumerate() {
+            address(&pool, s, 100 + i);
         }
         // Stream 0 used again: stream 1 is now the least recently used, and goes first.
-        address(&cache, &streams[0], 1);
-        address(&cache, &streams[KEPT_STREAMS], 7);
-        let kept = cache.kept();
-        assert_eq!(kept.len(), KEPT_STREAMS);
-        assert!(!kept.iter().any(|&(h, _)| h == handle(1)), "{kept:?}");
-        assert_eq!(kept[KEPT_STREAMS - 2], (handle(0), 100));
-        assert_eq!(kept[KEPT_STREAMS - 1], (handle(KEPT_STREAMS), 7));
+        address(&pool, &streams[0], 1);
+        address(&pool, &streams[KEPT], 7);
+        let kept = pool.kept();
+        assert_eq!(kept.len(), KEPT);
+        assert!(!kept.iter().any(|&(h, _)| h == id(1)), "{kept:?}");
+        assert_eq!(kept[KEPT - 2], (id(0), 100));
+        assert_eq!(kept[KEPT - 1], (id(KEPT), 7));
         // A dropped stream allocates again when it comes back.
-        address(&cache, &streams[1], 5);
-        assert_eq!(cache.kept().last(), Some(&(handle(1), 5)));
-        assert!(!cache.kept().iter().any(|&(h, _)| h == handle(2)));
+        address(&pool, &streams[1], 5);
+        assert_eq!(pool.kept().last(), Some(&(id(1), 5)));
+        assert!(!pool.kept().iter().any(|&(h, _)| h == id(2)));
         for s in &streams {
             s.synchronize().unwrap();
         }
@@ -196,15 +350,15 @@ mod tests {
         let Some(ctx) = context("gpu_a_capturing_stream_gets_a_buffer_of_its_own") else {
             return;
         };
-        let (cache, s) = (ScratchCache::default(), ctx.new_stream().unwrap());
-        let kept = address(&cache, &s, 4096);
+        let (pool, s) = (ScratchPool::new(&ctx).unwrap(), ctx.new_stream().unwrap());
+        let kept = address(&pool, &s, 4096);
         s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .unwrap();
-        let captured = address(&cache, &s, 4096);
+        let captured = address(&pool, &s, 4096);
         s.end_capture(CUgraphInstantiate_flags(0)).unwrap();
         assert_ne!(captured, kept);
-        assert_eq!(cache.kept(), [(s.cu_stream() as usize, 4096)]);
-        assert_eq!(address(&cache, &s, 4096), kept);
+        assert_eq!(pool.kept(), [(stream_id(&s).unwrap(), 4096)]);
+        assert_eq!(address(&pool, &s, 4096), kept);
         s.synchronize().unwrap();
     }
 }

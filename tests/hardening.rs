@@ -1,8 +1,10 @@
 //! Cross-op guarantees: thread safety of the public types, bitwise determinism of every op
-//! (dW included), the RMSNorm backward replayed from a captured CUDA graph, its kept dW
-//! scratch across shapes, streams and threads sharing a stream, every op driven from several
-//! threads on several streams at once and on two GPUs at once (skipped with one GPU), and no
-//! panic without a driver or GPU.
+//! (dW included), the RMSNorm backward replayed from a captured CUDA graph (with and without
+//! cudarc's event tracking, on created and per-thread streams), its kept dW scratch across
+//! shapes, streams, threads sharing a stream, per-thread streams of many threads and
+//! `release_scratch` from another thread, every op driven from several threads on several
+//! streams at once and on two GPUs at once (skipped with one GPU), and no panic without a
+//! driver or GPU.
 //!
 //! With the small shapes (`LIGER_RS_TEST_SHAPES=small`, sized for compute-sanitizer) the
 //! RMSNorm rows are 600 instead of 3000 or 2500 (more than the 528 blocks of the 2048- and
@@ -149,18 +151,45 @@ fn gpu_every_op_is_bitwise_deterministic() {
 /// The RMSNorm backward captured into a CUDA graph and replayed gives the eager call's bits.
 /// On sm_90 and later its dW reduction is a programmatic dependent launch, which the capture
 /// keeps as a programmatic edge; the replays' outputs are poisoned before each, and between
-/// them an eager call replaces the stream's kept dW scratch.
+/// them an eager call replaces the stream's kept dW scratch. On a created stream of a handle
+/// without cudarc's event tracking, and on a per-thread stream of a handle with it (candle's
+/// configuration: tracking on, no created stream, so cudarc records and waits on no events).
+/// Where cudarc manages several streams' synchronisation (tracking on and a created stream),
+/// every use of a buffer waits on the event of its last use, and a capture may not wait on an
+/// event recorded before it: CUDA refuses that capture, which must come back as an error.
 #[test]
 fn gpu_rms_norm_backward_replays_from_a_captured_graph() {
-    let Some(default) = gpu("gpu_rms_norm_backward_replays_from_a_captured_graph") else {
+    let test = "gpu_rms_norm_backward_replays_from_a_captured_graph";
+    if gpu(test).is_none() {
         return;
-    };
-    let ctx = default.context().clone();
-    // SAFETY: this handle's buffers are used on one stream only, in order; without tracking
-    // no event recorded before the capture is waited on inside it (which capture forbids).
-    unsafe { ctx.disable_event_tracking() };
-    let stream = ctx.new_stream().unwrap();
-    let (rows, cols) = (sized(3000, 600), 4096);
+    }
+    let untracked = liger_rs::cuda_context(0).unwrap();
+    // SAFETY: this handle's buffers are used on one stream only, in order.
+    unsafe { untracked.disable_event_tracking() };
+    let created = untracked.new_stream().unwrap();
+    replay_captured_backward("created stream, tracking off", created).unwrap();
+    let tracked = liger_rs::cuda_context(0).unwrap();
+    assert!(tracked.is_event_tracking() && !tracked.is_in_multi_stream_mode());
+    replay_captured_backward(
+        "per-thread stream, tracking on",
+        tracked.per_thread_stream(),
+    )
+    .unwrap();
+    let managed = liger_rs::cuda_context(0).unwrap();
+    let stream = managed.new_stream().unwrap();
+    assert!(managed.is_managing_stream_synchronization());
+    match replay_captured_backward("created stream, cudarc managing streams", stream) {
+        Ok(()) => println!("a capture with cudarc managing streams replays correctly"),
+        Err(e) => {
+            println!("a capture with cudarc managing streams is refused: {e}");
+            assert!(e.contains("CAPTURE"), "not a capture error: {e}");
+        }
+    }
+}
+
+/// Captures and replays the backward as above; `Err` if the capture is refused.
+fn replay_captured_backward(what: &str, stream: Arc<CudaStream>) -> Result<(), String> {
+    let (rows, cols) = (sized(3000, 700), 4096);
     let mut rng = Rng::new(7);
     let args = RmsNormArgs::new(rows, cols);
     let x = upload(&stream, &rng.vec::<bf16>(rows * cols, 0.0, 1.0));
@@ -174,37 +203,47 @@ fn gpu_rms_norm_backward_replays_from_a_captured_graph() {
     rms_norm_forward(&stream, &args, &x, Some(&wv), &mut y, &mut rstd).unwrap();
     let backward = |dx: &mut CudaSlice<bf16>, dw: &mut CudaSlice<bf16>| {
         let mut dw = dw.as_view_mut();
-        rms_norm_backward(&stream, &args, &dy, &x, Some(&wv), &rstd, dx, Some(&mut dw)).unwrap()
+        rms_norm_backward(&stream, &args, &dy, &x, Some(&wv), &rstd, dx, Some(&mut dw))
     };
     let (mut dx, mut dw) = (
         common::poisoned::<bf16>(&stream, rows * cols),
         common::poisoned::<bf16>(&stream, cols),
     );
-    backward(&mut dx, &mut dw);
+    backward(&mut dx, &mut dw).unwrap();
     let eager = (bits(&download(&stream, &dx)), bits(&download(&stream, &dw)));
 
     stream
         .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         .unwrap();
-    backward(&mut dx, &mut dw);
-    let graph = stream
-        .end_capture(CUgraphInstantiate_flags(0))
-        .unwrap()
-        .expect("the capture holds the backward");
+    let captured = backward(&mut dx, &mut dw);
+    let ended = stream.end_capture(CUgraphInstantiate_flags(0));
+    let recorded = stream.context().check_err();
+    let graph = match (captured, ended) {
+        (Ok(()), Ok(Some(graph))) => graph,
+        (captured, ended) => {
+            return Err(format!(
+                "{what}: backward {captured:?}, end of capture {:?}, cudarc's recorded error \
+                 {recorded:?}",
+                ended.map(|g| g.is_some())
+            ));
+        }
+    };
+    assert!(recorded.is_ok(), "{what}: {recorded:?}");
     for replay in 1..=2 {
         if replay == 2 {
             // An eager call that needs more partial rows replaces the stream's kept scratch
-            // (64 × 65536 f32, one row per row; the 3000 (or 600) × 4096 backward has at most
-            // 528 on an H200); the graph allocates its own, so its replay must not notice.
+            // (64 × 65536 f32, one row per row; the backward above has at most 528 rows of
+            // 4096 on an H200); the graph allocates its own, so its replay must not notice.
             checked_rms_norm(&stream, 9, 64, 65536);
         }
         common::poison(&stream, &mut dx);
         common::poison(&stream, &mut dw);
         graph.launch().unwrap();
         let again = (bits(&download(&stream, &dx)), bits(&download(&stream, &dw)));
-        assert!(again.0 == eager.0, "dx differs, replay {replay}");
-        assert!(again.1 == eager.1, "dw differs, replay {replay}");
+        assert!(again.0 == eager.0, "{what}: dx differs, replay {replay}");
+        assert!(again.1 == eager.1, "{what}: dw differs, replay {replay}");
     }
+    Ok(())
 }
 
 /// `got` within 2⁻⁶ of `want`, relative to each element's magnitude or the RMS of `want`,
@@ -290,9 +329,9 @@ fn checked_rms_norm(stream: &Arc<CudaStream>, seed: u64, rows: usize, cols: usiz
     );
 }
 
-/// RMSNorm backward calls from four threads on one stream at once. The calls share the
-/// stream's kept dW scratch; each holds it from its backward's launch to its dW reduction's,
-/// so no other call's backward can land between them and overwrite its partial rows.
+/// RMSNorm backward calls from four threads on one stream at once. Each call takes a dW
+/// scratch buffer for itself from its backward's launch to its dW reduction's, so another
+/// call's backward, queued between them, cannot overwrite its partial rows.
 #[test]
 fn gpu_rms_norm_backward_from_many_threads_on_one_stream() {
     let Some(default) = gpu("gpu_rms_norm_backward_from_many_threads_on_one_stream") else {
@@ -329,9 +368,173 @@ fn gpu_rms_norm_backward_keeps_scratch_across_shapes_and_streams() {
             checked_rms_norm(stream, (10 * round + i) as u64, rows, cols);
         }
         if round == 2 {
-            liger_rs::release_scratch(&ctx);
+            liger_rs::release_scratch(&ctx).unwrap();
         }
     }
+}
+
+/// Inputs of one bf16 RMSNorm backward with a weight (llama), uploaded, and the dW bits it
+/// gives alone.
+struct DwCase {
+    args: RmsNormArgs,
+    x: CudaSlice<bf16>,
+    w: CudaSlice<bf16>,
+    dy: CudaSlice<bf16>,
+    rstd: CudaSlice<f32>,
+    dx: CudaSlice<bf16>,
+    dw: CudaSlice<bf16>,
+}
+
+impl DwCase {
+    fn new(stream: &Arc<CudaStream>, seed: u64, rows: usize, cols: usize) -> Self {
+        let mut rng = Rng::new(seed);
+        let args = RmsNormArgs::new(rows, cols);
+        let x = upload(stream, &rng.vec::<bf16>(rows * cols, 0.0, 1.0));
+        let w = upload(stream, &rng.vec::<bf16>(cols, 1.0, 0.3));
+        let dy = upload(stream, &rng.vec::<bf16>(rows * cols, 0.0, 1.0));
+        let mut y = common::poisoned::<bf16>(stream, rows * cols);
+        let mut rstd = common::poisoned::<f32>(stream, rows);
+        rms_norm_forward(stream, &args, &x, Some(&w.as_view()), &mut y, &mut rstd).unwrap();
+        let dx = common::poisoned::<bf16>(stream, rows * cols);
+        let dw = common::poisoned::<bf16>(stream, cols);
+        DwCase {
+            args,
+            x,
+            w,
+            dy,
+            rstd,
+            dx,
+            dw,
+        }
+    }
+
+    /// Queues the backward on `stream` (dW poisoned first).
+    fn queue(&mut self, stream: &Arc<CudaStream>) {
+        common::poison(stream, &mut self.dw);
+        let (wv, mut dwv) = (self.w.as_view(), self.dw.as_view_mut());
+        let (a, dy, x, rstd) = (&self.args, &self.dy, &self.x, &self.rstd);
+        rms_norm_backward(
+            stream,
+            a,
+            dy,
+            x,
+            Some(&wv),
+            rstd,
+            &mut self.dx,
+            Some(&mut dwv),
+        )
+        .unwrap();
+    }
+
+    fn dw_bits(&self, stream: &Arc<CudaStream>) -> Vec<u16> {
+        bits(&download(stream, &self.dw))
+    }
+}
+
+/// The failure this library once had: threads on `per_thread_stream` (one handle, 0x2, that
+/// names a different stream in each thread; candle's stream) sharing one dW scratch buffer
+/// while their backwards ran at once. Each thread computes its dW alone (under a lock), then
+/// all run weighted backwards at once, and every call's dW must have the alone-result's bits:
+/// 1000 calls in all, over 2, 4 and 8 threads.
+#[test]
+fn gpu_rms_norm_backward_on_per_thread_streams_of_many_threads() {
+    let test = "gpu_rms_norm_backward_on_per_thread_streams_of_many_threads";
+    let Some(default) = gpu(test) else {
+        return;
+    };
+    let ctx = default.context().clone();
+    let (rows, cols) = (sized(8192, 1500), 2048);
+    for (threads, calls) in [(2, 150), (4, 100), (8, 50)] {
+        let alone = std::sync::Mutex::new(());
+        let start = std::sync::Barrier::new(threads);
+        let differing: usize = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|t| {
+                    let (ctx, alone, start) = (&ctx, &alone, &start);
+                    scope.spawn(move || {
+                        let stream = ctx.per_thread_stream();
+                        let mut case = DwCase::new(&stream, 500 + t as u64, rows, cols);
+                        let want = {
+                            let _alone = alone.lock().unwrap();
+                            case.queue(&stream);
+                            case.dw_bits(&stream)
+                        };
+                        start.wait();
+                        (0..calls)
+                            .filter(|_| {
+                                case.queue(&stream);
+                                case.dw_bits(&stream) != want
+                            })
+                            .count()
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        });
+        assert_eq!(
+            differing,
+            0,
+            "{threads} threads: {differing} of {} calls gave another dW",
+            threads * calls
+        );
+    }
+}
+
+/// `release_scratch` from another thread while backwards are queued on per-thread and created
+/// streams, with shapes that grow the scratch between rounds: each round queues several calls
+/// before it reads dW back, and every dW keeps the alone-result's bits.
+#[test]
+fn gpu_release_scratch_from_another_thread_while_backwards_are_queued() {
+    let test = "gpu_release_scratch_from_another_thread_while_backwards_are_queued";
+    let Some(default) = gpu(test) else {
+        return;
+    };
+    let ctx = default.context().clone();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let shapes = [
+        (sized(2000, 400), 2048),
+        (sized(600, 120), 8192),
+        (64, 1024),
+    ];
+    std::thread::scope(|scope| {
+        let releaser = scope.spawn(|| {
+            let mut releases = 0u32;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                liger_rs::release_scratch(&ctx).unwrap();
+                releases += 1;
+                std::thread::yield_now();
+            }
+            releases
+        });
+        let workers: Vec<_> = (0..4)
+            .map(|t| {
+                let ctx = &ctx;
+                scope.spawn(move || {
+                    let stream = match t % 2 {
+                        0 => ctx.per_thread_stream(),
+                        _ => ctx.new_stream().unwrap(),
+                    };
+                    for round in 0..sized(12, 4) {
+                        let (rows, cols) = shapes[round % shapes.len()];
+                        let mut case =
+                            DwCase::new(&stream, 900 + 10 * t + round as u64, rows, cols);
+                        case.queue(&stream);
+                        let want = case.dw_bits(&stream);
+                        for _ in 0..8 {
+                            case.queue(&stream);
+                        }
+                        let got = case.dw_bits(&stream);
+                        assert!(got == want, "thread {t}, round {round}: dW differs");
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(releaser.join().unwrap() > 0);
+    });
 }
 
 /// One thread's work on its own stream: every op on its own data, checked against the CPU

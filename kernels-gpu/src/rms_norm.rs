@@ -198,7 +198,8 @@ unsafe fn backward<T: Elem, const MODE: u32>(
     offset: f32,
 ) {
     let (tid, nt) = (thread_idx(), block_dim());
-    let part = unsafe { dw_partial.add(block_idx() * cols) };
+    // `wrapping_add`: `dw_partial` is null without a weight, and `add` off null is undefined.
+    let part = dw_partial.wrapping_add(block_idx() * cols);
     let load_w = |c: usize| {
         if w.is_null() {
             None
