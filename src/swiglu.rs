@@ -7,6 +7,9 @@
 //! silu never overflows or turns NaN for finite `z`: large negative `z` gives −0, large
 //! positive `z` gives `z` (and `silu'` 0 and 1). One launch per call, no allocation, no
 //! synchronisation.
+//!
+//! The down multiplier `dm` applies in the backward only: the forward writes `c`, the
+//! backward the gradients of `c·dm` (see [`SwigluArgs::down_multiplier`]).
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
 use crate::launch::{Region, at_least, disjoint, same_context, span, whole_grid};
@@ -99,7 +102,11 @@ pub struct SwigluArgs {
     pub cols: usize,
     /// `gm`: the gate is `z = a·gm` (finite; 1.0 for plain SwiGLU).
     pub gate_multiplier: f32,
-    /// `dm`: the backward uses `dc·dm` as the gradient of `c` (finite; 1.0 for plain SwiGLU).
+    /// `dm` (finite; 1.0 for plain SwiGLU), backward only: the backward computes
+    /// `g = f32(dc)·dm` and the gradients from `g`, so with `dc` the gradient of the loss with
+    /// respect to `c·dm` it returns the gradients of `c·dm`. The forward does not apply it:
+    /// it writes `c`, and multiplying by `dm` where the model does (the down projection's
+    /// input) is the caller's; `liger_rs::candle`'s ops return `c·dm` themselves.
     pub down_multiplier: f32,
     /// Elements between the starts of consecutive rows of `a`/`da` (≥ `cols`), or of the
     /// fused gate-up buffer and its gradient (≥ `2·cols`).
@@ -157,7 +164,7 @@ impl SwigluArgs {
         }
     }
 
-    /// Sets the down multiplier `dm` (backward only).
+    /// Sets the down multiplier `dm` (backward only: see [`SwigluArgs::down_multiplier`]).
     ///
     /// ```
     /// assert_eq!(liger_rs::SwigluArgs::new(1, 8).with_down_multiplier(2.0).down_multiplier, 2.0);
@@ -492,7 +499,7 @@ fn launch_backward<T: Dtype>(
 }
 
 /// SwiGLU forward, separate gate and up: `c = T(T(silu(a·gm)) · b)`, element-wise over
-/// `rows × cols`.
+/// `rows × cols`; `args.down_multiplier` is not applied (backward only).
 ///
 /// `a`, `b` and `c` hold `rows` rows at `args.a_stride`, `args.b_stride`, `args.c_stride`
 /// (see [`SwigluArgs`]). `c` must not overlap `a` or `b`. One launch on `stream`, no
