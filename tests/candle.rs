@@ -1,6 +1,8 @@
 //! candle interop (feature `candle`): the candle path against the plain API on the same data
 //! and stream (same kernels, so the same numbers), for every op, dtype and layout form, forward,
-//! explicit backward and candle's autograd (GPU); argument errors and CPU tensors (always run).
+//! explicit backward and candle's autograd (GPU); on the CPU (always run) the same calls against
+//! the reference, every op's gradient against finite differences of its value, argument
+//! errors.
 #![cfg(feature = "candle")]
 mod common;
 
@@ -8,11 +10,13 @@ use candle_core::{D, DType, Device, Tensor, Var, WithDType};
 use common::Rng;
 use half::{bf16, f16};
 use liger_rs::candle::{
-    RmsNormConfig, SwigluConfig, rms_norm, rms_norm_backward, rms_norm_forward, rope,
-    rope_backward, swiglu, swiglu_backward, swiglu_fused, swiglu_fused_backward,
+    RmsNormConfig, RopeConfig, SwigluConfig, nn, rms_norm, rms_norm_backward, rms_norm_forward,
+    rope, rope_backward, rope_backward_with, rope_with, swiglu, swiglu_backward, swiglu_fused,
+    swiglu_fused_backward,
 };
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 use liger_rs::reference::Element;
+use liger_rs::reference::rope::CosSinRows;
 use liger_rs::{CastingMode, CosSinLayout, Dtype, PositionIds, RmsNormArgs, RopeArgs, SwigluArgs};
 use std::sync::Arc;
 
@@ -191,55 +195,275 @@ fn expect_err<V: std::fmt::Debug>(what: &str, r: candle_core::Result<V>, needles
     }
 }
 
-#[test]
-fn cpu_tensors_are_an_error_naming_the_op() {
+/// A CPU tensor's values, widened.
+fn cpu_vals<T: Element + WithDType>(t: &Tensor) -> Vec<f64> {
+    t.flatten_all()
+        .and_then(|t| t.to_vec1::<T>())
+        .expect("values")
+        .into_iter()
+        .map(Element::to_f64)
+        .collect()
+}
+
+fn wide<T: Element>(v: &[T]) -> Vec<f64> {
+    v.iter().map(|x| x.to_f64()).collect()
+}
+
+/// On the CPU every op runs `liger_rs::reference`: each explicit call's result and each
+/// autograd value and gradient is the reference's, exactly (f32, f16, bf16 and f64).
+fn cpu_case<T: Element + WithDType>(seed: u64) {
     let cpu = Device::Cpu;
-    let x = Tensor::ones((2, 8), DType::F32, &cpu).unwrap();
-    let w = Tensor::ones(8, DType::F32, &cpu).unwrap();
-    let rstd = Tensor::ones(2, DType::F32, &cpu).unwrap();
-    let cfg = RmsNormConfig::default();
-    let on_cpu = ["CPU", "CUDA"];
-    for weight in [None, Some(&w)] {
-        expect_err("rms_norm", rms_norm(&x, weight, &cfg), &["rms_norm", "CPU"]);
-        expect_err(
-            "rms_norm_forward",
-            rms_norm_forward(&x, weight, &cfg),
-            &["rms_norm", "`x`", "CPU", "CUDA"],
+    let mut rng = Rng::new(seed);
+    let t = |data: &[T], shape: &[usize]| Tensor::from_slice(data, shape, &cpu).unwrap();
+    let var = |data: &[T], shape: &[usize]| Var::from_tensor(&t(data, shape)).unwrap();
+    let name = T::NAME;
+
+    let (rows, cols) = (5, 24);
+    let x: Vec<T> = rng.vec(rows * cols, 0.0, 1.0);
+    let w: Vec<T> = rng.vec(cols, 1.0, 0.5);
+    let dy: Vec<T> = rng.vec(rows * cols, 0.0, 1.0);
+    let rc = [rows, cols];
+    for (mode, offset) in [
+        (CastingMode::Llama, 0.0),
+        (CastingMode::Gemma, 1.0),
+        (CastingMode::None, 0.5),
+    ] {
+        let case = format!("{name} {mode} offset {offset}");
+        let cfg = RmsNormConfig {
+            eps: 1e-5,
+            offset,
+            mode,
+        };
+        let want =
+            liger_rs::reference::rms_norm_forward(&x, Some(&w), cols, 1e-5, offset, mode).unwrap();
+        let grads = liger_rs::reference::rms_norm_backward(
+            &dy,
+            &x,
+            Some(&w),
+            &want.rstd,
+            cols,
+            offset,
+            mode,
+        )
+        .unwrap();
+        let (y, rstd) = rms_norm_forward(&t(&x, &rc), Some(&t(&w, &[cols])), &cfg).unwrap();
+        assert_eq!(cpu_vals::<T>(&y), wide(&want.y), "y, {case}");
+        let rstd_vals = rstd.to_dtype(DType::F64).unwrap().to_vec1::<f64>().unwrap();
+        assert_eq!(rstd_vals, want.rstd, "rstd, {case}");
+        let (dx, dw) = rms_norm_backward(
+            &t(&dy, &rc),
+            &t(&x, &rc),
+            Some(&t(&w, &[cols])),
+            &rstd,
+            &cfg,
+        )
+        .unwrap();
+        assert_eq!(cpu_vals::<T>(&dx), wide(&grads.dx), "dx, {case}");
+        let want_dw = wide(grads.dw.as_ref().unwrap());
+        assert_eq!(cpu_vals::<T>(&dw.unwrap()), want_dw, "dw, {case}");
+        let (xv, wv) = (var(&x, &rc), var(&w, &[cols]));
+        let y = rms_norm(xv.as_tensor(), Some(wv.as_tensor()), &cfg).unwrap();
+        assert_eq!(cpu_vals::<T>(&y), wide(&want.y), "autograd y, {case}");
+        let g = (y * t(&dy, &rc))
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        assert_eq!(
+            cpu_vals::<T>(g.get(&xv).unwrap()),
+            wide(&grads.dx),
+            "autograd dx, {case}"
         );
-        expect_err(
-            "rms_norm_backward",
-            rms_norm_backward(&x, &x, weight, &rstd, &cfg),
-            &["rms_norm", "CPU", "CUDA"],
+        assert_eq!(
+            cpu_vals::<T>(g.get(&wv).unwrap()),
+            want_dw,
+            "autograd dw, {case}"
         );
     }
 
-    let q = Tensor::ones((1, 4, 2, 8), DType::F32, &cpu).unwrap();
-    let k = Tensor::ones((1, 4, 1, 8), DType::F32, &cpu).unwrap();
-    let cos = Tensor::ones((4, 8), DType::F32, &cpu).unwrap();
-    expect_err("rope", rope(&q, &k, &cos, &cos, None), &["rope", "CPU"]);
-    expect_err(
-        "rope_backward",
-        rope_backward(&q, &k, &cos, &cos, None),
-        &["rope", "`dq`", "CPU", "CUDA"],
-    );
+    let (rows, cols) = (7, 10);
+    let a: Vec<T> = rng.vec(rows * cols, 0.0, 2.0);
+    let b: Vec<T> = rng.vec(rows * cols, 0.0, 1.0);
+    let dc: Vec<T> = rng.vec(rows * cols, 0.0, 1.0);
+    let rc = [rows, cols];
+    for cfg in [
+        SwigluConfig::default(),
+        SwigluConfig {
+            gate_multiplier: 0.75,
+            down_multiplier: 1.5,
+        },
+        SwigluConfig {
+            gate_multiplier: -1.25,
+            down_multiplier: 0.3,
+        },
+    ] {
+        let case = format!("{name} {cfg:?}");
+        let (gm, dm) = (cfg.gate_multiplier, T::cast(cfg.down_multiplier as f64));
+        // The ops return c·dm with dm rounded to the dtype; the backward is its gradient.
+        let c: Vec<f64> = liger_rs::reference::swiglu_forward(&a, &b, gm)
+            .unwrap()
+            .iter()
+            .map(|&c| T::cast(Element::to_f64(c) * dm))
+            .collect();
+        let g = liger_rs::reference::swiglu_backward(&dc, &a, &b, gm, dm as f32).unwrap();
+        let (da, db) = swiglu_backward(&t(&dc, &rc), &t(&a, &rc), &t(&b, &rc), &cfg).unwrap();
+        assert_eq!(
+            (cpu_vals::<T>(&da), cpu_vals::<T>(&db)),
+            (wide(&g.da), wide(&g.db)),
+            "explicit, {case}"
+        );
+        let (av, bv) = (var(&a, &rc), var(&b, &rc));
+        let y = swiglu(av.as_tensor(), bv.as_tensor(), &cfg).unwrap();
+        assert_eq!(cpu_vals::<T>(&y), c, "c·dm, {case}");
+        let grads = (y * t(&dc, &rc))
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        assert_eq!(
+            cpu_vals::<T>(grads.get(&av).unwrap()),
+            wide(&g.da),
+            "autograd da, {case}"
+        );
+        assert_eq!(
+            cpu_vals::<T>(grads.get(&bv).unwrap()),
+            wide(&g.db),
+            "autograd db, {case}"
+        );
 
-    let s = SwigluConfig::default();
-    expect_err("swiglu", swiglu(&x, &x, &s), &["swiglu", "CPU"]);
-    expect_err(
-        "swiglu_backward",
-        swiglu_backward(&x, &x, &x, &s),
-        &["swiglu", "`dc`"],
+        let join =
+            |p: &[T], q: &[T]| liger_rs::reference::swiglu::join_gate_up(p, q, cols).unwrap();
+        let (gu, dgu) = (join(&a, &b), join(&g.da, &g.db));
+        let fused = [rows, 2 * cols];
+        let d = swiglu_fused_backward(&t(&dc, &rc), &t(&gu, &fused), &cfg).unwrap();
+        assert_eq!(cpu_vals::<T>(&d), wide(&dgu), "explicit fused, {case}");
+        let gv = var(&gu, &fused);
+        let y = swiglu_fused(gv.as_tensor(), &cfg).unwrap();
+        assert_eq!(cpu_vals::<T>(&y), c, "fused c·dm, {case}");
+        let grads = (y * t(&dc, &rc))
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        assert_eq!(
+            cpu_vals::<T>(grads.get(&gv).unwrap()),
+            wide(&dgu),
+            "autograd fused, {case}"
+        );
+    }
+
+    let (bs, s, hq, hk, d) = (2, 5, 3, 1, 8);
+    let q: Vec<T> = rng.vec(bs * s * hq * d, 0.0, 1.0);
+    let k: Vec<T> = rng.vec(bs * s * hk * d, 0.0, 1.0);
+    let dq: Vec<T> = rng.vec(q.len(), 0.0, 1.0);
+    let dk: Vec<T> = rng.vec(k.len(), 0.0, 1.0);
+    let angles: Vec<f64> = rng.vec(7 * d, 0.0, 2.0);
+    let (cos, sin): (Vec<T>, Vec<T>) = (
+        angles.iter().map(|a| Element::from_f64(a.cos())).collect(),
+        angles.iter().map(|a| Element::from_f64(a.sin())).collect(),
     );
+    let ids = [0i64, 3, 1, 6, 2, 2, 5, 0, 4, 1];
+    let ids_t = Tensor::new(&ids[..], &cpu)
+        .unwrap()
+        .reshape((bs, s))
+        .unwrap();
+    let (qs, ks) = ([bs, s, hq, d], [bs, s, hk, d]);
+    let configs = [
+        (RopeConfig::default(), d),
+        (
+            RopeConfig {
+                rotary_dim: Some(6),
+                interleaved: true,
+                ..Default::default()
+            },
+            6,
+        ),
+        (
+            RopeConfig {
+                half_tables: true,
+                ..Default::default()
+            },
+            d / 2,
+        ),
+    ];
+    for (cfg, w) in configs {
+        for gathered in [false, true] {
+            let case = format!("{name} {cfg:?} gathered={gathered}");
+            let r = cfg.rotary_dim.unwrap_or(d);
+            let mut args = RopeArgs::new(bs, s, hq, hk, d).with_rotary_dim(r);
+            if cfg.interleaved {
+                args = args.with_interleaved();
+            }
+            if cfg.half_tables {
+                args = args.with_half_tables();
+            }
+            let (rows, form) = if gathered {
+                (7, CosSinRows::Gathered(&ids))
+            } else {
+                (s, CosSinRows::PerPosition)
+            };
+            let (c, sn) = (&cos[..rows * w], &sin[..rows * w]);
+            let (ct, st) = (t(c, &[rows, w]), t(sn, &[rows, w]));
+            let ids_arg = gathered.then_some(&ids_t);
+            let (mut qw, mut kw) = (q.clone(), k.clone());
+            liger_rs::reference::rope_forward(&args, &mut qw, &mut kw, c, sn, form).unwrap();
+            let (mut dqw, mut dkw) = (dq.clone(), dk.clone());
+            liger_rs::reference::rope_backward(&args, &mut dqw, &mut dkw, c, sn, form).unwrap();
+            let (qv, kv) = (var(&q, &qs), var(&k, &ks));
+            let (qr, kr) =
+                rope_with(qv.as_tensor(), kv.as_tensor(), &ct, &st, ids_arg, &cfg).unwrap();
+            assert_eq!(
+                (cpu_vals::<T>(&qr), cpu_vals::<T>(&kr)),
+                (wide(&qw), wide(&kw)),
+                "forward, {case}"
+            );
+            let (gq, gk) =
+                rope_backward_with(&t(&dq, &qs), &t(&dk, &ks), &ct, &st, ids_arg, &cfg).unwrap();
+            assert_eq!(
+                (cpu_vals::<T>(&gq), cpu_vals::<T>(&gk)),
+                (wide(&dqw), wide(&dkw)),
+                "explicit backward, {case}"
+            );
+            let loss = ((qr * t(&dq, &qs)).unwrap().sum_all().unwrap()
+                + (kr * t(&dk, &ks)).unwrap().sum_all().unwrap())
+            .unwrap();
+            let grads = loss.backward().unwrap();
+            assert_eq!(
+                cpu_vals::<T>(grads.get(&qv).unwrap()),
+                wide(&dqw),
+                "autograd dq, {case}"
+            );
+            assert_eq!(
+                cpu_vals::<T>(grads.get(&kv).unwrap()),
+                wide(&dkw),
+                "autograd dk, {case}"
+            );
+        }
+    }
+}
+
+#[test]
+fn cpu_paths_are_the_reference() {
+    cpu_case::<f32>(51);
+    cpu_case::<f16>(52);
+    cpu_case::<bf16>(53);
+    cpu_case::<f64>(54);
+}
+
+#[test]
+fn cpu_ids_outside_the_table_are_an_error() {
+    // The kernels clamp device ids; the reference, which runs on the CPU, rejects them.
+    let cpu = Device::Cpu;
+    let q = Tensor::ones((1, 2, 1, 4), DType::F32, &cpu).unwrap();
+    let cos = Tensor::ones((3, 4), DType::F32, &cpu).unwrap();
+    let ids = Tensor::new(&[[0i64, 3]], &cpu).unwrap();
     expect_err(
-        "swiglu_fused",
-        swiglu_fused(&x, &s),
-        &["swiglu_fused", "CPU"],
-    );
-    let dc = Tensor::ones((2, 4), DType::F32, &cpu).unwrap();
-    expect_err(
-        "swiglu_fused_backward",
-        swiglu_fused_backward(&dc, &x, &s),
-        &on_cpu,
+        "rope",
+        rope(&q, &q, &cos, &cos, Some(&ids)),
+        &["position_ids", "position_ids[1] = 3"],
     );
 }
 
@@ -286,8 +510,8 @@ fn bad_shapes_and_dtypes_are_errors_naming_the_tensor() {
     );
     expect_err(
         "cos rows",
-        rope(&q, &k, &t(&[6, 8], f32), &t(&[6, 8], f32), None),
-        &["cos/sin must be", "[6, 8]"],
+        rope(&q, &k, &t(&[4, 8], f32), &t(&[4, 8], f32), None),
+        &["cos/sin must be", "[4, 8]"],
     );
     expect_err(
         "cos batch",
@@ -698,6 +922,14 @@ fn swiglu_case<T: El>(dev: &Device, rng: &mut Rng, form: Form, fused: bool, cfg:
         rng.vec(rows * cols, 0.0, 1.0),
     );
     let dc_d = upload(&stream, &dc_h);
+    // The candle ops return c·dm, dm rounded to T (candle's affine), in one rounding.
+    let dm = T::cast(cfg.down_multiplier as f64);
+    let times_dm = |c: &CudaSlice<T>| -> Vec<f64> {
+        host_buf(&stream, c)
+            .iter()
+            .map(|&c| T::cast(c * dm))
+            .collect()
+    };
     let n = rows * cols;
     let mut c_d = alloc::<T>(&stream, n);
     let s_args = SwigluArgs::new(rows, cols)
@@ -725,11 +957,7 @@ fn swiglu_case<T: El>(dev: &Device, rng: &mut Rng, form: Form, fused: bool, cfg:
         let (gv, gu_var) = form.var(&gu_h, rows, 2 * cols, dev, rng);
         let c = swiglu_fused(&gu_var, &cfg).unwrap();
         assert_eq!(c.dims(), &[rows, cols]);
-        assert_same(
-            &format!("c, {case}"),
-            &host::<T>(&c),
-            &host_buf(&stream, &c_d),
-        );
+        assert_same(&format!("c·dm, {case}"), &host::<T>(&c), &times_dm(&c_d));
         let d = swiglu_fused_backward(&dc, &gu, &cfg).unwrap();
         assert_same(
             &format!("d_gate_up, {case}"),
@@ -755,11 +983,7 @@ fn swiglu_case<T: El>(dev: &Device, rng: &mut Rng, form: Form, fused: bool, cfg:
         let (av, a_var) = form.var(&a_h, rows, cols, dev, rng);
         let (bv, b_var) = form.var(&b_h, rows, cols, dev, rng);
         let c = swiglu(&a_var, &b_var, &cfg).unwrap();
-        assert_same(
-            &format!("c, {case}"),
-            &host::<T>(&c),
-            &host_buf(&stream, &c_d),
-        );
+        assert_same(&format!("c·dm, {case}"), &host::<T>(&c), &times_dm(&c_d));
         let (da, db) = swiglu_backward(&dc, &a, &b, &cfg).unwrap();
         assert_same(
             &format!("da, {case}"),
@@ -940,4 +1164,246 @@ fn gpu_errors_are_candle_errors() {
         rms_norm(&x, None, &RmsNormConfig::default()),
         &["empty tensors"],
     );
+}
+
+// ---------------------------------------------------------------- gradients: finite differences
+
+type Op = Box<dyn Fn(&[Tensor]) -> candle_core::Result<Tensor>>;
+
+/// One of candle-nn's rotary embeddings: `(xs, cos, sin)`.
+type Rotary = fn(&Tensor, &Tensor, &Tensor) -> candle_core::Result<Tensor>;
+
+/// The autograd gradient of `f` at `inputs` (CPU, in `dtype`) against central differences
+/// of the value `f` returns, for every element of every input: `L = Σ f(x)·R` for a fixed
+/// random `R`, step `h·max(1, |x|)`, agreement within `tol·(|g| + rms(g))`.
+fn fd_check(what: &str, dtype: DType, inputs: &[Tensor], f: Op, h: f64, tol: f64) {
+    let vars: Vec<Var> = inputs
+        .iter()
+        .map(|t| Var::from_tensor(&t.to_dtype(dtype).unwrap()).unwrap())
+        .collect();
+    let args: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+    let y = f(&args).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let mut rng = Rng::new(y.elem_count() as u64);
+    let r: Vec<f64> = rng.vec(y.elem_count(), 0.0, 1.0);
+    let r = Tensor::from_vec(r, y.shape(), &Device::Cpu).unwrap();
+    let loss = |y: &Tensor| {
+        (y.to_dtype(DType::F64).unwrap() * &r)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+    };
+    let grads = loss(&y).backward().unwrap();
+    for (i, v) in vars.iter().enumerate() {
+        let g = grads
+            .get(v)
+            .unwrap_or_else(|| panic!("{what}: no gradient for input {i}"))
+            .to_dtype(DType::F64)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap();
+        let x = args[i]
+            .to_dtype(DType::F64)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap();
+        let rms = (g.iter().map(|v| v * v).sum::<f64>() / g.len() as f64).sqrt();
+        for j in 0..x.len() {
+            let at = |delta: f64| {
+                let mut moved = x.clone();
+                moved[j] += delta;
+                let t = Tensor::from_vec(moved, args[i].shape(), &Device::Cpu).unwrap();
+                // The step actually taken in the dtype.
+                let t = t.to_dtype(dtype).unwrap();
+                let xj = t
+                    .to_dtype(DType::F64)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .get(j)
+                    .unwrap()
+                    .to_scalar::<f64>()
+                    .unwrap();
+                let mut a = args.clone();
+                a[i] = t;
+                (xj, loss(&f(&a).unwrap()).to_scalar::<f64>().unwrap())
+            };
+            let step = h * x[j].abs().max(1.0);
+            let ((xp, lp), (xm, lm)) = (at(step), at(-step));
+            let fd = (lp - lm) / (xp - xm);
+            assert!(
+                (fd - g[j]).abs() <= tol * (g[j].abs() + rms),
+                "{what} ({dtype:?}): d input {i} [{j}] autograd {} vs finite differences {fd}",
+                g[j]
+            );
+        }
+    }
+}
+
+fn randn_cpu(rng: &mut Rng, dims: &[usize], mean: f64, scale: f64) -> Tensor {
+    let v: Vec<f64> = rng.vec(dims.iter().product(), mean, scale);
+    Tensor::from_vec(v, dims, &Device::Cpu).unwrap()
+}
+
+/// Every candle op with its multipliers, offsets, modes and RoPE forms: the backward is the
+/// gradient of the value the forward returns.
+fn fd_sweep(dtype: DType, h: f64, tol: f64) {
+    let mut rng = Rng::new(61);
+    let check =
+        |what: String, inputs: Vec<Tensor>, f: Op| fd_check(&what, dtype, &inputs, f, h, tol);
+
+    let (x, w) = (
+        randn_cpu(&mut rng, &[3, 7], 0.0, 1.0),
+        randn_cpu(&mut rng, &[7], 1.0, 0.5),
+    );
+    for mode in CastingMode::ALL {
+        for offset in [0.0, 1.0, -0.25] {
+            let cfg = RmsNormConfig {
+                eps: 0.1,
+                offset,
+                mode,
+            };
+            check(
+                format!("rms_norm {cfg:?}"),
+                vec![x.clone(), w.clone()],
+                Box::new(move |t| rms_norm(&t[0], Some(&t[1]), &cfg)),
+            );
+        }
+        let cfg = RmsNormConfig {
+            eps: 1e-6,
+            offset: 0.0,
+            mode,
+        };
+        check(
+            format!("rms_norm {cfg:?} without a weight"),
+            vec![x.clone()],
+            Box::new(move |t| rms_norm(&t[0], None, &cfg)),
+        );
+    }
+
+    let (a, b) = (
+        randn_cpu(&mut rng, &[4, 5], 0.0, 2.0),
+        randn_cpu(&mut rng, &[4, 5], 0.0, 1.0),
+    );
+    let gu = randn_cpu(&mut rng, &[4, 10], 0.0, 2.0);
+    for (gm, dm) in [(1.0, 1.0), (0.75, 1.5), (-1.25, 0.3), (2.0, -4.0)] {
+        let cfg = SwigluConfig {
+            gate_multiplier: gm,
+            down_multiplier: dm,
+        };
+        check(
+            format!("swiglu {cfg:?}"),
+            vec![a.clone(), b.clone()],
+            Box::new(move |t| swiglu(&t[0], &t[1], &cfg)),
+        );
+        check(
+            format!("swiglu_fused {cfg:?}"),
+            vec![gu.clone()],
+            Box::new(move |t| swiglu_fused(&t[0], &cfg)),
+        );
+    }
+
+    let (bs, s, hq, hk, d) = (2, 3, 2, 1, 8);
+    let (q, k) = (
+        randn_cpu(&mut rng, &[bs, s, hq, d], 0.0, 1.0),
+        randn_cpu(&mut rng, &[bs, s, hk, d], 0.0, 1.0),
+    );
+    let angles = randn_cpu(&mut rng, &[5, d], 0.0, 2.0);
+    let ids = Tensor::new(&[[4i64, 0, 2], [1, 1, 3]], &Device::Cpu).unwrap();
+    for (cfg, w, gathered) in [
+        (RopeConfig::default(), d, false),
+        (RopeConfig::default(), d, true),
+        (
+            RopeConfig {
+                rotary_dim: Some(6),
+                ..Default::default()
+            },
+            6,
+            false,
+        ),
+        (
+            RopeConfig {
+                interleaved: true,
+                ..Default::default()
+            },
+            d,
+            true,
+        ),
+        (
+            RopeConfig {
+                half_tables: true,
+                interleaved: true,
+                rotary_dim: Some(6),
+            },
+            3,
+            false,
+        ),
+    ] {
+        let rows = if gathered { 5 } else { s };
+        let a = angles.narrow(0, 0, rows).unwrap().narrow(1, 0, w).unwrap();
+        let (cos, sin) = (
+            a.cos().unwrap().to_dtype(dtype).unwrap(),
+            a.sin().unwrap().to_dtype(dtype).unwrap(),
+        );
+        let ids = gathered.then(|| ids.clone());
+        check(
+            format!("rope_with {cfg:?} gathered={gathered}"),
+            vec![q.clone(), k.clone()],
+            Box::new(move |t| {
+                let (q, k) = rope_with(&t[0], &t[1], &cos, &sin, ids.as_ref(), &cfg)?;
+                Tensor::cat(&[q.flatten_all()?, k.flatten_all()?], 0)
+            }),
+        );
+    }
+
+    // candle-nn's functions, the tables differentiated too (a 2-D table longer than t, and
+    // per-batch tables).
+    let (b2, h2, t2, d2) = (2, 2, 3, 6);
+    let xs = randn_cpu(&mut rng, &[b2, h2, t2, d2], 0.0, 1.0);
+    let thd = randn_cpu(&mut rng, &[b2, t2, h2, d2], 0.0, 1.0);
+    for dims in [vec![t2 + 2, d2 / 2], vec![b2, t2, d2 / 2]] {
+        let a = randn_cpu(&mut rng, &dims, 0.0, 2.0);
+        let (cos, sin) = (a.cos().unwrap(), a.sin().unwrap());
+        let nn_fns: [(&str, Rotary, &Tensor); 3] = [
+            ("rope", nn::rotary_emb::rope, &xs),
+            ("rope_i", nn::rotary_emb::rope_i, &xs),
+            ("rope_thd", nn::rotary_emb::rope_thd, &thd),
+        ];
+        for (name, f, x) in nn_fns {
+            check(
+                format!("nn::rotary_emb::{name} tables {dims:?}"),
+                vec![x.clone(), cos.clone(), sin.clone()],
+                Box::new(move |t| f(&t[0], &t[1], &t[2])),
+            );
+        }
+    }
+    check(
+        "nn::ops::rms_norm".into(),
+        vec![x.clone(), w.clone()],
+        Box::new(|t| nn::ops::rms_norm(&t[0], &t[1], 0.1)),
+    );
+    check(
+        "nn::ops::swiglu".into(),
+        vec![gu],
+        Box::new(|t| nn::ops::swiglu(&t[0])),
+    );
+    check(
+        "nn::ops::silu_mul".into(),
+        vec![a, b],
+        Box::new(|t| nn::ops::silu_mul(&t[0], &t[1])),
+    );
+}
+
+#[test]
+fn every_op_gradient_matches_finite_differences_f64() {
+    fd_sweep(DType::F64, 1e-5, 1e-6);
+}
+
+#[test]
+fn every_op_gradient_matches_finite_differences_f32() {
+    // The cast points (f32 roundings) leave the differences noisy: a larger step and bound.
+    fd_sweep(DType::F32, 1e-2, 2e-2);
 }

@@ -1,0 +1,842 @@
+//! RoPE on candle tensors: q and k in HF's layout ([`rope`], [`rope_with`] and their explicit
+//! backwards), and one tensor in candle-nn's layouts (the op behind `nn::rotary_emb`).
+//!
+//! Every call writes its output once from its inputs where they are (the general kernels'
+//! out-of-place path): no copy of q, k or the tables.
+use super::{
+    Elem, HostElem, On, by_dtype, by_host_dtype, crate_err, cuda, host, host_slice, host_tensor,
+    on, output, same_dtype, same_shape, tensor, view, wrap,
+};
+use crate::reference::rope::{
+    CosSinRows, rope_backward as ref_backward, rope_forward as ref_forward, rope_one,
+};
+use crate::rope::{Direction, rope_into};
+use crate::{CosSinLayout, PositionIds, RopeArgs};
+use candle_core::backend::BackendStorage;
+use candle_core::{
+    CpuStorage, CudaStorage, CustomOp2, CustomOp3, D, DType, Layout, Result, Shape, Tensor,
+};
+use cudarc::driver::{CudaView, CudaViewMut};
+use std::sync::Arc;
+
+const ROPE: &str = "liger-rs rope";
+
+/// How [`rope_with`] reads the cos/sin tables and pairs a head's dims (see [`RopeArgs`]).
+///
+/// The default is HF's NeoX form with full-width rows whose length is the rotary dim, except
+/// that rows of exactly `head_dim / 2` are an error: that is also candle-nn's half-width
+/// table of a full rotation, so the two readings must be told apart (`half_tables`, or the
+/// `rotary_dim` of a partial rotary).
+///
+/// ```
+/// use liger_rs::candle::RopeConfig;
+/// // candle-nn's / Meta's [S, d/2] tables, GPT-J's adjacent pairs.
+/// let gptj = RopeConfig { half_tables: true, interleaved: true, ..Default::default() };
+/// // Persimmon: half of each head of 64 rotates, HF's full-width [S, 32] tables.
+/// let partial = RopeConfig { rotary_dim: Some(32), ..Default::default() };
+/// # let _ = (gptj, partial);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RopeConfig {
+    /// Leading dims of each head that rotate; `None`: the tables say (full-width rows: their
+    /// length; half-width rows: twice it).
+    pub rotary_dim: Option<usize>,
+    /// cos/sin rows hold `rotary_dim / 2` values, one per pair (candle-nn's and Meta's
+    /// tables), instead of `rotary_dim` (HF's `cat(freqs, freqs)`).
+    pub half_tables: bool,
+    /// Pair `i` is `(x[2i], x[2i + 1])` (GPT-J) instead of `(x[i], x[i + rotary_dim / 2])`.
+    pub interleaved: bool,
+}
+
+/// Where each token's cos/sin row comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rows {
+    /// Row `s` of a table of at least `seq_len` rows.
+    PerPosition,
+    /// Row `b·seq_len + s` of `[batch, seq_len, ·]` tables.
+    PerBatch,
+    /// Row `position_ids[b, s]`.
+    Gathered,
+}
+
+/// A checked RoPE call: the launch's args (`k_heads = 0` for one tensor) and the rows.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    args: RopeArgs,
+    rows: Rows,
+}
+
+fn bad<V>(what: String) -> Result<V> {
+    Err(candle_core::Error::Msg(format!("{ROPE}: {what}")))
+}
+
+impl Plan {
+    /// The table elements the call reads: the first `seq_len` rows per position, every row
+    /// otherwise.
+    fn table_len(&self, cos_len: usize) -> usize {
+        let a = &self.args;
+        match self.rows {
+            Rows::PerPosition => a.seq_len * a.table_row_len(),
+            Rows::PerBatch | Rows::Gathered => cos_len,
+        }
+    }
+
+    /// Elements of q and of k.
+    fn lens(&self) -> (usize, usize) {
+        let a = &self.args;
+        let tokens = a.batch * a.seq_len;
+        (
+            tokens * a.q_heads * a.head_dim,
+            tokens * a.k_heads * a.head_dim,
+        )
+    }
+
+    /// The reference's row form (`ids` on the host for gathered rows).
+    fn host_rows<'a>(&self, ids: Option<&'a [i64]>) -> Result<CosSinRows<'a>> {
+        Ok(match (self.rows, ids) {
+            (Rows::PerPosition, _) => CosSinRows::PerPosition,
+            (Rows::PerBatch, _) => CosSinRows::PerBatch,
+            (Rows::Gathered, Some(ids)) => CosSinRows::Gathered(ids),
+            (Rows::Gathered, None) => return bad("position ids missing".into()),
+        })
+    }
+
+    /// Rotates q (and k) on CUDA into one new buffer `[q | k]` (k absent for one tensor).
+    fn cuda(
+        &self,
+        dir: Direction,
+        q: (&CudaStorage, &Layout),
+        k: Option<(&CudaStorage, &Layout)>,
+        [cos, sin]: [(&CudaStorage, &Layout); 2],
+        ids: Option<(&CudaStorage, &Layout)>,
+    ) -> Result<CudaStorage> {
+        fn run<T: Elem>(
+            plan: &Plan,
+            dir: Direction,
+            q: (&CudaStorage, &Layout),
+            k: Option<(&CudaStorage, &Layout)>,
+            [cos, sin]: [(&CudaStorage, &Layout); 2],
+            ids: Option<(&CudaStorage, &Layout)>,
+        ) -> Result<CudaStorage> {
+            let device = &q.0.device;
+            let stream = device.cuda_stream();
+            let (q_len, k_len) = plan.lens();
+            let q_in = view::<T>(q.0, q.1, ROPE)?;
+            let k_in = k.map(|(s, l)| view::<T>(s, l, ROPE)).transpose()?;
+            let cos = view::<T>(cos.0, cos.1, ROPE)?;
+            let need = plan.table_len(cos.len());
+            let (cos, sin) = (cos.slice(..need), view::<T>(sin.0, sin.1, ROPE)?);
+            let sin = sin.slice(..need);
+            let layout = match (plan.rows, ids) {
+                (Rows::PerPosition, _) => CosSinLayout::PerPosition,
+                (Rows::PerBatch, _) => CosSinLayout::PerBatch,
+                (Rows::Gathered, Some((s, l))) => CosSinLayout::Gathered(match s.dtype() {
+                    DType::I32 => PositionIds::DeviceI32(view(s, l, ROPE)?),
+                    _ => PositionIds::DeviceI64(view(s, l, ROPE)?),
+                }),
+                (Rows::Gathered, None) => return bad("position ids missing".into()),
+            };
+            let mut out = output::<T>(&stream, q_len + k_len, ROPE)?;
+            let (mut q_out, mut k_out) = out.split_at_mut(q_len);
+            let io = match &k_in {
+                Some(k_in) => (&q_in, &mut q_out, Some((k_in, &mut k_out))),
+                None => (
+                    &q_in,
+                    &mut q_out,
+                    None::<(&CudaView<T>, &mut CudaViewMut<T>)>,
+                ),
+            };
+            rope_into(&stream, &plan.args, dir, io, &cos, &sin, &layout).map_err(crate_err)?;
+            Ok(wrap(out, device))
+        }
+        by_dtype!(q.0.dtype(), ROPE, run(self, dir, q, k, [cos, sin], ids))
+    }
+
+    /// Rotates q (and k) on host data into `[q | k]`, by the reference.
+    fn host<T: HostElem>(
+        &self,
+        dir: Direction,
+        q: &[T],
+        k: Option<&[T]>,
+        [cos, sin]: [&[T]; 2],
+        ids: Option<&[i64]>,
+    ) -> Result<Vec<T>> {
+        let need = self.table_len(cos.len());
+        let (cos, sin) = (&cos[..need], &sin[..need]);
+        let rows = self.host_rows(ids)?;
+        let backward = dir == Direction::Backward;
+        let mut out = q.to_vec();
+        match k {
+            Some(k) => {
+                let mut k = k.to_vec();
+                if backward {
+                    ref_backward(&self.args, &mut out, &mut k, cos, sin, rows)
+                } else {
+                    ref_forward(&self.args, &mut out, &mut k, cos, sin, rows)
+                }
+                .map_err(crate_err)?;
+                out.extend(k);
+            }
+            None => rope_one(&self.args, backward, &mut out, cos, sin, rows).map_err(crate_err)?,
+        }
+        Ok(out)
+    }
+
+    /// [`Plan::host`] on CPU storages.
+    fn cpu(
+        &self,
+        dir: Direction,
+        q: (&CpuStorage, &Layout),
+        k: Option<(&CpuStorage, &Layout)>,
+        [cos, sin]: [(&CpuStorage, &Layout); 2],
+        ids: Option<&[i64]>,
+    ) -> Result<CpuStorage> {
+        fn run<T: HostElem>(
+            plan: &Plan,
+            dir: Direction,
+            q: (&CpuStorage, &Layout),
+            k: Option<(&CpuStorage, &Layout)>,
+            [cos, sin]: [(&CpuStorage, &Layout); 2],
+            ids: Option<&[i64]>,
+        ) -> Result<CpuStorage> {
+            let k = k.map(|(s, l)| host_slice::<T>(s, l, ROPE)).transpose()?;
+            let out = plan.host(
+                dir,
+                host_slice::<T>(q.0, q.1, ROPE)?,
+                k,
+                [
+                    host_slice::<T>(cos.0, cos.1, ROPE)?,
+                    host_slice::<T>(sin.0, sin.1, ROPE)?,
+                ],
+                ids,
+            )?;
+            Ok(T::to_cpu_storage_owned(out))
+        }
+        by_host_dtype!(q.0.dtype(), ROPE, run(self, dir, q, k, [cos, sin], ids))
+    }
+
+    /// Rotates tensors (contiguous, on one device) into a new flat `[q | k]` tensor without a
+    /// graph.
+    fn tensors(
+        &self,
+        dir: Direction,
+        q: &Tensor,
+        k: Option<&Tensor>,
+        [cos, sin]: [&Tensor; 2],
+        ids: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let (q_len, k_len) = self.lens();
+        let mut named = vec![("q", q), ("cos", cos), ("sin", sin)];
+        named.extend(k.map(|k| ("k", k)));
+        named.extend(ids.map(|i| ("position_ids", i)));
+        if on(ROPE, &named)? == On::Cpu {
+            fn run<T: HostElem>(
+                plan: &Plan,
+                dir: Direction,
+                q: &Tensor,
+                k: Option<&Tensor>,
+                [cos, sin]: [&Tensor; 2],
+                ids: Option<&Tensor>,
+            ) -> Result<Tensor> {
+                let k = k.map(host::<T>).transpose()?;
+                let ids = ids.map(host_ids).transpose()?;
+                let tables = [&host::<T>(cos)?[..], &host::<T>(sin)?[..]];
+                let out = plan.host(dir, &host::<T>(q)?, k.as_deref(), tables, ids.as_deref())?;
+                let n = out.len();
+                host_tensor(out, n)
+            }
+            return by_host_dtype!(q.dtype(), ROPE, run(self, dir, q, k, [cos, sin], ids));
+        }
+        let (q_s, q_l) = q.storage_and_layout();
+        let k_guard = k.map(|k| k.storage_and_layout());
+        let k_cuda = match &k_guard {
+            Some((s, l)) => Some((cuda(s, ROPE, "k")?, *l)),
+            None => None,
+        };
+        let (c_s, c_l) = cos.storage_and_layout();
+        let (s_s, s_l) = sin.storage_and_layout();
+        let ids_guard = ids.map(|i| i.storage_and_layout());
+        let ids_cuda = match &ids_guard {
+            Some((s, l)) => Some((cuda(s, ROPE, "position_ids")?, *l)),
+            None => None,
+        };
+        let out = self.cuda(
+            dir,
+            (cuda(&q_s, ROPE, "q")?, q_l),
+            k_cuda,
+            [
+                (cuda(&c_s, ROPE, "cos")?, c_l),
+                (cuda(&s_s, ROPE, "sin")?, s_l),
+            ],
+            ids_cuda,
+        )?;
+        Ok(tensor(out, q_len + k_len))
+    }
+}
+
+/// Position ids as host i64.
+fn host_ids(ids: &Tensor) -> Result<Vec<i64>> {
+    host::<i64>(&ids.to_dtype(DType::I64)?)
+}
+
+// ---------------------------------------------------------------------------------------------
+// q and k, HF's layout
+// ---------------------------------------------------------------------------------------------
+
+/// A q-and-k call's plan and what it rotates by: `cos`, `sin` (contiguous) and the ids.
+struct Pair {
+    plan: Plan,
+    cos: Tensor,
+    sin: Tensor,
+    position_ids: Option<Tensor>,
+}
+
+impl Pair {
+    /// Checks q `[B, S, Hq, d]`, k `[B, S, Hk, d]`, the tables, the ids and `cfg`.
+    fn new(
+        q: &Tensor,
+        k: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        position_ids: Option<&Tensor>,
+        cfg: &RopeConfig,
+    ) -> Result<Self> {
+        let (&[b, s, hq, d], &[kb, ks, hk, kd]) = (q.dims(), k.dims()) else {
+            return bad(format!(
+                "q and k must be [batch, seq_len, heads, head_dim], got {:?} and {:?}",
+                q.dims(),
+                k.dims()
+            ));
+        };
+        if (kb, ks, kd) != (b, s, d) {
+            return bad(format!(
+                "k {:?} must match q {:?} in batch, seq_len and head_dim",
+                k.dims(),
+                q.dims()
+            ));
+        }
+        same_dtype(ROPE, q, k)?;
+        same_dtype(ROPE, q, cos)?;
+        same_shape(ROPE, cos, sin)?;
+        same_dtype(ROPE, cos, sin)?;
+        let w = cos.dims().last().copied().unwrap_or(0);
+        let r = match (cfg.rotary_dim, cfg.half_tables) {
+            (Some(r), half) => {
+                let want = if half { r / 2 } else { r };
+                if w != want {
+                    let form = if half { "half" } else { "full" };
+                    return bad(format!(
+                        "cos/sin rows must be {want} long ({form}-width rows of rotary_dim = \
+                         {r}), got {:?}",
+                        cos.dims()
+                    ));
+                }
+                r
+            }
+            (None, true) => 2 * w,
+            (None, false) if 2 * w == d => {
+                return bad(format!(
+                    "cos/sin rows of {w} = head_dim / 2 are ambiguous: candle-nn's half-width \
+                     table of a full rotation (liger_rs::candle::nn::rotary_emb::rope_thd takes \
+                     q in this layout, or RopeConfig {{ half_tables: true, .. }}), or HF's \
+                     full-width table of a partial rotary of rotary_dim = {w} (RopeConfig {{ \
+                     rotary_dim: Some({w}), .. }}); say which with rope_with"
+                ));
+            }
+            (None, false) => w,
+        };
+        let rows = match (cos.dims(), position_ids) {
+            (&[_, _], Some(ids)) => {
+                if ids.dims() != [b, s] || !matches!(ids.dtype(), DType::I64 | DType::I32) {
+                    return bad(format!(
+                        "position_ids must be i64 or i32 [{b}, {s}], got {:?} {:?}",
+                        ids.dtype(),
+                        ids.dims()
+                    ));
+                }
+                Some(Rows::Gathered)
+            }
+            // A longer table without ids: its first rows, as candle-nn reads one.
+            (&[rows, _], None) if rows >= s => Some(Rows::PerPosition),
+            (&[1, cs, _], None) if cs == s => Some(Rows::PerPosition),
+            (&[cb, cs, _], None) if cb == b && cs == s => Some(Rows::PerBatch),
+            _ => None,
+        };
+        let Some(rows) = rows.filter(|_| w > 0) else {
+            return bad(format!(
+                "cos/sin must be [rows ≥ seq_len, w], [batch, seq_len, w] or [1, seq_len, w] \
+                 (or [max_pos, w] with position_ids) for q {:?}, got {:?}",
+                q.dims(),
+                cos.dims()
+            ));
+        };
+        let mut args = RopeArgs::new(b, s, hq, hk, d).with_rotary_dim(r);
+        if cfg.half_tables {
+            args = args.with_half_tables();
+        }
+        if cfg.interleaved {
+            args = args.with_interleaved();
+        }
+        Ok(Pair {
+            plan: Plan { args, rows },
+            cos: cos.contiguous()?,
+            sin: sin.contiguous()?,
+            position_ids: position_ids.map(Tensor::contiguous).transpose()?,
+        })
+    }
+
+    /// Rotates contiguous q and k (or their gradients) into a new flat `[q | k]`.
+    fn rotate(&self, dir: Direction, q: &Tensor, k: &Tensor) -> Result<Tensor> {
+        let tables = [&self.cos, &self.sin];
+        let ids = self.position_ids.as_ref();
+        self.plan.tensors(dir, q, Some(k), tables, ids)
+    }
+
+    /// `[q | k]` as two tensors shaped like q and k (views of `packed`, no copy).
+    fn split(&self, packed: &Tensor) -> Result<(Tensor, Tensor)> {
+        let a = &self.plan.args;
+        let (q_len, k_len) = self.plan.lens();
+        let q = packed.narrow(0, 0, q_len)?;
+        let k = packed.narrow(0, q_len, k_len)?;
+        Ok((
+            q.reshape((a.batch, a.seq_len, a.q_heads, a.head_dim))?,
+            k.reshape((a.batch, a.seq_len, a.k_heads, a.head_dim))?,
+        ))
+    }
+}
+
+/// RoPE forward with candle autograd (NeoX half-split rotation, as [`crate::rope_forward`])
+/// on HF's tables: [`rope_with`] with the default [`RopeConfig`] (the rotary dim is the rows'
+/// length; rows of `head_dim / 2` are an error, see there).
+///
+/// * `q`: `[batch, seq_len, q_heads, head_dim]`, `k`: `[batch, seq_len, k_heads, head_dim]`
+///   (HF's `proj(h).view(B, S, H, d)` before its `transpose(1, 2)`; a transposed
+///   `[B, H, S, d]` tensor is copied to this layout first).
+/// * `cos`, `sin`: rows of `rotary_dim ≤ head_dim` elements (HF's `cat(freqs, freqs)`; only
+///   the first half of a row is read; dims past `rotary_dim` pass through), shaped
+///   `[rows ≥ seq_len, rotary_dim]` (the first `seq_len` rows, shared by the batch) or
+///   `[1, seq_len, rotary_dim]`, `[batch, seq_len, rotary_dim]` (per batch row, what HF's
+///   rotary embedding returns), or `[max_pos, rotary_dim]` with `position_ids`
+///   `[batch, seq_len]` (i64 or i32; clamped into the table on CUDA, see
+///   [`PositionIds::DeviceI64`]; on the CPU an id outside it is an error).
+///
+/// The inputs are not modified: one launch reads q and k where they are and writes both
+/// rotated into one new `[q | k]` buffer; the results are views of it. The backward rotates
+/// the gradients by −θ in one launch; `cos`, `sin` and the ids get no gradient.
+///
+/// ```no_run
+/// use candle_core::{D, DType, Device, Tensor};
+/// use liger_rs::candle::rope;
+/// let dev = Device::new_cuda(0)?;
+/// let (b, s, hq, hk, d) = (2, 16, 32, 8, 128);
+/// let q = Tensor::randn(0f32, 1.0, (b, s, hq, d), &dev)?;
+/// let k = Tensor::randn(0f32, 1.0, (b, s, hk, d), &dev)?;
+/// let inv_freq: Vec<f32> = (0..d / 2).map(|i| 10000f32.powf(-2.0 * i as f32 / d as f32)).collect();
+/// let pos = Tensor::arange(0u32, s as u32, &dev)?.to_dtype(DType::F32)?;
+/// let freqs = pos.unsqueeze(1)?.broadcast_mul(&Tensor::new(inv_freq, &dev)?.unsqueeze(0)?)?;
+/// let emb = Tensor::cat(&[&freqs, &freqs], D::Minus1)?; // [s, d]
+/// let (q, k) = rope(&q, &k, &emb.cos()?, &emb.sin()?, None)?;
+/// # let _ = (q, k);
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn rope(
+    q: &Tensor,
+    k: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    position_ids: Option<&Tensor>,
+) -> Result<(Tensor, Tensor)> {
+    rope_with(q, k, cos, sin, position_ids, &RopeConfig::default())
+}
+
+/// [`rope`] with the table form, rotary dim and pairing of `cfg`: half-width rows (one value
+/// per pair) with `cfg.half_tables`, interleaved pairs with `cfg.interleaved` (full-width
+/// rows then hold one value per dim, `repeat_interleave(freqs, 2)`), a partial rotary whose
+/// `rotary_dim` is explicit. Rows whose length does not fit `cfg` are an error.
+///
+/// ```no_run
+/// use candle_core::{DType, Device, Tensor};
+/// use liger_rs::candle::{RopeConfig, rope_with};
+/// let dev = Device::new_cuda(0)?;
+/// let (b, s, hq, hk, d) = (1, 16, 8, 8, 64);
+/// let q = Tensor::randn(0f32, 1.0, (b, s, hq, d), &dev)?;
+/// let k = Tensor::randn(0f32, 1.0, (b, s, hk, d), &dev)?;
+/// let cos = Tensor::ones((s, d / 2), DType::F32, &dev)?; // one value per pair
+/// let sin = Tensor::zeros((s, d / 2), DType::F32, &dev)?;
+/// let cfg = RopeConfig { half_tables: true, interleaved: true, ..Default::default() };
+/// let (q, k) = rope_with(&q, &k, &cos, &sin, None, &cfg)?;
+/// # let _ = (q, k);
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn rope_with(
+    q: &Tensor,
+    k: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    position_ids: Option<&Tensor>,
+    cfg: &RopeConfig,
+) -> Result<(Tensor, Tensor)> {
+    let pair = Arc::new(Pair::new(q, k, cos, sin, position_ids, cfg)?);
+    on(ROPE, &[("q", q), ("k", k), ("cos", cos), ("sin", sin)])?;
+    let op = PairOp { pair: pair.clone() };
+    let packed = q.contiguous()?.apply_op2(&k.contiguous()?, op)?;
+    pair.split(&packed)
+}
+
+/// RoPE backward without autograd: rotates the gradients `dq`, `dk` (shaped like the
+/// forward's q and k) by −θ and returns them as new tensors; the inputs are not modified.
+/// `cos`, `sin` and `position_ids` are those of the forward ([`rope`]). One launch.
+///
+/// ```no_run
+/// use candle_core::{DType, Device, Tensor};
+/// use liger_rs::candle::rope_backward;
+/// let dev = Device::new_cuda(0)?;
+/// let (b, s, hq, hk, d) = (1, 16, 8, 2, 64);
+/// let dq = Tensor::ones((b, s, hq, d), DType::F32, &dev)?;
+/// let dk = Tensor::ones((b, s, hk, d), DType::F32, &dev)?;
+/// let cos = Tensor::ones((s, d), DType::F32, &dev)?; // θ = 0: the identity
+/// let sin = Tensor::zeros((s, d), DType::F32, &dev)?;
+/// let (dq2, dk2) = rope_backward(&dq, &dk, &cos, &sin, None)?;
+/// # let _ = (dq2, dk2);
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn rope_backward(
+    dq: &Tensor,
+    dk: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    position_ids: Option<&Tensor>,
+) -> Result<(Tensor, Tensor)> {
+    rope_backward_with(dq, dk, cos, sin, position_ids, &RopeConfig::default())
+}
+
+/// [`rope_backward`] with the forms of `cfg` (those of the forward, [`rope_with`]).
+///
+/// ```no_run
+/// use candle_core::{DType, Device, Tensor};
+/// use liger_rs::candle::{RopeConfig, rope_backward_with};
+/// let dev = Device::new_cuda(0)?;
+/// let (b, s, h, d) = (1, 16, 4, 64);
+/// let dq = Tensor::ones((b, s, h, d), DType::F32, &dev)?;
+/// let cos = Tensor::ones((s, d / 2), DType::F32, &dev)?;
+/// let sin = Tensor::zeros((s, d / 2), DType::F32, &dev)?;
+/// let cfg = RopeConfig { half_tables: true, ..Default::default() };
+/// let (dq2, dk2) = rope_backward_with(&dq, &dq, &cos, &sin, None, &cfg)?;
+/// # let _ = (dq2, dk2);
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn rope_backward_with(
+    dq: &Tensor,
+    dk: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    position_ids: Option<&Tensor>,
+    cfg: &RopeConfig,
+) -> Result<(Tensor, Tensor)> {
+    let pair = Pair::new(dq, dk, cos, sin, position_ids, cfg)?;
+    let packed = pair.rotate(Direction::Backward, &dq.contiguous()?, &dk.contiguous()?)?;
+    pair.split(&packed)
+}
+
+/// The autograd op of [`rope_with`]: inputs q and k, output `[q | k]` flattened.
+struct PairOp {
+    pair: Arc<Pair>,
+}
+
+impl CustomOp2 for PairOp {
+    fn name(&self) -> &'static str {
+        ROPE
+    }
+
+    fn cpu_fwd(
+        &self,
+        q: &CpuStorage,
+        q_l: &Layout,
+        k: &CpuStorage,
+        k_l: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let p = &self.pair;
+        let ids = p.position_ids.as_ref().map(host_ids).transpose()?;
+        let (c_s, c_l) = p.cos.storage_and_layout();
+        let (s_s, s_l) = p.sin.storage_and_layout();
+        let tables = [(cpu(&c_s, "cos")?, c_l), (cpu(&s_s, "sin")?, s_l)];
+        let out = p.plan.cpu(
+            Direction::Forward,
+            (q, q_l),
+            Some((k, k_l)),
+            tables,
+            ids.as_deref(),
+        )?;
+        let (q_len, k_len) = p.plan.lens();
+        Ok((out, Shape::from(q_len + k_len)))
+    }
+
+    fn cuda_fwd(
+        &self,
+        q: &CudaStorage,
+        q_l: &Layout,
+        k: &CudaStorage,
+        k_l: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let p = &self.pair;
+        let (c_s, c_l) = p.cos.storage_and_layout();
+        let (s_s, s_l) = p.sin.storage_and_layout();
+        let ids_guard = p.position_ids.as_ref().map(|i| i.storage_and_layout());
+        let ids = match &ids_guard {
+            Some((s, l)) => Some((cuda(s, ROPE, "position_ids")?, *l)),
+            None => None,
+        };
+        let tables = [
+            (cuda(&c_s, ROPE, "cos")?, c_l),
+            (cuda(&s_s, ROPE, "sin")?, s_l),
+        ];
+        let out = p
+            .plan
+            .cuda(Direction::Forward, (q, q_l), Some((k, k_l)), tables, ids)?;
+        let (q_len, k_len) = p.plan.lens();
+        Ok((out, Shape::from(q_len + k_len)))
+    }
+
+    fn bwd(
+        &self,
+        _q: &Tensor,
+        _k: &Tensor,
+        _packed: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let p = &self.pair;
+        let (q_len, k_len) = p.plan.lens();
+        let grad = grad.contiguous()?;
+        let (gq, gk) = (grad.narrow(0, 0, q_len)?, grad.narrow(0, q_len, k_len)?);
+        let packed = p.rotate(Direction::Backward, &gq, &gk)?;
+        let (dq, dk) = p.split(&packed)?;
+        Ok((Some(dq), Some(dk)))
+    }
+}
+
+/// The CPU storage of a locked tensor storage (the tables of a CPU call are on the CPU).
+fn cpu<'a>(storage: &'a candle_core::Storage, name: &str) -> Result<&'a CpuStorage> {
+    match storage {
+        candle_core::Storage::Cpu(s) => Ok(s),
+        _ => bad(format!("`{name}` is not on the CPU device like q")),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One tensor, candle-nn's layouts
+// ---------------------------------------------------------------------------------------------
+
+/// The layouts and pairs of candle-nn 0.11's `rotary_emb` functions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum NnRope {
+    /// `rope`: xs `[b, h, t, d]`, NeoX pairs.
+    Rope,
+    /// `rope_i`: xs `[b, h, t, d]`, interleaved pairs.
+    RopeI,
+    /// `rope_thd`: xs `[b, t, h, d]`, NeoX pairs.
+    RopeThd,
+}
+
+impl NnRope {
+    fn name(self) -> &'static str {
+        match self {
+            NnRope::Rope => "rope",
+            NnRope::RopeI => "rope_i",
+            NnRope::RopeThd => "rope_thd",
+        }
+    }
+}
+
+/// candle-nn's rotary embedding `form` of `xs` by half-width `cos`/`sin` (`[t', d/2]` with
+/// `t' ≥ t`, of which the first `t` rows are read, or `[b, t, d/2]`), with autograd for `xs`,
+/// `cos` and `sin`; see [`super::nn::rotary_emb`].
+pub(super) fn nn_rope(form: NnRope, xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let name = form.name();
+    let nn_bad = |what: String| Err(candle_core::Error::Msg(format!("{ROPE} ({name}): {what}")));
+    let &[b, n1, n2, d] = xs.dims() else {
+        return nn_bad(format!(
+            "xs must have 4 dims ({}), got {:?}",
+            if form == NnRope::RopeThd {
+                "[b, t, h, d]"
+            } else {
+                "[b, h, t, d]"
+            },
+            xs.dims()
+        ));
+    };
+    let (h, t) = if form == NnRope::RopeThd {
+        (n2, n1)
+    } else {
+        (n1, n2)
+    };
+    same_dtype(ROPE, xs, cos)?;
+    same_dtype(ROPE, cos, sin)?;
+    same_shape(ROPE, cos, sin)?;
+    let w = cos.dims().last().copied().unwrap_or(0);
+    if w * 2 != d {
+        let why = if w == d {
+            " (a full-width table such as HF's cat(freqs, freqs): candle-nn's rotary_emb \
+             takes one value per pair, e.g. its first half, cos.narrow(D::Minus1, 0, d / 2))"
+        } else {
+            ""
+        };
+        return nn_bad(format!(
+            "cos/sin rows must be head_dim / 2 = {} long (one value per pair) for xs {:?}, got \
+             {:?}{why}",
+            d / 2,
+            xs.dims(),
+            cos.dims()
+        ));
+    }
+    let rows = match *cos.dims() {
+        [rows, _] if rows >= t => Rows::PerPosition,
+        [rows, _] => {
+            return nn_bad(format!(
+                "cos/sin have {rows} rows, fewer than the {t} positions of xs {:?}",
+                xs.dims()
+            ));
+        }
+        [cb, ct, _] if cb == b && ct == t => Rows::PerBatch,
+        [cb, ct, _] => {
+            // candle-nn indexes [b, t', d/2] tables as [b, t, d/2]: with t' ≠ t it reads rows
+            // of other batch entries, so there is no meaning to keep.
+            return nn_bad(format!(
+                "per-batch cos/sin must be [{b}, {t}, {}] (batch and positions of xs {:?}), got \
+                 [{cb}, {ct}, {w}]",
+                d / 2,
+                xs.dims()
+            ));
+        }
+        _ => {
+            return nn_bad(format!(
+                "cos/sin must be [t, d/2] or [b, t, d/2], got {:?}",
+                cos.dims()
+            ));
+        }
+    };
+    on(ROPE, &[("xs", xs), ("cos", cos), ("sin", sin)])?;
+    let mut args = RopeArgs::new(b, t, h, 0, d).with_half_tables();
+    if form != NnRope::RopeThd {
+        args = args.with_head_major();
+    }
+    if form == NnRope::RopeI {
+        args = args.with_interleaved();
+    }
+    let op = OneOp {
+        plan: Plan { args, rows },
+    };
+    xs.contiguous()?
+        .apply_op3(&cos.contiguous()?, &sin.contiguous()?, op)
+}
+
+/// The autograd op of [`nn_rope`]: inputs xs, cos, sin; output shaped like xs.
+struct OneOp {
+    plan: Plan,
+}
+
+impl OneOp {
+    /// The gradients of the tables: with `(x1, x2)` a pair of xs, `(g1, g2)` of the
+    /// gradient, `dcos = Σ g1·x1 + g2·x2` and `dsin = Σ g2·x1 − g1·x2` over the heads (and the
+    /// batch for shared tables), rows past `t` zero; candle ops in f32 for 16-bit dtypes.
+    fn table_grads(&self, xs: &Tensor, grad: &Tensor, cos: &Tensor) -> Result<(Tensor, Tensor)> {
+        let a = &self.plan.args;
+        let dtype = xs.dtype();
+        let wide = match dtype {
+            DType::F16 | DType::BF16 => DType::F32,
+            other => other,
+        };
+        let half = a.head_dim / 2;
+        let pairs = |t: &Tensor| -> Result<(Tensor, Tensor)> {
+            let t = t.to_dtype(wide)?;
+            if a.interleaved {
+                let (b, n1, n2, _) = t.dims4()?;
+                let t = t.reshape((b, n1, n2, half, 2))?;
+                Ok((
+                    t.narrow(4, 0, 1)?.squeeze(4)?,
+                    t.narrow(4, 1, 1)?.squeeze(4)?,
+                ))
+            } else {
+                Ok((
+                    t.narrow(D::Minus1, 0, half)?,
+                    t.narrow(D::Minus1, half, half)?,
+                ))
+            }
+        };
+        let ((x1, x2), (g1, g2)) = (pairs(xs)?, pairs(grad)?);
+        let dc = ((&g1 * &x1)? + (&g2 * &x2)?)?;
+        let ds = ((&g2 * &x1)? - (&g1 * &x2)?)?;
+        let heads = if a.head_major { 1 } else { 2 };
+        let t_cos = cos.dims()[cos.rank() - 2];
+        let to_table = |v: Tensor| -> Result<Tensor> {
+            let v = v.sum(heads)?; // [b, t, d/2]
+            let v = match self.plan.rows {
+                Rows::PerBatch => v,
+                _ => v.sum(0)?.pad_with_zeros(0, 0, t_cos - a.seq_len)?,
+            };
+            v.to_dtype(dtype)
+        };
+        Ok((to_table(dc)?, to_table(ds)?))
+    }
+}
+
+impl CustomOp3 for OneOp {
+    fn name(&self) -> &'static str {
+        ROPE
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xs_l: &Layout,
+        cos: &CpuStorage,
+        cos_l: &Layout,
+        sin: &CpuStorage,
+        sin_l: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let tables = [(cos, cos_l), (sin, sin_l)];
+        let out = self
+            .plan
+            .cpu(Direction::Forward, (xs, xs_l), None, tables, None)?;
+        Ok((out, xs_l.shape().clone()))
+    }
+
+    fn cuda_fwd(
+        &self,
+        xs: &CudaStorage,
+        xs_l: &Layout,
+        cos: &CudaStorage,
+        cos_l: &Layout,
+        sin: &CudaStorage,
+        sin_l: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let tables = [(cos, cos_l), (sin, sin_l)];
+        let out = self
+            .plan
+            .cuda(Direction::Forward, (xs, xs_l), None, tables, None)?;
+        Ok((out, xs_l.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        xs: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let grad = grad.contiguous()?;
+        let dxs = self
+            .plan
+            .tensors(Direction::Backward, &grad, None, [cos, sin], None)?
+            .reshape(xs.shape())?;
+        if !(cos.track_op() || sin.track_op()) {
+            return Ok((Some(dxs), None, None));
+        }
+        let (dcos, dsin) = self.table_grads(xs, &grad, cos)?;
+        Ok((
+            Some(dxs),
+            cos.track_op().then_some(dcos),
+            sin.track_op().then_some(dsin),
+        ))
+    }
+}

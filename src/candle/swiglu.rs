@@ -1,0 +1,487 @@
+//! SwiGLU on candle tensors: the autograd ops (separate and fused gate-up), the explicit
+//! backwards.
+use super::{
+    Elem, HostElem, On, by_dtype, by_host_dtype, crate_err, cuda, host, host_slice, host_tensor,
+    on, output, rows_cols, same_dtype, same_shape, scaled, tensor, view, wrap,
+};
+use crate::SwigluArgs;
+use crate::error::invalid;
+use crate::reference::swiglu::{join_gate_up, split_gate_up};
+use candle_core::backend::BackendStorage;
+use candle_core::{
+    CpuStorage, CudaStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor,
+};
+use half::{bf16, f16};
+
+const SWIGLU: &str = "liger-rs swiglu";
+const SWIGLU_FUSED: &str = "liger-rs swiglu_fused";
+
+/// SwiGLU multipliers (both 1 by default; see [`SwigluArgs`]): the gate is `a·gm`, and the
+/// ops return `c·dm` (`c = silu(a·gm)·b`), whose gradient their backward is.
+///
+/// `dm` is rounded to the tensors' dtype first (candle's `affine`, which scales `c` on
+/// either device, multiplies in the dtype), and the backward uses that same value, so the
+/// backward stays the gradient of what the forward returned.
+///
+/// ```
+/// let cfg = liger_rs::candle::SwigluConfig { gate_multiplier: 0.5, ..Default::default() };
+/// assert_eq!(cfg.down_multiplier, 1.0);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SwigluConfig {
+    /// `gm`: the gate is `z = a·gm` (finite).
+    pub gate_multiplier: f32,
+    /// `dm`: the ops return `c·dm` (finite).
+    pub down_multiplier: f32,
+}
+
+impl Default for SwigluConfig {
+    /// Both multipliers 1 (plain SwiGLU).
+    fn default() -> Self {
+        SwigluConfig {
+            gate_multiplier: 1.0,
+            down_multiplier: 1.0,
+        }
+    }
+}
+
+impl SwigluConfig {
+    /// This config for tensors of `dtype`: `dm` rounded to it.
+    fn for_dtype(&self, dtype: DType) -> SwigluConfig {
+        let dm = self.down_multiplier;
+        let down_multiplier = match dtype {
+            DType::F16 => f16::from_f32(dm).to_f32(),
+            DType::BF16 => bf16::from_f32(dm).to_f32(),
+            _ => dm,
+        };
+        SwigluConfig {
+            down_multiplier,
+            ..*self
+        }
+    }
+
+    fn apply(&self, args: SwigluArgs) -> SwigluArgs {
+        args.with_gate_multiplier(self.gate_multiplier)
+            .with_down_multiplier(self.down_multiplier)
+    }
+
+    /// The launchers' checks of the multipliers, for the CPU path.
+    fn check(&self) -> Result<()> {
+        for (arg, m) in [
+            ("args.gate_multiplier", self.gate_multiplier),
+            ("args.down_multiplier", self.down_multiplier),
+        ] {
+            if !m.is_finite() {
+                return Err(crate_err(invalid(arg, "a finite value", m)));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The `(rows, cols)` of the fused gate-up tensor `[..., 2·cols]`.
+pub(super) fn fused_rows_cols(gate_up: &Tensor) -> Result<(usize, usize)> {
+    let (rows, width) = rows_cols(gate_up.shape());
+    if gate_up.rank() == 0 || !width.is_multiple_of(2) || width == 0 {
+        return Err(candle_core::Error::Msg(format!(
+            "{SWIGLU_FUSED}: `gate_up` must be [..., 2·cols] (an even last dim ≥ 2: gate, then \
+             up), got {:?}",
+            gate_up.dims()
+        )));
+    }
+    Ok((rows, width / 2))
+}
+
+/// The shape of `c` for a fused gate-up tensor: its last dim halved.
+fn fused_out_shape(gate_up: &Shape) -> Shape {
+    let mut dims = gate_up.dims().to_vec();
+    if let Some(last) = dims.last_mut() {
+        *last /= 2;
+    }
+    Shape::from(dims)
+}
+
+/// SwiGLU forward on CUDA storages: separate `a`, `b` (`Some(b)`) or fused `a = [gate | up]`
+/// (`None`), into a new `c` of `rows × cols` (without `dm`).
+fn fwd_cuda(
+    cfg: &SwigluConfig,
+    rows: usize,
+    cols: usize,
+    a: (&CudaStorage, &Layout),
+    b: Option<(&CudaStorage, &Layout)>,
+) -> Result<CudaStorage> {
+    fn run<T: Elem>(
+        cfg: &SwigluConfig,
+        rows: usize,
+        cols: usize,
+        a: (&CudaStorage, &Layout),
+        b: Option<(&CudaStorage, &Layout)>,
+    ) -> Result<CudaStorage> {
+        let device = &a.0.device;
+        let stream = device.cuda_stream();
+        let a_view = view::<T>(a.0, a.1, SWIGLU)?;
+        let mut c = output::<T>(&stream, rows * cols, SWIGLU)?;
+        match b {
+            Some((b, b_l)) => crate::swiglu_forward(
+                &stream,
+                &cfg.apply(SwigluArgs::new(rows, cols)),
+                &a_view,
+                &view::<T>(b, b_l, SWIGLU)?,
+                &mut c,
+            ),
+            None => crate::swiglu_forward_fused(
+                &stream,
+                &cfg.apply(SwigluArgs::fused(rows, cols)),
+                &a_view,
+                &mut c,
+            ),
+        }
+        .map_err(crate_err)?;
+        Ok(wrap(c, device))
+    }
+    by_dtype!(a.0.dtype(), SWIGLU, run(cfg, rows, cols, a, b))
+}
+
+/// SwiGLU forward on CPU storages (as [`fwd_cuda`]), by the reference.
+fn fwd_cpu(
+    cfg: &SwigluConfig,
+    cols: usize,
+    a: (&CpuStorage, &Layout),
+    b: Option<(&CpuStorage, &Layout)>,
+) -> Result<CpuStorage> {
+    fn run<T: HostElem>(
+        cfg: &SwigluConfig,
+        cols: usize,
+        a: (&CpuStorage, &Layout),
+        b: Option<(&CpuStorage, &Layout)>,
+    ) -> Result<CpuStorage> {
+        cfg.check()?;
+        let a = host_slice::<T>(a.0, a.1, SWIGLU)?;
+        let (gate, up) = match b {
+            Some((b, b_l)) => (a.to_vec(), host_slice::<T>(b, b_l, SWIGLU)?.to_vec()),
+            None => split_gate_up(a, cols).map_err(crate_err)?,
+        };
+        let c =
+            crate::reference::swiglu_forward(&gate, &up, cfg.gate_multiplier).map_err(crate_err)?;
+        Ok(T::to_cpu_storage_owned(c))
+    }
+    by_host_dtype!(a.0.dtype(), SWIGLU, run(cfg, cols, a, b))
+}
+
+/// SwiGLU with candle autograd: returns `c·dm` with `c = silu(a·gm)·b` element-wise (gate
+/// `a`, up `b`, same shape and dtype; rounding as [`crate::swiglu_forward`], then `dm`
+/// applied by candle's `affine` when it is not 1, see [`SwigluConfig`]), shaped like `a`.
+/// When `a` or `b` tracks gradients, the backward gives `da` and `db` in one launch
+/// (recomputing silu from `a` and `b`, as Liger).
+///
+/// ```no_run
+/// use candle_core::{DType, Device, Tensor};
+/// use liger_rs::candle::{SwigluConfig, swiglu};
+/// let dev = Device::new_cuda(0)?;
+/// let gate = Tensor::randn(0f32, 1.0, (8, 14336), &dev)?.to_dtype(DType::BF16)?;
+/// let up = Tensor::randn(0f32, 1.0, (8, 14336), &dev)?.to_dtype(DType::BF16)?;
+/// let c = swiglu(&gate, &up, &SwigluConfig::default())?;
+/// # let _ = c;
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn swiglu(a: &Tensor, b: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
+    same_shape(SWIGLU, a, b)?;
+    same_dtype(SWIGLU, a, b)?;
+    on(SWIGLU, &[("a", a), ("b", b)])?;
+    let cfg = cfg.for_dtype(a.dtype());
+    a.contiguous()?
+        .apply_op2(&b.contiguous()?, SwigluOp { cfg })
+}
+
+/// SwiGLU backward without autograd: returns `(da, db)`, the gradients of `c·dm` (what
+/// [`swiglu`] returns) from `dc`, the gradient with respect to it, and the forward's `a`, `b`
+/// (all of one shape and dtype; `dm` rounded to the dtype as there), as
+/// [`crate::swiglu_backward`] computes them.
+///
+/// ```no_run
+/// use candle_core::{Device, Tensor};
+/// use liger_rs::candle::{SwigluConfig, swiglu_backward};
+/// let dev = Device::new_cuda(0)?;
+/// let a = Tensor::randn(0f32, 1.0, (8, 14336), &dev)?;
+/// let b = Tensor::randn(0f32, 1.0, (8, 14336), &dev)?;
+/// let (da, db) = swiglu_backward(&a.ones_like()?, &a, &b, &SwigluConfig::default())?;
+/// # let _ = (da, db);
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn swiglu_backward(
+    dc: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    cfg: &SwigluConfig,
+) -> Result<(Tensor, Tensor)> {
+    same_shape(SWIGLU, a, b)?;
+    same_shape(SWIGLU, dc, a)?;
+    same_dtype(SWIGLU, a, b)?;
+    same_dtype(SWIGLU, dc, a)?;
+    let cfg = cfg.for_dtype(a.dtype());
+    let (dc, a, b) = (dc.contiguous()?, a.contiguous()?, b.contiguous()?);
+    let (rows, cols) = rows_cols(a.shape());
+    if on(SWIGLU, &[("dc", &dc), ("a", &a), ("b", &b)])? == On::Cpu {
+        fn run<T: HostElem>(
+            cfg: &SwigluConfig,
+            [dc, a, b]: [&Tensor; 3],
+        ) -> Result<(Tensor, Tensor)> {
+            cfg.check()?;
+            let g = crate::reference::swiglu_backward(
+                &host::<T>(dc)?,
+                &host::<T>(a)?,
+                &host::<T>(b)?,
+                cfg.gate_multiplier,
+                cfg.down_multiplier,
+            )
+            .map_err(crate_err)?;
+            Ok((
+                host_tensor(g.da, a.shape().clone())?,
+                host_tensor(g.db, a.shape().clone())?,
+            ))
+        }
+        return by_host_dtype!(a.dtype(), SWIGLU, run(&cfg, [&dc, &a, &b]));
+    }
+    let (dc_s, dc_l) = dc.storage_and_layout();
+    let (a_s, a_l) = a.storage_and_layout();
+    let (b_s, b_l) = b.storage_and_layout();
+    let (da, db) = bwd_cuda(
+        &cfg,
+        rows,
+        cols,
+        [
+            (cuda(&dc_s, SWIGLU, "dc")?, dc_l),
+            (cuda(&a_s, SWIGLU, "a")?, a_l),
+            (cuda(&b_s, SWIGLU, "b")?, b_l),
+        ],
+    )?;
+    Ok((tensor(da, a.shape().clone()), tensor(db, a.shape().clone())))
+}
+
+/// SwiGLU backward on CUDA storages, separate layout: `(da, db)`.
+fn bwd_cuda(
+    cfg: &SwigluConfig,
+    rows: usize,
+    cols: usize,
+    [dc, a, b]: [(&CudaStorage, &Layout); 3],
+) -> Result<(CudaStorage, CudaStorage)> {
+    fn run<T: Elem>(
+        cfg: &SwigluConfig,
+        rows: usize,
+        cols: usize,
+        [dc, a, b]: [(&CudaStorage, &Layout); 3],
+    ) -> Result<(CudaStorage, CudaStorage)> {
+        let device = &a.0.device;
+        let stream = device.cuda_stream();
+        let n = rows * cols;
+        let (mut da, mut db) = (
+            output::<T>(&stream, n, SWIGLU)?,
+            output::<T>(&stream, n, SWIGLU)?,
+        );
+        crate::swiglu_backward(
+            &stream,
+            &cfg.apply(SwigluArgs::new(rows, cols)),
+            &view::<T>(dc.0, dc.1, SWIGLU)?,
+            &view::<T>(a.0, a.1, SWIGLU)?,
+            &view::<T>(b.0, b.1, SWIGLU)?,
+            &mut da,
+            &mut db,
+        )
+        .map_err(crate_err)?;
+        Ok((wrap(da, device), wrap(db, device)))
+    }
+    by_dtype!(a.0.dtype(), SWIGLU, run(cfg, rows, cols, [dc, a, b]))
+}
+
+/// SwiGLU with candle autograd from a fused gate-up tensor `[..., 2·cols]` (gate in the first
+/// half of the last dim, up in the second, as [`crate::swiglu_forward_fused`]): returns
+/// `c·dm` `[..., cols]` as [`swiglu`]. The backward gives the fused gradient in one launch.
+///
+/// ```no_run
+/// use candle_core::{Device, Tensor};
+/// use liger_rs::candle::{SwigluConfig, swiglu_fused};
+/// let dev = Device::new_cuda(0)?;
+/// let gate_up = Tensor::randn(0f32, 1.0, (4, 32, 2 * 11008), &dev)?;
+/// let c = swiglu_fused(&gate_up, &SwigluConfig::default())?; // [4, 32, 11008]
+/// # let _ = c;
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn swiglu_fused(gate_up: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
+    fused_rows_cols(gate_up)?;
+    on(SWIGLU_FUSED, &[("gate_up", gate_up)])?;
+    let cfg = cfg.for_dtype(gate_up.dtype());
+    gate_up.contiguous()?.apply_op1(SwigluOp { cfg })
+}
+
+/// Fused SwiGLU backward without autograd: returns `d_gate_up` (shaped like `gate_up`), the
+/// gradient of `c·dm` (what [`swiglu_fused`] returns) from `dc` `[..., cols]`, the gradient
+/// with respect to it, and the forward's `gate_up` `[..., 2·cols]`, as
+/// [`crate::swiglu_backward_fused`] computes it.
+///
+/// ```no_run
+/// use candle_core::{Device, Tensor};
+/// use liger_rs::candle::{SwigluConfig, swiglu_fused, swiglu_fused_backward};
+/// let dev = Device::new_cuda(0)?;
+/// let gate_up = Tensor::randn(0f32, 1.0, (8, 2 * 11008), &dev)?;
+/// let cfg = SwigluConfig::default();
+/// let c = swiglu_fused(&gate_up, &cfg)?;
+/// let d_gate_up = swiglu_fused_backward(&c.ones_like()?, &gate_up, &cfg)?; // [8, 22016]
+/// # let _ = d_gate_up;
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn swiglu_fused_backward(dc: &Tensor, gate_up: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
+    let (rows, cols) = fused_rows_cols(gate_up)?;
+    same_dtype(SWIGLU_FUSED, dc, gate_up)?;
+    if dc.shape() != &fused_out_shape(gate_up.shape()) {
+        return Err(candle_core::Error::Msg(format!(
+            "{SWIGLU_FUSED}: `dc` must be {:?} for `gate_up` {:?}, got {:?}",
+            fused_out_shape(gate_up.shape()).dims(),
+            gate_up.dims(),
+            dc.dims()
+        )));
+    }
+    let cfg = cfg.for_dtype(gate_up.dtype());
+    let (dc, gate_up) = (dc.contiguous()?, gate_up.contiguous()?);
+    if on(SWIGLU_FUSED, &[("dc", &dc), ("gate_up", &gate_up)])? == On::Cpu {
+        fn run<T: HostElem>(
+            cfg: &SwigluConfig,
+            cols: usize,
+            dc: &Tensor,
+            gate_up: &Tensor,
+        ) -> Result<Tensor> {
+            cfg.check()?;
+            let (a, b) = split_gate_up(&host::<T>(gate_up)?, cols).map_err(crate_err)?;
+            let g = crate::reference::swiglu_backward(
+                &host::<T>(dc)?,
+                &a,
+                &b,
+                cfg.gate_multiplier,
+                cfg.down_multiplier,
+            )
+            .map_err(crate_err)?;
+            let d = join_gate_up(&g.da, &g.db, cols).map_err(crate_err)?;
+            host_tensor(d, gate_up.shape().clone())
+        }
+        return by_host_dtype!(
+            gate_up.dtype(),
+            SWIGLU_FUSED,
+            run(&cfg, cols, &dc, &gate_up)
+        );
+    }
+    let (dc_s, dc_l) = dc.storage_and_layout();
+    let (g_s, g_l) = gate_up.storage_and_layout();
+    let d = fused_bwd_cuda(
+        &cfg,
+        rows,
+        cols,
+        [
+            (cuda(&dc_s, SWIGLU_FUSED, "dc")?, dc_l),
+            (cuda(&g_s, SWIGLU_FUSED, "gate_up")?, g_l),
+        ],
+    )?;
+    Ok(tensor(d, gate_up.shape().clone()))
+}
+
+/// SwiGLU backward on CUDA storages, fused layout: `d_gate_up`.
+fn fused_bwd_cuda(
+    cfg: &SwigluConfig,
+    rows: usize,
+    cols: usize,
+    [dc, gate_up]: [(&CudaStorage, &Layout); 2],
+) -> Result<CudaStorage> {
+    fn run<T: Elem>(
+        cfg: &SwigluConfig,
+        rows: usize,
+        cols: usize,
+        [dc, gate_up]: [(&CudaStorage, &Layout); 2],
+    ) -> Result<CudaStorage> {
+        let device = &gate_up.0.device;
+        let stream = device.cuda_stream();
+        let mut d = output::<T>(&stream, 2 * rows * cols, SWIGLU_FUSED)?;
+        crate::swiglu_backward_fused(
+            &stream,
+            &cfg.apply(SwigluArgs::fused(rows, cols)),
+            &view::<T>(dc.0, dc.1, SWIGLU_FUSED)?,
+            &view::<T>(gate_up.0, gate_up.1, SWIGLU_FUSED)?,
+            &mut d,
+        )
+        .map_err(crate_err)?;
+        Ok(wrap(d, device))
+    }
+    by_dtype!(
+        gate_up.0.dtype(),
+        SWIGLU_FUSED,
+        run(cfg, rows, cols, [dc, gate_up])
+    )
+}
+
+/// The autograd op of [`swiglu`] (two inputs) and [`swiglu_fused`] (one input); `cfg`'s
+/// `dm` is already rounded to the tensors' dtype.
+struct SwigluOp {
+    cfg: SwigluConfig,
+}
+
+impl CustomOp1 for SwigluOp {
+    fn name(&self) -> &'static str {
+        SWIGLU_FUSED
+    }
+
+    fn cpu_fwd(&self, g: &CpuStorage, g_l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let shape = fused_out_shape(g_l.shape());
+        let c = fwd_cpu(&self.cfg, rows_cols(&shape).1, (g, g_l), None)?;
+        Ok((scaled(c, &shape, self.cfg.down_multiplier)?, shape))
+    }
+
+    fn cuda_fwd(&self, g: &CudaStorage, g_l: &Layout) -> Result<(CudaStorage, Shape)> {
+        let shape = fused_out_shape(g_l.shape());
+        let (rows, cols) = rows_cols(&shape);
+        let c = fwd_cuda(&self.cfg, rows, cols, (g, g_l), None)?;
+        Ok((scaled(c, &shape, self.cfg.down_multiplier)?, shape))
+    }
+
+    fn bwd(&self, gate_up: &Tensor, _c: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(swiglu_fused_backward(grad, gate_up, &self.cfg)?))
+    }
+}
+
+impl CustomOp2 for SwigluOp {
+    fn name(&self) -> &'static str {
+        SWIGLU
+    }
+
+    fn cpu_fwd(
+        &self,
+        a: &CpuStorage,
+        a_l: &Layout,
+        b: &CpuStorage,
+        b_l: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let shape = a_l.shape().clone();
+        let c = fwd_cpu(&self.cfg, rows_cols(&shape).1, (a, a_l), Some((b, b_l)))?;
+        Ok((scaled(c, &shape, self.cfg.down_multiplier)?, shape))
+    }
+
+    fn cuda_fwd(
+        &self,
+        a: &CudaStorage,
+        a_l: &Layout,
+        b: &CudaStorage,
+        b_l: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let shape = a_l.shape().clone();
+        let (rows, cols) = rows_cols(&shape);
+        let c = fwd_cuda(&self.cfg, rows, cols, (a, a_l), Some((b, b_l)))?;
+        Ok((scaled(c, &shape, self.cfg.down_multiplier)?, shape))
+    }
+
+    fn bwd(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        _c: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (da, db) = swiglu_backward(grad, a, b, &self.cfg)?;
+        Ok((Some(da), Some(db)))
+    }
+}

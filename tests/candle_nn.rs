@@ -1,0 +1,484 @@
+//! candle-nn compatibility (feature `candle`): `liger_rs::candle::nn` against candle-nn 0.11's
+//! differentiable `_slow` functions run in f64 on the CPU, forward and the gradient of every
+//! input, on random inputs of several shapes in every dtype: on the CPU (always run) and on
+//! CUDA (GPU). Shapes that mean something else in candle-nn are errors that say why, in the
+//! nn functions and in `liger_rs::candle::rope` (always run).
+#![cfg(feature = "candle")]
+mod common;
+
+use candle_core::{D, DType, Device, Tensor, Var};
+use common::Rng;
+use liger_rs::candle::nn::{Module, RmsNorm, ops, rotary_emb};
+use liger_rs::candle::{RopeConfig, rope, rope_with};
+
+/// CUDA device 0 as candle opens it, or `None` after the skip line of [`common::gpu`].
+fn candle_gpu(test: &str) -> Option<Device> {
+    common::gpu(test)?;
+    Some(Device::new_cuda(0).expect("candle opens the GPU that liger-rs found"))
+}
+
+/// Normal values with standard deviation `scale` (seeded), rounded to `dtype`, on `dev`.
+fn randn(rng: &mut Rng, dims: &[usize], scale: f64, dtype: DType, dev: &Device) -> Tensor {
+    let v: Vec<f64> = rng.vec(dims.iter().product(), 0.0, scale);
+    Tensor::from_vec(v, dims, &Device::Cpu)
+        .and_then(|t| t.to_dtype(dtype))
+        .and_then(|t| t.to_device(dev))
+        .expect("random tensor")
+}
+
+fn f64s(t: &Tensor) -> Vec<f64> {
+    t.to_dtype(DType::F64)
+        .and_then(|t| t.flatten_all())
+        .and_then(|t| t.to_vec1::<f64>())
+        .expect("download")
+}
+
+/// Relative error a value computed in `dtype` may carry against f64: a few roundings.
+fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => 1e-10,
+        DType::F32 => 2e-5,
+        DType::F16 => 4e-3,
+        DType::BF16 => 3e-2,
+        other => panic!("no tolerance for {other:?}"),
+    }
+}
+
+/// `|got − want| ≤ tol·(|want| + rms(want))` element by element: a few roundings of the
+/// value or of the terms it sums (cancellation), far below what a wrong formula gives.
+fn assert_near(what: &str, got: &Tensor, want: &Tensor, dtype: DType) {
+    assert_eq!(got.dims(), want.dims(), "{what}: shape");
+    let (g, w) = (f64s(got), f64s(want));
+    let rms = (w.iter().map(|v| v * v).sum::<f64>() / w.len().max(1) as f64).sqrt();
+    let tol = tolerance(dtype);
+    let bad: Vec<String> = g
+        .iter()
+        .zip(&w)
+        .enumerate()
+        .filter(|(_, (g, w))| (*g - *w).abs() > tol * (w.abs() + rms)) // NaN fails too
+        .take(5)
+        .map(|(i, (g, w))| format!("[{i}] got {g:e} want {w:e}"))
+        .collect();
+    let nan = g.iter().any(|v| v.is_nan());
+    assert!(
+        bad.is_empty() && !nan,
+        "{what} ({dtype:?}, rms {rms:e}): {bad:?}"
+    );
+}
+
+type Op = Box<dyn Fn(&[Tensor]) -> candle_core::Result<Tensor>>;
+
+/// One comparison: `ours` on `inputs` rounded to `dtype` on `dev`, against `slow` on the same
+/// values in f64 on the CPU: the output, then the gradient of every input under the loss
+/// `Σ y·R` for a random `R`.
+fn compare(what: &str, dtype: DType, dev: &Device, inputs: &[Tensor], ours: Op, slow: Op) {
+    let rounded: Vec<Tensor> = inputs
+        .iter()
+        .map(|t| t.to_dtype(dtype).expect("round"))
+        .collect();
+    let vars: Vec<Var> = rounded
+        .iter()
+        .map(|t| Var::from_tensor(&t.to_device(dev).expect("upload")).expect("var"))
+        .collect();
+    let exact: Vec<Var> = rounded
+        .iter()
+        .map(|t| Var::from_tensor(&t.to_dtype(DType::F64).expect("widen")).expect("var"))
+        .collect();
+    let args: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+    let y = ours(&args).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(y.dtype(), dtype, "{what}: output dtype");
+    let exact_args: Vec<Tensor> = exact.iter().map(|v| v.as_tensor().clone()).collect();
+    let y_want = slow(&exact_args).unwrap_or_else(|e| panic!("{what} (slow): {e}"));
+    assert_near(&format!("{what}: y"), &y, &y_want, dtype);
+
+    let mut rng = Rng::new(y.elem_count() as u64);
+    let r = randn(&mut rng, y.dims(), 1.0, DType::F64, &Device::Cpu);
+    let loss = |y: &Tensor| {
+        let y = y.to_dtype(DType::F64)?.to_device(&Device::Cpu)?;
+        (y * &r)?.sum_all()
+    };
+    let grads = loss(&y).and_then(|l| l.backward()).expect("backward");
+    let grads_want = loss(&y_want).and_then(|l| l.backward()).expect("backward");
+    for (i, (v, w)) in vars.iter().zip(&exact).enumerate() {
+        let g = grads
+            .get(v)
+            .unwrap_or_else(|| panic!("{what}: no gradient for input {i}"));
+        let gw = grads_want.get(w).expect("slow gradient");
+        assert_eq!(g.dtype(), dtype, "{what}: gradient {i} dtype");
+        assert_near(&format!("{what}: d input {i}"), g, gw, dtype);
+    }
+}
+
+/// rope_slow (or rope_i_slow) for `[b, t, d/2]` tables: each batch entry with its own table.
+fn per_batch(
+    slow: fn(&Tensor, &Tensor, &Tensor) -> candle_core::Result<Tensor>,
+    x: &[Tensor],
+) -> candle_core::Result<Tensor> {
+    let b = x[0].dim(0)?;
+    let parts = (0..b)
+        .map(|i| {
+            let table = |t: &Tensor| t.narrow(0, i, 1)?.squeeze(0);
+            slow(&x[0].narrow(0, i, 1)?, &table(&x[1])?, &table(&x[2])?)
+        })
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    Tensor::cat(&parts, 0)
+}
+
+/// candle-nn's `rope_slow` on `[b, t, h, d]`: through its `[b, h, t, d]` layout.
+fn rope_thd_slow(x: &[Tensor]) -> candle_core::Result<Tensor> {
+    let xs = x[0].transpose(1, 2)?;
+    candle_nn::rotary_emb::rope_slow(&xs, &x[1], &x[2])?.transpose(1, 2)
+}
+
+/// Every nn function on several shapes in `dtype` on `dev`.
+fn nn_sweep(dtype: DType, dev: &Device, seed: u64) -> usize {
+    let mut rng = Rng::new(seed);
+    let cpu = Device::Cpu;
+    let f64_ = DType::F64;
+    let mut n = 0;
+    let mut run = |what: String, inputs: Vec<Tensor>, ours: Op, slow: Op| {
+        compare(&what, dtype, dev, &inputs, ours, slow);
+        n += 1;
+    };
+
+    for dims in [vec![5, 64], vec![2, 3, 17], vec![1, 1, 1, 8], vec![3, 200]] {
+        let hidden = *dims.last().unwrap();
+        let x = randn(&mut rng, &dims, 1.0, f64_, &cpu);
+        let w = randn(&mut rng, &[hidden], 0.5, f64_, &cpu)
+            .affine(1.0, 1.0)
+            .unwrap();
+        for eps in [1e-6f32, 0.25] {
+            run(
+                format!("ops::rms_norm {dims:?} eps {eps}"),
+                vec![x.clone(), w.clone()],
+                Box::new(move |t| ops::rms_norm(&t[0], &t[1], eps)),
+                Box::new(move |t| candle_nn::ops::rms_norm_slow(&t[0], &t[1], eps)),
+            );
+        }
+        run(
+            format!("RmsNorm::forward {dims:?}"),
+            vec![x.clone(), w.clone()],
+            Box::new(|t| RmsNorm::new(t[1].clone(), 1e-5).forward(&t[0])),
+            Box::new(|t| candle_nn::ops::rms_norm_slow(&t[0], &t[1], 1e-5)),
+        );
+    }
+
+    // (b, h, t, d, rows of a 2-D table).
+    for (b, h, t, d, rows) in [
+        (2, 3, 5, 8, 5),
+        (1, 2, 7, 16, 10),
+        (3, 1, 1, 4, 1),
+        (2, 4, 9, 6, 12),
+    ] {
+        let xs = randn(&mut rng, &[b, h, t, d], 1.0, f64_, &cpu);
+        let thd = randn(&mut rng, &[b, t, h, d], 1.0, f64_, &cpu);
+        let angles = randn(&mut rng, &[rows, d / 2], 2.0, f64_, &cpu);
+        let (cos, sin) = (angles.cos().unwrap(), angles.sin().unwrap());
+        let per = randn(&mut rng, &[b, t, d / 2], 2.0, f64_, &cpu);
+        let (cos_b, sin_b) = (per.cos().unwrap(), per.sin().unwrap());
+        let shape = format!("b={b} h={h} t={t} d={d}");
+        run(
+            format!("rotary_emb::rope {shape} [{rows}, d/2]"),
+            vec![xs.clone(), cos.clone(), sin.clone()],
+            Box::new(|t| rotary_emb::rope(&t[0], &t[1], &t[2])),
+            Box::new(|t| candle_nn::rotary_emb::rope_slow(&t[0], &t[1], &t[2])),
+        );
+        run(
+            format!("rotary_emb::rope {shape} [b, t, d/2]"),
+            vec![xs.clone(), cos_b.clone(), sin_b.clone()],
+            Box::new(|t| rotary_emb::rope(&t[0], &t[1], &t[2])),
+            Box::new(|t| per_batch(candle_nn::rotary_emb::rope_slow, t)),
+        );
+        run(
+            format!("rotary_emb::rope_i {shape} [{rows}, d/2]"),
+            vec![xs.clone(), cos.clone(), sin.clone()],
+            Box::new(|t| rotary_emb::rope_i(&t[0], &t[1], &t[2])),
+            Box::new(|t| candle_nn::rotary_emb::rope_i_slow(&t[0], &t[1], &t[2])),
+        );
+        run(
+            format!("rotary_emb::rope_i {shape} [b, t, d/2]"),
+            vec![xs.clone(), cos_b.clone(), sin_b.clone()],
+            Box::new(|t| rotary_emb::rope_i(&t[0], &t[1], &t[2])),
+            Box::new(|t| per_batch(candle_nn::rotary_emb::rope_i_slow, t)),
+        );
+        run(
+            format!("rotary_emb::rope_thd {shape} [{rows}, d/2]"),
+            vec![thd.clone(), cos.clone(), sin.clone()],
+            Box::new(|t| rotary_emb::rope_thd(&t[0], &t[1], &t[2])),
+            Box::new(rope_thd_slow),
+        );
+        run(
+            format!("rotary_emb::rope_thd {shape} [b, t, d/2]"),
+            vec![thd, cos_b, sin_b],
+            Box::new(|t| rotary_emb::rope_thd(&t[0], &t[1], &t[2])),
+            Box::new(|t| {
+                let xs = t[0].transpose(1, 2)?;
+                let bhtd = [xs, t[1].clone(), t[2].clone()];
+                per_batch(candle_nn::rotary_emb::rope_slow, &bhtd)?.transpose(1, 2)
+            }),
+        );
+    }
+
+    for dims in [vec![3, 14], vec![2, 4, 32], vec![1, 2], vec![7, 1, 130]] {
+        let xs = randn(&mut rng, &dims, 2.0, f64_, &cpu);
+        run(
+            format!("ops::swiglu {dims:?}"),
+            vec![xs],
+            Box::new(|t| ops::swiglu(&t[0])),
+            Box::new(|t| candle_nn::ops::swiglu(&t[0])),
+        );
+        let half: Vec<usize> = dims[..dims.len() - 1]
+            .iter()
+            .copied()
+            .chain([dims[dims.len() - 1] / 2])
+            .collect();
+        let (a, b) = (
+            randn(&mut rng, &half, 2.0, f64_, &cpu),
+            randn(&mut rng, &half, 1.0, f64_, &cpu),
+        );
+        run(
+            format!("ops::silu_mul {half:?}"),
+            vec![a, b],
+            Box::new(|t| ops::silu_mul(&t[0], &t[1])),
+            Box::new(|t| t[0].silu()? * &t[1]),
+        );
+    }
+    n
+}
+
+#[test]
+fn cpu_nn_matches_candle_nn_slow_f32() {
+    let n = nn_sweep(DType::F32, &Device::Cpu, 1);
+    println!("cpu_nn_matches_candle_nn_slow_f32: {n} cases");
+}
+
+#[test]
+fn cpu_nn_matches_candle_nn_slow_f16() {
+    nn_sweep(DType::F16, &Device::Cpu, 2);
+}
+
+#[test]
+fn cpu_nn_matches_candle_nn_slow_bf16() {
+    nn_sweep(DType::BF16, &Device::Cpu, 3);
+}
+
+#[test]
+fn cpu_nn_matches_candle_nn_slow_f64() {
+    nn_sweep(DType::F64, &Device::Cpu, 4);
+}
+
+#[test]
+fn gpu_nn_matches_candle_nn_slow_f32() {
+    let test = "gpu_nn_matches_candle_nn_slow_f32";
+    let Some(dev) = candle_gpu(test) else { return };
+    let n = nn_sweep(DType::F32, &dev, 11);
+    println!("{test}: {n} cases");
+}
+
+#[test]
+fn gpu_nn_matches_candle_nn_slow_f16() {
+    let Some(dev) = candle_gpu("gpu_nn_matches_candle_nn_slow_f16") else {
+        return;
+    };
+    nn_sweep(DType::F16, &dev, 12);
+}
+
+#[test]
+fn gpu_nn_matches_candle_nn_slow_bf16() {
+    let Some(dev) = candle_gpu("gpu_nn_matches_candle_nn_slow_bf16") else {
+        return;
+    };
+    nn_sweep(DType::BF16, &dev, 13);
+}
+
+/// The GPU and the CPU path agree on the same bf16 data: RoPE bit for bit (the reference
+/// rounds where the kernels do), RMSNorm and SwiGLU within the kernels' few ulps.
+#[test]
+fn gpu_nn_matches_the_cpu_path() {
+    let test = "gpu_nn_matches_the_cpu_path";
+    let Some(dev) = candle_gpu(test) else { return };
+    let mut rng = Rng::new(21);
+    let dtype = DType::BF16;
+    let cpu = Device::Cpu;
+    let (b, h, t, d) = (2, 5, 33, 64);
+    let xs = randn(&mut rng, &[b, h, t, d], 1.0, dtype, &cpu);
+    let angles = randn(&mut rng, &[t + 4, d / 2], 2.0, DType::F32, &cpu);
+    let cos = angles.cos().unwrap().to_dtype(dtype).unwrap();
+    let sin = angles.sin().unwrap().to_dtype(dtype).unwrap();
+    let on_gpu = |x: &Tensor| x.to_device(&dev).unwrap();
+    for f in [rotary_emb::rope, rotary_emb::rope_i] {
+        let want = f(&xs, &cos, &sin).unwrap();
+        let got = f(&on_gpu(&xs), &on_gpu(&cos), &on_gpu(&sin)).unwrap();
+        assert_eq!(f64s(&got), f64s(&want), "rope on GPU vs CPU");
+    }
+    let thd = xs.transpose(1, 2).unwrap().contiguous().unwrap();
+    let want = rotary_emb::rope_thd(&thd, &cos, &sin).unwrap();
+    let got = rotary_emb::rope_thd(&on_gpu(&thd), &on_gpu(&cos), &on_gpu(&sin)).unwrap();
+    assert_eq!(f64s(&got), f64s(&want), "rope_thd on GPU vs CPU");
+
+    let w = randn(&mut rng, &[d], 0.5, dtype, &cpu);
+    let want = ops::rms_norm(&xs, &w, 1e-5).unwrap();
+    let got = ops::rms_norm(&on_gpu(&xs), &on_gpu(&w), 1e-5).unwrap();
+    assert_near("rms_norm on GPU vs CPU", &got, &want, dtype);
+    let want = ops::swiglu(&xs).unwrap();
+    let got = ops::swiglu(&on_gpu(&xs)).unwrap();
+    assert_near("swiglu on GPU vs CPU", &got, &want, dtype);
+}
+
+#[test]
+fn rms_norm_from_a_var_builder_trains_its_weight() {
+    // candle-nn's constructor: the weight comes from the VarBuilder (a VarMap here, so it is
+    // a trainable variable) and gets a gradient, equal to that of candle-nn's LayerNorm chain.
+    let vars = candle_nn::VarMap::new();
+    let vb = candle_nn::VarBuilder::from_varmap(&vars, DType::F32, &Device::Cpu);
+    let norm = liger_rs::candle::nn::rms_norm(24, 1e-6, vb.pp("norm")).unwrap();
+    let weight = vars.all_vars().pop().expect("one variable");
+    let mut rng = Rng::new(31);
+    let x = randn(&mut rng, &[4, 24], 1.0, DType::F32, &Device::Cpu);
+    let y = norm.forward(&x).unwrap();
+    let want = norm.clone().into_inner().forward(&x).unwrap();
+    assert_near("forward", &y, &want, DType::F32);
+    let r = randn(&mut rng, &[4, 24], 1.0, DType::F32, &Device::Cpu);
+    let grad = |y: Tensor| {
+        let g = (y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+        g.get(&weight).cloned().expect("a gradient for the weight")
+    };
+    assert_near("d weight", &grad(y), &grad(want), DType::F32);
+}
+
+// ---------------------------------------------------------------- shapes with another meaning
+
+fn expect_err<V: std::fmt::Debug>(what: &str, r: candle_core::Result<V>, needles: &[&str]) {
+    match r {
+        Ok(v) => panic!("{what}: expected an error, got {v:?}"),
+        Err(e) => {
+            let msg = e.to_string();
+            for n in needles {
+                assert!(msg.contains(n), "{what}: message {msg:?} lacks {n:?}");
+            }
+        }
+    }
+}
+
+/// candle-nn's tables are `[t, d/2]`, HF's `[t, d]` (`cat(freqs, freqs)`). Each API either
+/// computes what a shape means in candle-nn or says why it will not.
+#[test]
+fn half_width_table_trap_is_impossible() {
+    let cpu = Device::Cpu;
+    let mut rng = Rng::new(41);
+    let (b, h, t, d) = (2, 3, 6, 8);
+    let f32_ = DType::F32;
+    let xs = randn(&mut rng, &[b, h, t, d], 1.0, f32_, &cpu);
+    let thd = xs.transpose(1, 2).unwrap().contiguous().unwrap(); // [b, t, h, d]
+    let angles = randn(&mut rng, &[t, d / 2], 2.0, f32_, &cpu);
+    let (cos, sin) = (angles.cos().unwrap(), angles.sin().unwrap());
+    let full = |x: &Tensor| Tensor::cat(&[x, x], D::Minus1).unwrap(); // HF's [t, d]
+    let (cos_full, sin_full) = (full(&cos), full(&sin));
+
+    // nn: a full-width table is an error naming the fix.
+    for (name, f, x) in [
+        (
+            "rope",
+            rotary_emb::rope as fn(&Tensor, &Tensor, &Tensor) -> _,
+            &xs,
+        ),
+        ("rope_i", rotary_emb::rope_i, &xs),
+        ("rope_thd", rotary_emb::rope_thd, &thd),
+    ] {
+        expect_err(
+            name,
+            f(x, &cos_full, &sin_full),
+            &[name, "one value per pair", "full-width", "[6, 8]"],
+        );
+        // Fewer rows than positions; per-batch tables of another length; a 4-D table.
+        expect_err(
+            name,
+            f(
+                x,
+                &cos.narrow(0, 0, t - 1).unwrap(),
+                &sin.narrow(0, 0, t - 1).unwrap(),
+            ),
+            &["5 rows", "6 positions"],
+        );
+        let per = randn(&mut rng, &[b, t + 1, d / 2], 1.0, f32_, &cpu);
+        expect_err(
+            name,
+            f(x, &per, &per),
+            &["per-batch", "[2, 6, 4]", "[2, 7, 4]"],
+        );
+        let one = randn(&mut rng, &[1, t, d / 2], 1.0, f32_, &cpu);
+        expect_err(name, f(x, &one, &one), &["per-batch", "[1, 6, 4]"]);
+        let four = randn(&mut rng, &[1, 1, t, d / 2], 1.0, f32_, &cpu);
+        expect_err(name, f(x, &four, &four), &["[t, d/2] or [b, t, d/2]"]);
+    }
+    // A longer 2-D table: its first t rows, as candle-nn reads it.
+    let extra = randn(&mut rng, &[3, d / 2], 1.0, f32_, &cpu);
+    let long = |x: &Tensor| Tensor::cat(&[x, &extra], 0).unwrap();
+    let got = rotary_emb::rope(&xs, &long(&cos), &long(&sin)).unwrap();
+    let want = rotary_emb::rope(&xs, &cos, &sin).unwrap();
+    assert_eq!(f64s(&got), f64s(&want), "first t rows of a longer table");
+
+    // liger_rs::candle::rope (HF's [B, S, H, d] q and k): a [S, d/2] table would be a partial
+    // rotary of d/2 with HF's full-width rows, or candle-nn's full rotation: it is an error
+    // until the config says which.
+    let k = thd.narrow(2, 0, 1).unwrap().contiguous().unwrap();
+    expect_err(
+        "rope",
+        rope(&thd, &k, &cos, &sin, None),
+        &["ambiguous", "half_tables", "rotary_dim: Some(4)"],
+    );
+    // Said as candle-nn's table: candle-nn's meaning, rope_thd's result.
+    let cfg = RopeConfig {
+        half_tables: true,
+        ..Default::default()
+    };
+    let (q2, k2) = rope_with(&thd, &k, &cos, &sin, None, &cfg).unwrap();
+    assert_eq!(
+        f64s(&q2),
+        f64s(&rotary_emb::rope_thd(&thd, &cos, &sin).unwrap())
+    );
+    assert_eq!(
+        f64s(&k2),
+        f64s(&rotary_emb::rope_thd(&k, &cos, &sin).unwrap())
+    );
+    // Said as a partial rotary: the first d/2 dims rotate by HF's full-width rows of d/2,
+    // i.e. pair i is (x[i], x[i + d/4]); the last d/2 dims stay.
+    let cfg = RopeConfig {
+        rotary_dim: Some(d / 2),
+        ..Default::default()
+    };
+    let (q3, _) = rope_with(&thd, &k, &cos, &sin, None, &cfg).unwrap();
+    let head = thd.narrow(3, 0, d / 2).unwrap().contiguous().unwrap();
+    let quarter = |x: &Tensor| x.narrow(1, 0, d / 4).unwrap();
+    let want = rotary_emb::rope_thd(&head, &quarter(&cos), &quarter(&sin)).unwrap();
+    assert_eq!(
+        f64s(&q3.narrow(3, 0, d / 2).unwrap()),
+        f64s(&want),
+        "partial rotary"
+    );
+    assert_eq!(
+        f64s(&q3.narrow(3, d / 2, d / 2).unwrap()),
+        f64s(&thd.narrow(3, d / 2, d / 2).unwrap()),
+        "the tail passes through"
+    );
+    // Rows that fit neither reading of the config are errors.
+    let half = RopeConfig {
+        half_tables: true,
+        ..Default::default()
+    };
+    let (c, s) = (&cos_full, &sin_full);
+    expect_err(
+        "rope_with",
+        rope_with(&thd, &k, c, s, None, &half),
+        &["rotary_dim"],
+    );
+    let cfg = RopeConfig {
+        rotary_dim: Some(d),
+        ..Default::default()
+    };
+    expect_err(
+        "rope_with",
+        rope_with(&thd, &k, &cos, &sin, None, &cfg),
+        &["must be 8 long", "full-width", "rotary_dim = 8"],
+    );
+}
