@@ -65,7 +65,11 @@
 //!   an event recorded behind its last use. Ordering *your* buffers across streams is yours
 //!   to do (or cudarc's event tracking, which follows the `CudaContext` handle a buffer was
 //!   allocated through: a buffer from a second handle on the same device is accepted, since
-//!   it is the same CUDA context, but is ordered only if that handle tracks events).
+//!   it is the same CUDA context, but is ordered only if that handle tracks events). While
+//!   cudarc manages several streams (tracking on and a stream created on that handle), every
+//!   buffer use waits on its last use's event, and CUDA refuses a capture that waits on work
+//!   recorded before it (`CUDA_ERROR_STREAM_CAPTURE_ISOLATION`, returned as an [`Error`]):
+//!   capture on a handle with tracking off, or on one that created no stream (candle's case).
 //! * **Precision**: arithmetic is f32; values are rounded to the tensor dtype exactly where
 //!   HuggingFace's modules round them ([`CastingMode`] for RMSNorm). The CPU functions in
 //!   [`mod@reference`] implement the same cast points in f64, and the test suite holds the

@@ -18,7 +18,7 @@ use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 use liger_rs::reference::Element;
 use liger_rs::reference::rope::CosSinRows;
 use liger_rs::{CastingMode, CosSinLayout, Dtype, PositionIds, RmsNormArgs, RopeArgs, SwigluArgs};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 type Stream = Arc<CudaStream>;
 
@@ -1164,6 +1164,68 @@ fn gpu_errors_are_candle_errors() {
         rms_norm(&x, None, &RmsNormConfig::default()),
         &["empty tensors"],
     );
+}
+
+/// Candle's case of the per-thread-stream race: one candle device (whose stream is the
+/// per-thread stream, a different stream in each thread) used by four threads, each training
+/// its own RMSNorm weight through autograd. Each thread's dW (bits) alone, under a lock, must
+/// come back from every one of its concurrent steps.
+#[test]
+fn gpu_rms_norm_from_several_threads_on_one_device() {
+    let Some(dev) = candle_gpu("gpu_rms_norm_from_several_threads_on_one_device") else {
+        return;
+    };
+    let (threads, steps, rows, cols) = (4, common::sized(50, 10), common::sized(4096, 700), 2048);
+    let alone = Mutex::new(());
+    let start = std::sync::Barrier::new(threads);
+    let dw_bits = |x: &Var, w: &Var, dy: &Tensor| -> Vec<u16> {
+        let y = rms_norm(
+            x.as_tensor(),
+            Some(w.as_tensor()),
+            &RmsNormConfig::default(),
+        )
+        .unwrap();
+        let loss = (y.to_dtype(DType::F32).unwrap() * dy)
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        let grads = loss.backward().unwrap();
+        let dw = grads.get(w).expect("dW").to_vec1::<bf16>().unwrap();
+        dw.iter().map(|v| v.to_bits()).collect()
+    };
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let (dev, alone, start, dw_bits) = (&dev, &alone, &start, &dw_bits);
+                scope.spawn(move || {
+                    let mut rng = Rng::new(40 + t as u64);
+                    let x = Var::from_tensor(&tensor(
+                        &rng.vec::<bf16>(rows * cols, 0.0, 1.0),
+                        &[rows, cols],
+                        dev,
+                    ))
+                    .unwrap();
+                    let w =
+                        Var::from_tensor(&tensor(&rng.vec::<bf16>(cols, 1.0, 0.3), &[cols], dev))
+                            .unwrap();
+                    let dy = tensor(&rng.vec::<f32>(rows * cols, 0.0, 1.0), &[rows, cols], dev);
+                    let want = {
+                        let _alone = alone.lock().unwrap();
+                        dw_bits(&x, &w, &dy)
+                    };
+                    start.wait();
+                    let differing = (0..steps).filter(|_| dw_bits(&x, &w, &dy) != want).count();
+                    assert_eq!(
+                        differing, 0,
+                        "thread {t}: {differing} of {steps} steps gave another dW"
+                    );
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+    });
 }
 
 // ---------------------------------------------------------------- gradients: finite differences

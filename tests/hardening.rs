@@ -175,6 +175,11 @@ fn gpu_rms_norm_backward_replays_from_a_captured_graph() {
         tracked.per_thread_stream(),
     )
     .unwrap();
+    if common::small_shapes() {
+        // compute-sanitizer reports the refused capture's API errors, which are the point here.
+        println!("the capture refused with cudarc managing streams runs with the full shapes");
+        return;
+    }
     let managed = liger_rs::cuda_context(0).unwrap();
     let stream = managed.new_stream().unwrap();
     assert!(managed.is_managing_stream_synchronization());
@@ -435,7 +440,7 @@ impl DwCase {
 /// names a different stream in each thread; candle's stream) sharing one dW scratch buffer
 /// while their backwards ran at once. Each thread computes its dW alone (under a lock), then
 /// all run weighted backwards at once, and every call's dW must have the alone-result's bits:
-/// 1000 calls in all, over 2, 4 and 8 threads.
+/// 1000 calls in all, over 2, 4 and 8 threads (40 with the small shapes).
 #[test]
 fn gpu_rms_norm_backward_on_per_thread_streams_of_many_threads() {
     let test = "gpu_rms_norm_backward_on_per_thread_streams_of_many_threads";
@@ -443,8 +448,10 @@ fn gpu_rms_norm_backward_on_per_thread_streams_of_many_threads() {
         return;
     };
     let ctx = default.context().clone();
-    let (rows, cols) = (sized(8192, 1500), 2048);
-    for (threads, calls) in [(2, 150), (4, 100), (8, 50)] {
+    let (rows, cols) = (sized(8192, 600), 2048);
+    // The small shapes (compute-sanitizer) keep every thread count with a few calls each.
+    let calls_per = [(2, sized(150, 6)), (4, sized(100, 3)), (8, sized(50, 2))];
+    for (threads, calls) in calls_per {
         let alone = std::sync::Mutex::new(());
         let start = std::sync::Barrier::new(threads);
         let differing: usize = std::thread::scope(|scope| {
@@ -502,7 +509,9 @@ fn gpu_release_scratch_from_another_thread_while_backwards_are_queued() {
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
                 liger_rs::release_scratch(&ctx).unwrap();
                 releases += 1;
-                std::thread::yield_now();
+                // A pause, not a spin: under compute-sanitizer the driver serialises its calls,
+                // and a spinning releaser starves the workers.
+                std::thread::sleep(std::time::Duration::from_micros(200));
             }
             releases
         });
@@ -514,13 +523,13 @@ fn gpu_release_scratch_from_another_thread_while_backwards_are_queued() {
                         0 => ctx.per_thread_stream(),
                         _ => ctx.new_stream().unwrap(),
                     };
-                    for round in 0..sized(12, 4) {
+                    for round in 0..sized(12, 3) {
                         let (rows, cols) = shapes[round % shapes.len()];
                         let mut case =
                             DwCase::new(&stream, 900 + 10 * t + round as u64, rows, cols);
                         case.queue(&stream);
                         let want = case.dw_bits(&stream);
-                        for _ in 0..8 {
+                        for _ in 0..sized(8, 2) {
                             case.queue(&stream);
                         }
                         let got = case.dw_bits(&stream);

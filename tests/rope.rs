@@ -1585,7 +1585,8 @@ fn out_of_place_rejects_bad_input_and_overlaps() {
             other: "dk_out"
         })
     );
-    let mut over_sin = alias(3 * n + 1, n);
+    // Elements 40..56: over `sin` (48..52), clear of `cos` (32..36) and `q_out` (64..80).
+    let mut over_sin = alias(3 * n - n / 2, n);
     let e = rope_forward_into(
         &stream,
         &a,
