@@ -1,5 +1,5 @@
 //! RoPE forward and backward launchers (kernels: `kernels-gpu/src/rope.rs`, reference:
-//! [`crate::reference::rope`], semantics: DESIGN.md §3).
+//! [`crate::reference::rope`], semantics in its docs).
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
 use crate::launch::{Region, disjoint, exactly, item_grid, same_context};

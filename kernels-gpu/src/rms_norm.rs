@@ -1,4 +1,4 @@
-//! RMSNorm forward, backward and the dW reduction (semantics: DESIGN.md §3, host: `src/rms_norm.rs`).
+//! RMSNorm forward, backward and the dW reduction (semantics: the cast points in `src/reference/rms_norm.rs`, host: `src/rms_norm.rs`).
 //!
 //! Rows are walked grid-stride (`row = blockIdx.x; row += gridDim.x`), one block per row at a
 //! time, columns strided by the block. The forward writes `y` and the row's rstd; the backward

@@ -1,4 +1,4 @@
-//! SwiGLU (SiLU-mul) forward and backward (semantics: DESIGN.md §3, host: `src/swiglu.rs`).
+//! SwiGLU (SiLU-mul) forward and backward (semantics: the cast points in `src/reference/swiglu.rs`, host: `src/swiglu.rs`).
 //!
 //! Element-wise over `rows × cols`: `a` (gate) and `b` (up) are read through row strides, so
 //! the fused gate-up layout (`[rows, 2·cols]`, gate first) is the same kernel with

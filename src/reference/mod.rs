@@ -1,4 +1,4 @@
-//! CPU reference implementations of every op, in f64 between the cast points of DESIGN.md §3.
+//! CPU reference implementations of every op, in f64 between the cast points each op's module documents.
 //!
 //! Public so that users can test their own integration against the same ground truth the
 //! library's tests use. Every function is generic over [`Element`]: the tensor dtype `D`

@@ -1,4 +1,4 @@
-//! RMSNorm on the CPU: the cast points of DESIGN.md §3 with f64 in between.
+//! RMSNorm on the CPU: HuggingFace's cast points (see `rms_norm_forward`, `CastingMode`) with f64 in between.
 //!
 //! `x` is widened exactly, `D(·)` rounds to the element type, `F(·)` rounds to f32
 //! ([`Element::cast_f32`]) where HuggingFace materialises an f32 tensor (`h = x·r`, the weight

@@ -1,4 +1,4 @@
-//! SwiGLU (SiLU-mul) on the CPU: the cast points of DESIGN.md §3 with f64 in between.
+//! SwiGLU (SiLU-mul) on the CPU: Liger's cast points (see `swiglu_forward`) with f64 in between.
 //!
 //! `D(·)` rounds to the element type, `F(·)` to f32 ([`Element::cast_f32`], the identity for
 //! f64) where the kernels materialise an f32 value from a product of inputs:
