@@ -1,7 +1,8 @@
 //! `cargo bench`: every op and direction timed with CUDA events, as GB/s on the minimum bytes
 //! each op must move (each input read once, each output written once: each row's `bytes`), as
 //! a share of the device-to-device copy bandwidth measured in the same run (1 GiB), and as a
-//! share of a copy of the op's own byte count (the "same-size" copy: what the bytes of a small op cost as a copy, launch and tail included).
+//! share of a copy of the op's own byte count (the "same-size" copy: what the bytes of a small
+//! op cost as a copy, launch and tail included).
 //! `LIGER_BENCH_CSV=path` also writes the rows as CSV; `LIGER_BENCH_OPS=rms_norm,swiglu` (any
 //! of rms_norm, rope, swiglu) limits the run to those ops (e.g. to profile one kernel).
 //! Without a GPU it prints one line and exits 0.
