@@ -10,9 +10,14 @@
 //! out (it holds a `Cargo.toml`) but ships the links as the files they point at, so a checkout
 //! and the published package build the same files the same way.
 //!
+//! The nightly builds in `liger-rs-kernels/` of the target directory, which every profile and
+//! feature set built there shares (`OUT_DIR` is per profile): the builder keeps each PTX there
+//! under a key of everything it was built from, so the kernels build once per version of their
+//! sources and toolchain, and a changed kernel rebuilds incrementally.
+//!
 //! On docs.rs (`DOCS_RS` set) the build is offline and only rustdoc runs, so no device
 //! toolchain is installed there and both PTX files are left empty.
-use liger_ptx_builder::{NO_INSTALL_ENV, PtxBuild};
+use liger_ptx_builder::{NO_INSTALL_ENV, PtxBuild, target_dir_of};
 use std::path::PathBuf;
 
 /// The device crate as the package ships it, relative to the package root.
@@ -35,11 +40,14 @@ fn main() {
         }
         return;
     }
+    // Without Cargo's tag above OUT_DIR (a target directory it did not create), each
+    // profile builds in its own.
+    let shared = target_dir_of(&out).map_or_else(|| out.clone(), |t| t.join("liger-rs-kernels"));
     let build = PtxBuild {
         crate_dir: root.join(SHIPPED_CRATE),
         manifest: SHIPPED_MANIFEST.into(),
         // Both set per build below.
-        work_dir: out.clone(),
+        work_dir: shared.clone(),
         target_cpu: String::new(),
         install_missing: std::env::var_os(NO_INSTALL_ENV).is_none(),
     };
@@ -63,7 +71,7 @@ fn main() {
     // One after the other: the first installs a missing toolchain, which the second then finds.
     for (cpu, file) in BUILDS {
         let build = PtxBuild {
-            work_dir: out.join(format!("kernels-gpu-{cpu}")),
+            work_dir: shared.join(format!("kernels-gpu-{cpu}")),
             target_cpu: cpu.into(),
             ..build.clone()
         };

@@ -12,6 +12,11 @@
 //! rewritten, files gone from the source are removed), and [`PtxBuild::inputs`] lists what
 //! the build reads, for `cargo:rerun-if-changed`.
 //!
+//! Each PTX built is kept in the working directory under a key of everything it was built
+//! from, so builds that share a working directory (every Cargo profile and feature set of one
+//! target directory: [`target_dir_of`]) build each version of the device crate once, and a
+//! changed kernel rebuilds incrementally in the nightly's own target directory there.
+//!
 //! This replaces Rust-CUDA's `cuda_builder` (whose NVVM backend needs LLVM 7) with the stock
 //! LLVM nvptx64 backend of the nightly toolchain.
 use std::ffi::OsString;
@@ -19,6 +24,9 @@ use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::SystemTime;
+
+mod sha256;
 
 /// The environment variable that turns the automatic toolchain install into an error.
 pub const NO_INSTALL_ENV: &str = "LIGER_RS_NO_TOOLCHAIN_INSTALL";
@@ -49,6 +57,40 @@ pub const TARGET: &str = "nvptx64-nvidia-cuda";
 /// What the device build reads from the crate directory besides the manifest.
 const CRATE_ENTRIES: &[&str] = &["Cargo.lock", "rust-toolchain.toml", "src"];
 
+/// This crate's source, part of every cache key: it holds the flags and the command line of
+/// the device build, so a builder that builds differently never reads another's PTX.
+const BUILDER_SOURCE: &str = include_str!("lib.rs");
+
+/// PTX files a working directory keeps (the most recently used): enough for the versions of a
+/// device crate that builds switch between, bounded for one that is edited often.
+const KEPT_PTX: usize = 8;
+
+/// The file Cargo writes into the target directories it creates (a cache directory tag).
+const CARGO_TARGET_TAG: &str = "CACHEDIR.TAG";
+
+/// The target directory a build script's `OUT_DIR` lies in: the nearest directory above it
+/// with the `CACHEDIR.TAG` file Cargo writes into target (and build) directories. Every
+/// profile, feature set and target triple built into that directory has its own `OUT_DIR`
+/// below it, so a [`PtxBuild::work_dir`] there is shared by all of them. `None` where no
+/// directory above has that file.
+///
+/// ```
+/// # let dir = std::env::temp_dir().join(format!("target-dir-of-doc-{}", std::process::id()));
+/// # let target = dir.join("target");
+/// # let out = target.join("release/build/host-0123abcd/out");
+/// # std::fs::create_dir_all(&out).unwrap();
+/// # std::fs::write(target.join("CACHEDIR.TAG"), "").unwrap();
+/// // out = target/release/build/host-0123abcd/out, with target/CACHEDIR.TAG
+/// assert_eq!(liger_ptx_builder::target_dir_of(&out), Some(target.as_path()));
+/// # std::fs::remove_dir_all(&dir).unwrap();
+/// ```
+pub fn target_dir_of(out_dir: &Path) -> Option<&Path> {
+    out_dir
+        .ancestors()
+        .skip(1)
+        .find(|dir| dir.join(CARGO_TARGET_TAG).is_file())
+}
+
 /// How to build one device crate.
 #[derive(Debug, Clone)]
 pub struct PtxBuild {
@@ -58,8 +100,15 @@ pub struct PtxBuild {
     /// File name of the manifest in `crate_dir`: `Cargo.toml`, or another name where the
     /// device crate ships inside a host package (the copy is built as `Cargo.toml`).
     pub manifest: String,
-    /// Private working directory (under the host's `OUT_DIR`): the crate is copied to
-    /// `crate/` in it and built into `target/`.
+    /// Working directory: the crate is copied to `crate/` in it and built into `target/`, and
+    /// each PTX built is kept in `ptx/`, named by the SHA-256 of everything the build reads
+    /// (the files of the copy, the nightly's `rustc -vV`, `target_cpu`, and this crate's
+    /// source, which holds the flags), so that a build of the same inputs reads it back
+    /// instead of building. Any number of builds of one device crate and `target_cpu` may
+    /// share it, at once too: they copy and build one at a time (a lock on `lock` in it), and
+    /// a kept PTX file appears whole or not at all (written aside, then renamed). A shared
+    /// one belongs in the host's target directory ([`target_dir_of`]), so that every
+    /// profile's build script finds the others' PTX.
     pub work_dir: PathBuf,
     /// `-C target-cpu`, e.g. `sm_80` (the driver JITs the PTX forward to newer GPUs).
     pub target_cpu: String,
@@ -90,6 +139,8 @@ pub enum BuildError {
     Ptx(String),
     /// The device crate could not be copied into the working directory.
     Copy(String),
+    /// The working directory's lock could not be taken, or a built PTX not kept there.
+    Cache(String),
 }
 
 impl fmt::Display for BuildError {
@@ -105,6 +156,7 @@ impl fmt::Display for BuildError {
             }
             BuildError::Ptx(m) => write!(f, "PTX check: {m}"),
             BuildError::Copy(m) => write!(f, "copying the device crate: {m}"),
+            BuildError::Cache(m) => write!(f, "working directory: {m}"),
         }
     }
 }
@@ -258,36 +310,104 @@ impl PtxBuild {
             .collect()
     }
 
-    /// Brings `work_dir/crate` in line with the sources and returns it.
-    fn copy_crate(&self) -> Result<PathBuf, BuildError> {
-        let entries = std::iter::once((self.manifest.as_str(), "Cargo.toml"))
-            .chain(CRATE_ENTRIES.iter().map(|name| (*name, *name)))
-            .map(|(from, to)| (self.crate_dir.join(from), OsString::from(to)))
-            .collect();
-        let dir = self.work_dir.join("crate");
-        sync_dir(entries, &dir)?;
-        Ok(dir)
-    }
-
-    /// Runs the device build and returns the checked PTX.
-    pub fn build(&self) -> Result<PtxOutput, BuildError> {
-        let toolchain = pinned_toolchain(&self.crate_dir)?;
-        let mut notes = Vec::new();
-        let (cargo, rustc) = ensure_toolchain(&toolchain, self.install_missing, &mut notes)?;
-        let flags = [
+    /// The device build's `RUSTFLAGS`.
+    fn rustflags(&self) -> [String; 3] {
+        [
             format!("-Ctarget-cpu={}", self.target_cpu),
             "-Zunstable-options".into(),
             "-Cpanic=immediate-abort".into(),
         ]
-        .join("\x1f");
-        let crate_copy = self.copy_crate()?;
+    }
+
+    /// The cache key of building the crate at `entries` (as [`sync_dir`] takes them) with the
+    /// toolchain whose `rustc -vV` is `rustc_version`.
+    fn cache_key(
+        &self,
+        rustc_version: &str,
+        entries: Vec<(PathBuf, OsString)>,
+    ) -> Result<String, BuildError> {
+        let mut hash = sha256::Sha256::new();
+        for part in [BUILDER_SOURCE, rustc_version, TARGET]
+            .into_iter()
+            .chain(self.rustflags().iter().map(String::as_str))
+        {
+            hash_bytes(&mut hash, part.as_bytes());
+        }
+        hash_tree(&mut hash, entries)?;
+        Ok(hash.hex())
+    }
+
+    /// What [`sync_dir`] copies into `crate/`: the manifest as `Cargo.toml`, and the entries.
+    fn crate_entries(&self) -> Vec<(PathBuf, OsString)> {
+        std::iter::once((self.manifest.as_str(), "Cargo.toml"))
+            .chain(CRATE_ENTRIES.iter().map(|name| (*name, *name)))
+            .map(|(from, to)| (self.crate_dir.join(from), OsString::from(to)))
+            .collect()
+    }
+
+    /// Brings `work_dir/crate` in line with the sources and returns it.
+    fn copy_crate(&self) -> Result<PathBuf, BuildError> {
+        let dir = self.work_dir.join("crate");
+        sync_dir(self.crate_entries(), &dir)?;
+        Ok(dir)
+    }
+
+    /// Returns the checked PTX: the one kept in [`PtxBuild::work_dir`] for these inputs, or
+    /// else a fresh build's, which is then kept there.
+    pub fn build(&self) -> Result<PtxOutput, BuildError> {
+        let toolchain = pinned_toolchain(&self.crate_dir)?;
+        let mut notes = Vec::new();
+        let (cargo, rustc) = ensure_toolchain(&toolchain, self.install_missing, &mut notes)?;
+        let rustc_version = run(Command::new(&rustc).arg("-vV"))?;
+        let ptx = self.cached(&rustc_version, |copy| self.compile(&cargo, &rustc, copy))?;
+        Ok(PtxOutput {
+            ptx,
+            toolchain,
+            notes,
+        })
+    }
+
+    /// The checked PTX kept for these inputs, or else what `compile` returns for the crate's
+    /// copy, checked and then kept.
+    fn cached(
+        &self,
+        rustc_version: &str,
+        compile: impl FnOnce(&Path) -> Result<String, BuildError>,
+    ) -> Result<String, BuildError> {
+        let cache = PtxCache(self.work_dir.join("ptx"));
+        let wanted = self.cache_key(rustc_version, self.crate_entries())?;
+        let ptx = match cache.get(&wanted) {
+            Some(ptx) => ptx,
+            None => {
+                let _lock = lock(&self.work_dir)?;
+                let crate_copy = self.copy_crate()?;
+                // Keyed by the copy, which no other build changes while the lock is held: the
+                // sources may have changed since `wanted` was taken.
+                let key = self.cache_key(rustc_version, dir_entries(&crate_copy)?)?;
+                match cache.get(&key) {
+                    Some(ptx) => ptx,
+                    None => {
+                        let ptx = compile(&crate_copy)?;
+                        check_self_contained(&ptx)?;
+                        cache.put(&key, &ptx)?;
+                        ptx
+                    }
+                }
+            }
+        };
+        Ok(ptx)
+    }
+
+    /// Runs the nightly's cargo on `crate_copy` and returns the PTX it wrote.
+    fn compile(&self, cargo: &Path, rustc: &Path, crate_copy: &Path) -> Result<String, BuildError> {
+        let flags = self.rustflags().join("\x1f");
         let target_dir = self.work_dir.join("target");
-        let mut cmd = Command::new(&cargo);
+        let mut cmd = Command::new(cargo);
         for var in CLEARED_ENV {
             cmd.env_remove(var);
         }
-        cmd.current_dir(&crate_copy)
-            .env("RUSTC", &rustc)
+        cmd.current_dir(crate_copy)
+            .env("RUSTC", rustc)
             .env("CARGO_ENCODED_RUSTFLAGS", flags)
             .args(["rustc", "--release", "--locked", "--target", TARGET])
             .args(["-Zbuild-std=core", "--crate-type=rlib", "--target-dir"])
@@ -296,14 +416,112 @@ impl PtxBuild {
         run(&mut cmd)?;
         let deps = target_dir.join(TARGET).join("release").join("deps");
         let ptx_file = newest_asm(&deps)?;
-        let ptx = fs::read_to_string(&ptx_file)
-            .map_err(|e| BuildError::Ptx(format!("cannot read {}: {e}", ptx_file.display())))?;
-        check_self_contained(&ptx)?;
-        Ok(PtxOutput {
-            ptx,
-            toolchain,
-            notes,
+        fs::read_to_string(&ptx_file)
+            .map_err(|e| BuildError::Ptx(format!("cannot read {}: {e}", ptx_file.display())))
+    }
+}
+
+/// Feeds `bytes` to `hash` after their length, so that consecutive parts cannot run together.
+fn hash_bytes(hash: &mut sha256::Sha256, bytes: &[u8]) {
+    hash.update(&(bytes.len() as u64).to_le_bytes());
+    hash.update(bytes);
+}
+
+/// Feeds the tree of `entries` (source path, name) to `hash` in name order: each entry's kind,
+/// name and, for a file, its bytes (symbolic links are followed, as [`sync_dir`] does).
+fn hash_tree(
+    hash: &mut sha256::Sha256,
+    mut entries: Vec<(PathBuf, OsString)>,
+) -> Result<(), BuildError> {
+    entries.sort_by(|a, b| a.1.cmp(&b.1));
+    for (path, name) in entries {
+        let read_fail =
+            |e: std::io::Error| BuildError::Copy(format!("cannot read {}: {e}", path.display()));
+        let is_dir = fs::metadata(&path).map_err(read_fail)?.is_dir();
+        hash_bytes(hash, if is_dir { b"dir" } else { b"file" });
+        hash_bytes(hash, name.as_encoded_bytes());
+        if is_dir {
+            hash_tree(hash, dir_entries(&path)?)?;
+            hash_bytes(hash, b"end");
+        } else {
+            hash_bytes(hash, &fs::read(&path).map_err(read_fail)?);
+        }
+    }
+    Ok(())
+}
+
+/// The entries of directory `dir` as (path, name).
+fn dir_entries(dir: &Path) -> Result<Vec<(PathBuf, OsString)>, BuildError> {
+    fs::read_dir(dir)
+        .and_then(|entries| {
+            entries
+                .map(|e| e.map(|e| (e.path(), e.file_name())))
+                .collect()
         })
+        .map_err(|e| BuildError::Copy(format!("cannot list {}: {e}", dir.display())))
+}
+
+/// Takes the lock of `work_dir` (released when the file is dropped, or when the process ends
+/// however it ends), waiting while another build holds it.
+fn lock(work_dir: &Path) -> Result<fs::File, BuildError> {
+    let path = work_dir.join("lock");
+    let fail =
+        |e: std::io::Error| BuildError::Cache(format!("cannot lock {}: {e}", path.display()));
+    fs::create_dir_all(work_dir).map_err(fail)?;
+    let file = fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(fail)?;
+    file.lock().map_err(fail)?;
+    Ok(file)
+}
+
+/// The PTX files kept in a working directory's `ptx/`, one per cache key.
+struct PtxCache(PathBuf);
+
+impl PtxCache {
+    fn path(&self, key: &str) -> PathBuf {
+        self.0.join(format!("{key}.ptx"))
+    }
+
+    /// The PTX kept under `key`, if any and self-contained (and marks it used); safe without
+    /// the lock, since a file is renamed into place whole.
+    fn get(&self, key: &str) -> Option<String> {
+        let path = self.path(key);
+        let ptx = fs::read_to_string(&path).ok()?;
+        check_self_contained(&ptx).ok()?;
+        // Best effort: a kept file that cannot be marked is merely pruned sooner.
+        if let Ok(file) = fs::File::options().write(true).open(&path) {
+            let _ = file.set_modified(SystemTime::now());
+        }
+        Some(ptx)
+    }
+
+    /// Keeps `ptx` under `key` (written aside, then renamed into place), then removes all but
+    /// the [`KEPT_PTX`] most recently used files. Only under the working directory's lock.
+    fn put(&self, key: &str, ptx: &str) -> Result<(), BuildError> {
+        let fail = |what: &str, path: &Path, e: std::io::Error| {
+            BuildError::Cache(format!("cannot {what} {}: {e}", path.display()))
+        };
+        fs::create_dir_all(&self.0).map_err(|e| fail("create", &self.0, e))?;
+        let (path, partial) = (self.path(key), self.0.join(format!("{key}.partial")));
+        fs::write(&partial, ptx).map_err(|e| fail("write", &partial, e))?;
+        fs::rename(&partial, &path).map_err(|e| fail("rename into", &path, e))?;
+        let mut kept: Vec<_> = dir_entries(&self.0)?
+            .into_iter()
+            .map(|(path, _)| {
+                let used = fs::metadata(&path).and_then(|m| m.modified());
+                (used.unwrap_or(SystemTime::UNIX_EPOCH), path)
+            })
+            .collect();
+        kept.sort_by(|a, b| b.cmp(a));
+        for (_, old) in kept.into_iter().skip(KEPT_PTX) {
+            // A file another build is reading stays readable to it where the system allows.
+            let _ = fs::remove_file(old);
+        }
+        Ok(())
     }
 }
 
@@ -552,6 +770,176 @@ mod tests {
             fs::read_to_string(copy.join("src/a/mod.rs")).unwrap(),
             "// a\n"
         );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// PTX that passes [`check_self_contained`], naming `what`.
+    fn fake_ptx(what: &str) -> String {
+        format!("// {what}\n.visible .entry k()\n{{\n}}\n")
+    }
+
+    #[test]
+    fn keys_cover_every_input_and_only_the_inputs() {
+        let dir = scratch("keys");
+        let build = shipped_build(&dir);
+        let key = |b: &PtxBuild, rustc: &str| b.cache_key(rustc, b.crate_entries()).unwrap();
+        let base = key(&build, "rustc 1.0.0-nightly");
+        // The copy (manifest renamed to Cargo.toml) has the key of its sources.
+        let copy = build.copy_crate().unwrap();
+        assert_eq!(
+            build
+                .cache_key("rustc 1.0.0-nightly", dir_entries(&copy).unwrap())
+                .unwrap(),
+            base
+        );
+        write(
+            &build.crate_dir.join("notes.md"),
+            "not read by the build either\n",
+        );
+        assert_eq!(key(&build, "rustc 1.0.0-nightly"), base);
+        assert_ne!(key(&build, "rustc 1.0.1-nightly"), base);
+        let sm90 = PtxBuild {
+            target_cpu: "sm_90".into(),
+            ..build.clone()
+        };
+        assert_ne!(key(&sm90, "rustc 1.0.0-nightly"), base);
+        let mut changed = Vec::new();
+        write(&build.crate_dir.join("src/a/mod.rs"), "// b\n");
+        changed.push(key(&build, "rustc 1.0.0-nightly"));
+        write(&build.crate_dir.join("src/a/mod.rs"), "// a\n");
+        assert_eq!(key(&build, "rustc 1.0.0-nightly"), base);
+        write(&build.crate_dir.join("src/a/b.rs"), "");
+        changed.push(key(&build, "rustc 1.0.0-nightly"));
+        fs::rename(
+            build.crate_dir.join("src/a/b.rs"),
+            build.crate_dir.join("src/b.rs"),
+        )
+        .unwrap();
+        changed.push(key(&build, "rustc 1.0.0-nightly"));
+        write(&build.crate_dir.join("Cargo.lock"), "version = 3\n");
+        changed.push(key(&build, "rustc 1.0.0-nightly"));
+        for (i, k) in changed.iter().enumerate() {
+            assert_ne!(*k, base, "change {i}");
+            assert!(changed[..i].iter().all(|other| other != k), "change {i}");
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_same_inputs_build_once_whichever_build_asks() {
+        let dir = scratch("once");
+        let build = shipped_build(&dir);
+        let builds = std::sync::atomic::AtomicUsize::new(0);
+        let compile = |copy: &Path| {
+            builds.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let source = fs::read_to_string(copy.join("src/a/mod.rs")).unwrap();
+            Ok(fake_ptx(source.trim()))
+        };
+        // Four builds at once (threads stand in for concurrent cargo invocations): one
+        // compiles, the others wait for its lock and read its PTX.
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| s.spawn(|| build.cached("rustc x", compile).unwrap()))
+                .collect();
+            for h in handles {
+                assert_eq!(h.join().unwrap(), fake_ptx("// a"));
+            }
+        });
+        assert_eq!(builds.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Another profile's build script: its own copy of the sources, the same work dir.
+        let other = PtxBuild {
+            crate_dir: dir.join("elsewhere"),
+            ..build.clone()
+        };
+        sync_dir(build.crate_entries(), &other.crate_dir).unwrap();
+        fs::rename(
+            other.crate_dir.join("Cargo.toml"),
+            other.crate_dir.join("kernels.toml"),
+        )
+        .unwrap();
+        assert_eq!(other.cached("rustc x", compile).unwrap(), fake_ptx("// a"));
+        assert_eq!(builds.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // A changed kernel builds again, and going back to the old one does not.
+        write(&build.crate_dir.join("src/a/mod.rs"), "// a, edited\n");
+        assert_eq!(
+            build.cached("rustc x", compile).unwrap(),
+            fake_ptx("// a, edited")
+        );
+        assert_eq!(builds.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(other.cached("rustc x", compile).unwrap(), fake_ptx("// a"));
+        assert_eq!(builds.load(std::sync::atomic::Ordering::SeqCst), 2);
+        // A failed build keeps nothing.
+        write(&build.crate_dir.join("src/a/mod.rs"), "// broken\n");
+        let fail = |_: &Path| Err(BuildError::Ptx("no kernel entry points".into()));
+        assert!(build.cached("rustc x", fail).is_err());
+        assert_eq!(fs::read_dir(build.work_dir.join("ptx")).unwrap().count(), 2);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_work_dir_keeps_the_most_recently_used_ptx() {
+        let dir = scratch("kept");
+        let cache = PtxCache(dir.join("ptx"));
+        let at = |secs| std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+        for i in 0..KEPT_PTX as u64 + 2 {
+            cache
+                .put(&format!("key{i}"), &fake_ptx(&i.to_string()))
+                .unwrap();
+            let file = fs::File::options()
+                .write(true)
+                .open(cache.path(&format!("key{i}")));
+            file.unwrap().set_modified(at(1_000_000 + i)).unwrap();
+        }
+        // key0 and key1 were the oldest when key8 and key9 came: gone; a read marks key2 used.
+        assert_eq!(cache.get("key0"), None);
+        assert_eq!(cache.get("key1"), None);
+        assert_eq!(cache.get("key2"), Some(fake_ptx("2")));
+        cache.put("key10", &fake_ptx("10")).unwrap();
+        assert_eq!(cache.get("key2"), Some(fake_ptx("2")));
+        assert_eq!(cache.get("key3"), None);
+        let names: Vec<_> = dir_entries(&cache.0)
+            .unwrap()
+            .into_iter()
+            .map(|(_, n)| n)
+            .collect();
+        assert_eq!(names.len(), KEPT_PTX);
+        assert!(
+            names.iter().all(|n| n.to_string_lossy().ends_with(".ptx")),
+            "{names:?}"
+        );
+        // A file that is not whole PTX is not read back.
+        fs::write(cache.path("key10"), "").unwrap();
+        assert_eq!(cache.get("key10"), None);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_lock_is_held_until_dropped() {
+        let dir = scratch("lock");
+        let held = lock(&dir).unwrap();
+        let other = fs::File::options()
+            .write(true)
+            .open(dir.join("lock"))
+            .unwrap();
+        assert!(matches!(
+            other.try_lock(),
+            Err(fs::TryLockError::WouldBlock)
+        ));
+        drop(held);
+        other.try_lock().unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_target_dir_is_the_nearest_with_cargos_tag() {
+        let dir = scratch("target-dir");
+        let out = dir.join("target/x86_64-unknown-linux-gnu/debug/build/h-1/out");
+        fs::create_dir_all(&out).unwrap();
+        assert_eq!(target_dir_of(&out), None);
+        write(&dir.join("target/CACHEDIR.TAG"), "");
+        assert_eq!(target_dir_of(&out), Some(dir.join("target").as_path()));
+        write(&out.join("CACHEDIR.TAG"), "");
+        assert_eq!(target_dir_of(&out), Some(dir.join("target").as_path()));
         fs::remove_dir_all(&dir).unwrap();
     }
 
