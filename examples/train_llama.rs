@@ -1,0 +1,700 @@
+//! Trains a small Llama-style decoder twice from the same initial weights: once with candle-nn's
+//! differentiable ops (`ops::rms_norm_slow`, `rotary_emb::rope_slow`, `silu(gate) * up`) and once
+//! with liger-rs's (`liger_rs::candle::nn::ops::rms_norm`, `rotary_emb::rope`, `ops::silu_mul`),
+//! then prints both loss curves side by side, each run's step time, tokens/s and peak device
+//! memory, and how far apart the two curves are.
+//!
+//! ```sh
+//! cargo run --release --features candle --example train_llama                 # f32 on GPU 0
+//! cargo run --release --features candle --example train_llama -- --dtype bf16
+//! cargo run --release --features candle --example train_llama -- --cpu        # tiny model, CPU
+//! ```
+//!
+//! The model: token embedding, `--layers` pre-norm blocks (RMSNorm → attention with grouped
+//! query heads and RoPE → residual; RMSNorm → SwiGLU MLP → residual), a final RMSNorm and an
+//! untied head, every matrix a `candle_nn::Linear`. Weights are kept in f32 and cast to
+//! `--dtype` in the forward pass (attention softmax and the loss in f32), trained by
+//! `candle_nn::AdamW`.
+//!
+//! The task is generated in code and can be learnt: each sequence is a walk on a fixed random
+//! graph where every token has four possible successors (first half), followed by a copy of the
+//! first half. The best possible loss is about ½·ln 4 ≈ 0.69 nats (the walk's choices; the copy
+//! is fully predictable by attention), against ln(vocab) for a uniform guess.
+//!
+//! In f32 the example fails (exit code 1) if the two loss curves differ by more than 1e-3
+//! (relative) in any of the first 50 steps: the fused ops must train like the ones they replace.
+use candle_core::{D, DType, Device, Result, Tensor, Var};
+use candle_nn::{AdamW, Embedding, Linear, Module, Optimizer, ParamsAdamW};
+use liger_rs::cudarc::driver::sys;
+use std::io::{IsTerminal, Write};
+use std::time::Instant;
+
+/// The three fused ops the two runs differ in; the rest of the model is shared code.
+trait FusedOps {
+    /// Shown in the output.
+    const NAME: &'static str;
+    /// RMSNorm over the last dim, candle-nn's `ops::rms_norm(xs, alpha, eps)`.
+    fn rms_norm(xs: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor>;
+    /// NeoX rotary embedding of `[b, h, t, d]` with `[t, d/2]` tables, `rotary_emb::rope`.
+    fn rope(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor>;
+    /// `silu(gate) · up`.
+    fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor>;
+}
+
+/// candle-nn's differentiable ops: its fast `ops::rms_norm` and `rotary_emb::rope` have no
+/// backward, so a training loop uses the `_slow` forms.
+struct CandleNn;
+
+impl FusedOps for CandleNn {
+    const NAME: &'static str = "candle-nn";
+    fn rms_norm(xs: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor> {
+        candle_nn::ops::rms_norm_slow(xs, alpha, eps)
+    }
+    fn rope(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        candle_nn::rotary_emb::rope_slow(xs, cos, sin)
+    }
+    fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        gate.silu()? * up
+    }
+}
+
+/// liger-rs's fused kernels through its candle-nn-compatible module.
+struct LigerRs;
+
+impl FusedOps for LigerRs {
+    const NAME: &'static str = "liger-rs";
+    fn rms_norm(xs: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor> {
+        liger_rs::candle::nn::ops::rms_norm(xs, alpha, eps)
+    }
+    fn rope(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        liger_rs::candle::nn::rotary_emb::rope(xs, cos, sin)
+    }
+    fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        liger_rs::candle::nn::ops::silu_mul(gate, up)
+    }
+}
+
+/// Model, data and run sizes; every field can be set on the command line (`--name value`).
+#[derive(Clone, Debug)]
+struct Config {
+    layers: usize,
+    hidden: usize,
+    heads: usize,
+    kv_heads: usize,
+    intermediate: usize,
+    vocab: usize,
+    seq: usize,
+    batch: usize,
+    steps: usize,
+    lr: f64,
+    warmup: usize,
+    seed: u64,
+    dtype: DType,
+    cpu: bool,
+    mode: Mode,
+}
+
+/// Which runs to make.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    Both,
+    Candle,
+    Liger,
+}
+
+impl Config {
+    /// The GPU default: 4 layers, hidden 1024, 16 query / 4 key-value heads of 64, sequences of
+    /// 512 in batches of 8.
+    fn gpu() -> Self {
+        Config {
+            layers: 4,
+            hidden: 1024,
+            heads: 16,
+            kv_heads: 4,
+            intermediate: 2816,
+            vocab: 512,
+            seq: 512,
+            batch: 8,
+            steps: 100,
+            lr: 1e-3,
+            warmup: 10,
+            seed: 1,
+            dtype: DType::F32,
+            cpu: false,
+            mode: Mode::Both,
+        }
+    }
+
+    /// The `--cpu` default: the same architecture, small enough for a CPU in seconds.
+    fn cpu() -> Self {
+        Config {
+            layers: 2,
+            hidden: 64,
+            heads: 4,
+            kv_heads: 2,
+            intermediate: 176,
+            vocab: 64,
+            seq: 64,
+            batch: 4,
+            steps: 30,
+            cpu: true,
+            ..Config::gpu()
+        }
+    }
+
+    fn from_args() -> std::result::Result<Self, String> {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let mut cfg = if args.iter().any(|a| a == "--cpu") {
+            Config::cpu()
+        } else {
+            Config::gpu()
+        };
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            if flag == "--cpu" {
+                continue;
+            }
+            if flag == "--help" || flag == "-h" {
+                return Err(String::new());
+            }
+            let value = it.next().ok_or(format!("{flag} needs a value"))?;
+            let int = || {
+                value
+                    .parse::<usize>()
+                    .map_err(|e| format!("{flag} {value}: {e}"))
+            };
+            match flag.as_str() {
+                "--layers" => cfg.layers = int()?,
+                "--hidden" => cfg.hidden = int()?,
+                "--heads" => cfg.heads = int()?,
+                "--kv-heads" => cfg.kv_heads = int()?,
+                "--intermediate" => cfg.intermediate = int()?,
+                "--vocab" => cfg.vocab = int()?,
+                "--seq" => cfg.seq = int()?,
+                "--batch" => cfg.batch = int()?,
+                "--steps" => cfg.steps = int()?,
+                "--warmup" => cfg.warmup = int()?,
+                "--seed" => cfg.seed = int()? as u64,
+                "--lr" => cfg.lr = value.parse().map_err(|e| format!("--lr {value}: {e}"))?,
+                "--dtype" => {
+                    cfg.dtype = match value.as_str() {
+                        "f32" => DType::F32,
+                        "bf16" => DType::BF16,
+                        "f16" => DType::F16,
+                        _ => return Err(format!("--dtype {value}: f32, bf16 or f16")),
+                    }
+                }
+                "--mode" => {
+                    cfg.mode = match value.as_str() {
+                        "both" => Mode::Both,
+                        "candle" => Mode::Candle,
+                        "liger" => Mode::Liger,
+                        _ => return Err(format!("--mode {value}: both, candle or liger")),
+                    }
+                }
+                _ => return Err(format!("unknown flag {flag}")),
+            }
+        }
+        let head_dim = cfg.hidden / cfg.heads.max(1);
+        if cfg.heads == 0
+            || cfg.hidden % cfg.heads != 0
+            || head_dim % 2 != 0
+            || cfg.kv_heads == 0
+            || cfg.heads % cfg.kv_heads != 0
+        {
+            return Err(format!(
+                "--hidden {} --heads {} --kv-heads {}: heads must divide hidden into an even \
+                 head size, and kv-heads must divide heads",
+                cfg.hidden, cfg.heads, cfg.kv_heads
+            ));
+        }
+        if cfg.seq < 4 || cfg.vocab < 8 || cfg.steps == 0 || cfg.batch == 0 {
+            return Err("--seq ≥ 4, --vocab ≥ 8, --steps ≥ 1 and --batch ≥ 1".into());
+        }
+        Ok(cfg)
+    }
+
+    fn head_dim(&self) -> usize {
+        self.hidden / self.heads
+    }
+
+    fn tokens_per_step(&self) -> usize {
+        self.batch * self.seq
+    }
+}
+
+/// SplitMix64: the data and the initial weights are the same on every machine.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
+    /// Uniform in (0, 1).
+    fn unit(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+
+    /// Standard normal (Box–Muller).
+    fn normal(&mut self) -> f64 {
+        let (u, v) = (self.unit(), self.unit());
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    }
+}
+
+/// Successors per token in the random walk: the walk half of each sequence costs ln 4 nats a
+/// token at best.
+const SUCCESSORS: usize = 4;
+
+/// The synthetic task: a fixed graph, and batches drawn from it by step number.
+struct Task {
+    successors: Vec<[u32; SUCCESSORS]>,
+    vocab: usize,
+    seed: u64,
+}
+
+impl Task {
+    fn new(vocab: usize, seed: u64) -> Self {
+        let mut rng = Rng(seed ^ 0x7A5C);
+        let successors = (0..vocab)
+            .map(|_| std::array::from_fn(|_| rng.below(vocab) as u32))
+            .collect();
+        Task {
+            successors,
+            vocab,
+            seed,
+        }
+    }
+
+    /// Inputs `[batch, seq]` and targets `[batch·seq]` (the inputs shifted by one) of `step`.
+    fn batch(&self, cfg: &Config, step: usize, dev: &Device) -> Result<(Tensor, Tensor)> {
+        let mut rng = Rng(self.seed ^ (step as u64).wrapping_mul(0x51_7CC1_B727_220A));
+        let len = cfg.seq + 1;
+        let half = len / 2;
+        let (mut inputs, mut targets) = (Vec::new(), Vec::new());
+        for _ in 0..cfg.batch {
+            let mut tokens = vec![rng.below(self.vocab) as u32];
+            while tokens.len() < half {
+                let last = *tokens.last().expect("starts with one token") as usize;
+                tokens.push(self.successors[last][rng.below(SUCCESSORS)]);
+            }
+            while tokens.len() < len {
+                tokens.push(tokens[tokens.len() - half]);
+            }
+            inputs.extend_from_slice(&tokens[..cfg.seq]);
+            targets.extend_from_slice(&tokens[1..]);
+        }
+        Ok((
+            Tensor::from_vec(inputs, (cfg.batch, cfg.seq), dev)?,
+            Tensor::from_vec(targets, cfg.batch * cfg.seq, dev)?,
+        ))
+    }
+}
+
+/// One initial value per trainable tensor, by name; each run makes its own `Var`s from these.
+fn initial_weights(cfg: &Config) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let mut rng = Rng(cfg.seed);
+    let mut normal = |name: String, shape: Vec<usize>| {
+        let n = shape.iter().product();
+        let values = (0..n).map(|_| (0.02 * rng.normal()) as f32).collect();
+        (name, shape, values)
+    };
+    let ones = |name: String, n: usize| (name, vec![n], vec![1f32; n]);
+    let (h, kv) = (cfg.hidden, cfg.kv_heads * cfg.head_dim());
+    let mut w = vec![normal("embed".into(), vec![cfg.vocab, h])];
+    for l in 0..cfg.layers {
+        w.push(ones(format!("{l}.attn_norm"), h));
+        w.push(normal(format!("{l}.q"), vec![h, h]));
+        w.push(normal(format!("{l}.k"), vec![kv, h]));
+        w.push(normal(format!("{l}.v"), vec![kv, h]));
+        w.push(normal(format!("{l}.o"), vec![h, h]));
+        w.push(ones(format!("{l}.mlp_norm"), h));
+        w.push(normal(format!("{l}.gate"), vec![cfg.intermediate, h]));
+        w.push(normal(format!("{l}.up"), vec![cfg.intermediate, h]));
+        w.push(normal(format!("{l}.down"), vec![h, cfg.intermediate]));
+    }
+    w.push(ones("norm".into(), h));
+    w.push(normal("head".into(), vec![cfg.vocab, h]));
+    w
+}
+
+/// The decoder, generic over the three fused ops.
+struct Model<'a> {
+    cfg: &'a Config,
+    vars: Vec<Var>,
+    /// `[seq, head_dim/2]` in the compute dtype.
+    cos: Tensor,
+    sin: Tensor,
+    /// `[seq, seq]`, −∞ above the diagonal, f32.
+    mask: Tensor,
+}
+
+/// The trainable tensors of one block, in [`initial_weights`]'s order.
+const PER_LAYER: usize = 9;
+const EPS: f32 = 1e-5;
+
+impl<'a> Model<'a> {
+    fn new(cfg: &'a Config, init: &[(String, Vec<usize>, Vec<f32>)], dev: &Device) -> Result<Self> {
+        let vars = init
+            .iter()
+            .map(|(_, shape, values)| Var::from_vec(values.clone(), shape.as_slice(), dev))
+            .collect::<Result<Vec<_>>>()?;
+        let half = cfg.head_dim() / 2;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / cfg.head_dim() as f32))
+            .collect();
+        let positions = Tensor::arange(0u32, cfg.seq as u32, dev)?.to_dtype(DType::F32)?;
+        let freqs = positions
+            .reshape((cfg.seq, 1))?
+            .broadcast_mul(&Tensor::from_vec(inv_freq, (1, half), dev)?)?;
+        let mask: Vec<f32> = (0..cfg.seq)
+            .flat_map(|i| (0..cfg.seq).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 }))
+            .collect();
+        Ok(Model {
+            cfg,
+            vars,
+            cos: freqs.cos()?.to_dtype(cfg.dtype)?,
+            sin: freqs.sin()?.to_dtype(cfg.dtype)?,
+            mask: Tensor::from_vec(mask, (cfg.seq, cfg.seq), dev)?,
+        })
+    }
+
+    /// Var `i` in the compute dtype (a no-op in f32; in f16/bf16 the gradient reaches the f32
+    /// master weight through the cast).
+    fn weight(&self, i: usize) -> Result<Tensor> {
+        self.vars[i].as_tensor().to_dtype(self.cfg.dtype)
+    }
+
+    fn linear(&self, i: usize, xs: &Tensor) -> Result<Tensor> {
+        Linear::new(self.weight(i)?, None).forward(xs)
+    }
+
+    fn attention<O: FusedOps>(&self, base: usize, xs: &Tensor) -> Result<Tensor> {
+        let cfg = self.cfg;
+        let (b, t, d) = (cfg.batch, cfg.seq, cfg.head_dim());
+        let heads = |i: usize, n: usize| -> Result<Tensor> {
+            self.linear(base + i, xs)?
+                .reshape((b, t, n, d))?
+                .transpose(1, 2)?
+                .contiguous()
+        };
+        let q = O::rope(&heads(1, cfg.heads)?, &self.cos, &self.sin)?;
+        let k = O::rope(&heads(2, cfg.kv_heads)?, &self.cos, &self.sin)?;
+        let v = heads(3, cfg.kv_heads)?;
+        // Grouped query attention: each key-value head serves `heads / kv_heads` query heads.
+        let repeat = |x: Tensor| -> Result<Tensor> {
+            let n = cfg.heads / cfg.kv_heads;
+            Tensor::cat(&vec![&x; n], 2)?.reshape((b, cfg.heads, t, d))
+        };
+        let (k, v) = (repeat(k)?, repeat(v)?);
+        let scores = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?
+            .to_dtype(DType::F32)?
+            .broadcast_add(&self.mask)?;
+        let probs = candle_nn::ops::softmax(&scores, D::Minus1)?.to_dtype(cfg.dtype)?;
+        let out = probs
+            .matmul(&v)?
+            .transpose(1, 2)?
+            .reshape((b, t, cfg.hidden))?;
+        self.linear(base + 4, &out)
+    }
+
+    fn mlp<O: FusedOps>(&self, base: usize, xs: &Tensor) -> Result<Tensor> {
+        let gate = self.linear(base + 6, xs)?;
+        let up = self.linear(base + 7, xs)?;
+        self.linear(base + 8, &O::silu_mul(&gate, &up)?)
+    }
+
+    /// Mean cross-entropy of the next-token predictions, f32.
+    fn loss<O: FusedOps>(&self, inputs: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let cfg = self.cfg;
+        let mut xs = Embedding::new(self.weight(0)?, cfg.hidden).forward(inputs)?;
+        for l in 0..cfg.layers {
+            let base = 1 + l * PER_LAYER;
+            let h = O::rms_norm(&xs, &self.weight(base)?, EPS)?;
+            xs = (xs + self.attention::<O>(base, &h)?)?;
+            let h = O::rms_norm(&xs, &self.weight(base + 5)?, EPS)?;
+            xs = (xs + self.mlp::<O>(base, &h)?)?;
+        }
+        let last = 1 + cfg.layers * PER_LAYER;
+        let xs = O::rms_norm(&xs, &self.weight(last)?, EPS)?;
+        let logits = self.linear(last + 1, &xs)?.to_dtype(DType::F32)?;
+        candle_nn::loss::cross_entropy(
+            &logits.reshape((cfg.tokens_per_step(), cfg.vocab))?,
+            targets,
+        )
+    }
+}
+
+/// What one run measured.
+struct Run {
+    name: &'static str,
+    losses: Vec<f32>,
+    /// Seconds per step, the loss read back (so the step's kernels have finished).
+    step_s: Vec<f64>,
+    /// Highest bytes in use in the device's memory pool during the run (where CUDA allocates
+    /// from a pool, as cudarc does when the driver supports it).
+    peak_bytes: Option<u64>,
+}
+
+impl Run {
+    /// Median step time after the first step (which loads kernels and warms the allocator,
+    /// shown on its own).
+    fn median_step_s(&self) -> f64 {
+        let mut t: Vec<f64> = self.step_s.iter().skip(1).copied().collect();
+        if t.is_empty() {
+            return self.step_s[0];
+        }
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    }
+}
+
+/// The device's default memory pool, whose high-water mark gives a run's peak memory.
+struct Pool(sys::CUmemoryPool);
+
+impl Pool {
+    fn of(dev: &Device) -> Option<Self> {
+        let cuda = dev.as_cuda_device().ok()?;
+        let stream = cuda.cuda_stream();
+        let ctx = stream.context();
+        if !ctx.has_async_alloc() {
+            return None;
+        }
+        ctx.bind_to_thread().ok()?;
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: `pool` is a valid out-pointer and the device handle comes from a live context.
+        let rc = unsafe { sys::cuDeviceGetMemPool(&mut pool, ctx.cu_device()) };
+        (rc == sys::CUresult::CUDA_SUCCESS).then_some(Pool(pool))
+    }
+
+    /// Restarts the high-water mark at the bytes in use now.
+    fn reset_peak(&self) {
+        let mut zero = 0u64;
+        // SAFETY: USED_MEM_HIGH takes a u64 and accepts only 0 (reset); the pool is the
+        // device's, alive as long as the context.
+        unsafe {
+            sys::cuMemPoolSetAttribute(
+                self.0,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                (&mut zero as *mut u64).cast(),
+            );
+        }
+    }
+
+    fn peak(&self) -> Option<u64> {
+        let mut bytes = 0u64;
+        // SAFETY: USED_MEM_HIGH writes one u64.
+        let rc = unsafe {
+            sys::cuMemPoolGetAttribute(
+                self.0,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                (&mut bytes as *mut u64).cast(),
+            )
+        };
+        (rc == sys::CUresult::CUDA_SUCCESS).then_some(bytes)
+    }
+}
+
+/// A one-line progress bar on a terminal, a line every tenth of the run otherwise.
+fn progress(name: &str, step: usize, steps: usize, loss: f32, tokens_per_s: f64) {
+    let done = step + 1;
+    let line = format!(
+        "{name:>9} [{:<30}] {done:>4}/{steps} loss {loss:.4} {:.1}k tokens/s",
+        "#".repeat(30 * done / steps),
+        tokens_per_s / 1e3
+    );
+    let mut err = std::io::stderr();
+    if err.is_terminal() {
+        let _ = write!(err, "\r{line}");
+        if done == steps {
+            let _ = writeln!(err);
+        }
+    } else if done == steps || done.is_multiple_of(steps.div_ceil(10)) {
+        let _ = writeln!(err, "{line}");
+    }
+}
+
+fn train<O: FusedOps>(
+    cfg: &Config,
+    init: &[(String, Vec<usize>, Vec<f32>)],
+    task: &Task,
+    dev: &Device,
+) -> Result<Run> {
+    let pool = Pool::of(dev);
+    let model = Model::new(cfg, init, dev)?;
+    let params = ParamsAdamW {
+        lr: cfg.lr,
+        ..ParamsAdamW::default()
+    };
+    let mut opt = AdamW::new(model.vars.clone(), params)?;
+    dev.synchronize()?;
+    if let Some(pool) = &pool {
+        pool.reset_peak();
+    }
+    let (mut losses, mut step_s) = (Vec::new(), Vec::new());
+    for step in 0..cfg.steps {
+        let start = Instant::now();
+        opt.set_learning_rate(cfg.lr * ((step + 1) as f64 / cfg.warmup.max(1) as f64).min(1.0));
+        let (inputs, targets) = task.batch(cfg, step, dev)?;
+        let loss = model.loss::<O>(&inputs, &targets)?;
+        opt.backward_step(&loss)?;
+        let loss = loss.to_scalar::<f32>()?;
+        step_s.push(start.elapsed().as_secs_f64());
+        losses.push(loss);
+        progress(
+            O::NAME,
+            step,
+            cfg.steps,
+            loss,
+            cfg.tokens_per_step() as f64 / step_s[step],
+        );
+    }
+    dev.synchronize()?;
+    Ok(Run {
+        name: O::NAME,
+        losses,
+        step_s,
+        peak_bytes: pool.and_then(|p| p.peak()),
+    })
+}
+
+/// Steps over which the f32 curves must agree, and how closely (relative).
+const AGREE_STEPS: usize = 50;
+const AGREE_F32: f64 = 1e-3;
+
+fn relative_gap(a: f32, b: f32) -> f64 {
+    ((a as f64) - (b as f64)).abs() / (a as f64).abs().max(f64::MIN_POSITIVE)
+}
+
+fn report(cfg: &Config, runs: &[Run]) -> bool {
+    println!();
+    if let [a, b] = runs {
+        println!("step  {:>10}  {:>10}  relative gap", a.name, b.name);
+        for (i, (x, y)) in a.losses.iter().zip(&b.losses).enumerate() {
+            println!(
+                "{:>4}  {x:>10.6}  {y:>10.6}  {:.2e}",
+                i + 1,
+                relative_gap(*x, *y)
+            );
+        }
+    } else {
+        for run in runs {
+            println!("step  {:>10}", run.name);
+            for (i, x) in run.losses.iter().enumerate() {
+                println!("{:>4}  {x:>10.6}", i + 1);
+            }
+        }
+    }
+    println!();
+    println!(
+        "{:>9}  {:>15}  {:>12}  {:>12}  {:>16}  {:>10}",
+        "ops", "first step (s)", "step (ms)", "tokens/s", "peak memory", "final loss"
+    );
+    for run in runs {
+        let peak = run.peak_bytes.map_or("n/a".to_string(), |b| {
+            format!("{:.0} MiB", b as f64 / (1 << 20) as f64)
+        });
+        let step = run.median_step_s();
+        println!(
+            "{:>9}  {:>15.2}  {:>12.2}  {:>12.0}  {:>16}  {:>10.4}",
+            run.name,
+            run.step_s[0],
+            step * 1e3,
+            cfg.tokens_per_step() as f64 / step,
+            peak,
+            run.losses.last().copied().unwrap_or(f32::NAN)
+        );
+    }
+    println!(
+        "uniform guess: {:.4} (ln {}); best possible ≈ {:.4} (½ ln {SUCCESSORS})",
+        (cfg.vocab as f64).ln(),
+        cfg.vocab,
+        0.5 * (SUCCESSORS as f64).ln()
+    );
+    let [a, b] = runs else { return true };
+    let n = AGREE_STEPS.min(a.losses.len());
+    let gap = (0..n)
+        .map(|i| relative_gap(a.losses[i], b.losses[i]))
+        .fold(0f64, f64::max);
+    let last = a.losses.len() - 1;
+    println!(
+        "largest relative gap over the first {n} steps: {gap:.2e}; at the last step: {:.2e}",
+        relative_gap(a.losses[last], b.losses[last])
+    );
+    if cfg.dtype == DType::F32 && gap > AGREE_F32 {
+        println!("FAIL: in f32 the curves must agree within {AGREE_F32:e}");
+        return false;
+    }
+    true
+}
+
+fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    let cfg = match Config::from_args() {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("{e}");
+            }
+            eprintln!(
+                "usage: train_llama [--cpu] [--dtype f32|bf16|f16] [--mode both|candle|liger] \
+                 [--steps N] [--layers N] [--hidden N] [--heads N] [--kv-heads N] \
+                 [--intermediate N] [--vocab N] [--seq N] [--batch N] [--lr X] [--warmup N] \
+                 [--seed N]"
+            );
+            std::process::exit(2);
+        }
+    };
+    let dev = if cfg.cpu {
+        Device::Cpu
+    } else {
+        match Device::new_cuda(0) {
+            Ok(dev) => dev,
+            Err(e) => {
+                eprintln!("no CUDA device ({e}); `--cpu` trains a tiny model on the CPU instead");
+                std::process::exit(1);
+            }
+        }
+    };
+    let head_dim = cfg.head_dim();
+    println!(
+        "{} layers, hidden {}, {} query / {} key-value heads of {head_dim}, intermediate {}, \
+         vocab {}; batch {} × {} tokens; {} steps of AdamW (lr {}, {} warm-up); {:?} on {}",
+        cfg.layers,
+        cfg.hidden,
+        cfg.heads,
+        cfg.kv_heads,
+        cfg.intermediate,
+        cfg.vocab,
+        cfg.batch,
+        cfg.seq,
+        cfg.steps,
+        cfg.lr,
+        cfg.warmup,
+        cfg.dtype,
+        if cfg.cpu { "the CPU" } else { "GPU 0" }
+    );
+    let init = initial_weights(&cfg);
+    let params: usize = init.iter().map(|(_, _, v)| v.len()).sum();
+    println!("{:.1} M parameters", params as f64 / 1e6);
+    let task = Task::new(cfg.vocab, cfg.seed);
+    let mut runs = Vec::new();
+    if cfg.mode != Mode::Liger {
+        runs.push(train::<CandleNn>(&cfg, &init, &task, &dev)?);
+    }
+    if cfg.mode != Mode::Candle {
+        runs.push(train::<LigerRs>(&cfg, &init, &task, &dev)?);
+    }
+    if !report(&cfg, &runs) {
+        std::process::exit(1);
+    }
+    Ok(())
+}
