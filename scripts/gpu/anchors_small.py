@@ -1,15 +1,16 @@
 """Small-shape anchors, timed the way `cargo bench` times liger-rs (benches/ops.rs).
 
-The shared anchors.py uses triton's do_bench, which flushes the L2 cache before every call; the
-small shapes here fit in the 60 MB L2, and for them launch overhead is part of what a training
-step pays. So each call is bracketed by its own pair of CUDA events, back to back with no flush
-(10 warm-up calls, 100 timed, median), exactly as benches/ops.rs does: host launch overhead that
-leaves the GPU idle counts, for Liger's Python/Triton launch as for ours.
+The large-shape anchors in BENCHMARKS.md use triton's do_bench, which flushes the L2 cache before
+every call; the small shapes here fit in the 60 MB L2, and for them launch overhead is part of
+what a training step pays. So each call is bracketed by its own pair of CUDA events, back to
+back with no flush (10 warm-up calls, 100 timed, median), exactly as benches/ops.rs does: host
+launch overhead that leaves the GPU idle counts, for Liger's Python/Triton launch as for ours.
 
-Usage on the device (after ../shared/gpu/stage --anchors, which stages the Liger wheel):
-    python3 -m pip install -q --no-index --no-deps --target /tmp/liger .gpu/anchors/*.whl
+Usage on a GPU machine with torch and triton (Liger-Kernel 0.8.5 for `liger`):
+    python3 -m pip install -q --no-deps --target /tmp/liger liger-kernel==0.8.5
     PYTHONPATH=/tmp/liger python3 scripts/gpu/anchors_small.py torch|compile|liger
-Prints CSV rows: impl, op, shape, dtype, median µs, GB/s on the minimum bytes (DESIGN.md §5)."""
+Prints CSV rows: impl, op, shape, dtype, median µs, GB/s on the minimum bytes each op must move
+(as `cargo bench` counts them: BENCHMARKS.md, "Large shapes")."""
 import sys
 import torch
 

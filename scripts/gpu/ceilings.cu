@@ -1,7 +1,7 @@
-// What plain streaming kernels reach on the access pattern and byte count of each DESIGN.md §5
-// row that `cargo bench` reports below 90 % of the 1 GiB copy: the ceiling those rows are
-// measured against in PERFORMANCE.md ("seventh session"). CUDA C on purpose: it runs on the
-// device machine, which has nvcc and no Rust.
+// What plain streaming kernels reach on the access pattern and byte count of the `cargo bench`
+// rows nearest to or below 90 % of the 1 GiB copy: the ceiling those rows are measured against
+// (PERFORMANCE.md, "Bytes moved and ceilings"; BENCHMARKS.md, "Ceilings"). CUDA C on purpose:
+// it needs nvcc and no Rust, so it runs on a GPU machine without a Rust toolchain.
 //
 //   nvcc -O3 -arch=sm_90 -o /tmp/ceilings scripts/gpu/ceilings.cu && /tmp/ceilings
 //
