@@ -560,17 +560,41 @@ fn weight_ptr<'a, T>(
 /// `stream`, no allocation, no synchronisation. `y` and `rstd` must not overlap the inputs.
 ///
 /// ```no_run
-/// use liger_rs::{RmsNormArgs, rms_norm_forward};
+/// use liger_rs::{RmsNormArgs, half::bf16, rms_norm_forward};
 /// let ctx = liger_rs::cuda_context(0)?;
 /// let stream = ctx.default_stream();
 /// let (rows, cols) = (8, 4096);
-/// let x = stream.clone_htod(&vec![half::bf16::ONE; rows * cols])?;
-/// let w = stream.clone_htod(&vec![half::bf16::ONE; cols])?;
-/// let mut y = stream.alloc_zeros::<half::bf16>(rows * cols)?;
+/// let x = stream.clone_htod(&vec![bf16::ONE; rows * cols])?;
+/// let w = stream.clone_htod(&vec![bf16::ONE; cols])?;
+/// let mut y = stream.alloc_zeros::<bf16>(rows * cols)?;
 /// let mut rstd = stream.alloc_zeros::<f32>(rows)?;
 /// rms_norm_forward(&stream, &RmsNormArgs::new(rows, cols), &x, Some(&w.as_view()), &mut y, &mut rstd)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Outputs
+///
+/// Overwritten, never accumulated into: `y` (the `cols` elements of each row; elements between
+/// rows, where `y_stride > cols`, are not written) and the first `rows` elements of `rstd`.
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.cols` is 0, `args.eps` is
+///   negative or not finite, `args.offset` is not finite, a stride is below `cols` or its rows span
+///   past `usize`; `x`, `y` or `rstd` is shorter than its rows need, or `weight` is not `cols`
+///   long. Each error names the argument and, where it has one, the expected value.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `x`, `weight`, `y` or `rstd` belongs to
+///   another CUDA context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `y` or `rstd` overlaps `x`, `weight` or the
+///   other.
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
+///   the stream's context (the first call there) or the launch, which also fails once an earlier
+///   kernel has faulted in the context.
 pub fn rms_norm_forward<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &RmsNormArgs,
@@ -673,6 +697,35 @@ pub fn rms_norm_forward<T: Dtype>(
 /// rms_norm_backward(&stream, &args, &dy, &x, Some(&w.as_view()), &rstd, &mut dx, Some(&mut dw.as_view_mut()))?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Outputs
+///
+/// Overwritten, never accumulated into: `dx` (the `cols` elements of each row) and `dw`, which
+/// receives this call's dW alone (zeros when `rows` is 0). Training code that accumulates weight
+/// gradients over micro-batches adds `dw` into its own accumulator after each call.
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.cols` is 0, `args.eps` is
+///   negative or not finite, `args.offset` is not finite, a stride is below `cols` or its rows span
+///   past `usize`; `dy`, `x`, `dx` or `rstd` is shorter than its rows need; `weight` or `dw` is not
+///   `cols` long; or `dw` is given without a weight or missing with one. Each error names the
+///   argument and, where it has one, the expected value.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `dy`, `x`, `weight`, `rstd`, `dx` or `dw`
+///   belongs to another CUDA context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `dx` or `dw` overlaps `dy`, `x`, `weight`, `rstd`
+///   or the other.
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
+///   the stream's context (the first call there), the stream-ordered allocation of the dW scratch
+///   (the first call on a stream that needs more than it keeps, and every call during a graph
+///   capture), or a launch, which also fails once an earlier kernel has faulted in the context.
+///   With a weight the backward and then the dW reduction are launched: where the second fails,
+///   `dx` is written and `dw` is not.
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm_backward<T: Dtype>(
     stream: &Arc<CudaStream>,
@@ -711,6 +764,36 @@ pub fn rms_norm_backward<T: Dtype>(
 /// rms_norm_backward_inplace(&stream, &args, &mut dy, &x, Some(&w.as_view()), &rstd, Some(&mut dw.as_view_mut()))?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Outputs
+///
+/// Overwritten, never accumulated into: `dy_dx` (dX written over dY: the `cols` elements of each
+/// row) (the `cols` elements of each row) and `dw`, which receives this call's dW alone (zeros when
+/// `rows` is 0). Training code that accumulates weight gradients over micro-batches adds `dw` into
+/// its own accumulator after each call.
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.cols` is 0, `args.eps` is
+///   negative or not finite, `args.offset` is not finite, a stride is below `cols` or its rows span
+///   past `usize`; `dy_dx`, `x` or `rstd` is shorter than its rows need; `weight` or `dw` is not
+///   `cols` long; or `dw` is given without a weight or missing with one. Each error names the
+///   argument and, where it has one, the expected value.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `dy_dx`, `x`, `weight`, `rstd` or `dw`
+///   belongs to another CUDA context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `dy_dx` or `dw` overlaps `x`, `weight`, `rstd` or
+///   the other.
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
+///   the stream's context (the first call there), the stream-ordered allocation of the dW scratch
+///   (the first call on a stream that needs more than it keeps, and every call during a graph
+///   capture), or a launch, which also fails once an earlier kernel has faulted in the context.
+///   With a weight the backward and then the dW reduction are launched: where the second fails,
+///   `dy_dx` is written and `dw` is not.
 pub fn rms_norm_backward_inplace<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &RmsNormArgs,

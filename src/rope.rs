@@ -319,7 +319,7 @@ pub enum PositionIds<'a> {
 ///
 /// ```no_run
 /// use liger_rs::{CosSinLayout, RopeArgs, rope_forward};
-/// use half::bf16;
+/// use liger_rs::half::bf16;
 /// let ctx = liger_rs::cuda_context(0)?;
 /// let stream = ctx.default_stream();
 /// let (b, s, hq, hk, d) = (2, 16, 8, 2, 128);
@@ -339,6 +339,33 @@ pub enum PositionIds<'a> {
 /// rope_forward(&stream, &args, &mut q, &mut k, &cos, &sin, &CosSinLayout::PerPosition)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Outputs
+///
+/// `q` and `k` are overwritten in place: dims `0..rotary_dim` of every head; dims past `rotary_dim`
+/// are not written.
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.head_dim` is 0 or odd,
+///   `args.rotary_dim` is 0, odd or above `head_dim`, `args.q_heads` or `args.k_heads` is 0,
+///   (q_heads + k_heads) × rotary_dim / 2 reaches 2³¹ or a length overflows `usize`; `q` or `k` is
+///   not exactly its shape's length; `cos` does not have the length `layout` needs (`sin` must
+///   match it), device position ids are not `batch × seq_len` long, or a host position id lies
+///   outside the table. Each error names the argument and, where it has one, the expected value.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `q`, `k`, `cos`, `sin` or device position
+///   ids belong to another CUDA context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `q` or `k` overlaps the other, `cos`, `sin` or
+///   device position ids.
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
+///   the stream's context (the first call there), uploading host position ids (a stream-ordered
+///   allocation and a copy), or the launch, which also fails once an earlier kernel has faulted in
+///   the context.
 pub fn rope_forward<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &RopeArgs,
@@ -374,6 +401,33 @@ pub fn rope_forward<T: Dtype>(
 /// rope_backward(&stream, &args, &mut dq, &mut dk, &cos, &sin, &layout)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Outputs
+///
+/// `dq` and `dk` are overwritten in place: dims `0..rotary_dim` of every head; dims past
+/// `rotary_dim` are not written.
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.head_dim` is 0 or odd,
+///   `args.rotary_dim` is 0, odd or above `head_dim`, `args.q_heads` or `args.k_heads` is 0,
+///   (q_heads + k_heads) × rotary_dim / 2 reaches 2³¹ or a length overflows `usize`; `dq` or `dk`
+///   is not exactly its shape's length; `cos` does not have the length `layout` needs (`sin` must
+///   match it), device position ids are not `batch × seq_len` long, or a host position id lies
+///   outside the table. Each error names the argument and, where it has one, the expected value.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `dq`, `dk`, `cos`, `sin` or device
+///   position ids belong to another CUDA context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `dq` or `dk` overlaps the other, `cos`, `sin` or
+///   device position ids.
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
+///   the stream's context (the first call there), uploading host position ids (a stream-ordered
+///   allocation and a copy), or the launch, which also fails once an earlier kernel has faulted in
+///   the context.
 pub fn rope_backward<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &RopeArgs,
@@ -527,6 +581,34 @@ fn rope<T: Dtype>(
 /// rope_forward_into(&stream, &args, &q, &k, &cos, &sin, &CosSinLayout::PerPosition, &mut q_rot, &mut k_rot)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Outputs
+///
+/// `q_out` and `k_out` are overwritten whole: the rotated dims, and dims past `rotary_dim` copied
+/// from `q` and `k`, which are only read.
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.head_dim` is 0 or odd,
+///   `args.rotary_dim` is 0, odd or above `head_dim`, `args.q_heads` or `args.k_heads` is 0,
+///   (q_heads + k_heads) × rotary_dim / 2 or (q_heads + k_heads) × head_dim reaches 2³¹, or a
+///   length overflows `usize`; `q`, `k`, `q_out` or `k_out` is not exactly its shape's length;
+///   `cos` does not have the length `layout` needs (`sin` must match it), device position ids are
+///   not `batch × seq_len` long, or a host position id lies outside the table. Each error names the
+///   argument and, where it has one, the expected value.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `q`, `k`, `cos`, `sin`, device position
+///   ids, `q_out` or `k_out` belong to another CUDA context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `q_out` or `k_out` overlaps the other, `q`, `k`,
+///   `cos`, `sin` or device position ids.
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
+///   the stream's context (the first call there), uploading host position ids (a stream-ordered
+///   allocation and a copy), or the launch, which also fails once an earlier kernel has faulted in
+///   the context.
 #[allow(clippy::too_many_arguments)]
 pub fn rope_forward_into<T: Dtype>(
     stream: &Arc<CudaStream>,
@@ -559,6 +641,34 @@ pub fn rope_forward_into<T: Dtype>(
 /// rope_backward_into(&stream, &args, &dq, &dk, &cos, &sin, &CosSinLayout::PerPosition, &mut gq, &mut gk)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Outputs
+///
+/// `dq_out` and `dk_out` are overwritten whole: the rotated dims, and dims past `rotary_dim` copied
+/// from `dq` and `dk`, which are only read.
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.head_dim` is 0 or odd,
+///   `args.rotary_dim` is 0, odd or above `head_dim`, `args.q_heads` or `args.k_heads` is 0,
+///   (q_heads + k_heads) × rotary_dim / 2 or (q_heads + k_heads) × head_dim reaches 2³¹, or a
+///   length overflows `usize`; `dq`, `dk`, `dq_out` or `dk_out` is not exactly its shape's length;
+///   `cos` does not have the length `layout` needs (`sin` must match it), device position ids are
+///   not `batch × seq_len` long, or a host position id lies outside the table. Each error names the
+///   argument and, where it has one, the expected value.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `dq`, `dk`, `cos`, `sin`, device position
+///   ids, `dq_out` or `dk_out` belong to another CUDA context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `dq_out` or `dk_out` overlaps the other, `dq`,
+///   `dk`, `cos`, `sin` or device position ids.
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
+///   the stream's context (the first call there), uploading host position ids (a stream-ordered
+///   allocation and a copy), or the launch, which also fails once an earlier kernel has faulted in
+///   the context.
 #[allow(clippy::too_many_arguments)]
 pub fn rope_backward_into<T: Dtype>(
     stream: &Arc<CudaStream>,

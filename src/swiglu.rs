@@ -507,7 +507,7 @@ fn launch_backward<T: Dtype>(
 ///
 /// ```no_run
 /// use liger_rs::{SwigluArgs, swiglu_forward};
-/// use half::bf16;
+/// use liger_rs::half::bf16;
 /// let ctx = liger_rs::cuda_context(0)?;
 /// let stream = ctx.default_stream();
 /// let (rows, cols) = (8, 14336);
@@ -517,6 +517,28 @@ fn launch_backward<T: Dtype>(
 /// swiglu_forward(&stream, &SwigluArgs::new(rows, cols), &gate, &up, &mut c)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Outputs
+///
+/// `c` is overwritten (the `cols` elements of each row; elements between rows are not written).
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.cols` is 0,
+///   `args.gate_multiplier` or `args.down_multiplier` is not finite, a stride is below its row's
+///   width or its rows span past `usize`; or `a`, `b` or `c` is shorter than its rows need. Each
+///   error names the argument and, where it has one, the expected value.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `a`, `b` or `c` belongs to another CUDA
+///   context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `c` overlaps `a` or `b`.
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
+///   the stream's context (the first call there) or the launch, which also fails once an earlier
+///   kernel has faulted in the context.
 pub fn swiglu_forward<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &SwigluArgs,
@@ -568,6 +590,29 @@ pub fn swiglu_forward<T: Dtype>(
 /// swiglu_forward_fused(&stream, &SwigluArgs::fused(rows, cols), &gate_up, &mut c)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Outputs
+///
+/// `c` is overwritten (the `cols` elements of each row; elements between rows are not written).
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.cols` is 0,
+///   `args.gate_multiplier` or `args.down_multiplier` is not finite, a stride is below its row's
+///   width or its rows span past `usize` (`args.a_stride` below 2 × `cols` included); or `gate_up`
+///   or `c` is shorter than its rows need. Each error names the argument and, where it has one, the
+///   expected value.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `gate_up` or `c` belongs to another CUDA
+///   context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `c` overlaps `gate_up`.
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
+///   the stream's context (the first call there) or the launch, which also fails once an earlier
+///   kernel has faulted in the context.
 pub fn swiglu_forward_fused<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &SwigluArgs,
@@ -607,7 +652,7 @@ pub fn swiglu_forward_fused<T: Dtype>(
 ///
 /// ```no_run
 /// use liger_rs::{SwigluArgs, swiglu_backward};
-/// use half::bf16;
+/// use liger_rs::half::bf16;
 /// let ctx = liger_rs::cuda_context(0)?;
 /// let stream = ctx.default_stream();
 /// let (rows, cols) = (8, 14336);
@@ -618,6 +663,30 @@ pub fn swiglu_forward_fused<T: Dtype>(
 /// swiglu_backward(&stream, &SwigluArgs::new(rows, cols), &dc, &a, &b, &mut da, &mut db)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Outputs
+///
+/// Overwritten, never accumulated into: `da` and `db` (the `cols` elements of each row; elements
+/// between rows are not written).
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.cols` is 0,
+///   `args.gate_multiplier` or `args.down_multiplier` is not finite, a stride is below its row's
+///   width or its rows span past `usize`; or `dc`, `a`, `b`, `da` or `db` is shorter than its rows
+///   need. Each error names the argument and, where it has one, the expected value.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `dc`, `a`, `b`, `da` or `db` belongs to
+///   another CUDA context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `da` or `db` overlaps the other, `dc`, `a` or
+///   `b`.
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
+///   the stream's context (the first call there) or the launch, which also fails once an earlier
+///   kernel has faulted in the context.
 pub fn swiglu_backward<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &SwigluArgs,
@@ -687,6 +756,29 @@ pub fn swiglu_backward<T: Dtype>(
 /// swiglu_backward_inplace(&stream, &args, &dc, &mut a, &mut b)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Outputs
+///
+/// `a` and `b` are overwritten with `da` and `db` (the `cols` elements of each row; elements
+/// between rows are not written).
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.cols` is 0,
+///   `args.gate_multiplier` or `args.down_multiplier` is not finite, a stride is below its row's
+///   width or its rows span past `usize`; or `dc`, `a` or `b` is shorter than its rows need. Each
+///   error names the argument and, where it has one, the expected value.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `dc`, `a` or `b` belongs to another CUDA
+///   context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `a` or `b` overlaps the other or `dc`.
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
+///   the stream's context (the first call there) or the launch, which also fails once an earlier
+///   kernel has faulted in the context.
 pub fn swiglu_backward_inplace<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &SwigluArgs,
@@ -742,6 +834,30 @@ pub fn swiglu_backward_inplace<T: Dtype>(
 /// swiglu_backward_fused(&stream, &SwigluArgs::fused(rows, cols), &dc, &gate_up, &mut d_gate_up)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Outputs
+///
+/// `d_gate_up` is overwritten, never accumulated into: `da` and `db` in the `2 × cols` elements of
+/// each row (elements between rows are not written).
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.cols` is 0,
+///   `args.gate_multiplier` or `args.down_multiplier` is not finite, a stride is below its row's
+///   width or its rows span past `usize` (`args.a_stride` below 2 × `cols` included); or `dc`,
+///   `gate_up` or `d_gate_up` is shorter than its rows need. Each error names the argument and,
+///   where it has one, the expected value.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `dc`, `gate_up` or `d_gate_up` belongs to
+///   another CUDA context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `d_gate_up` overlaps `dc` or `gate_up`.
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
+///   the stream's context (the first call there) or the launch, which also fails once an earlier
+///   kernel has faulted in the context.
 pub fn swiglu_backward_fused<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &SwigluArgs,
@@ -788,7 +904,7 @@ pub fn swiglu_backward_fused<T: Dtype>(
 ///
 /// ```no_run
 /// use liger_rs::{SwigluArgs, swiglu_backward_fused_inplace};
-/// use half::f16;
+/// use liger_rs::half::f16;
 /// let ctx = liger_rs::cuda_context(0)?;
 /// let stream = ctx.default_stream();
 /// let (rows, cols) = (8, 11008);
@@ -797,6 +913,30 @@ pub fn swiglu_backward_fused<T: Dtype>(
 /// swiglu_backward_fused_inplace(&stream, &SwigluArgs::fused(rows, cols), &dc, &mut gate_up)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Outputs
+///
+/// `gate_up` is overwritten with the fused gradient: `da` and `db` in the `2 × cols` elements of
+/// each row (elements between rows are not written).
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.cols` is 0,
+///   `args.gate_multiplier` or `args.down_multiplier` is not finite, a stride is below its row's
+///   width or its rows span past `usize` (`args.a_stride` below 2 × `cols` included); or `dc` or
+///   `gate_up` is shorter than its rows need. Each error names the argument and, where it has one,
+///   the expected value.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `dc` or `gate_up` belongs to another CUDA
+///   context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `gate_up` overlaps `dc`.
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
+///   the stream's context (the first call there) or the launch, which also fails once an earlier
+///   kernel has faulted in the context.
 pub fn swiglu_backward_fused_inplace<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &SwigluArgs,
