@@ -20,8 +20,7 @@
 //!   argument and the expected value; a missing driver or GPU is an `Err`, never a panic.
 //!
 //! ```no_run
-//! use liger_rs::{RmsNormArgs, rms_norm_backward_inplace, rms_norm_forward};
-//! use half::bf16;
+//! use liger_rs::{RmsNormArgs, half::bf16, rms_norm_backward_inplace, rms_norm_forward};
 //!
 //! let ctx = liger_rs::cuda_context(0)?;
 //! let stream = ctx.default_stream();
@@ -115,3 +114,9 @@ pub use swiglu::{
     SwigluArgs, swiglu_backward, swiglu_backward_fused, swiglu_backward_fused_inplace,
     swiglu_backward_inplace, swiglu_forward, swiglu_forward_fused,
 };
+
+/// The README's Rust snippets, compiled as doc tests with the `candle` feature that its candle
+/// snippets need (`cargo test --features candle`, which CI runs).
+#[cfg(all(doctest, feature = "candle"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

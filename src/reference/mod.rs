@@ -21,7 +21,7 @@ use std::fmt::Debug;
 ///
 /// ```
 /// use liger_rs::reference::Element;
-/// use half::bf16;
+/// use liger_rs::half::bf16;
 /// // 1 + 2⁻⁸ is half-way between two bf16 values: ties go to even.
 /// assert_eq!(bf16::cast(1.0 + 2f64.powi(-8)), 1.0);
 /// assert_eq!(bf16::cast_f32(1.0 + 2f64.powi(-30)), 1.0); // the f32 cast point
