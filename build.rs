@@ -40,8 +40,7 @@ fn main() {
         }
         return;
     }
-    // Without Cargo's tag above OUT_DIR (a target directory it did not create), each
-    // profile builds in its own.
+    // Where OUT_DIR is not laid out as Cargo lays it out, each profile builds in its own.
     let shared = target_dir_of(&out).map_or_else(|| out.clone(), |t| t.join("liger-rs-kernels"));
     let build = PtxBuild {
         crate_dir: root.join(SHIPPED_CRATE),

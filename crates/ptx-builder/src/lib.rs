@@ -65,30 +65,32 @@ const BUILDER_SOURCE: &str = include_str!("lib.rs");
 /// device crate that builds switch between, bounded for one that is edited often.
 const KEPT_PTX: usize = 8;
 
-/// The file Cargo writes into the target directories it creates (a cache directory tag).
-const CARGO_TARGET_TAG: &str = "CACHEDIR.TAG";
-
-/// The target directory a build script's `OUT_DIR` lies in: the nearest directory above it
-/// with the `CACHEDIR.TAG` file Cargo writes into target (and build) directories. Every
-/// profile, feature set and target triple built into that directory has its own `OUT_DIR`
-/// below it, so a [`PtxBuild::work_dir`] there is shared by all of them. `None` where no
-/// directory above has that file.
+/// The target directory that holds a build script's `OUT_DIR`, read from the path: `OUT_DIR` is
+/// `<dir>/<profile>/build/<package>-<hash>/out` (or `…/build/<package>/<hash>/out`), and this
+/// returns `<dir>`: the target directory, or its `<triple>/` where `--target` is given. Every profile and feature set built there has its own
+/// `OUT_DIR` below it, so a [`PtxBuild::work_dir`] in it is shared by all of them. `None` where
+/// `out_dir` is not laid out so.
 ///
 /// ```
-/// # let dir = std::env::temp_dir().join(format!("target-dir-of-doc-{}", std::process::id()));
-/// # let target = dir.join("target");
-/// # let out = target.join("release/build/host-0123abcd/out");
-/// # std::fs::create_dir_all(&out).unwrap();
-/// # std::fs::write(target.join("CACHEDIR.TAG"), "").unwrap();
-/// // out = target/release/build/host-0123abcd/out, with target/CACHEDIR.TAG
-/// assert_eq!(liger_ptx_builder::target_dir_of(&out), Some(target.as_path()));
-/// # std::fs::remove_dir_all(&dir).unwrap();
+/// use std::path::Path;
+/// use liger_ptx_builder::target_dir_of;
+/// let out = Path::new("/work/target/release/build/host-0123abcd/out");
+/// assert_eq!(target_dir_of(out), Some(Path::new("/work/target")));
+/// let cross = Path::new("/work/target/x86_64-unknown-linux-gnu/debug/build/host-0123abcd/out");
+/// assert_eq!(target_dir_of(cross), Some(Path::new("/work/target/x86_64-unknown-linux-gnu")));
+/// assert_eq!(target_dir_of(Path::new("/tmp/out")), None);
 /// ```
 pub fn target_dir_of(out_dir: &Path) -> Option<&Path> {
-    out_dir
+    // Cargo names the directory of build script runs `build`, whatever the directory names above.
+    let build = out_dir
         .ancestors()
-        .skip(1)
-        .find(|dir| dir.join(CARGO_TARGET_TAG).is_file())
+        .skip(2)
+        .take(2)
+        .find(|dir| dir.file_name().is_some_and(|name| name == "build"))?;
+    build
+        .parent()?
+        .parent()
+        .filter(|dir| dir.parent().is_some())
 }
 
 /// How to build one device crate.
@@ -931,16 +933,16 @@ mod tests {
     }
 
     #[test]
-    fn the_target_dir_is_the_nearest_with_cargos_tag() {
-        let dir = scratch("target-dir");
-        let out = dir.join("target/x86_64-unknown-linux-gnu/debug/build/h-1/out");
-        fs::create_dir_all(&out).unwrap();
-        assert_eq!(target_dir_of(&out), None);
-        write(&dir.join("target/CACHEDIR.TAG"), "");
-        assert_eq!(target_dir_of(&out), Some(dir.join("target").as_path()));
-        write(&out.join("CACHEDIR.TAG"), "");
-        assert_eq!(target_dir_of(&out), Some(dir.join("target").as_path()));
-        fs::remove_dir_all(&dir).unwrap();
+    fn the_target_dir_is_the_one_above_the_profiles() {
+        let of = |out: &'static str| target_dir_of(Path::new(out));
+        let target = Some(Path::new("/p/target"));
+        assert_eq!(of("/p/target/debug/build/h-1/out"), target);
+        // Cargo's new build-dir layout: a directory per package, one per hash below it.
+        assert_eq!(of("/p/target/debug/build/h/1/out"), target);
+        // A `build` further up names no build-script directory.
+        assert_eq!(of("/build/x/y/z/out"), None);
+        assert_eq!(of("/build/h-1/out"), None);
+        assert_eq!(of("out"), None);
     }
 
     #[test]
