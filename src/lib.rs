@@ -96,6 +96,7 @@ mod swiglu;
 #[path = "../tests/common/skip.rs"]
 #[allow(dead_code)] // the unit tests skip for want of a GPU or an H200, never for their shapes
 mod test_skip;
+mod validate;
 
 #[cfg(feature = "candle")]
 pub use candle_core;

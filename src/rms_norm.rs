@@ -3,11 +3,10 @@
 use crate::CastingMode;
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
-use crate::launch::{
-    Launch, Region, arg, at_least, disjoint, exactly, item_grid, launch_ex, same_context, span,
-};
+use crate::launch::{Launch, arg, item_grid, launch_ex};
 use crate::module::{Kernels, kernels};
 use crate::settings::{LaunchSettings, MAX_FUSED_SIZE, calculate_settings};
+use crate::validate::{Access, Buf, Need, Spec, Table, read, span, validate, write};
 use cudarc::driver::{
     CudaContext, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig,
     PushKernelArg,
@@ -152,12 +151,64 @@ impl RmsNormArgs {
         Ok(settings)
     }
 
-    fn x_span(&self) -> Result<usize> {
-        span("args.x_stride", self.rows, self.cols, self.x_stride)
+    /// What `x` must hold.
+    fn x_need(&self) -> Result<Need> {
+        let span = span("args.x_stride", self.rows, self.cols, self.x_stride)?;
+        Ok(Need::AtLeast(span, "rows × x_stride"))
     }
 
-    fn y_span(&self) -> Result<usize> {
-        span("args.y_stride", self.rows, self.cols, self.y_stride)
+    /// What `y`, `dy` and `dx` must hold.
+    fn y_need(&self) -> Result<Need> {
+        let span = span("args.y_stride", self.rows, self.cols, self.y_stride)?;
+        Ok(Need::AtLeast(span, "rows × y_stride"))
+    }
+
+    /// The buffers of [`rms_norm_forward`], and the block shape.
+    pub(crate) fn forward_table(&self) -> Result<(LaunchSettings, Table<4>)> {
+        let settings = self.check()?;
+        let specs = [
+            Spec::read("x", self.x_need()?),
+            Spec::read("weight", Need::Exactly(self.cols, "cols")),
+            Spec::written("y", self.y_need()?),
+            Spec::written("rstd", Need::AtLeast(self.rows, "rows")),
+        ];
+        let empty = self.rows == 0;
+        Ok((settings, Table { specs, empty }))
+    }
+
+    /// The buffers of [`rms_norm_backward`] (`in_place`: of [`rms_norm_backward_inplace`],
+    /// whose `dy_dx` stands first, read and written, and `dx` is left out), and the block
+    /// shape.
+    /// `dw` must be given exactly when a weight is. Without rows, `dw` is still zeroed.
+    pub(crate) fn backward_table(
+        &self,
+        in_place: bool,
+        weight: bool,
+        dw: bool,
+    ) -> Result<(LaunchSettings, Table<6>)> {
+        let settings = self.check()?;
+        match (weight, dw) {
+            (true, false) => {
+                let expected = format!("a buffer of {} elements (a weight is given)", self.cols);
+                return Err(invalid("dw", expected, "None"));
+            }
+            (false, true) => return Err(invalid("dw", "None (no weight is given)", "a buffer")),
+            _ => {}
+        }
+        let y = self.y_need()?;
+        let specs = [
+            match in_place {
+                false => Spec::read("dy", y),
+                true => Spec::in_place("dy_dx", y),
+            },
+            Spec::read("x", self.x_need()?),
+            Spec::read("weight", Need::Exactly(self.cols, "cols")),
+            Spec::read("rstd", Need::AtLeast(self.rows, "rows")),
+            Spec::written("dx", y),
+            Spec::written("dw", Need::Exactly(self.cols, "cols")),
+        ];
+        let empty = self.rows == 0 && !weight;
+        Ok((settings, Table { specs, empty }))
     }
 }
 
@@ -526,31 +577,6 @@ fn capacity(kernels: &Kernels, name: &str) -> Result<usize> {
     Ok(kernels.function(name)?.max_threads_per_block()?.max(0) as usize)
 }
 
-fn check_weight<T: Dtype>(
-    stream: &CudaStream,
-    weight: Option<&CudaView<'_, T>>,
-    cols: usize,
-) -> Result<()> {
-    if let Some(w) = weight {
-        same_context(stream, "weight", w)?;
-        exactly("weight", w.len(), cols, "cols")?;
-    }
-    Ok(())
-}
-
-fn weight_ptr<'a, T>(
-    stream: &'a CudaStream,
-    weight: Option<&'a CudaView<'_, T>>,
-) -> (u64, Option<cudarc::driver::SyncOnDrop<'a>>) {
-    match weight {
-        Some(w) => {
-            let (p, guard) = w.device_ptr(stream);
-            (p, Some(guard))
-        }
-        None => (0, None),
-    }
-}
-
 /// RMSNorm forward: `y = norm(x) · (offset + weight)` row by row, and each row's inverse RMS
 /// into `rstd` (needed by the backward).
 ///
@@ -579,22 +605,17 @@ pub fn rms_norm_forward<T: Dtype>(
     y: &mut impl DevicePtrMut<T>,
     rstd: &mut impl DevicePtrMut<f32>,
 ) -> Result<()> {
-    let settings = args.check()?;
-    let (x_span, y_span) = (args.x_span()?, args.y_span()?);
-    same_context(stream, "x", x)?;
-    same_context(stream, "y", y)?;
-    same_context(stream, "rstd", rstd)?;
-    check_weight(stream, weight, args.cols)?;
-    at_least("x", x.len(), x_span, "rows × x_stride")?;
-    at_least("y", y.len(), y_span, "rows × y_stride")?;
-    at_least("rstd", rstd.len(), args.rows, "rows")?;
-    if args.rows == 0 {
+    let (settings, table) = args.forward_table()?;
+    let bufs = [
+        read(x),
+        weight.and_then(|w| read(w)),
+        write(y),
+        Some(Buf::F32(Access::Write(rstd))),
+    ];
+    let Some(call) = validate(stream, &table, bufs)? else {
         return Ok(());
-    }
-    let (x_ptr, _x) = x.device_ptr(stream);
-    let (w_ptr, _w) = weight_ptr(stream, weight);
-    let (y_ptr, _y) = y.device_ptr_mut(stream);
-    let (r_ptr, _r) = rstd.device_ptr_mut(stream);
+    };
+    let [x_ptr, w_ptr, y_ptr, r_ptr] = call.ptrs;
     let kernels = kernels(stream.context())?;
     let plan = Plan::choose::<T>(
         settings,
@@ -606,16 +627,6 @@ pub fn rms_norm_forward<T: Dtype>(
     )?;
     let (name, grid) = forward_kernel::<T>(&kernels, plan, args)?;
     let func = kernels.function(&name)?;
-    disjoint(
-        &[
-            Region::new::<T>("y", y_ptr, y_span),
-            Region::new::<f32>("rstd", r_ptr, args.rows),
-        ],
-        &[
-            Region::new::<T>("x", x_ptr, x_span),
-            Region::new::<T>("weight", w_ptr, if w_ptr == 0 { 0 } else { args.cols }),
-        ],
-    )?;
     let cfg = LaunchConfig {
         grid_dim: (grid, 1, 1),
         block_dim: (plan.threads(), 1, 1),
@@ -684,14 +695,8 @@ pub fn rms_norm_backward<T: Dtype>(
     dx: &mut impl DevicePtrMut<T>,
     dw: Option<&mut CudaViewMut<'_, T>>,
 ) -> Result<()> {
-    let y_span = args.y_span()?;
-    same_context(stream, "dy", dy)?;
-    same_context(stream, "dx", dx)?;
-    at_least("dy", dy.len(), y_span, "rows × y_stride")?;
-    at_least("dx", dx.len(), y_span, "rows × y_stride")?;
-    let (dy_ptr, _dy) = dy.device_ptr(stream);
-    let (dx_ptr, _dx) = dx.device_ptr_mut(stream);
-    backward(stream, args, Some(dy_ptr), dx_ptr, x, weight, rstd, dw)
+    let (dy, dx) = (read(dy), write(dx));
+    backward(stream, args, false, [dy, dx], x, weight, rstd, dw)
 }
 
 /// RMSNorm backward writing `dx` over `dy` (Liger's memory-saving default); otherwise as
@@ -720,89 +725,60 @@ pub fn rms_norm_backward_inplace<T: Dtype>(
     rstd: &impl DevicePtr<f32>,
     dw: Option<&mut CudaViewMut<'_, T>>,
 ) -> Result<()> {
-    let y_span = args.y_span()?;
-    same_context(stream, "dy_dx", dy_dx)?;
-    at_least("dy_dx", dy_dx.len(), y_span, "rows × y_stride")?;
-    let (ptr, _guard) = dy_dx.device_ptr_mut(stream);
-    backward(stream, args, None, ptr, x, weight, rstd, dw)
+    backward(
+        stream,
+        args,
+        true,
+        [write(dy_dx), None],
+        x,
+        weight,
+        rstd,
+        dw,
+    )
 }
 
-/// Shared backward: `dy_ptr` is `None` when `dx_ptr` also holds `dy` (in place).
+/// Shared backward: `[dy, dx]` are the first and fifth buffers of
+/// [`RmsNormArgs::backward_table`] (in place, `dy_dx` and `None`).
 #[allow(clippy::too_many_arguments)]
-fn backward<T: Dtype>(
-    stream: &Arc<CudaStream>,
+fn backward<'b, T: Dtype>(
+    stream: &'b Arc<CudaStream>,
     args: &RmsNormArgs,
-    dy_ptr: Option<u64>,
-    dx_ptr: u64,
-    x: &impl DevicePtr<T>,
-    weight: Option<&CudaView<'_, T>>,
-    rstd: &impl DevicePtr<f32>,
-    dw: Option<&mut CudaViewMut<'_, T>>,
+    in_place: bool,
+    [dy, dx]: [Option<Buf<'b, T>>; 2],
+    x: &'b impl DevicePtr<T>,
+    weight: Option<&'b CudaView<'_, T>>,
+    rstd: &'b impl DevicePtr<f32>,
+    dw: Option<&'b mut CudaViewMut<'_, T>>,
 ) -> Result<()> {
-    let settings = args.check()?;
-    let (x_span, y_span) = (args.x_span()?, args.y_span()?);
-    same_context(stream, "x", x)?;
-    same_context(stream, "rstd", rstd)?;
-    check_weight(stream, weight, args.cols)?;
-    at_least("x", x.len(), x_span, "rows × x_stride")?;
-    at_least("rstd", rstd.len(), args.rows, "rows")?;
-    let mut dw = match (weight.is_some(), dw) {
-        (true, Some(dw)) => {
-            same_context(stream, "dw", dw)?;
-            exactly("dw", dw.len(), args.cols, "cols")?;
-            Some(dw)
-        }
-        (true, None) => {
-            return Err(invalid(
-                "dw",
-                format!("a buffer of {} elements (a weight is given)", args.cols),
-                "None",
-            ));
-        }
-        (false, Some(_)) => return Err(invalid("dw", "None (no weight is given)", "a buffer")),
-        (false, None) => None,
+    let (settings, table) = args.backward_table(in_place, weight.is_some(), dw.is_some())?;
+    let bufs = [
+        dy,
+        read(x),
+        weight.and_then(|w| read(w)),
+        Some(Buf::F32(Access::Read(rstd))),
+        dx,
+        dw.and_then(|d| write(d)),
+    ];
+    let Some(call) = validate(stream, &table, bufs)? else {
+        return Ok(());
     };
+    let [dy_ptr, x_ptr, w_ptr, r_ptr, dx_ptr, dw_ptr] = call.ptrs;
+    let dx_ptr = if in_place { dy_ptr } else { dx_ptr };
     if args.rows == 0 {
-        if let Some(dw) = dw.as_mut() {
-            stream.memset_zeros(*dw)?;
-        }
+        // Only with a weight (else the call is empty): dW of no rows is zero.
+        let bytes = args.cols * size_of::<T>();
+        stream.context().bind_to_thread()?;
+        // SAFETY: `dw` was checked to hold `cols` elements and to overlap no other buffer;
+        // its guard lives until the end of this function.
+        unsafe { cudarc::driver::result::memset_d8_async(dw_ptr, 0, bytes, stream.cu_stream()) }?;
         return Ok(());
     }
-    let (x_ptr, _x) = x.device_ptr(stream);
-    let (w_ptr, _w) = weight_ptr(stream, weight);
-    let (r_ptr, _r) = rstd.device_ptr(stream);
-    let (dw_ptr, _dw) = match dw.as_mut() {
-        Some(dw) => {
-            let (p, g) = dw.device_ptr_mut(stream);
-            (p, Some(g))
-        }
-        None => (0, None),
-    };
-    let mut inputs = vec![
-        Region::new::<T>("x", x_ptr, x_span),
-        Region::new::<T>("weight", w_ptr, if w_ptr == 0 { 0 } else { args.cols }),
-        Region::new::<f32>("rstd", r_ptr, args.rows),
-    ];
-    let dx_name = match dy_ptr {
-        Some(p) => {
-            inputs.push(Region::new::<T>("dy", p, y_span));
-            "dx"
-        }
-        None => "dy_dx",
-    };
-    disjoint(
-        &[
-            Region::new::<T>(dx_name, dx_ptr, y_span),
-            Region::new::<T>("dw", dw_ptr, if dw_ptr == 0 { 0 } else { args.cols }),
-        ],
-        &inputs,
-    )?;
 
     let kernels = kernels(stream.context())?;
     let plan = Plan::choose::<T>(
         settings,
         args.cols,
-        &[dy_ptr.unwrap_or(dx_ptr), x_ptr, w_ptr, dx_ptr],
+        &[dy_ptr, x_ptr, w_ptr, dx_ptr],
         &[args.x_stride, args.y_stride],
         &BWD_RULE,
         |k| capacity(&kernels, &vector_kernel_for::<T>("bwd", "", k, args)),
@@ -812,7 +788,6 @@ fn backward<T: Dtype>(
     let parts = grid / cluster;
     let (x_stride, y_stride) = (args.x_stride as u64, args.y_stride as u64);
     let (rows, cols) = (args.rows as u64, args.cols as u64);
-    let dy_ptr = dy_ptr.unwrap_or(dx_ptr);
     let cfg = LaunchConfig {
         grid_dim: (grid as u32, 1, 1),
         block_dim: (launch.threads, 1, 1),

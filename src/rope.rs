@@ -2,8 +2,9 @@
 //! [`crate::reference::rope`], semantics in its docs).
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
-use crate::launch::{Region, disjoint, exactly, item_grid, same_context};
+use crate::launch::item_grid;
 use crate::module::kernels;
+use crate::validate::{Access, Buf, Need, Spec, Table, read, validate, write};
 use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
@@ -175,13 +176,8 @@ impl RopeArgs {
         !(self.interleaved || self.half_tables || self.head_major)
     }
 
-    /// Validates the shape of a q-and-k call; returns the sizes the launch needs (also used by
-    /// the reference).
-    pub(crate) fn check(&self) -> Result<RopeSizes> {
-        self.check_heads(true)
-    }
-
-    /// [`RopeArgs::check`] for a call with k (`k_heads ≥ 1`) or on q alone (`k_heads = 0`).
+    /// Validates the shape of a call with k (`k_heads ≥ 1`) or on q alone (`k_heads = 0`);
+    /// returns the sizes the launch needs (also used by the reference).
     pub(crate) fn check_heads(&self, with_k: bool) -> Result<RopeSizes> {
         let d = self.head_dim;
         if d == 0 || !d.is_multiple_of(2) {
@@ -474,34 +470,8 @@ fn rope<T: Dtype>(
     sin: &impl DevicePtr<T>,
     layout: &CosSinLayout<'_>,
 ) -> Result<()> {
-    let [q_name, k_name, ..] = direction.names().1;
-    let sizes = args.check()?;
-    same_context(stream, q_name, q)?;
-    same_context(stream, k_name, k)?;
-    exactly(
-        q_name,
-        q.len(),
-        sizes.q_len,
-        "batch × seq_len × q_heads × head_dim",
-    )?;
-    exactly(
-        k_name,
-        k.len(),
-        sizes.k_len,
-        "batch × seq_len × k_heads × head_dim",
-    )?;
-    let table = check_tables(stream, args, &sizes, cos, sin, layout)?;
-    if sizes.tokens == 0 {
-        return Ok(());
-    }
-    let (q_ptr, _q) = q.device_ptr_mut(stream);
-    let (k_ptr, _k) = k.device_ptr_mut(stream);
-    let io = Io {
-        q: q_ptr,
-        k: k_ptr,
-        out: None,
-    };
-    launch(stream, args, direction, &sizes, io, cos, sin, layout, table)
+    let io = [write(q), write(k), None, None];
+    rope_call(stream, args, direction, io, cos, sin, layout)
 }
 
 /// RoPE forward out of place: the rotation of [`rope_forward`] read from `q` and `k` and
@@ -596,152 +566,215 @@ where
     K: DevicePtr<T>,
     KO: DevicePtrMut<T>,
 {
-    let [q_name, k_name, q_out_name, k_out_name] = direction.names().1;
-    let sizes = args.check_heads(k.is_some())?;
-    // The general kernels index a token's items (pairs and copied tail dims) in 32 bits.
-    (args.q_heads + args.k_heads)
-        .checked_mul(args.head_dim)
-        .filter(|&n| n < 1 << 31)
-        .ok_or_else(|| {
-            invalid(
-                "args",
-                "(q_heads + k_heads) × head_dim < 2^31",
-                format!(
-                    "{} + {} heads of {}",
-                    args.q_heads, args.k_heads, args.head_dim
-                ),
-            )
-        })?;
-    let what_q = "batch × seq_len × q_heads × head_dim";
-    let what_k = "batch × seq_len × k_heads × head_dim";
-    same_context(stream, q_name, q)?;
-    same_context(stream, q_out_name, q_out)?;
-    exactly(q_name, q.len(), sizes.q_len, what_q)?;
-    exactly(q_out_name, q_out.len(), sizes.q_len, what_q)?;
-    if let Some((k, k_out)) = &k {
-        same_context(stream, k_name, *k)?;
-        same_context(stream, k_out_name, &**k_out)?;
-        exactly(k_name, k.len(), sizes.k_len, what_k)?;
-        exactly(k_out_name, k_out.len(), sizes.k_len, what_k)?;
-    }
-    let table = check_tables(stream, args, &sizes, cos, sin, layout)?;
-    if sizes.tokens == 0 {
-        return Ok(());
-    }
-    let (q_ptr, _q) = q.device_ptr(stream);
-    let (q_out_ptr, _q_out) = q_out.device_ptr_mut(stream);
-    let (k_ptr, _k, k_out_ptr, _k_out) = match k {
-        Some((k, k_out)) => {
-            let (p, g) = k.device_ptr(stream);
-            let (po, go) = k_out.device_ptr_mut(stream);
-            (p, Some(g), po, Some(go))
+    let (k, k_out) = match k {
+        Some((k, k_out)) => (read(k), write(k_out)),
+        None => (None, None),
+    };
+    let io = [read(q), k, write(q_out), k_out];
+    rope_call(stream, args, direction, io, cos, sin, layout)
+}
+
+/// Where a call's cos/sin rows come from, without the ids ([`CosSinLayout`]'s variants).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rows {
+    PerPosition,
+    PerBatch,
+    Gathered,
+}
+
+impl CosSinLayout<'_> {
+    fn rows(&self) -> Rows {
+        match self {
+            CosSinLayout::PerPosition => Rows::PerPosition,
+            CosSinLayout::PerBatch => Rows::PerBatch,
+            CosSinLayout::Gathered(_) => Rows::Gathered,
         }
-        None => (0, None, 0, None),
+    }
+
+    /// The position ids as a buffer of the call (in host memory: a length only).
+    fn ids<T>(&self) -> Option<Buf<'_, T>> {
+        match self {
+            CosSinLayout::PerPosition | CosSinLayout::PerBatch => None,
+            CosSinLayout::Gathered(PositionIds::Host(h)) => Some(Buf::Host(h.len())),
+            CosSinLayout::Gathered(PositionIds::DeviceI32(v)) => Some(Buf::I32(Access::Read(v))),
+            CosSinLayout::Gathered(PositionIds::DeviceI64(v)) => Some(Buf::I64(Access::Read(v))),
+        }
+    }
+
+    /// The kernel-name suffix that selects the rows.
+    fn variant(&self) -> &'static str {
+        match self {
+            CosSinLayout::PerPosition => "pos",
+            CosSinLayout::PerBatch => "batch",
+            CosSinLayout::Gathered(PositionIds::DeviceI32(_)) => "ids32",
+            CosSinLayout::Gathered(_) => "ids64",
+        }
+    }
+}
+
+impl RopeArgs {
+    /// The buffers of a call, in the order of the out-of-place signatures: q, k, cos, sin,
+    /// position ids, q_out, k_out (in place, q and k are read and written, and the outputs
+    /// are left out); and the call's sizes. `with_k`: whether k is given (else `k_heads = 0`).
+    pub(crate) fn table(
+        &self,
+        direction: Direction,
+        rows: Rows,
+        out_of_place: bool,
+        with_k: bool,
+    ) -> Result<(RopeSizes, Table<7>)> {
+        let [q_name, k_name, q_out_name, k_out_name] = direction.names().1;
+        let sizes = self.check_heads(with_k)?;
+        if out_of_place {
+            // The general kernels index a token's items (pairs and copied tail dims) in 32 bits.
+            (self.q_heads + self.k_heads)
+                .checked_mul(self.head_dim)
+                .filter(|&n| n < 1 << 31)
+                .ok_or_else(|| {
+                    invalid(
+                        "args",
+                        "(q_heads + k_heads) × head_dim < 2^31",
+                        format!(
+                            "{} + {} heads of {}",
+                            self.q_heads, self.k_heads, self.head_dim
+                        ),
+                    )
+                })?;
+        }
+        let q = Need::Exactly(sizes.q_len, "batch × seq_len × q_heads × head_dim");
+        let k = Need::Exactly(sizes.k_len, "batch × seq_len × k_heads × head_dim");
+        let (q, k) = match out_of_place {
+            false => (Spec::in_place(q_name, q), Spec::in_place(k_name, k)),
+            true => (Spec::read(q_name, q), Spec::read(k_name, k)),
+        };
+        let r = self.table_row_len();
+        let half = self.half_tables;
+        let cos = match rows {
+            Rows::PerPosition => {
+                let need = self.seq_len.checked_mul(r).ok_or_else(|| {
+                    let row = self.table_row_name();
+                    invalid("cos", format!("seq_len × {row} within usize"), self.seq_len)
+                })?;
+                let what = match half {
+                    false => "seq_len × rotary_dim",
+                    true => "seq_len × rotary_dim / 2",
+                };
+                Need::Exactly(need, what)
+            }
+            Rows::PerBatch => {
+                let need = sizes.tokens.checked_mul(r).ok_or_else(|| {
+                    let row = self.table_row_name();
+                    let expected = format!("batch × seq_len × {row} within usize");
+                    invalid("cos", expected, sizes.tokens)
+                })?;
+                let what = match half {
+                    false => "batch × seq_len × rotary_dim",
+                    true => "batch × seq_len × rotary_dim / 2",
+                };
+                Need::Exactly(need, what)
+            }
+            Rows::Gathered => Need::Rows(
+                r,
+                match half {
+                    false => "max_pos ≥ 1 rows of rotary_dim",
+                    true => "max_pos ≥ 1 rows of rotary_dim / 2",
+                },
+            ),
+        };
+        let specs = [
+            q,
+            k,
+            Spec::read("cos", cos),
+            Spec::read("sin", Need::LengthOf(2)),
+            Spec::read(
+                "position_ids",
+                Need::Exactly(sizes.tokens, "batch × seq_len"),
+            ),
+            Spec::written(q_out_name, q.need),
+            Spec::written(k_out_name, k.need),
+        ];
+        let empty = sizes.tokens == 0;
+        Ok((sizes, Table { specs, empty }))
+    }
+}
+
+/// Host ids must each name a row of the `rows`-row cos/sin table.
+pub(crate) fn check_host_ids(ids: &[i64], rows: usize) -> Result<()> {
+    match ids
+        .iter()
+        .enumerate()
+        .find(|&(_, &id)| id < 0 || id as u64 >= rows as u64)
+    {
+        Some((i, &id)) => Err(invalid(
+            "position_ids",
+            format!("ids in 0 ..= {} (rows of the cos/sin table)", rows - 1),
+            format!("position_ids[{i}] = {id}"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Validates and launches a call: `[q, k, q_out, k_out]` as in [`RopeArgs::table`] (in place,
+/// the outputs `None`; without k, k and k_out `None`).
+#[allow(clippy::too_many_arguments)]
+fn rope_call<'b, T: Dtype>(
+    stream: &'b Arc<CudaStream>,
+    args: &RopeArgs,
+    direction: Direction,
+    [q, k, q_out, k_out]: [Option<Buf<'b, T>>; 4],
+    cos: &'b impl DevicePtr<T>,
+    sin: &'b impl DevicePtr<T>,
+    layout: &'b CosSinLayout<'_>,
+) -> Result<()> {
+    let out_of_place = q_out.is_some();
+    let (sizes, table) = args.table(direction, layout.rows(), out_of_place, k.is_some())?;
+    let bufs = [q, k, read(cos), read(sin), layout.ids(), q_out, k_out];
+    let Some(call) = validate(stream, &table, bufs)? else {
+        return Ok(());
+    };
+    let [q, k, cos_ptr, sin_ptr, ids_ptr, q_out, k_out] = call.ptrs;
+    let rows = match layout {
+        CosSinLayout::PerPosition => args.seq_len,
+        CosSinLayout::PerBatch => sizes.tokens,
+        CosSinLayout::Gathered(_) => cos.len() / args.table_row_len(),
+    };
+    // Host ids go up only now that every check has passed; a fresh allocation is disjoint
+    // from every argument by construction.
+    let uploaded: Option<CudaSlice<i64>> = match layout {
+        CosSinLayout::Gathered(PositionIds::Host(h)) => {
+            check_host_ids(h, rows)?;
+            Some(stream.clone_htod(*h)?)
+        }
+        _ => None,
+    };
+    let (ids_ptr, _uploaded) = match uploaded.as_ref() {
+        Some(u) => {
+            let (p, g) = u.device_ptr(stream);
+            (p, Some(g))
+        }
+        None => (ids_ptr, None),
     };
     let io = Io {
-        q: q_ptr,
-        k: k_ptr,
-        out: Some((q_out_ptr, k_out_ptr)),
+        q,
+        k,
+        out: out_of_place.then_some((q_out, k_out)),
+        cos: cos_ptr,
+        sin: sin_ptr,
+        ids: ids_ptr,
     };
-    launch(stream, args, direction, &sizes, io, cos, sin, layout, table)
+    launch::<T>(stream, args, direction, &sizes, io, rows, layout.variant())
 }
 
-/// The cos/sin rows a call's layout provides and the kernel-name suffix that selects them.
-struct Tables {
-    rows: usize,
-    variant: &'static str,
-}
-
-/// Checks cos, sin and the position ids against `args` and `layout`.
-fn check_tables<T: Dtype>(
-    stream: &Arc<CudaStream>,
-    args: &RopeArgs,
-    sizes: &RopeSizes,
-    cos: &impl DevicePtr<T>,
-    sin: &impl DevicePtr<T>,
-    layout: &CosSinLayout<'_>,
-) -> Result<Tables> {
-    same_context(stream, "cos", cos)?;
-    same_context(stream, "sin", sin)?;
-    let r = args.table_row_len();
-    let row = args.table_row_name();
-    let rows = match layout {
-        CosSinLayout::PerPosition => {
-            let need = args.seq_len.checked_mul(r).ok_or_else(|| {
-                invalid("cos", format!("seq_len × {row} within usize"), args.seq_len)
-            })?;
-            exactly("cos", cos.len(), need, &format!("seq_len × {row}"))?;
-            args.seq_len
-        }
-        CosSinLayout::PerBatch => {
-            let need = sizes.tokens.checked_mul(r).ok_or_else(|| {
-                invalid(
-                    "cos",
-                    format!("batch × seq_len × {row} within usize"),
-                    sizes.tokens,
-                )
-            })?;
-            exactly("cos", cos.len(), need, &format!("batch × seq_len × {row}"))?;
-            sizes.tokens
-        }
-        CosSinLayout::Gathered(_) => {
-            if cos.len() == 0 || !cos.len().is_multiple_of(r) {
-                return Err(invalid(
-                    "cos",
-                    format!("a table of max_pos ≥ 1 rows of {row} = {r}"),
-                    format!("length {}", cos.len()),
-                ));
-            }
-            cos.len() / r
-        }
-    };
-    exactly("sin", sin.len(), cos.len(), "the length of cos")?;
-    let variant = match layout {
-        CosSinLayout::PerPosition => "pos",
-        CosSinLayout::PerBatch => "batch",
-        CosSinLayout::Gathered(ids) => {
-            let len = match ids {
-                PositionIds::Host(h) => h.len(),
-                PositionIds::DeviceI32(v) => {
-                    same_context(stream, "position_ids", v)?;
-                    v.len()
-                }
-                PositionIds::DeviceI64(v) => {
-                    same_context(stream, "position_ids", v)?;
-                    v.len()
-                }
-            };
-            exactly("position_ids", len, sizes.tokens, "batch × seq_len")?;
-            match ids {
-                PositionIds::Host(h) => {
-                    if let Some((i, &id)) = h
-                        .iter()
-                        .enumerate()
-                        .find(|&(_, &id)| id < 0 || id as u64 >= rows as u64)
-                    {
-                        return Err(invalid(
-                            "position_ids",
-                            format!("ids in 0 ..= {} (rows of the cos/sin table)", rows - 1),
-                            format!("position_ids[{i}] = {id}"),
-                        ));
-                    }
-                    "ids64"
-                }
-                PositionIds::DeviceI32(_) => "ids32",
-                PositionIds::DeviceI64(_) => "ids64",
-            }
-        }
-    };
-    Ok(Tables { rows, variant })
-}
-
-/// The q and k buffers of one launch as device pointers (their guards held by the caller):
-/// `q` and `k` (0 without k) are read, and written in place (`out = None`) or to the
-/// `(q_out, k_out)` pointers.
+/// The device pointers of one launch (their guards held by the caller): `q` and `k` (0
+/// without k) are read, and written in place (`out = None`) or to the `(q_out, k_out)`
+/// pointers; the cos/sin tables, and the ids (0 unless gathered).
 struct Io {
     q: u64,
     k: u64,
     out: Option<(u64, u64)>,
+    cos: u64,
+    sin: u64,
+    ids: u64,
 }
 
 /// The form bits of the general kernels (`flags` in `kernels-gpu/src/rope.rs`; must match).
@@ -774,79 +807,22 @@ fn general_form(args: &RopeArgs, out_of_place: bool) -> (u32, usize) {
     (flags, items)
 }
 
-/// Checks aliasing and launches: the NeoX in-place kernels (vector where they apply) or the
-/// general kernels.
-#[allow(clippy::too_many_arguments)]
+/// Launches the NeoX in-place kernels (vector where they apply) or the general kernels, over
+/// cos/sin tables of `table_rows` rows selected by `variant`.
 fn launch<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &RopeArgs,
     direction: Direction,
     sizes: &RopeSizes,
     io: Io,
-    cos: &impl DevicePtr<T>,
-    sin: &impl DevicePtr<T>,
-    layout: &CosSinLayout<'_>,
-    table: Tables,
+    table_rows: usize,
+    variant: &str,
 ) -> Result<()> {
-    let (dir, [q_name, k_name, q_out_name, k_out_name]) = direction.names();
+    let dir = direction.names().0;
     let r = args.rotary_dim;
-    let (cos_ptr, _cos) = cos.device_ptr(stream);
-    let (sin_ptr, _sin) = sin.device_ptr(stream);
-    let (ids_ptr, _ids, ids_region) = match layout {
-        CosSinLayout::Gathered(PositionIds::DeviceI32(v)) => {
-            let (p, g) = v.device_ptr(stream);
-            (p, Some(g), Region::new::<i32>("position_ids", p, v.len()))
-        }
-        CosSinLayout::Gathered(PositionIds::DeviceI64(v)) => {
-            let (p, g) = v.device_ptr(stream);
-            (p, Some(g), Region::new::<i64>("position_ids", p, v.len()))
-        }
-        _ => (0, None, Region::new::<i64>("position_ids", 0, 0)),
-    };
-    let tables = [
-        Region::new::<T>("cos", cos_ptr, cos.len()),
-        Region::new::<T>("sin", sin_ptr, sin.len()),
-        ids_region,
-    ];
-    let (q_write, k_write) = match io.out {
-        None => {
-            let outputs = [
-                Region::new::<T>(q_name, io.q, sizes.q_len),
-                Region::new::<T>(k_name, io.k, sizes.k_len),
-            ];
-            disjoint(&outputs, &tables)?;
-            (io.q, io.k)
-        }
-        Some((q_out, k_out)) => {
-            let outputs = [
-                Region::new::<T>(q_out_name, q_out, sizes.q_len),
-                Region::new::<T>(k_out_name, k_out, sizes.k_len),
-            ];
-            let inputs = [
-                Region::new::<T>(q_name, io.q, sizes.q_len),
-                Region::new::<T>(k_name, io.k, sizes.k_len),
-            ];
-            let inputs: Vec<Region> = inputs.into_iter().chain(tables).collect();
-            disjoint(&outputs, &inputs)?;
-            (q_out, k_out)
-        }
-    };
-    // Host ids go up only now that every check has passed; a fresh allocation is disjoint
-    // from every argument by construction.
-    let uploaded: Option<CudaSlice<i64>> = match layout {
-        CosSinLayout::Gathered(PositionIds::Host(h)) => Some(stream.clone_htod(*h)?),
-        _ => None,
-    };
-    let (ids_ptr, _uploaded) = match uploaded.as_ref() {
-        Some(u) => {
-            let (p, g) = u.device_ptr(stream);
-            (p, Some(g))
-        }
-        None => (ids_ptr, None),
-    };
-
+    let (cos_ptr, sin_ptr, ids_ptr) = (io.cos, io.sin, io.ids);
+    let (q_write, k_write) = io.out.unwrap_or((io.q, io.k));
     let kernels = kernels(stream.context())?;
-    let variant = table.variant;
     let dims = [
         sizes.tokens,
         args.seq_len,
@@ -854,7 +830,7 @@ fn launch<T: Dtype>(
         args.k_heads,
         args.head_dim,
         r,
-        table.rows,
+        table_rows,
     ]
     .map(|v| v as u64);
     if io.out.is_some() || !args.neox_in_place() {
@@ -887,7 +863,7 @@ fn launch<T: Dtype>(
         // every other buffer, and cos/sin to hold every row the variant selects in rows of
         // `table_row_len` elements, as `form` tells the kernel; ids as for the other
         // kernels. `rotary_dim` is even, 2 ..= head_dim, `tokens > 0` implies `seq_len ≥ 1`,
-        // and a token's items (pairs, plus tail dims out of place: `rope_into` checked
+        // and a token's items (pairs, plus tail dims out of place: `RopeArgs::table` checked
         // heads × head_dim < 2^31) are below 2^31.
         unsafe { launch.launch(cfg) }?;
         return Ok(());
@@ -1072,15 +1048,15 @@ mod tests {
         let q_only = RopeArgs::new(2, 3, 4, 0, 8);
         let sizes = q_only.check_heads(false).unwrap();
         assert_eq!((sizes.q_len, sizes.k_len, sizes.pairs), (192, 0, 16));
-        assert!(q_only.check().is_err());
+        assert!(q_only.check_heads(true).is_err());
         assert!(RopeArgs::new(2, 3, 4, 1, 8).check_heads(false).is_err());
     }
 
     #[test]
     fn args_are_checked_without_overflow() {
-        let ok = RopeArgs::new(2, 3, 4, 1, 8).check().unwrap();
+        let ok = RopeArgs::new(2, 3, 4, 1, 8).check_heads(true).unwrap();
         assert_eq!((ok.tokens, ok.q_len, ok.k_len, ok.pairs), (6, 192, 48, 20));
-        let bad = |a: RopeArgs| match a.check() {
+        let bad = |a: RopeArgs| match a.check_heads(true) {
             Err(crate::Error::InvalidArgument { arg, .. }) => arg,
             other => panic!("{a:?}: {:?}", other.map(|s| s.tokens)),
         };

@@ -12,8 +12,9 @@
 //! backward the gradients of `c·dm` (see [`SwigluArgs::down_multiplier`]).
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
-use crate::launch::{Region, at_least, disjoint, same_context, span, whole_grid};
+use crate::launch::whole_grid;
 use crate::module::{Kernels, kernels};
+use crate::validate::{Need, Spec, Table, read, span, validate, write};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
 
@@ -212,18 +213,27 @@ impl SwigluArgs {
         Ok(())
     }
 
-    /// Spans (elements) of `a`, `b` and `c` in the separate layout.
-    fn separate_spans(&self) -> Result<[usize; 3]> {
+    /// What `a`, `b` and `c` must hold in the separate layout.
+    fn separate_needs(&self) -> Result<[Need; 3]> {
         self.check()?;
         Ok([
-            span("args.a_stride", self.rows, self.cols, self.a_stride)?,
-            span("args.b_stride", self.rows, self.cols, self.b_stride)?,
-            span("args.c_stride", self.rows, self.cols, self.c_stride)?,
+            Need::AtLeast(
+                span("args.a_stride", self.rows, self.cols, self.a_stride)?,
+                SPAN_A,
+            ),
+            Need::AtLeast(
+                span("args.b_stride", self.rows, self.cols, self.b_stride)?,
+                SPAN_B,
+            ),
+            Need::AtLeast(
+                span("args.c_stride", self.rows, self.cols, self.c_stride)?,
+                SPAN_C,
+            ),
         ])
     }
 
-    /// Spans (elements) of the fused gate-up buffer and of `c`.
-    fn fused_spans(&self) -> Result<[usize; 2]> {
+    /// What the fused gate-up buffer and `c` must hold.
+    fn fused_needs(&self) -> Result<[Need; 2]> {
         self.check()?;
         let width = self
             .cols
@@ -237,9 +247,77 @@ impl SwigluArgs {
             ));
         }
         Ok([
-            span("args.a_stride", self.rows, width, self.a_stride)?,
-            span("args.c_stride", self.rows, self.cols, self.c_stride)?,
+            Need::AtLeast(
+                span("args.a_stride", self.rows, width, self.a_stride)?,
+                SPAN_FUSED,
+            ),
+            Need::AtLeast(
+                span("args.c_stride", self.rows, self.cols, self.c_stride)?,
+                SPAN_C,
+            ),
         ])
+    }
+
+    /// A call's buffer table: empty without rows.
+    fn table<const N: usize>(&self, specs: [Spec; N]) -> Table<N> {
+        Table {
+            specs,
+            empty: self.rows == 0,
+        }
+    }
+
+    /// The buffers of [`swiglu_forward`].
+    pub(crate) fn forward_table(&self) -> Result<Table<3>> {
+        let [a, b, c] = self.separate_needs()?;
+        Ok(self.table([
+            Spec::read("a", a),
+            Spec::read("b", b),
+            Spec::written("c", c),
+        ]))
+    }
+
+    /// The buffers of [`swiglu_forward_fused`].
+    pub(crate) fn forward_fused_table(&self) -> Result<Table<2>> {
+        let [gate_up, c] = self.fused_needs()?;
+        Ok(self.table([Spec::read("gate_up", gate_up), Spec::written("c", c)]))
+    }
+
+    /// The buffers of [`swiglu_backward`].
+    pub(crate) fn backward_table(&self) -> Result<Table<5>> {
+        let [a, b, c] = self.separate_needs()?;
+        Ok(self.table([
+            Spec::read("dc", c),
+            Spec::read("a", a),
+            Spec::read("b", b),
+            Spec::written("da", a),
+            Spec::written("db", b),
+        ]))
+    }
+
+    /// The buffers of [`swiglu_backward_inplace`].
+    pub(crate) fn backward_inplace_table(&self) -> Result<Table<3>> {
+        let [a, b, c] = self.separate_needs()?;
+        Ok(self.table([
+            Spec::read("dc", c),
+            Spec::in_place("a", a),
+            Spec::in_place("b", b),
+        ]))
+    }
+
+    /// The buffers of [`swiglu_backward_fused`].
+    pub(crate) fn backward_fused_table(&self) -> Result<Table<3>> {
+        let [gate_up, c] = self.fused_needs()?;
+        Ok(self.table([
+            Spec::read("dc", c),
+            Spec::read("gate_up", gate_up),
+            Spec::written("d_gate_up", gate_up),
+        ]))
+    }
+
+    /// The buffers of [`swiglu_backward_fused_inplace`].
+    pub(crate) fn backward_fused_inplace_table(&self) -> Result<Table<2>> {
+        let [gate_up, c] = self.fused_needs()?;
+        Ok(self.table([Spec::read("dc", c), Spec::in_place("gate_up", gate_up)]))
     }
 }
 
@@ -405,6 +483,29 @@ struct Forward {
     c: u64,
 }
 
+impl Forward {
+    fn separate(args: &SwigluArgs, a: u64, b: u64, c: u64) -> Self {
+        Forward {
+            a,
+            a_stride: args.a_stride,
+            b,
+            b_stride: args.b_stride,
+            c,
+        }
+    }
+
+    /// Gate and up halves of each fused row, rows `a_stride` apart.
+    fn fused<T>(args: &SwigluArgs, gate_up: u64, c: u64) -> Self {
+        Forward {
+            a: gate_up,
+            a_stride: args.a_stride,
+            b: gate_up + up_offset::<T>(args.cols),
+            b_stride: args.a_stride,
+            c,
+        }
+    }
+}
+
 fn launch_forward<T: Dtype>(stream: &Arc<CudaStream>, args: &SwigluArgs, p: Forward) -> Result<()> {
     let path = Path::choose::<T>(
         args.rows,
@@ -455,6 +556,35 @@ struct Backward {
     b_stride: usize,
     da: u64,
     db: u64,
+}
+
+impl Backward {
+    /// `[a, b]` read, `[da, db]` written (the same pointers in place).
+    fn separate(args: &SwigluArgs, dc: u64, [a, b]: [u64; 2], [da, db]: [u64; 2]) -> Self {
+        Backward {
+            dc,
+            a,
+            a_stride: args.a_stride,
+            b,
+            b_stride: args.b_stride,
+            da,
+            db,
+        }
+    }
+
+    /// Gate and up halves of each fused row of the input and of the gradient.
+    fn fused<T>(args: &SwigluArgs, dc: u64, gate_up: u64, d_gate_up: u64) -> Self {
+        let up = up_offset::<T>(args.cols);
+        Backward {
+            dc,
+            a: gate_up,
+            a_stride: args.a_stride,
+            b: gate_up + up,
+            b_stride: args.a_stride,
+            da: d_gate_up,
+            db: d_gate_up + up,
+        }
+    }
 }
 
 fn launch_backward<T: Dtype>(
@@ -524,34 +654,12 @@ pub fn swiglu_forward<T: Dtype>(
     b: &impl DevicePtr<T>,
     c: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let [a_span, b_span, c_span] = args.separate_spans()?;
-    same_context(stream, "a", a)?;
-    same_context(stream, "b", b)?;
-    same_context(stream, "c", c)?;
-    at_least("a", a.len(), a_span, SPAN_A)?;
-    at_least("b", b.len(), b_span, SPAN_B)?;
-    at_least("c", c.len(), c_span, SPAN_C)?;
-    if args.rows == 0 {
+    let table = args.forward_table()?;
+    let Some(call) = validate(stream, &table, [read(a), read(b), write(c)])? else {
         return Ok(());
-    }
-    let (a_ptr, _a) = a.device_ptr(stream);
-    let (b_ptr, _b) = b.device_ptr(stream);
-    let (c_ptr, _c) = c.device_ptr_mut(stream);
-    disjoint(
-        &[Region::new::<T>("c", c_ptr, c_span)],
-        &[
-            Region::new::<T>("a", a_ptr, a_span),
-            Region::new::<T>("b", b_ptr, b_span),
-        ],
-    )?;
-    let p = Forward {
-        a: a_ptr,
-        a_stride: args.a_stride,
-        b: b_ptr,
-        b_stride: args.b_stride,
-        c: c_ptr,
     };
-    launch_forward::<T>(stream, args, p)
+    let [a, b, c] = call.ptrs;
+    launch_forward::<T>(stream, args, Forward::separate(args, a, b, c))
 }
 
 /// SwiGLU forward from a fused gate-up buffer `[rows, 2·cols]` (gate first in each row, rows
@@ -574,28 +682,12 @@ pub fn swiglu_forward_fused<T: Dtype>(
     gate_up: &impl DevicePtr<T>,
     c: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let [in_span, c_span] = args.fused_spans()?;
-    same_context(stream, "gate_up", gate_up)?;
-    same_context(stream, "c", c)?;
-    at_least("gate_up", gate_up.len(), in_span, SPAN_FUSED)?;
-    at_least("c", c.len(), c_span, SPAN_C)?;
-    if args.rows == 0 {
+    let table = args.forward_fused_table()?;
+    let Some(call) = validate(stream, &table, [read(gate_up), write(c)])? else {
         return Ok(());
-    }
-    let (in_ptr, _in) = gate_up.device_ptr(stream);
-    let (c_ptr, _c) = c.device_ptr_mut(stream);
-    disjoint(
-        &[Region::new::<T>("c", c_ptr, c_span)],
-        &[Region::new::<T>("gate_up", in_ptr, in_span)],
-    )?;
-    let p = Forward {
-        a: in_ptr,
-        a_stride: args.a_stride,
-        b: in_ptr + up_offset::<T>(args.cols),
-        b_stride: args.a_stride,
-        c: c_ptr,
     };
-    launch_forward::<T>(stream, args, p)
+    let [gate_up, c] = call.ptrs;
+    launch_forward::<T>(stream, args, Forward::fused::<T>(args, gate_up, c))
 }
 
 /// SwiGLU backward into separate buffers: `da` (rows at `args.a_stride`) and `db` (rows at
@@ -627,46 +719,13 @@ pub fn swiglu_backward<T: Dtype>(
     da: &mut impl DevicePtrMut<T>,
     db: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let [a_span, b_span, c_span] = args.separate_spans()?;
-    same_context(stream, "dc", dc)?;
-    same_context(stream, "a", a)?;
-    same_context(stream, "b", b)?;
-    same_context(stream, "da", da)?;
-    same_context(stream, "db", db)?;
-    at_least("dc", dc.len(), c_span, SPAN_C)?;
-    at_least("a", a.len(), a_span, SPAN_A)?;
-    at_least("b", b.len(), b_span, SPAN_B)?;
-    at_least("da", da.len(), a_span, SPAN_A)?;
-    at_least("db", db.len(), b_span, SPAN_B)?;
-    if args.rows == 0 {
+    let table = args.backward_table()?;
+    let bufs = [read(dc), read(a), read(b), write(da), write(db)];
+    let Some(call) = validate(stream, &table, bufs)? else {
         return Ok(());
-    }
-    let (dc_ptr, _dc) = dc.device_ptr(stream);
-    let (a_ptr, _a) = a.device_ptr(stream);
-    let (b_ptr, _b) = b.device_ptr(stream);
-    let (da_ptr, _da) = da.device_ptr_mut(stream);
-    let (db_ptr, _db) = db.device_ptr_mut(stream);
-    disjoint(
-        &[
-            Region::new::<T>("da", da_ptr, a_span),
-            Region::new::<T>("db", db_ptr, b_span),
-        ],
-        &[
-            Region::new::<T>("dc", dc_ptr, c_span),
-            Region::new::<T>("a", a_ptr, a_span),
-            Region::new::<T>("b", b_ptr, b_span),
-        ],
-    )?;
-    let p = Backward {
-        dc: dc_ptr,
-        a: a_ptr,
-        a_stride: args.a_stride,
-        b: b_ptr,
-        b_stride: args.b_stride,
-        da: da_ptr,
-        db: db_ptr,
     };
-    launch_backward::<T>(stream, args, p)
+    let [dc, a, b, da, db] = call.ptrs;
+    launch_backward::<T>(stream, args, Backward::separate(args, dc, [a, b], [da, db]))
 }
 
 /// SwiGLU backward writing `da` over `a` and `db` over `b` (the memory-saving mode of
@@ -694,36 +753,12 @@ pub fn swiglu_backward_inplace<T: Dtype>(
     a: &mut impl DevicePtrMut<T>,
     b: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let [a_span, b_span, c_span] = args.separate_spans()?;
-    same_context(stream, "dc", dc)?;
-    same_context(stream, "a", a)?;
-    same_context(stream, "b", b)?;
-    at_least("dc", dc.len(), c_span, SPAN_C)?;
-    at_least("a", a.len(), a_span, SPAN_A)?;
-    at_least("b", b.len(), b_span, SPAN_B)?;
-    if args.rows == 0 {
+    let table = args.backward_inplace_table()?;
+    let Some(call) = validate(stream, &table, [read(dc), write(a), write(b)])? else {
         return Ok(());
-    }
-    let (dc_ptr, _dc) = dc.device_ptr(stream);
-    let (a_ptr, _a) = a.device_ptr_mut(stream);
-    let (b_ptr, _b) = b.device_ptr_mut(stream);
-    disjoint(
-        &[
-            Region::new::<T>("a", a_ptr, a_span),
-            Region::new::<T>("b", b_ptr, b_span),
-        ],
-        &[Region::new::<T>("dc", dc_ptr, c_span)],
-    )?;
-    let p = Backward {
-        dc: dc_ptr,
-        a: a_ptr,
-        a_stride: args.a_stride,
-        b: b_ptr,
-        b_stride: args.b_stride,
-        da: a_ptr,
-        db: b_ptr,
     };
-    launch_backward::<T>(stream, args, p)
+    let [dc, a, b] = call.ptrs;
+    launch_backward::<T>(stream, args, Backward::separate(args, dc, [a, b], [a, b]))
 }
 
 /// SwiGLU backward from a fused gate-up buffer into a separate fused gradient buffer
@@ -749,37 +784,17 @@ pub fn swiglu_backward_fused<T: Dtype>(
     gate_up: &impl DevicePtr<T>,
     d_gate_up: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let [in_span, c_span] = args.fused_spans()?;
-    same_context(stream, "dc", dc)?;
-    same_context(stream, "gate_up", gate_up)?;
-    same_context(stream, "d_gate_up", d_gate_up)?;
-    at_least("dc", dc.len(), c_span, SPAN_C)?;
-    at_least("gate_up", gate_up.len(), in_span, SPAN_FUSED)?;
-    at_least("d_gate_up", d_gate_up.len(), in_span, SPAN_FUSED)?;
-    if args.rows == 0 {
+    let table = args.backward_fused_table()?;
+    let bufs = [read(dc), read(gate_up), write(d_gate_up)];
+    let Some(call) = validate(stream, &table, bufs)? else {
         return Ok(());
-    }
-    let (dc_ptr, _dc) = dc.device_ptr(stream);
-    let (in_ptr, _in) = gate_up.device_ptr(stream);
-    let (out_ptr, _out) = d_gate_up.device_ptr_mut(stream);
-    disjoint(
-        &[Region::new::<T>("d_gate_up", out_ptr, in_span)],
-        &[
-            Region::new::<T>("dc", dc_ptr, c_span),
-            Region::new::<T>("gate_up", in_ptr, in_span),
-        ],
-    )?;
-    let up = up_offset::<T>(args.cols);
-    let p = Backward {
-        dc: dc_ptr,
-        a: in_ptr,
-        a_stride: args.a_stride,
-        b: in_ptr + up,
-        b_stride: args.a_stride,
-        da: out_ptr,
-        db: out_ptr + up,
     };
-    launch_backward::<T>(stream, args, p)
+    let [dc, gate_up, d_gate_up] = call.ptrs;
+    launch_backward::<T>(
+        stream,
+        args,
+        Backward::fused::<T>(args, dc, gate_up, d_gate_up),
+    )
 }
 
 /// SwiGLU backward writing the fused gradient over the fused gate-up buffer (`da` over the
@@ -803,31 +818,16 @@ pub fn swiglu_backward_fused_inplace<T: Dtype>(
     dc: &impl DevicePtr<T>,
     gate_up: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let [in_span, c_span] = args.fused_spans()?;
-    same_context(stream, "dc", dc)?;
-    same_context(stream, "gate_up", gate_up)?;
-    at_least("dc", dc.len(), c_span, SPAN_C)?;
-    at_least("gate_up", gate_up.len(), in_span, SPAN_FUSED)?;
-    if args.rows == 0 {
+    let table = args.backward_fused_inplace_table()?;
+    let Some(call) = validate(stream, &table, [read(dc), write(gate_up)])? else {
         return Ok(());
-    }
-    let (dc_ptr, _dc) = dc.device_ptr(stream);
-    let (ptr, _guard) = gate_up.device_ptr_mut(stream);
-    disjoint(
-        &[Region::new::<T>("gate_up", ptr, in_span)],
-        &[Region::new::<T>("dc", dc_ptr, c_span)],
-    )?;
-    let up = up_offset::<T>(args.cols);
-    let p = Backward {
-        dc: dc_ptr,
-        a: ptr,
-        a_stride: args.a_stride,
-        b: ptr + up,
-        b_stride: args.a_stride,
-        da: ptr,
-        db: ptr + up,
     };
-    launch_backward::<T>(stream, args, p)
+    let [dc, gate_up] = call.ptrs;
+    launch_backward::<T>(
+        stream,
+        args,
+        Backward::fused::<T>(args, dc, gate_up, gate_up),
+    )
 }
 
 #[cfg(test)]
@@ -980,16 +980,23 @@ mod tests {
     #[test]
     fn fused_spans_need_twice_the_columns() {
         let args = SwigluArgs::fused(3, 5);
-        assert_eq!(args.fused_spans().unwrap(), [30, 15]);
-        let e = args.with_strides(9, 0, 5).fused_spans().unwrap_err();
+        assert_eq!(
+            args.fused_needs().unwrap(),
+            [Need::AtLeast(30, SPAN_FUSED), Need::AtLeast(15, SPAN_C)]
+        );
+        let e = args.with_strides(9, 0, 5).fused_needs().unwrap_err();
         assert!(e.to_string().contains("2 × cols = 10"), "{e}");
-        assert!(SwigluArgs::fused(1, usize::MAX).fused_spans().is_err());
+        assert!(SwigluArgs::fused(1, usize::MAX).fused_needs().is_err());
         assert_eq!(
             SwigluArgs::new(2, 4)
                 .with_strides(6, 5, 4)
-                .separate_spans()
+                .separate_needs()
                 .unwrap(),
-            [10, 9, 8]
+            [
+                Need::AtLeast(10, SPAN_A),
+                Need::AtLeast(9, SPAN_B),
+                Need::AtLeast(8, SPAN_C)
+            ]
         );
     }
 
