@@ -275,9 +275,28 @@ pub(crate) struct Taken<'b, const N: usize> {
     _guards: [Option<SyncOnDrop<'b>>; N],
 }
 
+/// The checks of [`validate`] in their order, over plain values: every buffer's context and
+/// length ([`check_buffers`]); then, unless the call is empty (`None` back), `take()` gives
+/// the pointers (with whatever must live as long as they are used) and every written buffer
+/// must overlap no other ([`check_disjoint`]).
+pub(crate) fn check<const N: usize, G>(
+    table: &Table<N>,
+    seen: &[Option<Seen>; N],
+    context: usize,
+    take: impl FnOnce() -> ([u64; N], G),
+) -> Result<Option<([u64; N], G)>> {
+    check_buffers(table, seen, context)?;
+    if table.empty {
+        return Ok(None);
+    }
+    let (ptrs, guards) = take();
+    check_disjoint(table, seen, &ptrs)?;
+    Ok(Some((ptrs, guards)))
+}
+
 /// Checks the call `table` describes with `bufs` (in table order, `None` for an optional
-/// buffer left out) on `stream`: contexts, lengths, then, unless the call is empty (`None`
-/// back: nothing to launch), the device pointers and that written buffers overlap no other.
+/// buffer left out) on `stream` ([`check`]); `None` back: the call is empty, nothing to
+/// launch.
 pub(crate) fn validate<'b, T, const N: usize>(
     stream: &'b CudaStream,
     table: &Table<N>,
@@ -285,15 +304,153 @@ pub(crate) fn validate<'b, T, const N: usize>(
 ) -> Result<Option<Taken<'b, N>>> {
     let context = stream.context().cu_ctx() as usize;
     let seen = bufs.each_ref().map(|b| b.as_ref().map(|b| b.seen(context)));
-    check_buffers(table, &seen, context)?;
-    if table.empty {
-        return Ok(None);
+    let take = || {
+        let taken = bufs.map(|b| b.map_or((0, None), |b| b.take(stream)));
+        (taken.each_ref().map(|t| t.0), taken.map(|t| t.1))
+    };
+    Ok(
+        check(table, &seen, context, take)?.map(|(ptrs, guards)| Taken {
+            ptrs,
+            _guards: guards,
+        }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CTX: usize = 7;
+
+    fn seen(len: usize, elem_bytes: usize) -> Option<Seen> {
+        Some(Seen {
+            len,
+            context: CTX,
+            elem_bytes,
+        })
     }
-    let taken = bufs.map(|b| b.map_or((0, None), |b| b.take(stream)));
-    let ptrs = taken.each_ref().map(|t| t.0);
-    check_disjoint(table, &seen, &ptrs)?;
-    Ok(Some(Taken {
-        ptrs,
-        _guards: taken.map(|t| t.1),
-    }))
+
+    fn table<const N: usize>(specs: [Spec; N]) -> Table<N> {
+        Table {
+            specs,
+            empty: false,
+        }
+    }
+
+    fn message(e: Error) -> String {
+        e.to_string()
+    }
+
+    #[test]
+    fn span_counts_the_last_row_once() {
+        assert_eq!(span("x", 0, 4, 4).unwrap(), 0);
+        assert_eq!(span("x", 1, 4, 100).unwrap(), 4);
+        assert_eq!(span("x", 3, 4, 6).unwrap(), 16);
+        assert!(
+            span("x", 3, 4, 3)
+                .unwrap_err()
+                .to_string()
+                .contains("row stride ≥ cols = 4")
+        );
+        assert!(span("x", usize::MAX, 4, 4).is_err());
+    }
+
+    #[test]
+    fn every_context_is_checked_before_any_length() {
+        let t = table([
+            Spec::read("a", Need::AtLeast(4, "rows")),
+            Spec::written("b", Need::Exactly(4, "cols")),
+        ]);
+        let other = Some(Seen {
+            context: CTX + 1,
+            ..seen(4, 4).unwrap()
+        });
+        let got = check_buffers(&t, &[seen(3, 4), other], CTX).unwrap_err();
+        assert_eq!(got, Error::WrongContext { arg: "b" });
+        let got = check_buffers(&t, &[seen(3, 4), seen(5, 4)], CTX).unwrap_err();
+        assert_eq!(
+            message(got),
+            "invalid `a`: expected length ≥ 4 (rows), got 3"
+        );
+        let got = check_buffers(&t, &[seen(4, 4), seen(5, 4)], CTX).unwrap_err();
+        assert_eq!(message(got), "invalid `b`: expected length 4 (cols), got 5");
+        // A buffer left out is neither measured nor placed.
+        assert!(check_buffers(&t, &[seen(9, 4), None], CTX).is_ok());
+        assert!(check_disjoint(&t, &[seen(9, 4), None], &[64, 64]).is_ok());
+    }
+
+    #[test]
+    fn tables_of_rows_and_lengths_of_other_buffers() {
+        let t = table([
+            Spec::read("cos", Need::Rows(6, "max_pos ≥ 1 rows of rotary_dim")),
+            Spec::read("sin", Need::LengthOf(0)),
+        ]);
+        assert!(check_buffers(&t, &[seen(12, 2), seen(12, 2)], CTX).is_ok());
+        for len in [0, 13] {
+            let got = check_buffers(&t, &[seen(len, 2), seen(len, 2)], CTX).unwrap_err();
+            assert_eq!(
+                message(got),
+                format!(
+                    "invalid `cos`: expected a table of max_pos ≥ 1 rows of rotary_dim = 6, \
+                     got length {len}"
+                )
+            );
+        }
+        let got = check_buffers(&t, &[seen(12, 2), seen(18, 2)], CTX).unwrap_err();
+        assert_eq!(
+            message(got),
+            "invalid `sin`: expected length 12 (the length of cos), got 18"
+        );
+    }
+
+    #[test]
+    fn overlap_is_byte_exact_over_the_span() {
+        // `a` spans 4 f32 (1000..1016) of its 8; `c` 1 u16.
+        let t = table([
+            Spec::written("a", Need::AtLeast(4, "rows")),
+            Spec::read("b", Need::Exactly(4, "cols")),
+            Spec::read("c", Need::Exactly(1, "one")),
+            Spec::read("e", Need::Exactly(0, "none")),
+        ]);
+        let seen = [seen(8, 4), seen(4, 4), seen(1, 2), seen(0, 4)];
+        assert!(check_disjoint(&t, &seen, &[1000, 1016, 1016, 1004]).is_ok());
+        let got = check_disjoint(&t, &seen, &[1000, 1016, 1014, 1004]).unwrap_err();
+        assert_eq!(
+            got,
+            Error::Aliasing {
+                output: "a",
+                other: "c"
+            }
+        );
+        // Read buffers may share memory.
+        assert!(check_disjoint(&t, &seen, &[1000, 2000, 2000, 2000]).is_ok());
+    }
+
+    #[test]
+    fn an_overlap_names_the_written_buffer_then_the_earlier_of_two() {
+        let t = table([
+            Spec::read("in", Need::Exactly(4, "n")),
+            Spec::in_place("io", Need::Exactly(4, "n")),
+            Spec::written("out", Need::Exactly(4, "n")),
+        ]);
+        let seen = [seen(4, 4), seen(4, 4), seen(4, 4)];
+        let aliasing = |ptrs| check_disjoint(&t, &seen, &ptrs).unwrap_err();
+        let named = |output, other| Error::Aliasing { output, other };
+        assert_eq!(aliasing([100, 100, 500]), named("io", "in"));
+        assert_eq!(aliasing([100, 500, 100]), named("out", "in"));
+        assert_eq!(aliasing([100, 500, 500]), named("io", "out"));
+    }
+
+    #[test]
+    fn an_empty_call_takes_no_pointers() {
+        let mut t = table([Spec::written("y", Need::AtLeast(0, "rows"))]);
+        t.empty = true;
+        let got = check(&t, &[seen(0, 4)], CTX, || -> ([u64; 1], ()) {
+            panic!("took the pointers of an empty call")
+        });
+        assert_eq!(got, Ok(None));
+        // Its lengths and contexts are still checked.
+        t.specs[0].need = Need::AtLeast(1, "rows");
+        assert!(check(&t, &[seen(0, 4)], CTX, || ([0], ())).is_err());
+    }
 }
