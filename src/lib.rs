@@ -79,6 +79,8 @@
 //!   kernels otherwise, so any shape and alignment works.
 #![warn(missing_docs)]
 
+#[cfg(test)]
+mod bad_input;
 #[cfg(feature = "candle")]
 pub mod candle;
 mod dtype;
@@ -97,6 +99,9 @@ mod swiglu;
 #[allow(dead_code)] // the unit tests skip for want of a GPU or an H200, never for their shapes
 mod test_skip;
 mod validate;
+// The shared bad-input tables name the crate as a user does.
+#[cfg(test)]
+extern crate self as liger_rs;
 
 #[cfg(feature = "candle")]
 pub use candle_core;

@@ -698,6 +698,17 @@ impl RopeArgs {
     }
 }
 
+impl RopeArgs {
+    /// Rows of a checked cos/sin table of `cos_len` elements.
+    pub(crate) fn table_rows(&self, rows: Rows, sizes: &RopeSizes, cos_len: usize) -> usize {
+        match rows {
+            Rows::PerPosition => self.seq_len,
+            Rows::PerBatch => sizes.tokens,
+            Rows::Gathered => cos_len / self.table_row_len(),
+        }
+    }
+}
+
 /// Host ids must each name a row of the `rows`-row cos/sin table.
 pub(crate) fn check_host_ids(ids: &[i64], rows: usize) -> Result<()> {
     match ids
@@ -733,11 +744,7 @@ fn rope_call<'b, T: Dtype>(
         return Ok(());
     };
     let [q, k, cos_ptr, sin_ptr, ids_ptr, q_out, k_out] = call.ptrs;
-    let rows = match layout {
-        CosSinLayout::PerPosition => args.seq_len,
-        CosSinLayout::PerBatch => sizes.tokens,
-        CosSinLayout::Gathered(_) => cos.len() / args.table_row_len(),
-    };
+    let rows = args.table_rows(layout.rows(), &sizes, cos.len());
     // Host ids go up only now that every check has passed; a fresh allocation is disjoint
     // from every argument by construction.
     let uploaded: Option<CudaSlice<i64>> = match layout {
