@@ -8,6 +8,7 @@ mod tables;
 
 use crate::Result;
 use crate::rope::{Direction, Rows, check_host_ids};
+use crate::swiglu;
 use crate::validate::{Seen, Table, check};
 use tables::*;
 
@@ -104,23 +105,20 @@ impl Check for Rope {
 
 impl Check for Swiglu {
     fn check(self, call: &Call<crate::SwigluArgs>, t_size: usize) -> Result<()> {
-        let a = &call.args;
-        let same = |n| n;
+        fn with<const N: usize>(
+            call: &Call<crate::SwigluArgs>,
+            t_size: usize,
+            buffers: &swiglu::Buffers<N>,
+        ) -> Result<()> {
+            run(call.args.table(buffers)?, call, t_size, |n| n, None).map(drop)
+        }
         match self {
-            Swiglu::Forward => run(a.forward_table()?, call, t_size, same, None).map(drop),
-            Swiglu::ForwardFused => {
-                run(a.forward_fused_table()?, call, t_size, same, None).map(drop)
-            }
-            Swiglu::Backward => run(a.backward_table()?, call, t_size, same, None).map(drop),
-            Swiglu::BackwardInplace => {
-                run(a.backward_inplace_table()?, call, t_size, same, None).map(drop)
-            }
-            Swiglu::BackwardFused => {
-                run(a.backward_fused_table()?, call, t_size, same, None).map(drop)
-            }
-            Swiglu::BackwardFusedInplace => {
-                run(a.backward_fused_inplace_table()?, call, t_size, same, None).map(drop)
-            }
+            Swiglu::Forward => with(call, t_size, &swiglu::FORWARD),
+            Swiglu::ForwardFused => with(call, t_size, &swiglu::FORWARD_FUSED),
+            Swiglu::Backward => with(call, t_size, &swiglu::BACKWARD),
+            Swiglu::BackwardInplace => with(call, t_size, &swiglu::BACKWARD_INPLACE),
+            Swiglu::BackwardFused => with(call, t_size, &swiglu::BACKWARD_FUSED),
+            Swiglu::BackwardFusedInplace => with(call, t_size, &swiglu::BACKWARD_FUSED_INPLACE),
         }
     }
 }

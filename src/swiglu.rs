@@ -14,6 +14,7 @@ use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
 use crate::launch::whole_grid;
 use crate::module::{Kernels, kernels};
+use crate::validate::Role::{self, InPlace, Read, Written};
 use crate::validate::{Need, Spec, Table, read, span, validate, write};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
@@ -258,68 +259,74 @@ impl SwigluArgs {
         ])
     }
 
-    /// A call's buffer table: empty without rows.
-    fn table<const N: usize>(&self, specs: [Spec; N]) -> Table<N> {
-        Table {
+    /// The table of the call with `buffers`: the fused layout's spans if any buffer is fused,
+    /// else the separate layout's; empty without rows.
+    pub(crate) fn table<const N: usize>(&self, buffers: &Buffers<N>) -> Result<Table<N>> {
+        let needs = match buffers.iter().any(|b| b.2 == Of::Fused) {
+            true => {
+                let [fused, c] = self.fused_needs()?;
+                [None, None, Some(c), Some(fused)]
+            }
+            false => {
+                let [a, b, c] = self.separate_needs()?;
+                [Some(a), Some(b), Some(c), None]
+            }
+        };
+        let specs = buffers.map(|(name, role, of)| Spec {
+            name,
+            role,
+            need: needs[of as usize].expect("the constant tables mix no layouts"),
+        });
+        Ok(Table {
             specs,
             empty: self.rows == 0,
-        }
-    }
-
-    /// The buffers of [`swiglu_forward`].
-    pub(crate) fn forward_table(&self) -> Result<Table<3>> {
-        let [a, b, c] = self.separate_needs()?;
-        Ok(self.table([
-            Spec::read("a", a),
-            Spec::read("b", b),
-            Spec::written("c", c),
-        ]))
-    }
-
-    /// The buffers of [`swiglu_forward_fused`].
-    pub(crate) fn forward_fused_table(&self) -> Result<Table<2>> {
-        let [gate_up, c] = self.fused_needs()?;
-        Ok(self.table([Spec::read("gate_up", gate_up), Spec::written("c", c)]))
-    }
-
-    /// The buffers of [`swiglu_backward`].
-    pub(crate) fn backward_table(&self) -> Result<Table<5>> {
-        let [a, b, c] = self.separate_needs()?;
-        Ok(self.table([
-            Spec::read("dc", c),
-            Spec::read("a", a),
-            Spec::read("b", b),
-            Spec::written("da", a),
-            Spec::written("db", b),
-        ]))
-    }
-
-    /// The buffers of [`swiglu_backward_inplace`].
-    pub(crate) fn backward_inplace_table(&self) -> Result<Table<3>> {
-        let [a, b, c] = self.separate_needs()?;
-        Ok(self.table([
-            Spec::read("dc", c),
-            Spec::in_place("a", a),
-            Spec::in_place("b", b),
-        ]))
-    }
-
-    /// The buffers of [`swiglu_backward_fused`].
-    pub(crate) fn backward_fused_table(&self) -> Result<Table<3>> {
-        let [gate_up, c] = self.fused_needs()?;
-        Ok(self.table([
-            Spec::read("dc", c),
-            Spec::read("gate_up", gate_up),
-            Spec::written("d_gate_up", gate_up),
-        ]))
-    }
-
-    /// The buffers of [`swiglu_backward_fused_inplace`].
-    pub(crate) fn backward_fused_inplace_table(&self) -> Result<Table<2>> {
-        let [gate_up, c] = self.fused_needs()?;
-        Ok(self.table([Spec::read("dc", c), Spec::in_place("gate_up", gate_up)]))
+        })
     }
 }
+
+/// The span a buffer of a call covers: `a`'s, `b`'s or `c`'s rows, or fused gate-up rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Of {
+    A,
+    B,
+    C,
+    Fused,
+}
+
+/// A launcher's buffers in signature order: name, role and span.
+pub(crate) type Buffers<const N: usize> = [(&'static str, Role, Of); N];
+
+/// The buffers of [`swiglu_forward`].
+pub(crate) const FORWARD: Buffers<3> = [
+    ("a", Read, Of::A),
+    ("b", Read, Of::B),
+    ("c", Written, Of::C),
+];
+/// The buffers of [`swiglu_forward_fused`].
+pub(crate) const FORWARD_FUSED: Buffers<2> = [("gate_up", Read, Of::Fused), ("c", Written, Of::C)];
+/// The buffers of [`swiglu_backward`].
+pub(crate) const BACKWARD: Buffers<5> = [
+    ("dc", Read, Of::C),
+    ("a", Read, Of::A),
+    ("b", Read, Of::B),
+    ("da", Written, Of::A),
+    ("db", Written, Of::B),
+];
+/// The buffers of [`swiglu_backward_inplace`].
+pub(crate) const BACKWARD_INPLACE: Buffers<3> = [
+    ("dc", Read, Of::C),
+    ("a", InPlace, Of::A),
+    ("b", InPlace, Of::B),
+];
+/// The buffers of [`swiglu_backward_fused`].
+pub(crate) const BACKWARD_FUSED: Buffers<3> = [
+    ("dc", Read, Of::C),
+    ("gate_up", Read, Of::Fused),
+    ("d_gate_up", Written, Of::Fused),
+];
+/// The buffers of [`swiglu_backward_fused_inplace`].
+pub(crate) const BACKWARD_FUSED_INPLACE: Buffers<2> =
+    [("dc", Read, Of::C), ("gate_up", InPlace, Of::Fused)];
 
 const SPAN_A: &str = "(rows − 1) × a_stride + cols";
 const SPAN_B: &str = "(rows − 1) × b_stride + cols";
@@ -654,7 +661,7 @@ pub fn swiglu_forward<T: Dtype>(
     b: &impl DevicePtr<T>,
     c: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let table = args.forward_table()?;
+    let table = args.table(&FORWARD)?;
     let Some(call) = validate(stream, &table, [read(a), read(b), write(c)])? else {
         return Ok(());
     };
@@ -682,7 +689,7 @@ pub fn swiglu_forward_fused<T: Dtype>(
     gate_up: &impl DevicePtr<T>,
     c: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let table = args.forward_fused_table()?;
+    let table = args.table(&FORWARD_FUSED)?;
     let Some(call) = validate(stream, &table, [read(gate_up), write(c)])? else {
         return Ok(());
     };
@@ -719,7 +726,7 @@ pub fn swiglu_backward<T: Dtype>(
     da: &mut impl DevicePtrMut<T>,
     db: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let table = args.backward_table()?;
+    let table = args.table(&BACKWARD)?;
     let bufs = [read(dc), read(a), read(b), write(da), write(db)];
     let Some(call) = validate(stream, &table, bufs)? else {
         return Ok(());
@@ -753,7 +760,7 @@ pub fn swiglu_backward_inplace<T: Dtype>(
     a: &mut impl DevicePtrMut<T>,
     b: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let table = args.backward_inplace_table()?;
+    let table = args.table(&BACKWARD_INPLACE)?;
     let Some(call) = validate(stream, &table, [read(dc), write(a), write(b)])? else {
         return Ok(());
     };
@@ -784,7 +791,7 @@ pub fn swiglu_backward_fused<T: Dtype>(
     gate_up: &impl DevicePtr<T>,
     d_gate_up: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let table = args.backward_fused_table()?;
+    let table = args.table(&BACKWARD_FUSED)?;
     let bufs = [read(dc), read(gate_up), write(d_gate_up)];
     let Some(call) = validate(stream, &table, bufs)? else {
         return Ok(());
@@ -818,7 +825,7 @@ pub fn swiglu_backward_fused_inplace<T: Dtype>(
     dc: &impl DevicePtr<T>,
     gate_up: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let table = args.backward_fused_inplace_table()?;
+    let table = args.table(&BACKWARD_FUSED_INPLACE)?;
     let Some(call) = validate(stream, &table, [read(dc), write(gate_up)])? else {
         return Ok(());
     };
