@@ -44,6 +44,13 @@
 //!   `CudaViewMut`) and must belong to the stream's context. Lengths are checked against the
 //!   shape before anything is launched; rows may be strided (`with_strides` on the argument
 //!   types) so a row-slice of a larger buffer works.
+//! * **Errors** come in one order for every launcher: the argument struct (and which optional
+//!   buffers are given), then every buffer's context, then every buffer's length (each in
+//!   signature order), then, unless the call has no rows or tokens, overlaps: every buffer
+//!   written must share no byte with any other ([`Error::Aliasing`] names the written one).
+//!   A call without rows or tokens returns after the lengths, touching no buffer, except the
+//!   RMSNorm backward with a weight, which zeroes `dw` (checked for overlaps first). RoPE's
+//!   host position ids are range-checked last.
 //! * **In place**: RoPE rotates q and k in place (forward) and dq, dk in place (backward), as
 //!   Liger does ([`rope_forward_into`] and [`rope_backward_into`] write to their own buffers
 //!   instead). RMSNorm and SwiGLU backward come in two forms: `*_backward` writes gradients
