@@ -696,7 +696,7 @@ pub fn rms_norm_backward<T: Dtype>(
     dw: Option<&mut CudaViewMut<'_, T>>,
 ) -> Result<()> {
     let (dy, dx) = (read(dy), write(dx));
-    backward(stream, args, false, [dy, dx], x, weight, rstd, dw)
+    backward(stream, args, [dy, dx], x, weight, rstd, dw)
 }
 
 /// RMSNorm backward writing `dx` over `dy` (Liger's memory-saving default); otherwise as
@@ -725,31 +725,21 @@ pub fn rms_norm_backward_inplace<T: Dtype>(
     rstd: &impl DevicePtr<f32>,
     dw: Option<&mut CudaViewMut<'_, T>>,
 ) -> Result<()> {
-    backward(
-        stream,
-        args,
-        true,
-        [write(dy_dx), None],
-        x,
-        weight,
-        rstd,
-        dw,
-    )
+    backward(stream, args, [write(dy_dx), None], x, weight, rstd, dw)
 }
 
 /// Shared backward: `[dy, dx]` are the first and fifth buffers of
 /// [`RmsNormArgs::backward_table`] (in place, `dy_dx` and `None`).
-#[allow(clippy::too_many_arguments)]
 fn backward<'b, T: Dtype>(
     stream: &'b Arc<CudaStream>,
     args: &RmsNormArgs,
-    in_place: bool,
     [dy, dx]: [Option<Buf<'b, T>>; 2],
     x: &'b impl DevicePtr<T>,
     weight: Option<&'b CudaView<'_, T>>,
     rstd: &'b impl DevicePtr<f32>,
     dw: Option<&'b mut CudaViewMut<'_, T>>,
 ) -> Result<()> {
+    let in_place = dx.is_none();
     let (settings, table) = args.backward_table(in_place, weight.is_some(), dw.is_some())?;
     let bufs = [
         dy,

@@ -337,10 +337,6 @@ mod tests {
         }
     }
 
-    fn message(e: Error) -> String {
-        e.to_string()
-    }
-
     #[test]
     fn span_counts_the_last_row_once() {
         assert_eq!(span("x", 0, 4, 4).unwrap(), 0);
@@ -369,11 +365,14 @@ mod tests {
         assert_eq!(got, Error::WrongContext { arg: "b" });
         let got = check_buffers(&t, &[seen(3, 4), seen(5, 4)], CTX).unwrap_err();
         assert_eq!(
-            message(got),
+            got.to_string(),
             "invalid `a`: expected length ≥ 4 (rows), got 3"
         );
         let got = check_buffers(&t, &[seen(4, 4), seen(5, 4)], CTX).unwrap_err();
-        assert_eq!(message(got), "invalid `b`: expected length 4 (cols), got 5");
+        assert_eq!(
+            got.to_string(),
+            "invalid `b`: expected length 4 (cols), got 5"
+        );
         // A buffer left out is neither measured nor placed.
         assert!(check_buffers(&t, &[seen(9, 4), None], CTX).is_ok());
         assert!(check_disjoint(&t, &[seen(9, 4), None], &[64, 64]).is_ok());
@@ -389,7 +388,7 @@ mod tests {
         for len in [0, 13] {
             let got = check_buffers(&t, &[seen(len, 2), seen(len, 2)], CTX).unwrap_err();
             assert_eq!(
-                message(got),
+                got.to_string(),
                 format!(
                     "invalid `cos`: expected a table of max_pos ≥ 1 rows of rotary_dim = 6, \
                      got length {len}"
@@ -398,7 +397,7 @@ mod tests {
         }
         let got = check_buffers(&t, &[seen(12, 2), seen(18, 2)], CTX).unwrap_err();
         assert_eq!(
-            message(got),
+            got.to_string(),
             "invalid `sin`: expected length 12 (the length of cos), got 18"
         );
     }
