@@ -27,7 +27,8 @@ pub(crate) enum Need {
     AtLeast(usize, &'static str),
     /// Exactly this many.
     Exactly(usize, &'static str),
-    /// At least one whole row of this many elements (a table whose row count is its length).
+    /// Whole rows of this many elements, at least one (a table that has as many rows as its
+    /// length holds).
     Rows(usize, &'static str),
     /// Exactly the length of the table's buffer at this index.
     LengthOf(usize),
