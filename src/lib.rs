@@ -83,6 +83,10 @@
 pub mod candle;
 mod dtype;
 mod error;
+// The device crate's file, as the package ships it (`packaging/kernels-gpu/` links to
+// `kernels-gpu/` in a checkout): the kernels' identities and shared constants, defined once.
+#[path = "../packaging/kernels-gpu/src/identity.rs"]
+mod identity;
 mod launch;
 mod mode;
 mod module;

@@ -1,5 +1,6 @@
 //! The embedded PTX, loaded once per CUDA context and cached for the life of the process.
 use crate::error::{Error, Result};
+use crate::identity::Kernel;
 use crate::scratch::ScratchPool;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, sys};
 use std::collections::HashMap;
@@ -47,7 +48,7 @@ const SM90_MIN_DRIVER: i32 = 12030;
 /// One context's loaded module, the functions looked up in it so far, and their occupancy.
 pub(crate) struct Kernels {
     module: Arc<CudaModule>,
-    functions: Mutex<HashMap<String, CudaFunction>>,
+    functions: Mutex<HashMap<Kernel, CudaFunction>>,
     /// Resident blocks per SM, keyed by (function handle, threads, dynamic shared bytes).
     occupancy: Mutex<HashMap<(usize, u32, u32), u32>>,
     /// Resident clusters on the whole device, keyed by (function handle, threads, dynamic
@@ -62,14 +63,14 @@ pub(crate) struct Kernels {
 }
 
 impl Kernels {
-    /// The kernel called `name`, looked up once.
-    pub(crate) fn function(&self, name: &str) -> Result<CudaFunction> {
+    /// `kernel`'s function, looked up once.
+    pub(crate) fn function(&self, kernel: Kernel) -> Result<CudaFunction> {
         let mut functions = lock(&self.functions);
-        if let Some(f) = functions.get(name) {
+        if let Some(f) = functions.get(&kernel) {
             return Ok(f.clone());
         }
-        let f = self.module.load_function(name)?;
-        functions.insert(name.to_string(), f.clone());
+        let f = self.module.load_function(&kernel.name())?;
+        functions.insert(kernel, f.clone());
         Ok(f)
     }
 
@@ -311,6 +312,28 @@ mod tests {
             .skip(1)
             .map(|e| (e.split('(').next().unwrap_or(e), e))
             .collect()
+    }
+
+    #[test]
+    fn the_launchers_ask_for_exactly_the_kernels_of_both_builds() {
+        use std::collections::BTreeSet;
+        let launchable: BTreeSet<String> = [
+            crate::rms_norm::tests::launchable_kernels(),
+            crate::rope::tests::launchable_kernels(),
+            crate::swiglu::tests::launchable_kernels(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|k| k.name())
+        .collect();
+        for ptx in [PTX, PTX_SM90] {
+            let names: BTreeSet<String> = entries(ptx).iter().map(|(n, _)| n.to_string()).collect();
+            let missing: Vec<_> = launchable.difference(&names).collect();
+            assert!(missing.is_empty(), "not in the PTX: {missing:?}");
+            let unused: Vec<_> = names.difference(&launchable).collect();
+            assert!(unused.is_empty(), "never launched: {unused:?}");
+        }
+        assert_eq!(launchable.len(), 214);
     }
 
     #[test]

@@ -2,21 +2,15 @@
 //! [`crate::reference::rope`], semantics in its docs).
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
+pub(crate) use crate::identity::Direction;
+use crate::identity::rope::{form, vec_heads};
+use crate::identity::{Kernel, RopePath, Rows};
 use crate::launch::{Region, disjoint, exactly, item_grid, same_context};
 use crate::module::kernels;
 use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
 use std::sync::Arc;
-
-/// Heads one thread of a vector kernel rotates per step, for elements of `size` bytes
-/// (`vec_heads` in `kernels-gpu/src/rope.rs`; must match): 2 in 16-bit types, 4 in f32.
-fn vec_heads(size: usize) -> usize {
-    match size {
-        2 => 2,
-        _ => 4,
-    }
-}
 
 /// Threads per block of the scalar kernels: one block covers `BLOCK_THREADS / pairs` tokens when a token has fewer
 /// pairs than this, else one token in `⌈pairs / BLOCK_THREADS⌉` passes.
@@ -441,20 +435,11 @@ pub fn rope_backward<T: Dtype>(
 }
 
 /// Rotation by θ (forward) or by −θ (backward).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Direction {
-    Forward,
-    Backward,
-}
-
-impl Direction {
-    /// Kernel-name part and the names of the q and k buffers, then of their outputs when
-    /// they have their own.
-    fn names(self) -> (&'static str, [&'static str; 4]) {
-        match self {
-            Direction::Forward => ("fwd", ["q", "k", "q_out", "k_out"]),
-            Direction::Backward => ("bwd", ["dq", "dk", "dq_out", "dk_out"]),
-        }
+/// The names of a direction's q and k buffers, then of their outputs when they have their own.
+fn buffer_names(direction: Direction) -> [&'static str; 4] {
+    match direction {
+        Direction::Backward => ["dq", "dk", "dq_out", "dk_out"],
+        _ => ["q", "k", "q_out", "k_out"],
     }
 }
 
@@ -528,7 +513,7 @@ fn rope<T: Dtype>(
     sin: &impl DevicePtr<T>,
     layout: &CosSinLayout<'_>,
 ) -> Result<()> {
-    let [q_name, k_name, ..] = direction.names().1;
+    let [q_name, k_name, ..] = buffer_names(direction);
     let sizes = args.check()?;
     same_context(stream, q_name, q)?;
     same_context(stream, k_name, k)?;
@@ -706,7 +691,7 @@ where
     K: DevicePtr<T>,
     KO: DevicePtrMut<T>,
 {
-    let [q_name, k_name, q_out_name, k_out_name] = direction.names().1;
+    let [q_name, k_name, q_out_name, k_out_name] = buffer_names(direction);
     let sizes = args.check_heads(k.is_some())?;
     // The general kernels index a token's items (pairs and copied tail dims) in 32 bits.
     (args.q_heads + args.k_heads)
@@ -756,10 +741,10 @@ where
     launch(stream, args, direction, &sizes, io, cos, sin, layout, table)
 }
 
-/// The cos/sin rows a call's layout provides and the kernel-name suffix that selects them.
+/// The cos/sin rows a call's layout provides and the kernels' identity of their source.
 struct Tables {
     rows: usize,
-    variant: &'static str,
+    source: Rows,
 }
 
 /// Checks cos, sin and the position ids against `args` and `layout`.
@@ -806,9 +791,9 @@ fn check_tables<T: Dtype>(
         }
     };
     exactly("sin", sin.len(), cos.len(), "the length of cos")?;
-    let variant = match layout {
-        CosSinLayout::PerPosition => "pos",
-        CosSinLayout::PerBatch => "batch",
+    let source = match layout {
+        CosSinLayout::PerPosition => Rows::PerPosition,
+        CosSinLayout::PerBatch => Rows::PerBatch,
         CosSinLayout::Gathered(ids) => {
             let len = match ids {
                 PositionIds::Host(h) => h.len(),
@@ -835,14 +820,14 @@ fn check_tables<T: Dtype>(
                             format!("position_ids[{i}] = {id}"),
                         ));
                     }
-                    "ids64"
+                    Rows::IdsI64
                 }
-                PositionIds::DeviceI32(_) => "ids32",
-                PositionIds::DeviceI64(_) => "ids64",
+                PositionIds::DeviceI32(_) => Rows::IdsI32,
+                PositionIds::DeviceI64(_) => Rows::IdsI64,
             }
         }
     };
-    Ok(Tables { rows, variant })
+    Ok(Tables { rows, source })
 }
 
 /// The q and k buffers of one launch as device pointers (their guards held by the caller):
@@ -852,14 +837,6 @@ struct Io {
     q: u64,
     k: u64,
     out: Option<(u64, u64)>,
-}
-
-/// The form bits of the general kernels (`flags` in `kernels-gpu/src/rope.rs`; must match).
-mod form {
-    pub(super) const INTERLEAVED: u32 = 1;
-    pub(super) const HEAD_MAJOR: u32 = 2;
-    pub(super) const HALF_TABLES: u32 = 4;
-    pub(super) const COPY_TAIL: u32 = 8;
 }
 
 /// The form bits of a general-kernel call, and the work items of one token: each head's
@@ -898,7 +875,7 @@ fn launch<T: Dtype>(
     layout: &CosSinLayout<'_>,
     table: Tables,
 ) -> Result<()> {
-    let (dir, [q_name, k_name, q_out_name, k_out_name]) = direction.names();
+    let [q_name, k_name, q_out_name, k_out_name] = buffer_names(direction);
     let r = args.rotary_dim;
     let (cos_ptr, _cos) = cos.device_ptr(stream);
     let (sin_ptr, _sin) = sin.device_ptr(stream);
@@ -956,7 +933,12 @@ fn launch<T: Dtype>(
     };
 
     let kernels = kernels(stream.context())?;
-    let variant = table.variant;
+    let kernel = |path| Kernel::Rope {
+        direction,
+        path,
+        elem: T::ELEM,
+        rows: table.source,
+    };
     let dims = [
         sizes.tokens,
         args.seq_len,
@@ -968,7 +950,7 @@ fn launch<T: Dtype>(
     ]
     .map(|v| v as u64);
     if io.out.is_some() || !args.neox_in_place() {
-        let func = kernels.function(&format!("rope_{dir}_g_{}_{variant}", T::NAME))?;
+        let func = kernels.function(kernel(RopePath::General))?;
         let (form, items) = general_form(args, io.out.is_some());
         let (tx, ty) = block_shape(items);
         let blocks = sizes.tokens.div_ceil(ty as usize).min(i32::MAX as usize);
@@ -1006,9 +988,9 @@ fn launch<T: Dtype>(
     let ptrs = [io.q, io.k, cos_ptr, sin_ptr];
     let cfg = match vector_lanes(args, std::mem::size_of::<T>(), ptrs) {
         Some(lanes) => {
-            let func = kernels.function(&format!("rope_{dir}_v_{}_{variant}", T::NAME))?;
+            let func = kernels.function(kernel(RopePath::Vector))?;
             let heads = args.q_heads + args.k_heads;
-            let vec_heads = vec_heads(std::mem::size_of::<T>());
+            let vec_heads = vec_heads(lanes);
             let (bx, by, bz) = vector_block(r / 2 / lanes, heads, sizes.tokens, vec_heads);
             let threads = bx * by * bz;
             // Grid-stride over tokens: as many blocks as are resident at once, at most one per
@@ -1027,7 +1009,7 @@ fn launch<T: Dtype>(
             )
         }
         None => {
-            let func = kernels.function(&format!("rope_{dir}_{}_{variant}", T::NAME))?;
+            let func = kernels.function(kernel(RopePath::Scalar))?;
             let (tx, ty) = block_shape(sizes.pairs);
             let blocks = sizes.tokens.div_ceil(ty as usize).min(i32::MAX as usize);
             (
@@ -1066,8 +1048,52 @@ fn launch<T: Dtype>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::identity::ElemType;
+
+    /// Every kernel the launchers can ask for: each path takes each element type, direction
+    /// and cos/sin row source ([`Tables`]).
+    pub(crate) fn launchable_kernels() -> Vec<Kernel> {
+        let mut out = Vec::new();
+        for &direction in &[Direction::Forward, Direction::Backward] {
+            for &path in RopePath::ALL {
+                for &elem in ElemType::ALL {
+                    for &rows in Rows::ALL {
+                        out.push(Kernel::Rope {
+                            direction,
+                            path,
+                            elem,
+                            rows,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn kernel_names_are_their_parts() {
+        let kernel = |path, rows| Kernel::Rope {
+            direction: Direction::Backward,
+            path,
+            elem: ElemType::F16,
+            rows,
+        };
+        assert_eq!(
+            kernel(RopePath::General, Rows::IdsI32).name(),
+            "rope_bwd_g_f16_ids32"
+        );
+        assert_eq!(
+            kernel(RopePath::Vector, Rows::PerPosition).name(),
+            "rope_bwd_v_f16_pos"
+        );
+        assert_eq!(
+            kernel(RopePath::Scalar, Rows::PerBatch).name(),
+            "rope_bwd_f16_batch"
+        );
+    }
 
     #[test]
     fn block_shape_covers_every_pair_within_256_threads() {
@@ -1136,7 +1162,7 @@ mod tests {
     fn vector_block_covers_the_token_in_one_step_within_256_threads() {
         // The benchmark shape: 40 heads, d = 128 → 8 (16-bit, 2 heads per step) or 16 (f32, 4
         // heads per step) vectors per half.
-        assert_eq!(vector_block(8, 40, 16384, vec_heads(2)), (8, 20, 1)); // 160 threads
+        assert_eq!(vector_block(8, 40, 16384, vec_heads(8)), (8, 20, 1)); // 160 threads
         assert_eq!(vector_block(16, 40, 16384, vec_heads(4)), (16, 10, 1));
         // 15 threads per token: 17 tokens fill 255 of 8 warps' 256 lanes (the least waste);
         // with 4 tokens, 4 fill 60 of 64 (as good as 2 in 32, and more per block).

@@ -29,8 +29,8 @@ macro_rules! names {
 
         impl $name {
             /// Every value, in declaration order.
-            // The host enumerates identities in its tests only.
-            #[cfg_attr(not(test), allow(dead_code))]
+            // Only the host's tests enumerate identities, and not of every enum.
+            #[allow(dead_code)]
             pub const ALL: &'static [$name] = &[$($name::$value,)*];
 
             /// Its part of an entry name.
@@ -448,18 +448,24 @@ pub mod rope {
 
 /// Constants of the SwiGLU kernels.
 pub mod swiglu {
+    use super::ElemType;
+
     /// Elements per thread per tile of the scalar kernels.
     pub const ITEMS: usize = 4;
     /// 16-byte vectors of each operand per thread per tile of the forward `_v` kernels.
     pub const FWD_VECS: usize = 3;
     /// The same for the backward `_v` kernels.
     pub const BWD_VECS: usize = 3;
-    /// 16-byte vectors of each operand per thread of the forward `_vt` kernels of 16-bit
-    /// types: with no next tile in registers they fit more.
-    pub const FWD_VECS_TILE: usize = 4;
-    /// The same for f32, whose vectors hold half the elements: on an H200, 2 measured +0.7 %
-    /// over 4 for f32, and −2 % for bf16/f16.
-    pub const FWD_VECS_TILE_F32: usize = 2;
+    /// 16-byte vectors of each operand per thread of the forward `_vt` kernel of `elem`: with
+    /// no next tile in registers they fit more than the `_v` kernels' [`FWD_VECS`], 4; f32,
+    /// whose vectors hold half the elements, takes 2 (on an H200, +0.7 % over 4 for f32, and
+    /// −2 % for bf16/f16).
+    pub const fn fwd_vecs_tile(elem: ElemType) -> usize {
+        match elem {
+            ElemType::F32 => 2,
+            ElemType::F16 | ElemType::Bf16 => 4,
+        }
+    }
     /// Bytes of each vector of the backward `_vt` kernels (every element type). On an H200,
     /// 8 bytes per thread per operand measured the highest DRAM throughput for this
     /// five-stream pattern of every width (4, 8, 16 bytes), vector count (1, 2, 4) and block

@@ -27,18 +27,17 @@
 //! ([`FWD_VECS`], [`BWD_VECS`]) 16-byte vectors ([`V16`]) per thread and load their next tile
 //! before computing the current one, so all `K` vectors of every operand are in flight at
 //! once. Their `_vt` twins, which the host picks for many waves of tiles, run one tile per
-//! block over a grid of every tile, with no next tile: the forward's take [`FWD_VECS_TILE`]
-//! (f32: [`FWD_VECS_TILE_F32`]) 16-byte vectors per thread, the backward's one 8-byte vector
-//! ([`V8`]) of each operand, which on an H200 gives the five-stream pattern its highest DRAM
-//! throughput of every width, vector count and block size measured (PERFORMANCE.md, twelfth
-//! session; the forward measured lower with it, its index arithmetic then a larger share). Each
+//! block over a grid of every tile, with no next tile: the forward's take [`fwd_vecs_tile`]
+//! 16-byte vectors per thread, the backward's one 8-byte vector ([`V8`]) of each operand,
+//! which on an H200 gives the five-stream pattern its highest DRAM throughput of every width,
+//! vector count and block size measured (PERFORMANCE.md, twelfth session; the forward measured
+//! lower with it, its index arithmetic then a larger share). Each
 //! thread tracks the (row, column) of its vectors incrementally in 32 bits (three divisions
 //! per thread at start, none per vector), so row strides and the fused layout cost one wide
 //! multiply-add per pointer per vector. The f32 math per element is the scalar kernels' (same
 //! functions, same order), so every path gives the same bits.
 use crate::identity::swiglu::{
-    BWD_TILE_VECTOR_BYTES, BWD_VECS, BWD_VECS_TILE, FWD_VECS, FWD_VECS_TILE, FWD_VECS_TILE_F32,
-    ITEMS,
+    BWD_TILE_VECTOR_BYTES, BWD_VECS, BWD_VECS_TILE, FWD_VECS, ITEMS, fwd_vecs_tile,
 };
 use crate::identity::{ElemType, kernel_name};
 use crate::{
@@ -538,14 +537,6 @@ macro_rules! swiglu_bwd_kernel {
             }
         };
     };
-}
-
-/// 16-byte vectors of each operand per thread of the forward `_vt` kernel of `elem`.
-const fn fwd_vecs_tile(elem: ElemType) -> usize {
-    match elem {
-        ElemType::F32 => FWD_VECS_TILE_F32,
-        ElemType::F16 | ElemType::Bf16 => FWD_VECS_TILE,
-    }
 }
 
 // The backward `_vt` kernels load `V8`s, the vectors the host sizes their tiles in.
