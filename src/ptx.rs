@@ -42,10 +42,10 @@ impl Split {
                     }
                 },
             };
-            for c in line.chars() {
-                match c {
-                    '{' => (depth, opened) = (depth + 1, true),
-                    '}' => depth = depth.saturating_sub(1),
+            for b in line.bytes() {
+                match b {
+                    b'{' => (depth, opened) = (depth + 1, true),
+                    b'}' => depth = depth.saturating_sub(1),
                     _ => {}
                 }
             }
