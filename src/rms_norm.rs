@@ -960,9 +960,9 @@ fn backward<T: Dtype>(
             true => Launch::Dependent,
             false => Launch::Plain,
         };
-        // SAFETY: matches `dw_reduce_kernel!`, whose sm_90 build waits for the backward before
-        // reading `partial`; `partial` holds `parts × cols`, `dw` `cols`, and the backward
-        // just queued wrote every element the reduction reads.
+        // SAFETY: matches the dW reduction of `rms_norm_kernels!`, whose sm_90 build waits
+        // for the backward before reading `partial`; `partial` holds `parts × cols`, `dw`
+        // `cols`, and the backward just queued wrote every element the reduction reads.
         unsafe { launch_ex(stream, &reduce, cfg, &mut params, how) }
     };
     match dw_ptr {
