@@ -236,81 +236,44 @@ pub enum Kernel {
 #[allow(unused_macros)]
 macro_rules! kernel_name {
     (RmsNorm, DwReduce, $elem:ident) => {
-        concat!(
-            $crate::identity::op_name!(RmsNorm),
-            "_",
-            $crate::identity::direction_name!(DwReduce),
-            "_",
-            $crate::identity::elem_name!($elem)
-        )
+        $crate::identity::kernel_name!(@join
+            op_name(RmsNorm), direction_name(DwReduce), elem_name($elem))
     };
     (RmsNorm, $dir:ident, Scalar, $elem:ident, $mode:ident) => {
-        concat!(
-            $crate::identity::op_name!(RmsNorm),
-            "_",
-            $crate::identity::direction_name!($dir),
-            "_",
-            $crate::identity::elem_name!($elem),
-            "_",
-            $crate::identity::mode_name!($mode)
-        )
+        $crate::identity::kernel_name!(@join
+            op_name(RmsNorm), direction_name($dir), elem_name($elem), mode_name($mode))
     };
     (RmsNorm, $dir:ident, $layout:ident $k:literal, $elem:ident, $mode:ident) => {
-        concat!(
-            $crate::identity::op_name!(RmsNorm),
-            "_",
-            $crate::identity::direction_name!($dir),
-            "_",
-            $crate::identity::rms_norm_layout_name!($layout),
-            $k,
-            "_",
-            $crate::identity::elem_name!($elem),
-            "_",
-            $crate::identity::mode_name!($mode)
-        )
+        $crate::identity::kernel_name!(@join
+            op_name(RmsNorm), direction_name($dir), kernel_name(@vector $layout $k),
+            elem_name($elem), mode_name($mode))
     };
     (Rope, $dir:ident, Scalar, $elem:ident, $rows:ident) => {
-        concat!(
-            $crate::identity::op_name!(Rope),
-            "_",
-            $crate::identity::direction_name!($dir),
-            "_",
-            $crate::identity::elem_name!($elem),
-            "_",
-            $crate::identity::rows_name!($rows)
-        )
+        $crate::identity::kernel_name!(@join
+            op_name(Rope), direction_name($dir), elem_name($elem), rows_name($rows))
     };
     (Rope, $dir:ident, $path:ident, $elem:ident, $rows:ident) => {
-        concat!(
-            $crate::identity::op_name!(Rope),
-            "_",
-            $crate::identity::direction_name!($dir),
-            "_",
-            $crate::identity::rope_path_name!($path),
-            "_",
-            $crate::identity::elem_name!($elem),
-            "_",
-            $crate::identity::rows_name!($rows)
-        )
+        $crate::identity::kernel_name!(@join
+            op_name(Rope), direction_name($dir), rope_path_name($path), elem_name($elem),
+            rows_name($rows))
     };
     (Swiglu, $dir:ident, Scalar, $elem:ident) => {
-        concat!(
-            $crate::identity::op_name!(Swiglu),
-            "_",
-            $crate::identity::direction_name!($dir),
-            "_",
-            $crate::identity::elem_name!($elem)
-        )
+        $crate::identity::kernel_name!(@join
+            op_name(Swiglu), direction_name($dir), elem_name($elem))
     };
     (Swiglu, $dir:ident, $path:ident, $elem:ident) => {
+        $crate::identity::kernel_name!(@join
+            op_name(Swiglu), direction_name($dir), swiglu_path_name($path), elem_name($elem))
+    };
+    // An RMSNorm vector kernel's variant: its layout's name, then its vectors per thread.
+    (@vector $layout:ident $k:literal) => {
+        concat!($crate::identity::rms_norm_layout_name!($layout), $k)
+    };
+    // The parts, each a name macro of this file and its argument, joined by `_`.
+    (@join $first:ident($($arg:tt)*) $(, $part:ident($($args:tt)*))*) => {
         concat!(
-            $crate::identity::op_name!(Swiglu),
-            "_",
-            $crate::identity::direction_name!($dir),
-            "_",
-            $crate::identity::swiglu_path_name!($path),
-            "_",
-            $crate::identity::elem_name!($elem)
+            $crate::identity::$first!($($arg)*)
+            $(, "_", $crate::identity::$part!($($args)*))*
         )
     };
 }
@@ -322,6 +285,7 @@ pub(crate) use kernel_name;
 impl Kernel {
     /// The entry name: the parts that [`kernel_name!`] joins, in the same order.
     pub fn name(&self) -> String {
+        let variant;
         let parts: [&str; 5] = match *self {
             Kernel::RmsNorm {
                 direction,
@@ -329,19 +293,19 @@ impl Kernel {
                 elem,
                 mode,
             } => {
-                let variant = match shape {
+                variant = match shape {
                     RmsNormShape::Scalar => String::new(),
                     RmsNormShape::Vector { layout, per_thread } => {
                         format!("{}{per_thread}", layout.name())
                     }
                 };
-                return join(&[
+                [
                     Op::RmsNorm.name(),
                     direction.name(),
                     &variant,
                     elem.name(),
                     mode.name(),
-                ]);
+                ]
             }
             Kernel::RmsNormDwReduce { elem } => [
                 Op::RmsNorm.name(),
@@ -374,15 +338,9 @@ impl Kernel {
                 "",
             ],
         };
-        join(&parts)
+        let parts: Vec<&str> = parts.into_iter().filter(|p| !p.is_empty()).collect();
+        parts.join("_")
     }
-}
-
-/// The non-empty `parts` joined by `_`.
-#[cfg(not(target_arch = "nvptx64"))]
-fn join(parts: &[&str]) -> String {
-    let parts: Vec<&str> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
-    parts.join("_")
 }
 
 /// Whether the RMSNorm vector kernels of `elem` in `mode` form the weight product
