@@ -96,11 +96,6 @@ impl ElemType {
             ElemType::F16 | ElemType::Bf16 => 2,
         }
     }
-
-    /// Elements per 16-byte vector.
-    pub const fn lanes(self) -> usize {
-        16 / self.size()
-    }
 }
 
 names! {
