@@ -14,7 +14,7 @@
 //! process also pays the one-time cut of the embedded PTX into its kernels' modules. Without a
 //! GPU it says why and exits 0.
 use half::bf16;
-use liger_rs::cudarc::driver::CudaStream;
+use liger_rs::cudarc::driver::{CudaStream, sys};
 use liger_rs::{
     CosSinLayout, RmsNormArgs, RopeArgs, SwigluArgs, rms_norm_backward_inplace, rms_norm_forward,
     rope_backward, rope_forward, swiglu_backward, swiglu_forward,
@@ -135,11 +135,19 @@ fn main() -> Res<()> {
     };
     let stream = ctx.default_stream();
     stream.synchronize()?;
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    let (mut driver, mut loading) = (0, sys::CUmoduleLoadingMode::CU_MODULE_EAGER_LOADING);
+    // SAFETY: each call writes one value; the driver is loaded (a context exists).
+    unsafe {
+        sys::cuDriverGetVersion(&mut driver).result()?;
+        sys::cuModuleGetLoadingMode(&mut loading).result()?;
+    }
     println!(
-        "context  {:.1} ms ({}, compute capability {:?})",
-        start.elapsed().as_secs_f64() * 1e3,
+        "context  {ms:.1} ms ({}, compute capability {:?}, driver CUDA {}.{}, {loading:?})",
         ctx.name()?,
-        ctx.compute_capability()?
+        ctx.compute_capability()?,
+        driver / 1000,
+        driver % 1000 / 10
     );
     for op in OPS {
         if !ops.is_empty() && !ops.iter().any(|o| o == op) {
