@@ -5,7 +5,7 @@ use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
 use crate::identity::{
     Direction, Kernel, Mode, RmsNormLayout, RmsNormLayout::Grid, RmsNormShape, SUM_SLOTS,
-    has_shared_dw, packed_weight,
+    has_shared_dw,
 };
 use crate::launch::{
     Launch, Region, arg, at_least, disjoint, exactly, item_grid, launch_ex, same_context, span,
@@ -488,43 +488,18 @@ fn forward_kernel<T: Dtype>(
     }
 }
 
-/// The one-row-per-block twin of a vector `plan`'s forward ([`whole_twin`]). One vector per
+/// The one-row-per-block twin (`_vr{K}`) of a vector `plan`'s forward. One vector per
 /// thread is a row too short to pay for a block of its own (bf16 2048: −17 %), so `_v1` has
 /// none and stays grid-stride.
 fn forward_twin<T: Dtype>(plan: Plan, args: &RmsNormArgs) -> Option<Kernel> {
     match plan {
-        Plan::Vector {
+        Plan::Vector { per_thread, .. } if per_thread >= 2 => Some(vector_kernel::<T>(
+            Direction::Forward,
+            RmsNormLayout::Row,
             per_thread,
-            threads,
-        } if per_thread >= 2 => {
-            let packed = packed_weight(T::ELEM, vector_mode::<T>(args));
-            let layout = whole_twin(per_thread, threads, packed);
-            Some(vector_kernel::<T>(
-                Direction::Forward,
-                layout,
-                per_thread,
-                args,
-            ))
-        }
+            args,
+        )),
         _ => None,
-    }
-}
-
-/// Blocks of at least this many threads (rows of four vectors per thread) load a packed weight
-/// after the row's reduction (`_vl4`) rather than first (`_vr4`). On an H200: bf16 16384×8192
-/// (256 threads) +2.1 %, f32 16384×8192 (512) +1.0 %, f32 16384×4096 (256) +0.3 %; 128 threads
-/// (bf16 16384×4096) −0.9 %.
-const LATE_WEIGHT_THREADS: u32 = 256;
-
-/// The layout of the one-row-per-block forward for `per_thread` vectors per thread and
-/// `threads` per block: [`RmsNormLayout::LateWeight`] (`_vl4`) for rows of four vectors per
-/// thread in blocks of at least [`LATE_WEIGHT_THREADS`] where the weight product is `packed`
-/// ([`packed_weight`]), else [`RmsNormLayout::Row`] (`_vr{K}`, which reads an unpacked weight
-/// after the reduction anyway).
-fn whole_twin(per_thread: usize, threads: u32, packed: bool) -> RmsNormLayout {
-    match packed && per_thread == 4 && threads >= LATE_WEIGHT_THREADS {
-        true => RmsNormLayout::LateWeight,
-        false => RmsNormLayout::Row,
     }
 }
 
@@ -1116,22 +1091,6 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn long_rows_of_four_vectors_per_thread_load_the_weight_late() {
-        let (late, row) = (RmsNormLayout::LateWeight, RmsNormLayout::Row);
-        assert_eq!(whole_twin(4, 256, true), late);
-        assert_eq!(whole_twin(4, 512, true), late);
-        assert_eq!(whole_twin(4, 128, true), row);
-        assert_eq!(whole_twin(2, 1024, true), row);
-        // 16-bit gemma and llama with an offset read the weight late in `_vr4` already.
-        assert_eq!(whole_twin(4, 256, false), row);
-        assert!(!packed_weight(ElemType::Bf16, Mode::Gemma));
-        assert!(!packed_weight(ElemType::F16, Mode::LlamaOffset));
-        assert!(
-            packed_weight(ElemType::Bf16, Mode::Llama) && packed_weight(ElemType::F32, Mode::Gemma)
-        );
-    }
-
-    #[test]
     fn cluster_grids_hold_whole_clusters_that_fit_at_once() {
         assert_eq!(DW_CLUSTER, 2);
         // H200, bf16 16384×2048 (`_vs2`, sm_90 build): 1188 blocks fit at once (9 per SM),
@@ -1354,7 +1313,7 @@ pub(crate) mod tests {
             ),
             (
                 forward_choice::<f16>(&k, &llama(2200, 8192)),
-                fwd("rms_norm_fwd_vl4_f16_llama", 2200, 256),
+                fwd("rms_norm_fwd_vr4_f16_llama", 2200, 256),
             ),
             (
                 forward_choice::<f16>(&k, &gpu_args(2200, 8192, CastingMode::Gemma, 1.0)),
@@ -1362,7 +1321,7 @@ pub(crate) mod tests {
             ),
             (
                 forward_choice::<f32>(&k, &llama(2000, 4096)),
-                fwd("rms_norm_fwd_vl4_f32_llama", 2000, 256),
+                fwd("rms_norm_fwd_vr4_f32_llama", 2000, 256),
             ),
             (
                 forward_choice::<bf16>(&k, &llama(9600, 4096)),

@@ -13,7 +13,7 @@
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
 use crate::identity::swiglu::{
-    BWD_TILE_VECTOR_BYTES, BWD_VECS, BWD_VECS_TILE, FWD_VECS, ITEMS, fwd_vecs_tile,
+    BWD_TILE_VECTOR_BYTES, BWD_VECS, BWD_VECS_TILE, FWD_VECS, FWD_VECS_TILE, ITEMS,
 };
 use crate::identity::{Direction, Kernel, SwigluPath};
 use crate::launch::{Region, at_least, disjoint, same_context, span, whole_grid};
@@ -40,14 +40,12 @@ struct Whole {
     max_threads: usize,
 }
 
-/// The forward `_vt` tile of `T`: 16-byte vectors.
-fn fwd_whole<T: Dtype>() -> Whole {
-    Whole {
-        vector_bytes: 16,
-        per_thread: fwd_vecs_tile(T::ELEM),
-        max_threads: FWD_THREADS_WHOLE,
-    }
-}
+/// The forward `_vt` tile (every dtype): 16-byte vectors.
+const FWD_WHOLE: Whole = Whole {
+    vector_bytes: 16,
+    per_thread: FWD_VECS_TILE,
+    max_threads: FWD_THREADS_WHOLE,
+};
 
 /// The backward `_vt` tile (every dtype): 8-byte vectors.
 const BWD_WHOLE: Whole = Whole {
@@ -402,7 +400,7 @@ fn launch_forward<T: Dtype>(stream: &Arc<CudaStream>, args: &SwigluArgs, p: Forw
         &kernels,
         path,
         Direction::Forward,
-        fwd_whole::<T>(),
+        FWD_WHOLE,
         args.rows,
         args.cols,
     )?;
@@ -1057,14 +1055,14 @@ pub(crate) mod tests {
         // Driver errors pass through.
         let err = launch_shape::<f32>(v, BWD_WHOLE, 8, 8, |_| Err(crate::Error::NoDriver));
         assert!(err.is_err());
-        // The forward's `_vt` tiles: 4 (16-bit) or 2 (f32) 16-byte vectors × 128 threads,
-        // here over 16384 rows of 1792 vectors each.
-        let s = launch_shape::<bf16>(v, fwd_whole::<bf16>(), 16384, 1792 * 8, |_| Ok(396));
+        // The forward's `_vt` tiles: 4 16-byte vectors × 128 threads, here over 16384 rows of
+        // 1792 vectors each.
+        let s = launch_shape::<bf16>(v, FWD_WHOLE, 16384, 1792 * 8, |_| Ok(396));
         let s = s.unwrap();
         assert_eq!((s.whole, s.grid, s.threads), (true, 57344, 128));
-        let s = launch_shape::<f32>(v, fwd_whole::<f32>(), 16384, 1792 * 4, |_| Ok(396));
+        let s = launch_shape::<f32>(v, FWD_WHOLE, 16384, 1792 * 4, |_| Ok(396));
         let s = s.unwrap();
-        assert_eq!((s.whole, s.grid, s.threads), (true, 114688, 128));
+        assert_eq!((s.whole, s.grid, s.threads), (true, 57344, 128));
         // The backward's: one 8-byte vector × 256 threads, over 16384 rows of 3584 of them.
         let s = launch_shape::<bf16>(v, BWD_WHOLE, 16384, 3584 * 4, |_| Ok(396)).unwrap();
         assert_eq!((s.whole, s.grid, s.threads), (true, 229376, 256));
@@ -1148,7 +1146,7 @@ pub(crate) mod tests {
         fn check<T: Dtype>(k: &Kernels) {
             for (rows, cols, twin) in [(1300, 8192, true), (200001, 56, true), (24000, 56, false)] {
                 for (direction, per_thread, whole) in [
-                    (Direction::Forward, FWD_VECS, fwd_whole::<T>()),
+                    (Direction::Forward, FWD_VECS, FWD_WHOLE),
                     (Direction::Backward, BWD_VECS, BWD_WHOLE),
                 ] {
                     let path = Path::Vector { per_thread };

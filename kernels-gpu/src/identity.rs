@@ -123,8 +123,6 @@ names! {
         Grid = "v",
         /// Forward: one row per block over a grid of every row.
         Row = "vr",
-        /// Forward: as [`RmsNormLayout::Row`], the weight loaded after the row's reduction.
-        LateWeight = "vl",
         /// Backward: as [`RmsNormLayout::Grid`], each block's dW partial row in shared memory.
         SharedDw = "vs",
     }
@@ -338,21 +336,6 @@ impl Kernel {
     }
 }
 
-/// Whether the RMSNorm vector kernels of `elem` in `mode` form the weight product
-/// `D(x·r)·(offset + w)` (none mode: `D(D(x·r)·D(D(offset) + w))`) as one packed product
-/// `D(D(x·r)·w')` with `w' = D(offset + w)`, holding `w'` in registers, which gives the same
-/// bits: in none mode; in llama, whose 16-bit kernels require `offset = ±0` (`offset + w`
-/// exact in the type; other offsets run [`Mode::LlamaOffset`]); in gemma, which does not round
-/// `x·r`, only in f32. Only these have a [`RmsNormLayout::LateWeight`] forward: the others
-/// read the weight after the reduction anyway.
-pub const fn packed_weight(elem: ElemType, mode: Mode) -> bool {
-    match mode {
-        Mode::None | Mode::Llama => true,
-        Mode::Gemma => matches!(elem, ElemType::F32),
-        Mode::LlamaOffset => false,
-    }
-}
-
 /// Whether RMSNorm has a [`RmsNormLayout::SharedDw`] backward of `elem` with `per_thread`
 /// vectors per thread: f32 rows of two vectors per thread keep dW in registers (at 16384×2048
 /// on an H200 `_v2`, 4 blocks per SM, measured +4 % over `_vs2`, 5).
@@ -401,24 +384,15 @@ pub mod rope {
 
 /// Constants of the SwiGLU kernels.
 pub mod swiglu {
-    use super::ElemType;
-
     /// Elements per thread per tile of the scalar kernels.
     pub const ITEMS: usize = 4;
     /// 16-byte vectors of each operand per thread per tile of the forward `_v` kernels.
     pub const FWD_VECS: usize = 3;
     /// The same for the backward `_v` kernels.
     pub const BWD_VECS: usize = 3;
-    /// 16-byte vectors of each operand per thread of the forward `_vt` kernel of `elem`: with
-    /// no next tile in registers they fit more than the `_v` kernels' [`FWD_VECS`], 4; f32,
-    /// whose vectors hold half the elements, takes 2 (on an H200, +0.7 % over 4 for f32, and
-    /// −2 % for bf16/f16).
-    pub const fn fwd_vecs_tile(elem: ElemType) -> usize {
-        match elem {
-            ElemType::F32 => 2,
-            ElemType::F16 | ElemType::Bf16 => 4,
-        }
-    }
+    /// 16-byte vectors of each operand per thread of the forward `_vt` kernels: with no next
+    /// tile in registers they fit more than the `_v` kernels' [`FWD_VECS`].
+    pub const FWD_VECS_TILE: usize = 4;
     /// Bytes of each vector of the backward `_vt` kernels (every element type). On an H200,
     /// 8 bytes per thread per operand measured the highest DRAM throughput for this
     /// five-stream pattern of every width (4, 8, 16 bytes), vector count (1, 2, 4) and block

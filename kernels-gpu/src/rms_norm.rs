@@ -21,18 +21,14 @@
 //! read once with 16-byte loads. The `_v{K}` forward walks a resident grid and loads its next row
 //! before reducing the current one; the `_vr{K}` forward (K = 2, 4) runs one row per block over
 //! a grid of every row (no next-row registers, so more blocks fit per SM; the host picks it for
-//! many rows), and its `_vl4` twin loads the weight after the row's reduction instead of
-//! before it (the host picks it for long rows, see `forward_vec`). The vector backward is
-//! persistent: each block keeps its dW partial row in registers (`_v{K}`) or shared memory
+//! many rows). The vector backward is persistent: each block keeps its dW partial row in registers (`_v{K}`) or shared memory
 //! (`_vs{K}`, see `backward_vec`) across all its rows and writes it once at the end.
 //!
 //! The vector kernels form the weight product `D(x·r)·(offset + w)` as one packed 16-bit
 //! product (`fma.rn.bf16x2` / `fma.rn.f16x2`: half the instructions of widening each lane and
 //! fewer registers) wherever that gives the mode's bits (see `packed_weight`); 16-bit llama rows
 //! with an offset other than ±0 run the `_llama_offset` twins, which multiply lane by lane.
-use crate::identity::{
-    ElemType, Mode, RmsNormLayout, has_shared_dw, kernel_name, packed_weight as packs,
-};
+use crate::identity::{ElemType, Mode, RmsNormLayout, has_shared_dw, kernel_name};
 use crate::{
     Elem, SUM_SLOTS, V16, Vector, allow_dependent_grids, block_dim, block_dim_y, block_idx,
     block_sum, block_sum2, elem_type, fma, grid_dim, lanes, mode, sqrt, sync_threads, thread_idx,
@@ -47,8 +43,22 @@ use crate::{cluster_blocks, cluster_rank, cluster_sync, load_from_cluster_block}
 /// 2¹¹) are below the last bit of a sum that large.
 const RESCALE: f32 = 1.0 / (1u128 << 80) as f32;
 
+/// Whether the vector kernels of `elem` in `mode` form the weight product
+/// `D(x·r)·(offset + w)` (none mode: `D(D(x·r)·D(D(offset) + w))`) as one packed product
+/// `D(D(x·r)·w')` with `w' = D(offset + w)`, holding `w'` in registers, which gives the same
+/// bits: in none mode; in llama, whose 16-bit kernels require `offset = ±0` (`offset + w`
+/// exact in the type; other offsets run [`Mode::LlamaOffset`]); in gemma, which does not round
+/// `x·r`, only in f32.
+const fn packs(elem: ElemType, mode: Mode) -> bool {
+    match mode {
+        Mode::None | Mode::Llama => true,
+        Mode::Gemma => matches!(elem, ElemType::F32),
+        Mode::LlamaOffset => false,
+    }
+}
+
 /// Whether the weight product runs packed ([`Elem::mul_rn`], [`Elem::add_rn`]; see
-/// [`crate::identity::packed_weight`]).
+/// [`packs`]).
 #[inline(always)]
 fn packed_weight<T: Elem, const MODE: u32>() -> bool {
     const { packs(T::TYPE, mode::of(MODE)) }
@@ -271,24 +281,10 @@ unsafe fn store_row<const K: usize>(row: *mut V16, vecs: usize, out: impl Fn(usi
     });
 }
 
-/// The vector forward: `ONE` runs one row per block (`_vr{K}`, `_vl4`), else a resident grid
-/// walks the rows (`_v{K}`). `LATE_W` (with `ONE`: `_vl4`) loads a packed weight after the
-/// row's reduction, where the grid-stride and `_vr{K}` kernels load it first and hold it across
-/// the row's barrier. On an H200, loading it late measured +2.1 % (bf16 16384×8192, 256
-/// threads per row), +1.0 % (f32 16384×8192, 512) and +0.3 % (f32 16384×4096, 256), but
-/// −0.9 % for rows of 128 threads (bf16 16384×4096), whose short blocks wait on the extra
-/// load; the host picks it from the block size (`LATE_WEIGHT_THREADS` in src/rms_norm.rs).
-/// Only the modes whose weight product is packed have a `_vl4`: in the others (16-bit gemma
-/// and llama with an offset) the weight is read after the reduction anyway, so `_vr4` already
-/// does what `_vl4` would.
+/// The vector forward: `ONE` runs one row per block (`_vr{K}`), else a resident grid walks the
+/// rows (`_v{K}`).
 #[inline(always)]
-unsafe fn forward_vec<
-    T: Elem,
-    const MODE: u32,
-    const K: usize,
-    const ONE: bool,
-    const LATE_W: bool,
->(
+unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize, const ONE: bool>(
     x: *const T,
     x_stride: usize,
     w: *const T,
@@ -306,9 +302,8 @@ unsafe fn forward_vec<
     // The packed product holds `w'` in registers; the per-lane one re-reads w each row (an L1
     // hit), so the grid-stride kernels do not hold its widened lanes across rows.
     let packed = has_w && packed_weight::<T, MODE>();
-    let late = ONE && LATE_W;
     let mut wv = [V16::ZERO; K];
-    if packed && !late {
+    if packed {
         wv = unsafe { load_row::<K>(w as *const V16, vecs) };
         offset_weight::<T, K>(&mut wv, offset);
     }
@@ -362,13 +357,7 @@ unsafe fn forward_vec<
         // One uniform branch per row, each arm straight-line code.
         match (has_w, packed) {
             (false, _) => unsafe { store_row::<K>(yr, vecs, normed) },
-            (true, true) => unsafe {
-                if late {
-                    wv = load_row::<K>(w as *const V16, vecs);
-                    offset_weight::<T, K>(&mut wv, offset);
-                }
-                store_row::<K>(yr, vecs, |k| T::mul_rn(normed(k), wv[k]))
-            },
+            (true, true) => unsafe { store_row::<K>(yr, vecs, |k| T::mul_rn(normed(k), wv[k])) },
             (true, false) => unsafe {
                 let wv = load_row::<K>(w as *const V16, vecs);
                 store_row::<K>(yr, vecs, |k| {
@@ -664,12 +653,7 @@ unsafe fn dw_reduce<T: Elem>(partial: *const f32, parts: usize, cols: usize, dw:
 
 /// Whether a forward `layout` runs one row per block (`ONE` of [`forward_vec`]).
 const fn one_row(layout: RmsNormLayout) -> bool {
-    matches!(layout, RmsNormLayout::Row | RmsNormLayout::LateWeight)
-}
-
-/// Whether a forward `layout` loads the weight after the reduction (`LATE_W`).
-const fn late_weight(layout: RmsNormLayout) -> bool {
-    matches!(layout, RmsNormLayout::LateWeight)
+    matches!(layout, RmsNormLayout::Row)
 }
 
 /// Whether a backward `layout` keeps dW in shared memory (`SMEM_DW` of [`backward_vec`]).
@@ -788,19 +772,16 @@ rms_norm_kernels!(F16: Llama, Gemma, None);
 rms_norm_kernels!(Bf16: Llama, Gemma, None);
 
 /// The vector kernels of one element type and mode: forward with 1, 2, 4 vectors per thread
-/// (grid-stride `_v{K}`, one row per block `_vr{K}` for K = 2, 4, and where `late` (the modes
-/// whose weight product is packed, [`packs`]) `_vl4`), backward with 1 and 2 (its dW
-/// accumulators need the registers), `_vs1` and where `shared` ([`has_shared_dw`]) `_vs2`.
+/// (grid-stride `_v{K}`, one row per block `_vr{K}` for K = 2, 4), backward with 1 and 2 (its
+/// dW accumulators need the registers), `_vs1` and where `shared` ([`has_shared_dw`]) `_vs2`.
 macro_rules! rms_norm_vec_family {
-    ($elem:ident, $mode:ident, late = $late:tt, shared = $shared:tt) => {
-        const _: () = assert!(packs(ElemType::$elem, Mode::$mode) == $late);
+    ($elem:ident, $mode:ident, shared = $shared:tt) => {
         const _: () = assert!(has_shared_dw(ElemType::$elem, 2) == $shared);
         rms_norm_vec_family!(@fwd $elem, $mode, Grid 1);
         rms_norm_vec_family!(@fwd $elem, $mode, Grid 2);
         rms_norm_vec_family!(@fwd $elem, $mode, Grid 4);
         rms_norm_vec_family!(@fwd $elem, $mode, Row 2);
         rms_norm_vec_family!(@fwd $elem, $mode, Row 4);
-        rms_norm_vec_family!(@if $late, @fwd $elem, $mode, LateWeight 4);
         rms_norm_vec_family!(@bwd $elem, $mode, Grid 1);
         rms_norm_vec_family!(@bwd $elem, $mode, Grid 2);
         rms_norm_vec_family!(@bwd $elem, $mode, SharedDw 1);
@@ -819,9 +800,8 @@ macro_rules! rms_norm_vec_family {
                 { Mode::$mode as u32 },
                 $k,
                 { one_row(RmsNormLayout::$layout) },
-                { late_weight(RmsNormLayout::$layout) },
             >,
-            "Vectorised RMSNorm forward (`K` vectors of 16 bytes per thread, see the module docs; `_vr`: one row per block, the grid covers every row; `_vl`: the same, the weight loaded after the reduction).",
+            "Vectorised RMSNorm forward (`K` vectors of 16 bytes per thread, see the module docs; `_vr`: one row per block, the grid covers every row).",
             "As the scalar forward, and every row of `x` and `y` and `w` start 16-byte aligned with `cols` a multiple of the lanes per vector."
         );
     };
@@ -841,14 +821,14 @@ macro_rules! rms_norm_vec_family {
     };
 }
 
-rms_norm_vec_family!(F32, Llama, late = true, shared = false);
-rms_norm_vec_family!(F32, Gemma, late = true, shared = false);
-rms_norm_vec_family!(F32, None, late = true, shared = false);
-rms_norm_vec_family!(F16, Llama, late = true, shared = true);
-rms_norm_vec_family!(F16, LlamaOffset, late = false, shared = true);
-rms_norm_vec_family!(F16, Gemma, late = false, shared = true);
-rms_norm_vec_family!(F16, None, late = true, shared = true);
-rms_norm_vec_family!(Bf16, Llama, late = true, shared = true);
-rms_norm_vec_family!(Bf16, LlamaOffset, late = false, shared = true);
-rms_norm_vec_family!(Bf16, Gemma, late = false, shared = true);
-rms_norm_vec_family!(Bf16, None, late = true, shared = true);
+rms_norm_vec_family!(F32, Llama, shared = false);
+rms_norm_vec_family!(F32, Gemma, shared = false);
+rms_norm_vec_family!(F32, None, shared = false);
+rms_norm_vec_family!(F16, Llama, shared = true);
+rms_norm_vec_family!(F16, LlamaOffset, shared = true);
+rms_norm_vec_family!(F16, Gemma, shared = true);
+rms_norm_vec_family!(F16, None, shared = true);
+rms_norm_vec_family!(Bf16, Llama, shared = true);
+rms_norm_vec_family!(Bf16, LlamaOffset, shared = true);
+rms_norm_vec_family!(Bf16, Gemma, shared = true);
+rms_norm_vec_family!(Bf16, None, shared = true);

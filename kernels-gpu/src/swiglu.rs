@@ -27,17 +27,17 @@
 //! ([`FWD_VECS`], [`BWD_VECS`]) 16-byte vectors ([`V16`]) per thread and load their next tile
 //! before computing the current one, so all `K` vectors of every operand are in flight at
 //! once. Their `_vt` twins, which the host picks for many waves of tiles, run one tile per
-//! block over a grid of every tile, with no next tile: the forward's take [`fwd_vecs_tile`]
+//! block over a grid of every tile, with no next tile: the forward's take [`FWD_VECS_TILE`]
 //! 16-byte vectors per thread, the backward's one 8-byte vector ([`V8`]) of each operand,
 //! which on an H200 gives the five-stream pattern its highest DRAM throughput of every width,
-//! vector count and block size measured (PERFORMANCE.md, twelfth session; the forward measured
-//! lower with it, its index arithmetic then a larger share). Each
+//! vector count and block size measured (PERFORMANCE.md, "SwiGLU tile shapes"; the forward
+//! measured lower with it, its index arithmetic then a larger share). Each
 //! thread tracks the (row, column) of its vectors incrementally in 32 bits (three divisions
 //! per thread at start, none per vector), so row strides and the fused layout cost one wide
 //! multiply-add per pointer per vector. The f32 math per element is the scalar kernels' (same
 //! functions, same order), so every path gives the same bits.
 use crate::identity::swiglu::{
-    BWD_TILE_VECTOR_BYTES, BWD_VECS, BWD_VECS_TILE, FWD_VECS, ITEMS, fwd_vecs_tile,
+    BWD_TILE_VECTOR_BYTES, BWD_VECS, BWD_VECS_TILE, FWD_VECS, FWD_VECS_TILE, ITEMS,
 };
 use crate::identity::{ElemType, kernel_name};
 use crate::{
@@ -549,7 +549,7 @@ macro_rules! swiglu_kernels {
         swiglu_bwd_kernel!($elem, Scalar, backward, "Scalar kernel: any alignment, any `cols`.");
         swiglu_fwd_kernel!($elem, Vector, forward_vec::V16, FWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per 16-byte vector.");
         swiglu_bwd_kernel!($elem, Vector, backward_vec::V16, BWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per 16-byte vector.");
-        swiglu_fwd_kernel!($elem, Tile, forward_vec::V16, fwd_vecs_tile(ElemType::$elem), true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
+        swiglu_fwd_kernel!($elem, Tile, forward_vec::V16, FWD_VECS_TILE, true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
         swiglu_bwd_kernel!($elem, Tile, backward_vec::V8, BWD_VECS_TILE, true, "8-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules; the host counts its tiles in 8-byte vectors.");
     };
 }
