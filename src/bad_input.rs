@@ -7,7 +7,7 @@
 mod tables;
 
 use crate::Result;
-use crate::rope::{Direction, Rows, check_host_ids};
+use crate::rope::{Direction, TableRows, check_host_ids};
 use crate::swiglu;
 use crate::validate::{Seen, Table, check};
 use tables::*;
@@ -79,10 +79,10 @@ impl Check for Rope {
             Rope::Backward | Rope::BackwardInto => Direction::Backward,
         };
         let (rows, host) = match &c.layout {
-            Layout::PerPosition => (Rows::PerPosition, None),
-            Layout::PerBatch => (Rows::PerBatch, None),
-            Layout::Host(ids) => (Rows::Gathered, Some(ids)),
-            Layout::DeviceI32 | Layout::DeviceI64 => (Rows::Gathered, None),
+            Layout::PerPosition => (TableRows::PerPosition, None),
+            Layout::PerBatch => (TableRows::PerBatch, None),
+            Layout::Host(ids) => (TableRows::Gathered, Some(ids)),
+            Layout::DeviceI32 | Layout::DeviceI64 => (TableRows::Gathered, None),
         };
         let (sizes, table) = c.args.table(direction, rows, c.into, true)?;
         let rename = |n| self.rename(n);

@@ -3,10 +3,22 @@ use crate::reference::Element;
 use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 
 mod sealed {
-    pub trait Sealed {}
-    impl Sealed for f32 {}
-    impl Sealed for half::f16 {}
-    impl Sealed for half::bf16 {}
+    use crate::identity::ElemType;
+
+    /// Keeps [`Dtype`](super::Dtype) to the element types of the kernels, and names each.
+    pub trait Sealed {
+        /// The element type in the kernels' identities.
+        const ELEM: ElemType;
+    }
+    impl Sealed for f32 {
+        const ELEM: ElemType = ElemType::F32;
+    }
+    impl Sealed for half::f16 {
+        const ELEM: ElemType = ElemType::F16;
+    }
+    impl Sealed for half::bf16 {
+        const ELEM: ElemType = ElemType::Bf16;
+    }
 }
 
 /// A tensor element type with device kernels: `f32`, [`half::f16`] or [`half::bf16`].

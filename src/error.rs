@@ -13,7 +13,18 @@ use std::fmt;
 ///     other => panic!("{other:?}"),
 /// }
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+///
+/// `Debug` (what `?` in `main` prints) names the cause too: `NoDriver` carries its message,
+/// the other variants their fields.
+///
+/// ```
+/// let e = liger_rs::Error::NoDriver;
+/// assert_eq!(
+///     format!("{e:?}"),
+///     "NoDriver(\"no CUDA driver: libcuda could not be loaded (is an NVIDIA driver installed?)\")"
+/// );
+/// ```
+#[derive(Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Error {
     /// The CUDA driver library (`libcuda.so` / `nvcuda.dll`) could not be loaded.
@@ -79,6 +90,35 @@ impl fmt::Display for Error {
                 f,
                 "unknown casting mode {s:?}: expected one of \"llama\", \"gemma\", \"none\""
             ),
+        }
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::NoDriver => f.debug_tuple("NoDriver").field(&self.to_string()).finish(),
+            Error::NoDevice { ordinal, count } => f
+                .debug_struct("NoDevice")
+                .field("ordinal", ordinal)
+                .field("count", count)
+                .finish(),
+            Error::Driver(e) => f.debug_tuple("Driver").field(e).finish(),
+            Error::InvalidArgument { arg, expected, got } => f
+                .debug_struct("InvalidArgument")
+                .field("arg", arg)
+                .field("expected", expected)
+                .field("got", got)
+                .finish(),
+            Error::Aliasing { output, other } => f
+                .debug_struct("Aliasing")
+                .field("output", output)
+                .field("other", other)
+                .finish(),
+            Error::WrongContext { arg } => {
+                f.debug_struct("WrongContext").field("arg", arg).finish()
+            }
+            Error::UnknownCastingMode(s) => f.debug_tuple("UnknownCastingMode").field(s).finish(),
         }
     }
 }

@@ -12,8 +12,10 @@
 //!   naming the `rustup` command instead).
 //!   The host crate itself builds on stable Rust (its `rust-version` or newer).
 //! * **Host code** uses cudarc 0.19 with the driver loaded at run time: the crate builds and
-//!   its CPU tests run on machines without a CUDA toolkit or GPU. The module is loaded once per
-//!   CUDA context and cached. Calls are stream-ordered: no hidden synchronisation.
+//!   its CPU tests run on machines without a CUDA toolkit or GPU. Each kernel is loaded into a
+//!   CUDA context at its first use there, as a PTX module of its own (so the driver JIT-compiles
+//!   only the kernels a process launches), and cached. Calls are stream-ordered: no hidden
+//!   synchronisation.
 //! * **Semantics** follow HuggingFace's modules with Liger-Kernel's cast points
 //!   ([`CastingMode`]); [`mod@reference`] holds the CPU ground truth (f64 between cast points).
 //! * **Errors**: every bad shape, length, stride, mode or aliasing is an [`Error`] naming the
@@ -92,9 +94,14 @@ mod bad_input;
 pub mod candle;
 mod dtype;
 mod error;
+// The device crate's file, as the package ships it (`packaging/kernels-gpu/` links to
+// `kernels-gpu/` in a checkout): the kernels' identities and shared constants, defined once.
+#[path = "../packaging/kernels-gpu/src/identity.rs"]
+mod identity;
 mod launch;
 mod mode;
 mod module;
+mod ptx;
 pub mod reference;
 mod rms_norm;
 mod rope;

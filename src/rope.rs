@@ -2,6 +2,9 @@
 //! [`crate::reference::rope`], semantics in its docs).
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
+pub(crate) use crate::identity::Direction;
+use crate::identity::rope::{form, vec_heads};
+use crate::identity::{Kernel, RopePath, Rows as Source};
 use crate::launch::item_grid;
 use crate::module::kernels;
 use crate::validate::{Access, Buf, Need, Spec, Table, read, validate, write};
@@ -9,15 +12,6 @@ use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
 use std::sync::Arc;
-
-/// Heads one thread of a vector kernel rotates per step, for elements of `size` bytes
-/// (`vec_heads` in `kernels-gpu/src/rope.rs`; must match): 2 in 16-bit types, 4 in f32.
-fn vec_heads(size: usize) -> usize {
-    match size {
-        2 => 2,
-        _ => 4,
-    }
-}
 
 /// Threads per block of the scalar kernels: one block covers `BLOCK_THREADS / pairs` tokens when a token has fewer
 /// pairs than this, else one token in `⌈pairs / BLOCK_THREADS⌉` passes.
@@ -315,7 +309,7 @@ pub enum PositionIds<'a> {
 ///
 /// ```no_run
 /// use liger_rs::{CosSinLayout, RopeArgs, rope_forward};
-/// use half::bf16;
+/// use liger_rs::half::bf16;
 /// let ctx = liger_rs::cuda_context(0)?;
 /// let stream = ctx.default_stream();
 /// let (b, s, hq, hk, d) = (2, 16, 8, 2, 128);
@@ -335,6 +329,33 @@ pub enum PositionIds<'a> {
 /// rope_forward(&stream, &args, &mut q, &mut k, &cos, &sin, &CosSinLayout::PerPosition)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Outputs
+///
+/// `q` and `k` are overwritten in place: dims `0..rotary_dim` of every head; dims past `rotary_dim`
+/// are not written.
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.head_dim` is 0 or odd,
+///   `args.rotary_dim` is 0, odd or above `head_dim`, `args.q_heads` or `args.k_heads` is 0,
+///   (q_heads + k_heads) × rotary_dim / 2 reaches 2³¹ or a length overflows `usize`; `q` or `k` is
+///   not exactly its shape's length; `cos` does not have the length `layout` needs (`sin` must
+///   match it), device position ids are not `batch × seq_len` long, or a host position id lies
+///   outside the table. Each error names the argument and, where it has one, the expected value.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `q`, `k`, `cos`, `sin` or device position
+///   ids belong to another CUDA context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `q` or `k` overlaps the other, `cos`, `sin` or
+///   device position ids.
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
+///   the stream's context (the first call there), uploading host position ids (a stream-ordered
+///   allocation and a copy), or the launch, which also fails once an earlier kernel has faulted in
+///   the context.
 pub fn rope_forward<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &RopeArgs,
@@ -370,6 +391,33 @@ pub fn rope_forward<T: Dtype>(
 /// rope_backward(&stream, &args, &mut dq, &mut dk, &cos, &sin, &layout)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Outputs
+///
+/// `dq` and `dk` are overwritten in place: dims `0..rotary_dim` of every head; dims past
+/// `rotary_dim` are not written.
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.head_dim` is 0 or odd,
+///   `args.rotary_dim` is 0, odd or above `head_dim`, `args.q_heads` or `args.k_heads` is 0,
+///   (q_heads + k_heads) × rotary_dim / 2 reaches 2³¹ or a length overflows `usize`; `dq` or `dk`
+///   is not exactly its shape's length; `cos` does not have the length `layout` needs (`sin` must
+///   match it), device position ids are not `batch × seq_len` long, or a host position id lies
+///   outside the table. Each error names the argument and, where it has one, the expected value.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `dq`, `dk`, `cos`, `sin` or device
+///   position ids belong to another CUDA context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `dq` or `dk` overlaps the other, `cos`, `sin` or
+///   device position ids.
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
+///   the stream's context (the first call there), uploading host position ids (a stream-ordered
+///   allocation and a copy), or the launch, which also fails once an earlier kernel has faulted in
+///   the context.
 pub fn rope_backward<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &RopeArgs,
@@ -383,20 +431,11 @@ pub fn rope_backward<T: Dtype>(
 }
 
 /// Rotation by θ (forward) or by −θ (backward).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Direction {
-    Forward,
-    Backward,
-}
-
-impl Direction {
-    /// Kernel-name part and the names of the q and k buffers, then of their outputs when
-    /// they have their own.
-    fn names(self) -> (&'static str, [&'static str; 4]) {
-        match self {
-            Direction::Forward => ("fwd", ["q", "k", "q_out", "k_out"]),
-            Direction::Backward => ("bwd", ["dq", "dk", "dq_out", "dk_out"]),
-        }
+/// The names of a direction's q and k buffers, then of their outputs when they have their own.
+fn buffer_names(direction: Direction) -> [&'static str; 4] {
+    match direction {
+        Direction::Backward => ["dq", "dk", "dq_out", "dk_out"],
+        _ => ["q", "k", "q_out", "k_out"],
     }
 }
 
@@ -497,6 +536,34 @@ fn rope<T: Dtype>(
 /// rope_forward_into(&stream, &args, &q, &k, &cos, &sin, &CosSinLayout::PerPosition, &mut q_rot, &mut k_rot)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Outputs
+///
+/// `q_out` and `k_out` are overwritten whole: the rotated dims, and dims past `rotary_dim` copied
+/// from `q` and `k`, which are only read.
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.head_dim` is 0 or odd,
+///   `args.rotary_dim` is 0, odd or above `head_dim`, `args.q_heads` or `args.k_heads` is 0,
+///   (q_heads + k_heads) × rotary_dim / 2 or (q_heads + k_heads) × head_dim reaches 2³¹, or a
+///   length overflows `usize`; `q`, `k`, `q_out` or `k_out` is not exactly its shape's length;
+///   `cos` does not have the length `layout` needs (`sin` must match it), device position ids are
+///   not `batch × seq_len` long, or a host position id lies outside the table. Each error names the
+///   argument and, where it has one, the expected value.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `q`, `k`, `cos`, `sin`, device position
+///   ids, `q_out` or `k_out` belong to another CUDA context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `q_out` or `k_out` overlaps the other, `q`, `k`,
+///   `cos`, `sin` or device position ids.
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
+///   the stream's context (the first call there), uploading host position ids (a stream-ordered
+///   allocation and a copy), or the launch, which also fails once an earlier kernel has faulted in
+///   the context.
 #[allow(clippy::too_many_arguments)]
 pub fn rope_forward_into<T: Dtype>(
     stream: &Arc<CudaStream>,
@@ -529,6 +596,34 @@ pub fn rope_forward_into<T: Dtype>(
 /// rope_backward_into(&stream, &args, &dq, &dk, &cos, &sin, &CosSinLayout::PerPosition, &mut gq, &mut gk)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Outputs
+///
+/// `dq_out` and `dk_out` are overwritten whole: the rotated dims, and dims past `rotary_dim` copied
+/// from `dq` and `dk`, which are only read.
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.head_dim` is 0 or odd,
+///   `args.rotary_dim` is 0, odd or above `head_dim`, `args.q_heads` or `args.k_heads` is 0,
+///   (q_heads + k_heads) × rotary_dim / 2 or (q_heads + k_heads) × head_dim reaches 2³¹, or a
+///   length overflows `usize`; `dq`, `dk`, `dq_out` or `dk_out` is not exactly its shape's length;
+///   `cos` does not have the length `layout` needs (`sin` must match it), device position ids are
+///   not `batch × seq_len` long, or a host position id lies outside the table. Each error names the
+///   argument and, where it has one, the expected value.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `dq`, `dk`, `cos`, `sin`, device position
+///   ids, `dq_out` or `dk_out` belong to another CUDA context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `dq_out` or `dk_out` overlaps the other, `dq`,
+///   `dk`, `cos`, `sin` or device position ids.
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
+///   the stream's context (the first call there), uploading host position ids (a stream-ordered
+///   allocation and a copy), or the launch, which also fails once an earlier kernel has faulted in
+///   the context.
 #[allow(clippy::too_many_arguments)]
 pub fn rope_backward_into<T: Dtype>(
     stream: &Arc<CudaStream>,
@@ -576,18 +671,18 @@ where
 
 /// Where a call's cos/sin rows come from, without the ids ([`CosSinLayout`]'s variants).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Rows {
+pub(crate) enum TableRows {
     PerPosition,
     PerBatch,
     Gathered,
 }
 
 impl CosSinLayout<'_> {
-    fn rows(&self) -> Rows {
+    fn rows(&self) -> TableRows {
         match self {
-            CosSinLayout::PerPosition => Rows::PerPosition,
-            CosSinLayout::PerBatch => Rows::PerBatch,
-            CosSinLayout::Gathered(_) => Rows::Gathered,
+            CosSinLayout::PerPosition => TableRows::PerPosition,
+            CosSinLayout::PerBatch => TableRows::PerBatch,
+            CosSinLayout::Gathered(_) => TableRows::Gathered,
         }
     }
 
@@ -601,13 +696,13 @@ impl CosSinLayout<'_> {
         }
     }
 
-    /// The kernel-name suffix that selects the rows.
-    fn variant(&self) -> &'static str {
+    /// The kernels' identity of the rows' source (host ids are uploaded as i64).
+    fn source(&self) -> Source {
         match self {
-            CosSinLayout::PerPosition => "pos",
-            CosSinLayout::PerBatch => "batch",
-            CosSinLayout::Gathered(PositionIds::DeviceI32(_)) => "ids32",
-            CosSinLayout::Gathered(_) => "ids64",
+            CosSinLayout::PerPosition => Source::PerPosition,
+            CosSinLayout::PerBatch => Source::PerBatch,
+            CosSinLayout::Gathered(PositionIds::DeviceI32(_)) => Source::IdsI32,
+            CosSinLayout::Gathered(_) => Source::IdsI64,
         }
     }
 }
@@ -619,11 +714,11 @@ impl RopeArgs {
     pub(crate) fn table(
         &self,
         direction: Direction,
-        rows: Rows,
+        rows: TableRows,
         out_of_place: bool,
         with_k: bool,
     ) -> Result<(RopeSizes, Table<7>)> {
-        let [q_name, k_name, q_out_name, k_out_name] = direction.names().1;
+        let [q_name, k_name, q_out_name, k_out_name] = buffer_names(direction);
         let sizes = self.check_heads(with_k)?;
         if out_of_place {
             // The general kernels index a token's items (pairs and copied tail dims) in 32 bits.
@@ -650,7 +745,7 @@ impl RopeArgs {
         let r = self.table_row_len();
         let half = self.half_tables;
         let cos = match rows {
-            Rows::PerPosition => {
+            TableRows::PerPosition => {
                 let need = self.seq_len.checked_mul(r).ok_or_else(|| {
                     let row = self.table_row_name();
                     invalid("cos", format!("seq_len × {row} within usize"), self.seq_len)
@@ -661,7 +756,7 @@ impl RopeArgs {
                 };
                 Need::Exactly(need, what)
             }
-            Rows::PerBatch => {
+            TableRows::PerBatch => {
                 let need = sizes.tokens.checked_mul(r).ok_or_else(|| {
                     let row = self.table_row_name();
                     let expected = format!("batch × seq_len × {row} within usize");
@@ -673,7 +768,7 @@ impl RopeArgs {
                 };
                 Need::Exactly(need, what)
             }
-            Rows::Gathered => Need::Rows(
+            TableRows::Gathered => Need::Rows(
                 r,
                 match half {
                     false => "max_pos ≥ 1 rows of rotary_dim",
@@ -699,12 +794,12 @@ impl RopeArgs {
 }
 
 impl RopeArgs {
-    /// Rows of a checked cos/sin table of `cos_len` elements.
-    pub(crate) fn table_rows(&self, rows: Rows, sizes: &RopeSizes, cos_len: usize) -> usize {
+    /// TableRows of a checked cos/sin table of `cos_len` elements.
+    pub(crate) fn table_rows(&self, rows: TableRows, sizes: &RopeSizes, cos_len: usize) -> usize {
         match rows {
-            Rows::PerPosition => self.seq_len,
-            Rows::PerBatch => sizes.tokens,
-            Rows::Gathered => cos_len / self.table_row_len(),
+            TableRows::PerPosition => self.seq_len,
+            TableRows::PerBatch => sizes.tokens,
+            TableRows::Gathered => cos_len / self.table_row_len(),
         }
     }
 }
@@ -769,7 +864,7 @@ fn rope_call<'b, T: Dtype>(
         sin: sin_ptr,
         ids: ids_ptr,
     };
-    launch::<T>(stream, args, direction, &sizes, io, rows, layout.variant())
+    launch::<T>(stream, args, direction, &sizes, io, rows, layout.source())
 }
 
 /// The device pointers of one launch (their guards held by the caller): `q` and `k` (0
@@ -782,14 +877,6 @@ struct Io {
     cos: u64,
     sin: u64,
     ids: u64,
-}
-
-/// The form bits of the general kernels (`flags` in `kernels-gpu/src/rope.rs`; must match).
-mod form {
-    pub(super) const INTERLEAVED: u32 = 1;
-    pub(super) const HEAD_MAJOR: u32 = 2;
-    pub(super) const HALF_TABLES: u32 = 4;
-    pub(super) const COPY_TAIL: u32 = 8;
 }
 
 /// The form bits of a general-kernel call, and the work items of one token: each head's
@@ -815,7 +902,7 @@ fn general_form(args: &RopeArgs, out_of_place: bool) -> (u32, usize) {
 }
 
 /// Launches the NeoX in-place kernels (vector where they apply) or the general kernels, over
-/// cos/sin tables of `table_rows` rows selected by `variant`.
+/// cos/sin tables of `table_rows` rows from `source`.
 fn launch<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &RopeArgs,
@@ -823,13 +910,18 @@ fn launch<T: Dtype>(
     sizes: &RopeSizes,
     io: Io,
     table_rows: usize,
-    variant: &str,
+    source: Source,
 ) -> Result<()> {
-    let dir = direction.names().0;
     let r = args.rotary_dim;
     let (cos_ptr, sin_ptr, ids_ptr) = (io.cos, io.sin, io.ids);
     let (q_write, k_write) = io.out.unwrap_or((io.q, io.k));
     let kernels = kernels(stream.context())?;
+    let kernel = |path| Kernel::Rope {
+        direction,
+        path,
+        elem: T::ELEM,
+        rows: source,
+    };
     let dims = [
         sizes.tokens,
         args.seq_len,
@@ -841,7 +933,7 @@ fn launch<T: Dtype>(
     ]
     .map(|v| v as u64);
     if io.out.is_some() || !args.neox_in_place() {
-        let func = kernels.function(&format!("rope_{dir}_g_{}_{variant}", T::NAME))?;
+        let func = kernels.function(kernel(RopePath::General))?;
         let (form, items) = general_form(args, io.out.is_some());
         let (tx, ty) = block_shape(items);
         let blocks = sizes.tokens.div_ceil(ty as usize).min(i32::MAX as usize);
@@ -879,9 +971,9 @@ fn launch<T: Dtype>(
     let ptrs = [io.q, io.k, cos_ptr, sin_ptr];
     let cfg = match vector_lanes(args, std::mem::size_of::<T>(), ptrs) {
         Some(lanes) => {
-            let func = kernels.function(&format!("rope_{dir}_v_{}_{variant}", T::NAME))?;
+            let func = kernels.function(kernel(RopePath::Vector))?;
             let heads = args.q_heads + args.k_heads;
-            let vec_heads = vec_heads(std::mem::size_of::<T>());
+            let vec_heads = vec_heads(lanes);
             let (bx, by, bz) = vector_block(r / 2 / lanes, heads, sizes.tokens, vec_heads);
             let threads = bx * by * bz;
             // Grid-stride over tokens: as many blocks as are resident at once, at most one per
@@ -900,7 +992,7 @@ fn launch<T: Dtype>(
             )
         }
         None => {
-            let func = kernels.function(&format!("rope_{dir}_{}_{variant}", T::NAME))?;
+            let func = kernels.function(kernel(RopePath::Scalar))?;
             let (tx, ty) = block_shape(sizes.pairs);
             let blocks = sizes.tokens.div_ceil(ty as usize).min(i32::MAX as usize);
             (
@@ -939,8 +1031,52 @@ fn launch<T: Dtype>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::identity::{ElemType, Rows};
+
+    /// Every kernel the launchers can ask for: each path takes each element type, direction
+    /// and cos/sin row source ([`Tables`]).
+    pub(crate) fn launchable_kernels() -> Vec<Kernel> {
+        let mut out = Vec::new();
+        for &direction in &[Direction::Forward, Direction::Backward] {
+            for &path in RopePath::ALL {
+                for &elem in ElemType::ALL {
+                    for &rows in Rows::ALL {
+                        out.push(Kernel::Rope {
+                            direction,
+                            path,
+                            elem,
+                            rows,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn kernel_names_are_their_parts() {
+        let kernel = |path, rows| Kernel::Rope {
+            direction: Direction::Backward,
+            path,
+            elem: ElemType::F16,
+            rows,
+        };
+        assert_eq!(
+            kernel(RopePath::General, Rows::IdsI32).name(),
+            "rope_bwd_g_f16_ids32"
+        );
+        assert_eq!(
+            kernel(RopePath::Vector, Rows::PerPosition).name(),
+            "rope_bwd_v_f16_pos"
+        );
+        assert_eq!(
+            kernel(RopePath::Scalar, Rows::PerBatch).name(),
+            "rope_bwd_f16_batch"
+        );
+    }
 
     #[test]
     fn block_shape_covers_every_pair_within_256_threads() {
@@ -1009,7 +1145,7 @@ mod tests {
     fn vector_block_covers_the_token_in_one_step_within_256_threads() {
         // The benchmark shape: 40 heads, d = 128 → 8 (16-bit, 2 heads per step) or 16 (f32, 4
         // heads per step) vectors per half.
-        assert_eq!(vector_block(8, 40, 16384, vec_heads(2)), (8, 20, 1)); // 160 threads
+        assert_eq!(vector_block(8, 40, 16384, vec_heads(8)), (8, 20, 1)); // 160 threads
         assert_eq!(vector_block(16, 40, 16384, vec_heads(4)), (16, 10, 1));
         // 15 threads per token: 17 tokens fill 255 of 8 warps' 256 lanes (the least waste);
         // with 4 tokens, 4 fill 60 of 64 (as good as 2 in 32, and more per block).

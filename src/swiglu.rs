@@ -12,6 +12,10 @@
 //! backward the gradients of `c·dm` (see [`SwigluArgs::down_multiplier`]).
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
+use crate::identity::swiglu::{
+    BWD_TILE_VECTOR_BYTES, BWD_VECS, BWD_VECS_TILE, FWD_VECS, FWD_VECS_TILE, ITEMS,
+};
+use crate::identity::{Direction, Kernel, SwigluPath};
 use crate::launch::whole_grid;
 use crate::module::{Kernels, kernels};
 use crate::validate::Role::{self, InPlace, Read, Written};
@@ -19,29 +23,8 @@ use crate::validate::{Need, Spec, Table, read, span, validate, write};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
 
-/// Elements per thread per tile of the scalar kernels (must match `ITEMS` in
-/// kernels-gpu/src/swiglu.rs).
-const ITEMS: usize = 4;
 /// Most threads per block.
 const MAX_THREADS: usize = 256;
-/// 16-byte vectors per thread per tile of the forward vector kernels `swiglu_fwd_v_*` (must
-/// match `FWD_VECS` in kernels-gpu/src/swiglu.rs).
-const FWD_VECS: usize = 3;
-/// The same for the backward vector kernels `swiglu_bwd_v_*` (`BWD_VECS` there).
-const BWD_VECS: usize = 3;
-/// 16-byte vectors per thread of the one-tile-per-block forward kernels of 16-bit types,
-/// `swiglu_fwd_vt_f16`/`_bf16` (`FWD_VECS_WHOLE` there).
-const FWD_VECS_WHOLE: usize = 4;
-/// The same for `swiglu_fwd_vt_f32` (`FWD_VECS_WHOLE_F32` there): on an H200, 2 measured
-/// +0.7 % over 4 for f32, and −2 % for bf16/f16.
-const FWD_VECS_WHOLE_F32: usize = 2;
-/// 8-byte vectors of each operand per thread of the backward `swiglu_bwd_vt_*`
-/// (`BWD_VECS_WHOLE` there), every dtype. On an H200, 8 bytes per thread per operand measured
-/// the highest DRAM throughput for this five-stream pattern of every width (4, 8, 16 bytes),
-/// vector count (1, 2, 4) and block size (128, 256) tried (PERFORMANCE.md, twelfth session):
-/// +0.9 % (f32 16384×8192) and +1.5 % (bf16 2048×14336) over two 16-byte vectors, level
-/// for 16-bit 16384×14336. The forward measured 1–6 % lower with it and keeps 16 bytes.
-const BWD_VECS_WHOLE: usize = 1;
 /// Most threads per block of the forward `_vt` kernels: on an H200, 128 measured +0.4 % (f32
 /// 16384×8192) and +1.2 % (bf16 2048×14336) over [`MAX_THREADS`], level for 16-bit
 /// 16384×14336; the backward keeps [`MAX_THREADS`] (128 measured −0.3 % with two 16-byte
@@ -59,23 +42,17 @@ struct Whole {
     max_threads: usize,
 }
 
-/// The forward `_vt` tile of `T`: 16-byte vectors.
-fn fwd_whole<T: Dtype>() -> Whole {
-    let per_thread = match std::mem::size_of::<T>() {
-        4 => FWD_VECS_WHOLE_F32,
-        _ => FWD_VECS_WHOLE,
-    };
-    Whole {
-        vector_bytes: 16,
-        per_thread,
-        max_threads: FWD_THREADS_WHOLE,
-    }
-}
+/// The forward `_vt` tile (every dtype): 16-byte vectors.
+const FWD_WHOLE: Whole = Whole {
+    vector_bytes: 16,
+    per_thread: FWD_VECS_TILE,
+    max_threads: FWD_THREADS_WHOLE,
+};
 
 /// The backward `_vt` tile (every dtype): 8-byte vectors.
 const BWD_WHOLE: Whole = Whole {
-    vector_bytes: 8,
-    per_thread: BWD_VECS_WHOLE,
+    vector_bytes: BWD_TILE_VECTOR_BYTES,
+    per_thread: BWD_VECS_TILE,
     max_threads: MAX_THREADS,
 };
 
@@ -383,26 +360,31 @@ impl Path {
         }
     }
 
-    /// The kernel's name; `whole_grid`: the vector path's one-tile-per-block twin.
-    fn kernel<T: Dtype>(self, direction: &str, whole_grid: bool) -> String {
-        match (self, whole_grid) {
-            (Path::Scalar, _) => format!("swiglu_{direction}_{}", T::NAME),
-            (Path::Vector { .. }, false) => format!("swiglu_{direction}_v_{}", T::NAME),
-            (Path::Vector { .. }, true) => format!("swiglu_{direction}_vt_{}", T::NAME),
+    /// The kernel; `whole_grid`: the vector path's one-tile-per-block twin.
+    fn kernel<T: Dtype>(self, direction: Direction, whole_grid: bool) -> Kernel {
+        let path = match (self, whole_grid) {
+            (Path::Scalar, _) => SwigluPath::Scalar,
+            (Path::Vector { .. }, false) => SwigluPath::Vector,
+            (Path::Vector { .. }, true) => SwigluPath::Tile,
+        };
+        Kernel::Swiglu {
+            direction,
+            path,
+            elem: T::ELEM,
         }
     }
 }
 
-/// Kernel name and launch shape (see [`launch_shape`]).
+/// Kernel and launch shape (see [`launch_shape`]).
 fn config<T: Dtype>(
     kernels: &Kernels,
     path: Path,
-    direction: &str,
+    direction: Direction,
     whole: Whole,
     rows: usize,
     cols: usize,
-) -> Result<(String, LaunchConfig)> {
-    let func = kernels.function(&path.kernel::<T>(direction, false))?;
+) -> Result<(Kernel, LaunchConfig)> {
+    let func = kernels.function(path.kernel::<T>(direction, false))?;
     let shape = launch_shape::<T>(path, whole, rows, cols, |threads| {
         kernels.resident_blocks(&func, threads, 0)
     })?;
@@ -522,15 +504,15 @@ fn launch_forward<T: Dtype>(stream: &Arc<CudaStream>, args: &SwigluArgs, p: Forw
         FWD_VECS,
     );
     let kernels = kernels(stream.context())?;
-    let (name, cfg) = config::<T>(
+    let (kernel, cfg) = config::<T>(
         &kernels,
         path,
-        "fwd",
-        fwd_whole::<T>(),
+        Direction::Forward,
+        FWD_WHOLE,
         args.rows,
         args.cols,
     )?;
-    let func = kernels.function(&name)?;
+    let func = kernels.function(kernel)?;
     let (a_stride, b_stride, c_stride) =
         (p.a_stride as u64, p.b_stride as u64, args.c_stride as u64);
     let (rows, cols) = (args.rows as u64, args.cols as u64);
@@ -607,8 +589,9 @@ fn launch_backward<T: Dtype>(
         BWD_VECS,
     );
     let kernels = kernels(stream.context())?;
-    let (name, cfg) = config::<T>(&kernels, path, "bwd", BWD_WHOLE, args.rows, args.cols)?;
-    let func = kernels.function(&name)?;
+    let direction = Direction::Backward;
+    let (kernel, cfg) = config::<T>(&kernels, path, direction, BWD_WHOLE, args.rows, args.cols)?;
+    let func = kernels.function(kernel)?;
     let (a_stride, b_stride, c_stride) =
         (p.a_stride as u64, p.b_stride as u64, args.c_stride as u64);
     let (rows, cols) = (args.rows as u64, args.cols as u64);
@@ -644,7 +627,7 @@ fn launch_backward<T: Dtype>(
 ///
 /// ```no_run
 /// use liger_rs::{SwigluArgs, swiglu_forward};
-/// use half::bf16;
+/// use liger_rs::half::bf16;
 /// let ctx = liger_rs::cuda_context(0)?;
 /// let stream = ctx.default_stream();
 /// let (rows, cols) = (8, 14336);
@@ -654,6 +637,28 @@ fn launch_backward<T: Dtype>(
 /// swiglu_forward(&stream, &SwigluArgs::new(rows, cols), &gate, &up, &mut c)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Outputs
+///
+/// `c` is overwritten (the `cols` elements of each row; elements between rows are not written).
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.cols` is 0,
+///   `args.gate_multiplier` or `args.down_multiplier` is not finite, a stride is below its row's
+///   width or its rows span past `usize`; or `a`, `b` or `c` is shorter than its rows need. Each
+///   error names the argument and, where it has one, the expected value.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `a`, `b` or `c` belongs to another CUDA
+///   context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `c` overlaps `a` or `b`.
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
+///   the stream's context (the first call there) or the launch, which also fails once an earlier
+///   kernel has faulted in the context.
 pub fn swiglu_forward<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &SwigluArgs,
@@ -683,6 +688,29 @@ pub fn swiglu_forward<T: Dtype>(
 /// swiglu_forward_fused(&stream, &SwigluArgs::fused(rows, cols), &gate_up, &mut c)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Outputs
+///
+/// `c` is overwritten (the `cols` elements of each row; elements between rows are not written).
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.cols` is 0,
+///   `args.gate_multiplier` or `args.down_multiplier` is not finite, a stride is below its row's
+///   width or its rows span past `usize` (`args.a_stride` below 2 × `cols` included); or `gate_up`
+///   or `c` is shorter than its rows need. Each error names the argument and, where it has one, the
+///   expected value.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `gate_up` or `c` belongs to another CUDA
+///   context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `c` overlaps `gate_up`.
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
+///   the stream's context (the first call there) or the launch, which also fails once an earlier
+///   kernel has faulted in the context.
 pub fn swiglu_forward_fused<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &SwigluArgs,
@@ -706,7 +734,7 @@ pub fn swiglu_forward_fused<T: Dtype>(
 ///
 /// ```no_run
 /// use liger_rs::{SwigluArgs, swiglu_backward};
-/// use half::bf16;
+/// use liger_rs::half::bf16;
 /// let ctx = liger_rs::cuda_context(0)?;
 /// let stream = ctx.default_stream();
 /// let (rows, cols) = (8, 14336);
@@ -717,6 +745,30 @@ pub fn swiglu_forward_fused<T: Dtype>(
 /// swiglu_backward(&stream, &SwigluArgs::new(rows, cols), &dc, &a, &b, &mut da, &mut db)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Outputs
+///
+/// Overwritten, never accumulated into: `da` and `db` (the `cols` elements of each row; elements
+/// between rows are not written).
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.cols` is 0,
+///   `args.gate_multiplier` or `args.down_multiplier` is not finite, a stride is below its row's
+///   width or its rows span past `usize`; or `dc`, `a`, `b`, `da` or `db` is shorter than its rows
+///   need. Each error names the argument and, where it has one, the expected value.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `dc`, `a`, `b`, `da` or `db` belongs to
+///   another CUDA context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `da` or `db` overlaps the other, `dc`, `a` or
+///   `b`.
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
+///   the stream's context (the first call there) or the launch, which also fails once an earlier
+///   kernel has faulted in the context.
 pub fn swiglu_backward<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &SwigluArgs,
@@ -753,6 +805,29 @@ pub fn swiglu_backward<T: Dtype>(
 /// swiglu_backward_inplace(&stream, &args, &dc, &mut a, &mut b)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Outputs
+///
+/// `a` and `b` are overwritten with `da` and `db` (the `cols` elements of each row; elements
+/// between rows are not written).
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.cols` is 0,
+///   `args.gate_multiplier` or `args.down_multiplier` is not finite, a stride is below its row's
+///   width or its rows span past `usize`; or `dc`, `a` or `b` is shorter than its rows need. Each
+///   error names the argument and, where it has one, the expected value.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `dc`, `a` or `b` belongs to another CUDA
+///   context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `a` or `b` overlaps the other or `dc`.
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
+///   the stream's context (the first call there) or the launch, which also fails once an earlier
+///   kernel has faulted in the context.
 pub fn swiglu_backward_inplace<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &SwigluArgs,
@@ -784,6 +859,30 @@ pub fn swiglu_backward_inplace<T: Dtype>(
 /// swiglu_backward_fused(&stream, &SwigluArgs::fused(rows, cols), &dc, &gate_up, &mut d_gate_up)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Outputs
+///
+/// `d_gate_up` is overwritten, never accumulated into: `da` and `db` in the `2 × cols` elements of
+/// each row (elements between rows are not written).
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.cols` is 0,
+///   `args.gate_multiplier` or `args.down_multiplier` is not finite, a stride is below its row's
+///   width or its rows span past `usize` (`args.a_stride` below 2 × `cols` included); or `dc`,
+///   `gate_up` or `d_gate_up` is shorter than its rows need. Each error names the argument and,
+///   where it has one, the expected value.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `dc`, `gate_up` or `d_gate_up` belongs to
+///   another CUDA context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `d_gate_up` overlaps `dc` or `gate_up`.
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
+///   the stream's context (the first call there) or the launch, which also fails once an earlier
+///   kernel has faulted in the context.
 pub fn swiglu_backward_fused<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &SwigluArgs,
@@ -810,7 +909,7 @@ pub fn swiglu_backward_fused<T: Dtype>(
 ///
 /// ```no_run
 /// use liger_rs::{SwigluArgs, swiglu_backward_fused_inplace};
-/// use half::f16;
+/// use liger_rs::half::f16;
 /// let ctx = liger_rs::cuda_context(0)?;
 /// let stream = ctx.default_stream();
 /// let (rows, cols) = (8, 11008);
@@ -819,6 +918,30 @@ pub fn swiglu_backward_fused<T: Dtype>(
 /// swiglu_backward_fused_inplace(&stream, &SwigluArgs::fused(rows, cols), &dc, &mut gate_up)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Outputs
+///
+/// `gate_up` is overwritten with the fused gradient: `da` and `db` in the `2 × cols` elements of
+/// each row (elements between rows are not written).
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.cols` is 0,
+///   `args.gate_multiplier` or `args.down_multiplier` is not finite, a stride is below its row's
+///   width or its rows span past `usize` (`args.a_stride` below 2 × `cols` included); or `dc` or
+///   `gate_up` is shorter than its rows need. Each error names the argument and, where it has one,
+///   the expected value.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `dc` or `gate_up` belongs to another CUDA
+///   context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `gate_up` overlaps `dc`.
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
+///   the stream's context (the first call there) or the launch, which also fails once an earlier
+///   kernel has faulted in the context.
 pub fn swiglu_backward_fused_inplace<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &SwigluArgs,
@@ -838,7 +961,7 @@ pub fn swiglu_backward_fused_inplace<T: Dtype>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use half::{bf16, f16};
 
@@ -939,14 +1062,14 @@ mod tests {
         // Driver errors pass through.
         let err = launch_shape::<f32>(v, BWD_WHOLE, 8, 8, |_| Err(crate::Error::NoDriver));
         assert!(err.is_err());
-        // The forward's `_vt` tiles: 4 (16-bit) or 2 (f32) 16-byte vectors × 128 threads,
-        // here over 16384 rows of 1792 vectors each.
-        let s = launch_shape::<bf16>(v, fwd_whole::<bf16>(), 16384, 1792 * 8, |_| Ok(396));
+        // The forward's `_vt` tiles: 4 16-byte vectors × 128 threads, here over 16384 rows of
+        // 1792 vectors each.
+        let s = launch_shape::<bf16>(v, FWD_WHOLE, 16384, 1792 * 8, |_| Ok(396));
         let s = s.unwrap();
         assert_eq!((s.whole, s.grid, s.threads), (true, 57344, 128));
-        let s = launch_shape::<f32>(v, fwd_whole::<f32>(), 16384, 1792 * 4, |_| Ok(396));
+        let s = launch_shape::<f32>(v, FWD_WHOLE, 16384, 1792 * 4, |_| Ok(396));
         let s = s.unwrap();
-        assert_eq!((s.whole, s.grid, s.threads), (true, 114688, 128));
+        assert_eq!((s.whole, s.grid, s.threads), (true, 57344, 128));
         // The backward's: one 8-byte vector × 256 threads, over 16384 rows of 3584 of them.
         let s = launch_shape::<bf16>(v, BWD_WHOLE, 16384, 3584 * 4, |_| Ok(396)).unwrap();
         assert_eq!((s.whole, s.grid, s.threads), (true, 229376, 256));
@@ -954,25 +1077,41 @@ mod tests {
         assert_eq!((s.whole, s.grid, s.threads), (true, 229376, 256));
     }
 
-    #[test]
-    fn kernel_names_match_the_device_crate() {
-        let v = Path::Vector { per_thread: 2 };
-        assert_eq!(v.kernel::<bf16>("fwd", false), "swiglu_fwd_v_bf16");
-        assert_eq!(v.kernel::<f32>("bwd", false), "swiglu_bwd_v_f32");
-        assert_eq!(v.kernel::<f16>("bwd", true), "swiglu_bwd_vt_f16");
-        assert_eq!(Path::Scalar.kernel::<f16>("fwd", false), "swiglu_fwd_f16");
-        assert_eq!(Path::Scalar.kernel::<f16>("fwd", true), "swiglu_fwd_f16");
-        for direction in ["fwd", "bwd"] {
-            for whole in [false, true] {
-                for name in [
-                    v.kernel::<f32>(direction, whole),
-                    v.kernel::<f16>(direction, whole),
-                    v.kernel::<bf16>(direction, whole),
-                ] {
-                    assert!(crate::PTX.contains(&format!(".entry {name}(")), "{name}");
+    /// Every kernel the launchers can ask for: each path and twin of each element type and
+    /// direction.
+    pub(crate) fn launchable_kernels() -> Vec<Kernel> {
+        fn of<T: Dtype>(out: &mut Vec<Kernel>) {
+            for direction in [Direction::Forward, Direction::Backward] {
+                for path in [Path::Scalar, Path::Vector { per_thread: 1 }] {
+                    for whole in [false, true] {
+                        out.push(path.kernel::<T>(direction, whole));
+                    }
                 }
             }
         }
+        let mut out = Vec::new();
+        of::<f32>(&mut out);
+        of::<f16>(&mut out);
+        of::<bf16>(&mut out);
+        out
+    }
+
+    #[test]
+    fn kernel_names_are_their_parts() {
+        let v = Path::Vector { per_thread: 2 };
+        let name = |k: Kernel| k.name();
+        let (fwd, bwd) = (Direction::Forward, Direction::Backward);
+        assert_eq!(name(v.kernel::<bf16>(fwd, false)), "swiglu_fwd_v_bf16");
+        assert_eq!(name(v.kernel::<f32>(bwd, false)), "swiglu_bwd_v_f32");
+        assert_eq!(name(v.kernel::<f16>(bwd, true)), "swiglu_bwd_vt_f16");
+        assert_eq!(
+            name(Path::Scalar.kernel::<f16>(fwd, false)),
+            "swiglu_fwd_f16"
+        );
+        assert_eq!(
+            name(Path::Scalar.kernel::<f16>(fwd, true)),
+            "swiglu_fwd_f16"
+        );
     }
 
     #[test]
@@ -1019,15 +1158,15 @@ mod tests {
             return;
         };
         fn check<T: Dtype>(k: &Kernels) {
-            for (rows, cols, twin) in [(1300, 8192, "vt"), (200001, 56, "vt"), (24000, 56, "v")] {
+            for (rows, cols, twin) in [(1300, 8192, true), (200001, 56, true), (24000, 56, false)] {
                 for (direction, per_thread, whole) in [
-                    ("fwd", FWD_VECS, fwd_whole::<T>()),
-                    ("bwd", BWD_VECS, BWD_WHOLE),
+                    (Direction::Forward, FWD_VECS, FWD_WHOLE),
+                    (Direction::Backward, BWD_VECS, BWD_WHOLE),
                 ] {
                     let path = Path::Vector { per_thread };
-                    let (name, _) = config::<T>(k, path, direction, whole, rows, cols).unwrap();
-                    let want = format!("swiglu_{direction}_{twin}_{}", T::NAME);
-                    assert_eq!(name, want, "{rows}×{cols}");
+                    let (got, _) = config::<T>(k, path, direction, whole, rows, cols).unwrap();
+                    let want = path.kernel::<T>(direction, twin);
+                    assert_eq!(got.name(), want.name(), "{rows}×{cols}");
                 }
             }
         }

@@ -4,10 +4,12 @@
 //! library's tests use. Every function is generic over [`Element`]: the tensor dtype `D`
 //! (`f32`, `f16`, `bf16`) decides where values are rounded; with `f64` every cast point is the
 //! identity, which gives the exact math (used for finite-difference gradient checks).
+pub mod geglu;
 pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;
 
+pub use geglu::{geglu_backward, geglu_forward};
 pub use rms_norm::{rms_norm_backward, rms_norm_forward};
 pub use rope::{rope_backward, rope_forward};
 pub use swiglu::{swiglu_backward, swiglu_forward};

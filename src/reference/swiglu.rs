@@ -83,7 +83,7 @@ pub fn silu_grad(z: f64) -> f64 {
     sig * (1.0 + z_one_minus)
 }
 
-fn check_multiplier(arg: &'static str, m: f32) -> Result<f64> {
+pub(super) fn check_multiplier(arg: &'static str, m: f32) -> Result<f64> {
     if m.is_finite() {
         Ok(m as f64)
     } else {
@@ -91,7 +91,7 @@ fn check_multiplier(arg: &'static str, m: f32) -> Result<f64> {
     }
 }
 
-fn check_like<T>(arg: &'static str, v: &[T], like: usize) -> Result<()> {
+pub(super) fn check_like<T>(arg: &'static str, v: &[T], like: usize) -> Result<()> {
     if v.len() != like {
         return Err(invalid(arg, format!("length {like} (like a)"), v.len()));
     }
@@ -99,7 +99,7 @@ fn check_like<T>(arg: &'static str, v: &[T], like: usize) -> Result<()> {
 }
 
 /// The gate `z = F(a·gm)`.
-fn gate<T: Element>(a: T, gm: f64) -> f64 {
+pub(super) fn gate<T: Element>(a: T, gm: f64) -> f64 {
     T::cast_f32(a.to_f64() * gm)
 }
 
