@@ -5,7 +5,7 @@ use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, result, sys};
 use std::ffi::c_void;
 
 /// Waves of resident blocks from which a grid-stride kernel with a one-item-per-block twin runs
-/// the twin over a grid of every item instead (PERFORMANCE.md, "whole grids"): the hardware's
+/// the twin over a grid of every item instead (PERFORMANCE.md, "Whole grids: one item per block"): the hardware's
 /// block scheduler then balances the last wave, the twin holds no next-item registers (more
 /// blocks fit per SM), and a resident grid's last round (up to one item per block more than
 /// the average) goes away. Below it, the resident grid's fewer launches of blocks win.

@@ -25,13 +25,13 @@ pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
 /// hand-off: the dW reduction starts with `griddepcontrol.wait`, as the host launches it as a
 /// programmatic dependent launch after the backward (its launch is processed while the
 /// backward runs, and its blocks start as the backward's last blocks exit, then wait there for
-/// the backward's partial rows: ~1.5 µs less per backward on an H200, PERFORMANCE.md); the f32
-/// backward kernels that keep dW in registers (`rms_norm_bwd_v2_f32_*`) start with
-/// `griddepcontrol.launch_dependents`, which lets that launch happen at once (~2.5 µs less at
-/// 16384×2048); and the backward kernels that keep dW in shared memory
+/// the backward's partial rows); the f32 backward kernels that keep dW in registers
+/// (`rms_norm_bwd_v2_f32_*`) start with `griddepcontrol.launch_dependents`, which lets that
+/// launch happen at once; and the backward kernels that keep dW in shared memory
 /// (`rms_norm_bwd_vs{1,2}_*`), launched in thread-block clusters of two, merge their blocks'
 /// rows into one partial row per cluster through distributed shared memory (`barrier.cluster`,
-/// `mapa`, `ld.shared::cluster`; half the partial rows: ~1.3 µs less at bf16 16384×2048).
+/// `mapa`, `ld.shared::cluster`; half the partial rows). PERFORMANCE.md ("sm_90: dependent
+/// launch and dW clusters") has what each saves.
 /// Used on devices of compute capability ≥ 9.0 with a driver of CUDA ≥ 12.3, unless the
 /// environment variable [`BASELINE_PTX_ENV`] is set; loaded kernel by kernel as [`PTX`] is.
 ///

@@ -244,22 +244,22 @@ impl VecRule {
 }
 
 /// Forward, 16-bit types: K = 1, 2, 4, up to 128 threads. Against 256 (H200 A/B,
-/// PERFORMANCE.md): bf16 16384×2048 +4 % (`_vr2` at 128 threads instead of `_v1` at 256),
-/// 2048×4096 +5 %, level elsewhere; bf16 16384×4096 with `_vr2` at 256 instead of `_vr4` at
-/// 128 level (eleventh session).
+/// PERFORMANCE.md, "RMSNorm forward"): bf16 16384×2048 +4 % (`_vr2` at 128 threads instead of
+/// `_v1` at 256), 2048×4096 +5 %, level elsewhere; bf16 16384×4096 with `_vr2` at 256 instead of
+/// `_vr4` at 128 level.
 const FWD_RULE_16: VecRule = VecRule {
     steps: &[(1, 128), (2, 128), (4, 128)],
 };
 /// Forward, f32: the same, but K = 2 up to 256 threads: f32 16384×2048 runs `_vr2` at 256
 /// threads instead of `_vr4` at 128, 70.4–70.6 → 69.3–69.6 µs on an H200 (PERFORMANCE.md,
-/// eleventh session).
+/// "RMSNorm forward").
 const FWD_RULE_F32: VecRule = VecRule {
     steps: &[(1, 128), (2, 256), (4, 128)],
 };
 /// Backward: K = 1, 2 (the dW accumulators need the registers a fourth vector would take), up
 /// to 128 threads: twice the rows in flight per SM at bf16 16384×2048 (`_vs2` at 128 threads,
 /// 8 blocks per SM, against `_vs1` at 256, 5), 62.7 → 60.5 µs on an H200 (PERFORMANCE.md,
-/// tenth session); wider rows take K = 2 at more threads either way.
+/// "RMSNorm backward"); wider rows take K = 2 at more threads either way.
 const BWD_RULE: VecRule = VecRule {
     steps: &[(1, 128), (2, 128)],
 };
@@ -496,7 +496,8 @@ fn backward_launch<T: Dtype>(
 /// Blocks per thread-block cluster of the shared-memory dW backward in the sm_90 build: the
 /// blocks of a cluster merge their dW rows into one partial row (`write_cluster_partial` in
 /// kernels-gpu), halving the rows written as the grid ends and read by the reduction. In a CUDA
-/// C stand-in on an H200 (PERFORMANCE.md, thirteenth session): bf16 16384×2048 −1.3 µs with 2,
+/// C stand-in on an H200 (PERFORMANCE.md, "sm_90: dependent launch and dW clusters"): bf16
+/// 16384×2048 −1.3 µs with 2,
 /// −0.8 µs with 4 or 8 (only 124 clusters of 8 fit at once, 992 of 1056 blocks), 16 slower;
 /// 16384×4096 level with 2, 1.7 µs slower with 4 or 8 (fewer resident clusters than blocks).
 const DW_CLUSTER: usize = 2;

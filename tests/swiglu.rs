@@ -711,7 +711,7 @@ fn gpu_extreme_gates_are_finite_with_the_right_limits() {
     );
 }
 
-/// NaN and ±∞ inputs give what the reference gives (DESIGN §4): NaN propagates, an infinite
+/// NaN and ±∞ inputs give what the reference gives: NaN propagates, an infinite
 /// gate takes the silu limits, an infinite `b` or `dc` multiplies through.
 fn non_finite<T: Dtype>(stream: &Stream) {
     let (nan, inf) = (f64::NAN, f64::INFINITY);

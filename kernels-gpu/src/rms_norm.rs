@@ -406,7 +406,8 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
 ) {
     // f32 with dW in registers (`_v2`, the f32 rows above 512 columns): the dW reduction may
     // be launched at once, its launch hidden behind this grid (16384×2048 on an H200: −2.6 µs;
-    // the 16-bit kernels lost up to 0.7 µs with it: PERFORMANCE.md, ninth and eleventh sessions).
+    // the 16-bit kernels lost up to 0.7 µs with it: PERFORMANCE.md, "sm_90: dependent launch and
+    // dW clusters").
     if T::LANES == 4 && K == 2 && !SMEM_DW {
         allow_dependent_grids();
     }
@@ -558,7 +559,8 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
 /// of the cluster sums column slice `r` over the blocks in rank order, so the row's bits depend
 /// only on the grid and the cluster size. Half the partial rows with clusters of two: they are
 /// written in one burst as the persistent grid ends, and the reduction reads every one (bf16
-/// 16384×2048: −1.3 µs per backward in a CUDA C stand-in, PERFORMANCE.md, thirteenth session).
+/// 16384×2048: −1.3 µs per backward in a CUDA C stand-in, PERFORMANCE.md, "sm_90: dependent
+/// launch and dW clusters").
 /// Every thread of the block calls it.
 #[cfg(target_feature = "sm_90")]
 #[inline(always)]
