@@ -14,6 +14,7 @@ use std::{fmt, str::FromStr};
 /// # Ok::<(), liger_rs::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum CastingMode {
     /// HF `LlamaRMSNorm`: statistics in f32, `y = D(D(x·r) · (offset + w))`; rstd is f32.
     #[default]

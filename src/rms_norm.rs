@@ -53,6 +53,7 @@ const DW_REDUCE_PART_LANES: u32 = 32;
 /// assert_eq!((args.x_stride, args.y_stride), (6144, 2048));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct RmsNormArgs {
     /// Number of rows (0 is allowed and launches nothing).
     pub rows: usize,

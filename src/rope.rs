@@ -42,6 +42,7 @@ const BLOCK_THREADS: usize = 256;
 /// assert!(gptj.head_major && gptj.interleaved && gptj.half_tables);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RopeArgs {
     /// Batch size B (0 is allowed and launches nothing).
     pub batch: usize,
@@ -251,6 +252,7 @@ pub(crate) struct RopeSizes {
 /// # let _ = layout;
 /// ```
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum CosSinLayout<'a> {
     /// cos, sin: `[seq_len, r]`, shared by every batch row (token `(b, s)` uses row `s`).
     PerPosition,
@@ -275,6 +277,7 @@ pub enum CosSinLayout<'a> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum PositionIds<'a> {
     /// Ids in host memory: each must lie in `0 .. max_pos`, or the call returns an
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for `position_ids` naming the

@@ -74,6 +74,7 @@ const BWD_WHOLE: Whole = Whole {
 /// assert_eq!((sep.a_stride, fused.a_stride), (14336, 2 * 14336));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct SwigluArgs {
     /// Number of rows (0 is allowed and launches nothing).
     pub rows: usize,

@@ -229,11 +229,10 @@ fn cpu_case<T: Element + WithDType>(seed: u64) {
         (CastingMode::None, 0.5),
     ] {
         let case = format!("{name} {mode} offset {offset}");
-        let cfg = RmsNormConfig {
-            eps: 1e-5,
-            offset,
-            mode,
-        };
+        let cfg = RmsNormConfig::default()
+            .with_eps(1e-5)
+            .with_offset(offset)
+            .with_mode(mode);
         let want =
             liger_rs::reference::rms_norm_forward(&x, Some(&w), cols, 1e-5, offset, mode).unwrap();
         let grads = liger_rs::reference::rms_norm_backward(
@@ -289,14 +288,12 @@ fn cpu_case<T: Element + WithDType>(seed: u64) {
     let rc = [rows, cols];
     for cfg in [
         SwigluConfig::default(),
-        SwigluConfig {
-            gate_multiplier: 0.75,
-            down_multiplier: 1.5,
-        },
-        SwigluConfig {
-            gate_multiplier: -1.25,
-            down_multiplier: 0.3,
-        },
+        SwigluConfig::default()
+            .with_gate_multiplier(0.75)
+            .with_down_multiplier(1.5),
+        SwigluConfig::default()
+            .with_gate_multiplier(-1.25)
+            .with_down_multiplier(0.3),
     ] {
         let case = format!("{name} {cfg:?}");
         let (gm, dm) = (cfg.gate_multiplier, T::cast(cfg.down_multiplier as f64));
@@ -374,20 +371,10 @@ fn cpu_case<T: Element + WithDType>(seed: u64) {
     let configs = [
         (RopeConfig::default(), d),
         (
-            RopeConfig {
-                rotary_dim: Some(6),
-                interleaved: true,
-                ..Default::default()
-            },
+            RopeConfig::default().with_rotary_dim(6).with_interleaved(),
             6,
         ),
-        (
-            RopeConfig {
-                half_tables: true,
-                ..Default::default()
-            },
-            d / 2,
-        ),
+        (RopeConfig::default().with_half_tables(), d / 2),
     ];
     for (cfg, w) in configs {
         for gathered in [false, true] {
@@ -679,11 +666,10 @@ fn rms_norm_sweep<T: El>(test: &str, seed: u64) {
         for form in FORMS {
             for weighted in [true, false] {
                 let offset = if mode == CastingMode::Gemma { 1.0 } else { 0.0 };
-                let cfg = RmsNormConfig {
-                    eps: 1e-5,
-                    offset,
-                    mode,
-                };
+                let cfg = RmsNormConfig::default()
+                    .with_eps(1e-5)
+                    .with_offset(offset)
+                    .with_mode(mode);
                 rms_norm_case::<T>(&dev, &mut rng, form, weighted, cfg);
                 n += 1;
             }
@@ -1017,10 +1003,9 @@ fn swiglu_sweep<T: El>(test: &str, seed: u64) {
         for fused in [false, true] {
             for cfg in [
                 SwigluConfig::default(),
-                SwigluConfig {
-                    gate_multiplier: 0.75,
-                    down_multiplier: 1.5,
-                },
+                SwigluConfig::default()
+                    .with_gate_multiplier(0.75)
+                    .with_down_multiplier(1.5),
             ] {
                 swiglu_case::<T>(&dev, &mut rng, form, fused, cfg);
                 n += 1;
@@ -1062,10 +1047,7 @@ fn gpu_ops_compose_in_one_autograd_graph() {
     let wk = Var::randn(0f32, 0.1, (hidden, hk * d), &dev).unwrap();
     let wg = Var::randn(0f32, 0.1, (hidden, 2 * hidden), &dev).unwrap();
 
-    let cfg = RmsNormConfig {
-        eps: 1e-5,
-        ..Default::default()
-    };
+    let cfg = RmsNormConfig::default().with_eps(1e-5);
     let y = rms_norm(x.as_tensor(), Some(w.as_tensor()), &cfg).unwrap();
     let x_h = x
         .as_tensor()
@@ -1142,10 +1124,7 @@ fn gpu_errors_are_candle_errors() {
     );
     // A launcher error keeps this crate's error inside candle's.
     let x = Tensor::ones((2, 8), DType::F32, &dev).unwrap();
-    let cfg = RmsNormConfig {
-        eps: -1.0,
-        ..RmsNormConfig::default()
-    };
+    let cfg = RmsNormConfig::default().with_eps(-1.0);
     let e = rms_norm(&x, None, &cfg).unwrap_err();
     match &e {
         candle_core::Error::Cuda(inner) => match inner.downcast_ref::<liger_rs::Error>() {
@@ -1323,22 +1302,20 @@ fn fd_sweep(dtype: DType, h: f64, tol: f64) {
     );
     for mode in CastingMode::ALL {
         for offset in [0.0, 1.0, -0.25] {
-            let cfg = RmsNormConfig {
-                eps: 0.1,
-                offset,
-                mode,
-            };
+            let cfg = RmsNormConfig::default()
+                .with_eps(0.1)
+                .with_offset(offset)
+                .with_mode(mode);
             check(
                 format!("rms_norm {cfg:?}"),
                 vec![x.clone(), w.clone()],
                 Box::new(move |t| rms_norm(&t[0], Some(&t[1]), &cfg)),
             );
         }
-        let cfg = RmsNormConfig {
-            eps: 1e-6,
-            offset: 0.0,
-            mode,
-        };
+        let cfg = RmsNormConfig::default()
+            .with_eps(1e-6)
+            .with_offset(0.0)
+            .with_mode(mode);
         check(
             format!("rms_norm {cfg:?} without a weight"),
             vec![x.clone()],
@@ -1352,10 +1329,9 @@ fn fd_sweep(dtype: DType, h: f64, tol: f64) {
     );
     let gu = randn_cpu(&mut rng, &[4, 10], 0.0, 2.0);
     for (gm, dm) in [(1.0, 1.0), (0.75, 1.5), (-1.25, 0.3), (2.0, -4.0)] {
-        let cfg = SwigluConfig {
-            gate_multiplier: gm,
-            down_multiplier: dm,
-        };
+        let cfg = SwigluConfig::default()
+            .with_gate_multiplier(gm)
+            .with_down_multiplier(dm);
         check(
             format!("swiglu {cfg:?}"),
             vec![a.clone(), b.clone()],
@@ -1378,28 +1354,13 @@ fn fd_sweep(dtype: DType, h: f64, tol: f64) {
     for (cfg, w, gathered) in [
         (RopeConfig::default(), d, false),
         (RopeConfig::default(), d, true),
+        (RopeConfig::default().with_rotary_dim(6), 6, false),
+        (RopeConfig::default().with_interleaved(), d, true),
         (
-            RopeConfig {
-                rotary_dim: Some(6),
-                ..Default::default()
-            },
-            6,
-            false,
-        ),
-        (
-            RopeConfig {
-                interleaved: true,
-                ..Default::default()
-            },
-            d,
-            true,
-        ),
-        (
-            RopeConfig {
-                half_tables: true,
-                interleaved: true,
-                rotary_dim: Some(6),
-            },
+            RopeConfig::default()
+                .with_half_tables()
+                .with_interleaved()
+                .with_rotary_dim(6),
             3,
             false,
         ),

@@ -19,11 +19,12 @@ const RMS_NORM: &str = "liger-rs rms_norm";
 /// ```
 /// use liger_rs::{CastingMode, candle::RmsNormConfig};
 /// // Gemma: (1 + w) weights, f32 math throughout.
-/// let gemma = RmsNormConfig { eps: 1e-6, offset: 1.0, mode: CastingMode::Gemma };
+/// let gemma = RmsNormConfig::default().with_offset(1.0).with_mode(CastingMode::Gemma);
+/// assert_eq!((gemma.eps, gemma.offset), (1e-6, 1.0));
 /// assert_eq!(RmsNormConfig::default().mode, CastingMode::Llama);
-/// # let _ = gemma;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct RmsNormConfig {
     /// Added to the mean square before the inverse square root (finite, ≥ 0).
     pub eps: f32,
@@ -45,6 +46,35 @@ impl Default for RmsNormConfig {
 }
 
 impl RmsNormConfig {
+    /// Sets `eps`.
+    ///
+    /// ```
+    /// assert_eq!(liger_rs::candle::RmsNormConfig::default().with_eps(1e-5).eps, 1e-5);
+    /// ```
+    pub fn with_eps(self, eps: f32) -> Self {
+        RmsNormConfig { eps, ..self }
+    }
+
+    /// Sets the weight offset.
+    ///
+    /// ```
+    /// assert_eq!(liger_rs::candle::RmsNormConfig::default().with_offset(1.0).offset, 1.0);
+    /// ```
+    pub fn with_offset(self, offset: f32) -> Self {
+        RmsNormConfig { offset, ..self }
+    }
+
+    /// Sets the casting mode.
+    ///
+    /// ```
+    /// use liger_rs::{CastingMode, candle::RmsNormConfig};
+    /// let cfg = RmsNormConfig::default().with_mode(CastingMode::None);
+    /// assert_eq!(cfg.mode, CastingMode::None);
+    /// ```
+    pub fn with_mode(self, mode: CastingMode) -> Self {
+        RmsNormConfig { mode, ..self }
+    }
+
     fn args(&self, rows: usize, cols: usize) -> RmsNormArgs {
         RmsNormArgs::new(rows, cols)
             .with_eps(self.eps)
@@ -187,7 +217,7 @@ fn rstd_storage<T: HostElem>(rstd: Vec<f64>) -> CpuStorage {
 /// let dev = Device::new_cuda(0)?;
 /// let x = Var::randn(0f32, 1.0, (8, 4096), &dev)?;
 /// let w = Tensor::ones(4096, DType::F32, &dev)?;
-/// let y = rms_norm(x.as_tensor(), Some(&w), &RmsNormConfig { eps: 1e-5, ..Default::default() })?;
+/// let y = rms_norm(x.as_tensor(), Some(&w), &RmsNormConfig::default().with_eps(1e-5))?;
 /// let dx = y.sum_all()?.backward()?.get(&x).cloned();
 /// # let _ = dx;
 /// # Ok::<(), candle_core::Error>(())

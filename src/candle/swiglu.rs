@@ -24,10 +24,11 @@ const SWIGLU_FUSED: &str = "liger-rs swiglu_fused";
 /// backward stays the gradient of what the forward returned.
 ///
 /// ```
-/// let cfg = liger_rs::candle::SwigluConfig { gate_multiplier: 0.5, ..Default::default() };
-/// assert_eq!(cfg.down_multiplier, 1.0);
+/// let cfg = liger_rs::candle::SwigluConfig::default().with_gate_multiplier(0.5);
+/// assert_eq!((cfg.gate_multiplier, cfg.down_multiplier), (0.5, 1.0));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct SwigluConfig {
     /// `gm`: the gate is `z = a·gm` (finite).
     pub gate_multiplier: f32,
@@ -46,6 +47,32 @@ impl Default for SwigluConfig {
 }
 
 impl SwigluConfig {
+    /// Sets the gate multiplier `gm`.
+    ///
+    /// ```
+    /// let cfg = liger_rs::candle::SwigluConfig::default().with_gate_multiplier(0.5);
+    /// assert_eq!(cfg.gate_multiplier, 0.5);
+    /// ```
+    pub fn with_gate_multiplier(self, gate_multiplier: f32) -> Self {
+        SwigluConfig {
+            gate_multiplier,
+            ..self
+        }
+    }
+
+    /// Sets the down multiplier `dm`.
+    ///
+    /// ```
+    /// let cfg = liger_rs::candle::SwigluConfig::default().with_down_multiplier(2.0);
+    /// assert_eq!(cfg.down_multiplier, 2.0);
+    /// ```
+    pub fn with_down_multiplier(self, down_multiplier: f32) -> Self {
+        SwigluConfig {
+            down_multiplier,
+            ..self
+        }
+    }
+
     /// This config for tensors of `dtype`: `dm` rounded to it.
     fn for_dtype(&self, dtype: DType) -> SwigluConfig {
         let dm = self.down_multiplier;
