@@ -61,11 +61,9 @@ fn rms_norm(stream: &Arc<CudaStream>) -> Res<()> {
     let mut dw = stream.alloc_zeros::<bf16>(cols)?;
     stream.synchronize()?;
     let args = RmsNormArgs::new(rows, cols);
-    let w = w.as_view();
     report(stream, "rms_norm", |backward| {
         if backward {
-            let dw = &mut dw.as_view_mut();
-            rms_norm_backward_inplace(stream, &args, &mut dy, &x, Some(&w), &rstd, Some(dw))?;
+            rms_norm_backward_inplace(stream, &args, &mut dy, &x, Some(&w), &rstd, Some(&mut dw))?;
         } else {
             rms_norm_forward(stream, &args, &x, Some(&w), &mut y, &mut rstd)?;
         }

@@ -128,7 +128,6 @@ fn main() -> Res<()> {
         .with_mode(CastingMode::Llama);
     let rope = RopeArgs::new(1, TOKENS, hq, hk, d);
     let mlp = SwigluArgs::new(TOKENS, INTERMEDIATE);
-    let wv = wd.as_view();
     let s = 2.0; // bytes per bf16
     let (nx, nqk, nm) = (
         (TOKENS * HIDDEN) as f64,
@@ -144,7 +143,7 @@ fn main() -> Res<()> {
             &stream,
             &rms,
             &xd,
-            Some(&wv),
+            Some(&wd),
             &mut y,
             &mut rstd,
         )?)
@@ -177,9 +176,9 @@ fn main() -> Res<()> {
             &rms,
             &mut dyd,
             &xd,
-            Some(&wv),
+            Some(&wd),
             &rstd,
-            Some(&mut dw.as_view_mut()),
+            Some(&mut dw),
         )?)
     })?;
     println!("[7/8] checking samples against the CPU reference …");
@@ -189,9 +188,9 @@ fn main() -> Res<()> {
         &rms,
         &mut dyd,
         &xd,
-        Some(&wv),
+        Some(&wd),
         &rstd,
-        Some(&mut dw.as_view_mut()),
+        Some(&mut dw),
     )?;
     let down = |v| stream.clone_dtoh(v);
     let (y, dx, dw, c, da, db) = (

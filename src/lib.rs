@@ -32,10 +32,10 @@
 //! let w = stream.clone_htod(&vec![bf16::ONE; cols])?;
 //! let (mut y, mut rstd) = (stream.alloc_zeros::<bf16>(rows * cols)?, stream.alloc_zeros::<f32>(rows)?);
 //! let args = RmsNormArgs::new(rows, cols).with_eps(1e-5);
-//! rms_norm_forward(&stream, &args, &x, Some(&w.as_view()), &mut y, &mut rstd)?;
+//! rms_norm_forward(&stream, &args, &x, Some(&w), &mut y, &mut rstd)?;
 //! let mut dy = stream.clone_htod(&vec![bf16::ONE; rows * cols])?; // becomes dx
 //! let mut dw = stream.alloc_zeros::<bf16>(cols)?;
-//! rms_norm_backward_inplace(&stream, &args, &mut dy, &x, Some(&w.as_view()), &rstd, Some(&mut dw.as_view_mut()))?;
+//! rms_norm_backward_inplace(&stream, &args, &mut dy, &x, Some(&w), &rstd, Some(&mut dw))?;
 //! let dx: Vec<bf16> = stream.clone_dtoh(&dy)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -43,9 +43,12 @@
 //! ## Conventions
 //!
 //! * **Buffers** are anything cudarc can give a device pointer for (`CudaSlice`, `CudaView`,
-//!   `CudaViewMut`) and must belong to the stream's context. Lengths are checked against the
-//!   shape before anything is launched; rows may be strided (`with_strides` on the argument
-//!   types) so a row-slice of a larger buffer works.
+//!   `CudaViewMut`) and must belong to the stream's context: `&impl DevicePtr<T>` for a buffer
+//!   read, `&mut impl DevicePtrMut<T>` for one written, and for an optional one (RMSNorm's
+//!   `weight` and `dw`) `Option<&dyn DevicePtr<T>>` / `Option<&mut dyn DevicePtrMut<T>>`, so
+//!   that `Some(&w)` takes any of them and `None` needs no type. Lengths are checked against
+//!   the shape before anything is launched; rows may be strided (`with_strides` on the
+//!   argument types) so a row-slice of a larger buffer works.
 //! * **Errors** come in one order for every launcher: the argument struct (and which optional
 //!   buffers are given), then every buffer's context, then every buffer's length (each in
 //!   signature order), then, unless the call has no rows or tokens, overlaps: every buffer

@@ -12,8 +12,7 @@ use crate::module::{Kernels, kernels};
 use crate::settings::{LaunchSettings, MAX_FUSED_SIZE, calculate_settings};
 use crate::validate::{Access, Buf, Need, Spec, Table, read, span, validate, write};
 use cudarc::driver::{
-    CudaContext, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig,
-    PushKernelArg,
+    CudaContext, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
 use std::sync::Arc;
 
@@ -578,7 +577,7 @@ fn capacity(kernels: &Kernels, kernel: Kernel) -> Result<usize> {
 /// let w = stream.clone_htod(&vec![bf16::ONE; cols])?;
 /// let mut y = stream.alloc_zeros::<bf16>(rows * cols)?;
 /// let mut rstd = stream.alloc_zeros::<f32>(rows)?;
-/// rms_norm_forward(&stream, &RmsNormArgs::new(rows, cols), &x, Some(&w.as_view()), &mut y, &mut rstd)?;
+/// rms_norm_forward(&stream, &RmsNormArgs::new(rows, cols), &x, Some(&w), &mut y, &mut rstd)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
@@ -609,7 +608,7 @@ pub fn rms_norm_forward<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &RmsNormArgs,
     x: &impl DevicePtr<T>,
-    weight: Option<&CudaView<'_, T>>,
+    weight: Option<&dyn DevicePtr<T>>,
     y: &mut impl DevicePtrMut<T>,
     rstd: &mut impl DevicePtrMut<f32>,
 ) -> Result<()> {
@@ -691,10 +690,10 @@ pub fn rms_norm_forward<T: Dtype>(
 /// let w = stream.clone_htod(&vec![1.0f32; cols])?;
 /// let (mut y, mut rstd) = (stream.alloc_zeros::<f32>(rows * cols)?, stream.alloc_zeros::<f32>(rows)?);
 /// let args = RmsNormArgs::new(rows, cols);
-/// rms_norm_forward(&stream, &args, &x, Some(&w.as_view()), &mut y, &mut rstd)?;
+/// rms_norm_forward(&stream, &args, &x, Some(&w), &mut y, &mut rstd)?;
 /// let dy = stream.clone_htod(&vec![1.0f32; rows * cols])?;
 /// let (mut dx, mut dw) = (stream.alloc_zeros::<f32>(rows * cols)?, stream.alloc_zeros::<f32>(cols)?);
-/// rms_norm_backward(&stream, &args, &dy, &x, Some(&w.as_view()), &rstd, &mut dx, Some(&mut dw.as_view_mut()))?;
+/// rms_norm_backward(&stream, &args, &dy, &x, Some(&w), &rstd, &mut dx, Some(&mut dw))?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
@@ -732,10 +731,10 @@ pub fn rms_norm_backward<T: Dtype>(
     args: &RmsNormArgs,
     dy: &impl DevicePtr<T>,
     x: &impl DevicePtr<T>,
-    weight: Option<&CudaView<'_, T>>,
+    weight: Option<&dyn DevicePtr<T>>,
     rstd: &impl DevicePtr<f32>,
     dx: &mut impl DevicePtrMut<T>,
-    dw: Option<&mut CudaViewMut<'_, T>>,
+    dw: Option<&mut dyn DevicePtrMut<T>>,
 ) -> Result<()> {
     let (dy, dx) = (read(dy), write(dx));
     backward(stream, args, [dy, dx], x, weight, rstd, dw)
@@ -752,10 +751,10 @@ pub fn rms_norm_backward<T: Dtype>(
 /// let x = stream.clone_htod(&vec![0.5f32; rows * cols])?;
 /// let w = stream.clone_htod(&vec![1.0f32; cols])?;
 /// let (mut y, mut rstd) = (stream.alloc_zeros::<f32>(rows * cols)?, stream.alloc_zeros::<f32>(rows)?);
-/// rms_norm_forward(&stream, &args, &x, Some(&w.as_view()), &mut y, &mut rstd)?;
+/// rms_norm_forward(&stream, &args, &x, Some(&w), &mut y, &mut rstd)?;
 /// let mut dy = stream.clone_htod(&vec![1.0f32; rows * cols])?; // becomes dx
 /// let mut dw = stream.alloc_zeros::<f32>(cols)?;
-/// rms_norm_backward_inplace(&stream, &args, &mut dy, &x, Some(&w.as_view()), &rstd, Some(&mut dw.as_view_mut()))?;
+/// rms_norm_backward_inplace(&stream, &args, &mut dy, &x, Some(&w), &rstd, Some(&mut dw))?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
@@ -793,9 +792,9 @@ pub fn rms_norm_backward_inplace<T: Dtype>(
     args: &RmsNormArgs,
     dy_dx: &mut impl DevicePtrMut<T>,
     x: &impl DevicePtr<T>,
-    weight: Option<&CudaView<'_, T>>,
+    weight: Option<&dyn DevicePtr<T>>,
     rstd: &impl DevicePtr<f32>,
-    dw: Option<&mut CudaViewMut<'_, T>>,
+    dw: Option<&mut dyn DevicePtrMut<T>>,
 ) -> Result<()> {
     backward(stream, args, [write(dy_dx), None], x, weight, rstd, dw)
 }
@@ -807,9 +806,9 @@ fn backward<'b, T: Dtype>(
     args: &RmsNormArgs,
     [dy, dx]: [Option<Buf<'b, T>>; 2],
     x: &'b impl DevicePtr<T>,
-    weight: Option<&'b CudaView<'_, T>>,
+    weight: Option<&'b dyn DevicePtr<T>>,
     rstd: &'b impl DevicePtr<f32>,
-    dw: Option<&'b mut CudaViewMut<'_, T>>,
+    dw: Option<&'b mut (dyn DevicePtrMut<T> + '_)>,
 ) -> Result<()> {
     let in_place = dx.is_none();
     let (settings, table) = args.backward_table(in_place, weight.is_some(), dw.is_some())?;
@@ -1203,10 +1202,9 @@ pub(crate) mod tests {
         let args = RmsNormArgs::new(rows, cols);
         let mut y = stream.alloc_zeros::<T>(rows * cols).unwrap();
         let mut rstd = stream.alloc_zeros::<f32>(rows).unwrap();
-        rms_norm_forward(stream, &args, &x, Some(&w.as_view()), &mut y, &mut rstd).unwrap();
+        rms_norm_forward(stream, &args, &x, Some(&w), &mut y, &mut rstd).unwrap();
         let mut dw = stream.alloc_zeros::<T>(cols).unwrap();
-        let (wv, mut dwv) = (w.as_view(), dw.as_view_mut());
-        rms_norm_backward_inplace(stream, &args, &mut dy, &x, Some(&wv), &rstd, Some(&mut dwv))
+        rms_norm_backward_inplace(stream, &args, &mut dy, &x, Some(&w), &rstd, Some(&mut dw))
             .unwrap();
         let dw = stream.clone_dtoh(&dw).unwrap();
         dw.iter().map(|v| v.to_f64().to_bits()).collect()

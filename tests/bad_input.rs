@@ -61,38 +61,21 @@ impl Launch for Rms {
     ) -> liger_rs::Result<()> {
         let x = live.t("x");
         let weight = live.opt_t("weight");
-        let weight = weight.as_ref().map(|w| w.as_view());
+        let weight = weight.as_deref().map(|w| w as _);
         let mut dw = live.opt_t("dw");
-        let mut dw = dw.as_mut().map(|d| d.as_view_mut());
+        let dw = dw.as_deref_mut().map(|d| d as _);
         match self {
             Rms::Forward => {
                 let (mut y, mut rstd) = (live.t("y"), live.f32("rstd"));
-                rms_norm_forward(stream, args, &*x, weight.as_ref(), &mut *y, &mut *rstd)
+                rms_norm_forward(stream, args, &*x, weight, &mut *y, &mut *rstd)
             }
             Rms::Backward => {
                 let (dy, rstd, mut dx) = (live.t("dy"), live.f32("rstd"), live.t("dx"));
-                rms_norm_backward(
-                    stream,
-                    args,
-                    &*dy,
-                    &*x,
-                    weight.as_ref(),
-                    &*rstd,
-                    &mut *dx,
-                    dw.as_mut(),
-                )
+                rms_norm_backward(stream, args, &*dy, &*x, weight, &*rstd, &mut *dx, dw)
             }
             Rms::BackwardInplace => {
                 let (mut dy_dx, rstd) = (live.t("dy_dx"), live.f32("rstd"));
-                rms_norm_backward_inplace(
-                    stream,
-                    args,
-                    &mut *dy_dx,
-                    &*x,
-                    weight.as_ref(),
-                    &*rstd,
-                    dw.as_mut(),
-                )
+                rms_norm_backward_inplace(stream, args, &mut *dy_dx, &*x, weight, &*rstd, dw)
             }
         }
     }

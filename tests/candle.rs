@@ -14,7 +14,7 @@ use liger_rs::candle::{
     rope, rope_backward, rope_backward_with, rope_with, swiglu, swiglu_backward, swiglu_fused,
     swiglu_fused_backward,
 };
-use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
+use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 use liger_rs::reference::Element;
 use liger_rs::reference::rope::CosSinRows;
 use liger_rs::{CastingMode, CosSinLayout, Dtype, PositionIds, RmsNormArgs, RopeArgs, SwigluArgs};
@@ -576,15 +576,13 @@ fn rms_norm_case<T: El>(
         upload(&stream, &w_h),
         upload(&stream, &dy_h),
     );
-    let w_view = w_d.as_view();
-    let w_arg = weighted.then_some(&w_view);
+    let w_arg: Option<&dyn DevicePtr<T>> = weighted.then_some(&w_d);
     let (mut y_d, mut r_d) = (
         alloc::<T>(&stream, rows * cols),
         alloc::<f32>(&stream, rows),
     );
     liger_rs::rms_norm_forward(&stream, &args, &x_d, w_arg, &mut y_d, &mut r_d).unwrap();
     let (mut dx_d, mut dw_d) = (alloc::<T>(&stream, rows * cols), alloc::<T>(&stream, cols));
-    let mut dw_view = dw_d.as_view_mut();
     liger_rs::rms_norm_backward(
         &stream,
         &args,
@@ -593,7 +591,7 @@ fn rms_norm_case<T: El>(
         w_arg,
         &r_d,
         &mut dx_d,
-        weighted.then_some(&mut dw_view),
+        weighted.then_some(&mut dw_d),
     )
     .unwrap();
     let want_dw = weighted.then(|| host_buf(&stream, &dw_d));

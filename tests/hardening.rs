@@ -204,11 +204,9 @@ fn replay_captured_backward(what: &str, stream: Arc<CudaStream>) -> Result<(), S
         common::poisoned::<bf16>(&stream, rows * cols),
         common::poisoned::<f32>(&stream, rows),
     );
-    let wv = w.as_view();
-    rms_norm_forward(&stream, &args, &x, Some(&wv), &mut y, &mut rstd).unwrap();
+    rms_norm_forward(&stream, &args, &x, Some(&w), &mut y, &mut rstd).unwrap();
     let backward = |dx: &mut CudaSlice<bf16>, dw: &mut CudaSlice<bf16>| {
-        let mut dw = dw.as_view_mut();
-        rms_norm_backward(&stream, &args, &dy, &x, Some(&wv), &rstd, dx, Some(&mut dw))
+        rms_norm_backward(&stream, &args, &dy, &x, Some(&w), &rstd, dx, Some(dw))
     };
     let (mut dx, mut dw) = (
         common::poisoned::<bf16>(&stream, rows * cols),
@@ -289,17 +287,16 @@ fn rms_run(stream: &Arc<CudaStream>, rng: &mut Rng, rows: usize, cols: usize) ->
         common::poisoned::<bf16>(stream, rows * cols),
         common::poisoned::<bf16>(stream, cols),
     );
-    let (wv, mut dwv) = (wd.as_view(), dw.as_view_mut());
-    rms_norm_forward(stream, &args, &xd, Some(&wv), &mut y, &mut rstd).unwrap();
+    rms_norm_forward(stream, &args, &xd, Some(&wd), &mut y, &mut rstd).unwrap();
     rms_norm_backward(
         stream,
         &args,
         &dyd,
         &xd,
-        Some(&wv),
+        Some(&wd),
         &rstd,
         &mut dx,
-        Some(&mut dwv),
+        Some(&mut dw),
     )
     .unwrap();
     RmsRun {
@@ -399,7 +396,7 @@ impl DwCase {
         let dy = upload(stream, &rng.vec::<bf16>(rows * cols, 0.0, 1.0));
         let mut y = common::poisoned::<bf16>(stream, rows * cols);
         let mut rstd = common::poisoned::<f32>(stream, rows);
-        rms_norm_forward(stream, &args, &x, Some(&w.as_view()), &mut y, &mut rstd).unwrap();
+        rms_norm_forward(stream, &args, &x, Some(&w), &mut y, &mut rstd).unwrap();
         let dx = common::poisoned::<bf16>(stream, rows * cols);
         let dw = common::poisoned::<bf16>(stream, cols);
         DwCase {
@@ -416,17 +413,16 @@ impl DwCase {
     /// Queues the backward on `stream` (dW poisoned first).
     fn queue(&mut self, stream: &Arc<CudaStream>) {
         common::poison(stream, &mut self.dw);
-        let (wv, mut dwv) = (self.w.as_view(), self.dw.as_view_mut());
         let (a, dy, x, rstd) = (&self.args, &self.dy, &self.x, &self.rstd);
         rms_norm_backward(
             stream,
             a,
             dy,
             x,
-            Some(&wv),
+            Some(&self.w),
             rstd,
             &mut self.dx,
-            Some(&mut dwv),
+            Some(&mut self.dw),
         )
         .unwrap();
     }

@@ -12,7 +12,7 @@ use common::{
     poisoned_on_device, skip_when_small, upload, widen,
 };
 use half::{bf16, f16};
-use liger_rs::cudarc::driver::{CudaSlice, CudaStream};
+use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use liger_rs::reference::{
     Element, rms_norm_backward as ref_backward, rms_norm_forward as ref_forward,
 };
@@ -314,10 +314,10 @@ fn check_case<T: Dtype>(
 
     let xd = upload(stream, x);
     let wd = upload(stream, w);
-    let weight = c.weighted.then(|| wd.as_view());
+    let weight: Option<&dyn DevicePtr<T>> = c.weighted.then_some(&wd);
     let mut y = poisoned::<T>(stream, n);
     let mut rstd = poisoned::<f32>(stream, c.rows);
-    rms_norm_forward(stream, &args, &xd, weight.as_ref(), &mut y, &mut rstd).expect(desc);
+    rms_norm_forward(stream, &args, &xd, weight, &mut y, &mut rstd).expect(desc);
     let (x_c, dy_c) = (
         data.compact(x, cols, cols, 0),
         data.compact(dy, cols, cols, 0),
@@ -341,32 +341,13 @@ fn check_case<T: Dtype>(
     let mut dw = poisoned::<T>(stream, c.cols);
     let mut dy_d = upload(stream, dy);
     let dx = if c.inplace {
-        let dwv = c.weighted.then(|| dw.as_view_mut());
-        call_inplace(
-            stream,
-            &args,
-            &mut dy_d,
-            &xd,
-            weight.as_ref(),
-            &rstd,
-            dwv,
-            desc,
-        );
+        let dwv: Option<&mut dyn DevicePtrMut<T>> = c.weighted.then_some(&mut dw);
+        call_inplace(stream, &args, &mut dy_d, &xd, weight, &rstd, dwv, desc);
         download(stream, &dy_d)
     } else {
         let mut dx = poisoned::<T>(stream, n);
-        let mut dwv = c.weighted.then(|| dw.as_view_mut());
-        rms_norm_backward(
-            stream,
-            &args,
-            &dy_d,
-            &xd,
-            weight.as_ref(),
-            &rstd,
-            &mut dx,
-            dwv.as_mut(),
-        )
-        .expect(desc);
+        let dwv: Option<&mut dyn DevicePtrMut<T>> = c.weighted.then_some(&mut dw);
+        rms_norm_backward(stream, &args, &dy_d, &xd, weight, &rstd, &mut dx, dwv).expect(desc);
         download(stream, &dx)
     };
     let grads = ref_backward(&dy_c, &x_c, weight_host, &rstd_gpu, cols, c.offset, c.mode);
@@ -387,12 +368,12 @@ fn call_inplace<T: Dtype>(
     args: &RmsNormArgs,
     dy: &mut liger_rs::cudarc::driver::CudaSlice<T>,
     x: &liger_rs::cudarc::driver::CudaSlice<T>,
-    weight: Option<&liger_rs::cudarc::driver::CudaView<'_, T>>,
+    weight: Option<&dyn DevicePtr<T>>,
     rstd: &liger_rs::cudarc::driver::CudaSlice<f32>,
-    mut dw: Option<liger_rs::cudarc::driver::CudaViewMut<'_, T>>,
+    dw: Option<&mut dyn DevicePtrMut<T>>,
     desc: &str,
 ) {
-    rms_norm_backward_inplace(stream, args, dy, x, weight, rstd, dw.as_mut()).expect(desc);
+    rms_norm_backward_inplace(stream, args, dy, x, weight, rstd, dw).expect(desc);
 }
 
 /// Runs every shape × mode × weight × in-place case; a failing case does not hide the
@@ -691,14 +672,13 @@ fn huge_case(stream: &Arc<CudaStream>, cols: usize) {
         )
     };
     let args = RmsNormArgs::new(rows, cols);
-    let weight = Some(w_d.as_view());
+    let weight = Some(&w_d as &dyn DevicePtr<bf16>);
     let mut y_d = poisoned_on_device::<bf16>(stream, n);
     let mut rstd_d = poisoned::<f32>(stream, rows);
-    rms_norm_forward(stream, &args, &x_d, weight.as_ref(), &mut y_d, &mut rstd_d).expect(&desc);
+    rms_norm_forward(stream, &args, &x_d, weight, &mut y_d, &mut rstd_d).expect(&desc);
     let mut dw_d = poisoned::<bf16>(stream, cols);
-    let dw = Some(&mut dw_d.as_view_mut());
-    rms_norm_backward_inplace(stream, &args, &mut dy_d, &x_d, weight.as_ref(), &rstd_d, dw)
-        .expect(&desc);
+    let dw = Some(&mut dw_d as &mut dyn DevicePtrMut<bf16>);
+    rms_norm_backward_inplace(stream, &args, &mut dy_d, &x_d, weight, &rstd_d, dw).expect(&desc);
 
     let rstd_all = download(stream, &rstd_d);
     assert!(
@@ -750,7 +730,7 @@ fn strided_case(
     let sentinel = bf16::from_f32(-7.0);
     let mut y = upload(stream, &vec![sentinel; (rows - 1) * ys + cols]);
     let mut rstd = poisoned::<f32>(stream, rows);
-    rms_norm_forward(stream, &args, &xd, Some(&wd.as_view()), &mut y, &mut rstd).unwrap();
+    rms_norm_forward(stream, &args, &xd, Some(&wd), &mut y, &mut rstd).unwrap();
     let mut dx = upload(stream, &vec![sentinel; (rows - 1) * ys + cols]);
     let mut dw = poisoned::<bf16>(stream, cols);
     rms_norm_backward(
@@ -758,10 +738,10 @@ fn strided_case(
         &args,
         &dyd,
         &xd,
-        Some(&wd.as_view()),
+        Some(&wd),
         &rstd,
         &mut dx,
-        Some(&mut dw.as_view_mut()),
+        Some(&mut dw),
     )
     .unwrap();
     let (y, dx) = (download(stream, &y), download(stream, &dx));
@@ -818,7 +798,7 @@ fn bad_input_is_rejected_before_launch() {
     let mut rstd = poisoned::<f32>(&stream, rows);
     let mut short_rstd = poisoned::<f32>(&stream, rows - 1);
     let a = RmsNormArgs::new(rows, cols);
-    let wv = Some(w.as_view());
+    let wv = Some(&w as &dyn DevicePtr<f32>);
 
     expect_invalid(
         rms_norm_forward(
@@ -845,12 +825,12 @@ fn bad_input_is_rejected_before_launch() {
         "rows × x_stride",
     );
     expect_invalid(
-        rms_norm_forward(&stream, &a, &x, Some(&short_w.as_view()), &mut y, &mut rstd),
+        rms_norm_forward(&stream, &a, &x, Some(&short_w), &mut y, &mut rstd),
         "weight",
         "length 8",
     );
     expect_invalid(
-        rms_norm_forward(&stream, &a, &x, wv.as_ref(), &mut y, &mut short_rstd),
+        rms_norm_forward(&stream, &a, &x, wv, &mut y, &mut short_rstd),
         "rstd",
         "length ≥ 4",
     );
@@ -888,21 +868,12 @@ fn bad_input_is_rejected_before_launch() {
     let mut dx = poisoned::<f32>(&stream, rows * cols);
     let mut dw = poisoned::<f32>(&stream, cols);
     expect_invalid(
-        rms_norm_backward(&stream, &a, &dy, &x, wv.as_ref(), &rstd, &mut dx, None),
+        rms_norm_backward(&stream, &a, &dy, &x, wv, &rstd, &mut dx, None),
         "dw",
         "a weight is given",
     );
     expect_invalid(
-        rms_norm_backward(
-            &stream,
-            &a,
-            &dy,
-            &x,
-            None,
-            &rstd,
-            &mut dx,
-            Some(&mut dw.as_view_mut()),
-        ),
+        rms_norm_backward(&stream, &a, &dy, &x, None, &rstd, &mut dx, Some(&mut dw)),
         "dw",
         "no weight",
     );
@@ -913,16 +884,7 @@ fn bad_input_is_rejected_before_launch() {
     );
     let mut long_dw = poisoned::<f32>(&stream, cols + 1);
     expect_invalid(
-        rms_norm_backward(
-            &stream,
-            &a,
-            &dy,
-            &x,
-            wv.as_ref(),
-            &rstd,
-            &mut dx,
-            Some(&mut long_dw.as_view_mut()),
-        ),
+        rms_norm_backward(&stream, &a, &dy, &x, wv, &rstd, &mut dx, Some(&mut long_dw)),
         "dw",
         "length 8",
     );

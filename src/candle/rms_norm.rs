@@ -148,7 +148,7 @@ fn fwd_cuda(
             &stream,
             &cfg.args(rows, cols),
             &x_view,
-            w_view.as_ref(),
+            w_view.as_ref().map(|w| w as _),
             &mut y,
             &mut rstd,
         )
@@ -427,10 +427,10 @@ fn bwd_cuda(
             &cfg.args(rows, cols),
             &dy,
             &x,
-            w.as_ref(),
+            w.as_ref().map(|w| w as _),
             &rstd,
             &mut dx,
-            dw.as_mut().map(|d| d.as_view_mut()).as_mut(),
+            dw.as_mut().map(|d| d as _),
         )
         .map_err(crate_err)?;
         Ok((wrap(dx, device), dw.map(|dw| wrap(dw, device))))
