@@ -136,7 +136,10 @@ fn rms_norm<T: Dtype>(stream: &Arc<CudaStream>, rows: usize, cols: usize, out: &
 /// RoPE on q [b, s, hq, d] and k [b, s, hk, d] with [s, d] tables, in place (HF layout).
 fn rope<T: Dtype>(stream: &Arc<CudaStream>, shape: [usize; 5], out: &mut Vec<Row>) {
     let [b, s, hq, hk, d] = shape;
-    let args = RopeArgs::new(b, s, hq, hk, d);
+    let args = RopeArgs::new(d)
+        .with_batch(b)
+        .with_seq_len(s)
+        .with_heads(hq, hk);
     let (nq, nk) = (b * s * hq * d, b * s * hk * d);
     let mut q = random::<T>(stream, nq, 4);
     let mut k = random::<T>(stream, nk, 5);

@@ -73,7 +73,7 @@ fn rms_norm(stream: &Arc<CudaStream>) -> Res<()> {
 
 fn rope(stream: &Arc<CudaStream>) -> Res<()> {
     let (hq, hk, d) = HEADS;
-    let args = RopeArgs::new(1, TOKENS, hq, hk, d);
+    let args = RopeArgs::new(d).with_seq_len(TOKENS).with_heads(hq, hk);
     let mut q = stream.clone_htod(&vec![bf16::ONE; TOKENS * hq * d])?;
     let mut k = stream.clone_htod(&vec![bf16::ONE; TOKENS * hk * d])?;
     let cos = stream.clone_htod(&vec![bf16::ONE; TOKENS * d])?;

@@ -126,7 +126,7 @@ fn main() -> Res<()> {
     let rms = RmsNormArgs::new(TOKENS, HIDDEN)
         .with_eps(EPS)
         .with_mode(CastingMode::Llama);
-    let rope = RopeArgs::new(1, TOKENS, hq, hk, d);
+    let rope = RopeArgs::new(d).with_seq_len(TOKENS).with_heads(hq, hk);
     let mlp = SwigluArgs::new(TOKENS, INTERMEDIATE);
     let s = 2.0; // bytes per bf16
     let (nx, nqk, nm) = (
@@ -248,7 +248,7 @@ fn main() -> Res<()> {
     ));
 
     let (mut got, mut want) = (Vec::new(), Vec::new());
-    let one = RopeArgs::new(1, 1, hq, hk, d);
+    let one = RopeArgs::new(d).with_heads(hq, hk);
     for &tk in &sample {
         let (qs, ks) = (
             tk * hq * d..(tk + 1) * hq * d,
@@ -331,7 +331,7 @@ fn cpu_only(why: &str) -> Res<()> {
     let (mut q, mut k) = (data(rows * hq * d, 4), data(rows * hk * d, 5));
     let (cos, sin) = tables(rows, d);
     reference::rope_forward(
-        &RopeArgs::new(1, rows, hq, hk, d),
+        &RopeArgs::new(d).with_seq_len(rows).with_heads(hq, hk),
         &mut q,
         &mut k,
         &cos,

@@ -34,7 +34,7 @@ const BLOCK_THREADS: usize = 256;
 /// ```
 /// use liger_rs::RopeArgs;
 /// // Llama-3-8B attention: 32 q heads, 8 kv heads of 128; a partial-rotary variant.
-/// let args = RopeArgs::new(2, 4096, 32, 8, 128);
+/// let args = RopeArgs::new(128).with_batch(2).with_seq_len(4096).with_heads(32, 8);
 /// assert_eq!(args.rotary_dim, 128);
 /// assert_eq!(args.with_rotary_dim(64).rotary_dim, 64);
 /// // candle-nn's `rope_i` layout: [B, H, S, d], interleaved pairs, [S, d/2] tables.
@@ -67,26 +67,24 @@ pub struct RopeArgs {
 }
 
 impl RopeArgs {
-    /// Full rotary (`rotary_dim = head_dim`), NeoX pairs, full-width cos/sin rows, q and k
-    /// `[batch, seq_len, heads, head_dim]`.
+    /// Heads of `head_dim` elements, full rotary (`rotary_dim = head_dim`), NeoX pairs,
+    /// full-width cos/sin rows, q and k `[batch, seq_len, heads, head_dim]`; the other sizes
+    /// start at one sequence of one token with one q head and one k head and are set by
+    /// [`with_batch`](RopeArgs::with_batch), [`with_seq_len`](RopeArgs::with_seq_len) and
+    /// [`with_heads`](RopeArgs::with_heads). A size left at 1 by mistake is caught by the
+    /// launchers, which require q and k to be exactly their shape's length.
     ///
     /// ```
-    /// let args = liger_rs::RopeArgs::new(1, 16, 4, 4, 64);
-    /// assert_eq!((args.seq_len, args.rotary_dim), (16, 64));
+    /// let args = liger_rs::RopeArgs::new(64).with_seq_len(16).with_heads(4, 4);
+    /// assert_eq!((args.batch, args.seq_len, args.q_heads, args.rotary_dim), (1, 16, 4, 64));
     /// assert!(!args.interleaved && !args.half_tables && !args.head_major);
     /// ```
-    pub fn new(
-        batch: usize,
-        seq_len: usize,
-        q_heads: usize,
-        k_heads: usize,
-        head_dim: usize,
-    ) -> Self {
+    pub fn new(head_dim: usize) -> Self {
         RopeArgs {
-            batch,
-            seq_len,
-            q_heads,
-            k_heads,
+            batch: 1,
+            seq_len: 1,
+            q_heads: 1,
+            k_heads: 1,
             head_dim,
             rotary_dim: head_dim,
             interleaved: false,
@@ -95,10 +93,42 @@ impl RopeArgs {
         }
     }
 
+    /// Sets the batch size B.
+    ///
+    /// ```
+    /// assert_eq!(liger_rs::RopeArgs::new(128).with_batch(2).batch, 2);
+    /// ```
+    pub fn with_batch(self, batch: usize) -> Self {
+        RopeArgs { batch, ..self }
+    }
+
+    /// Sets the sequence length S.
+    ///
+    /// ```
+    /// assert_eq!(liger_rs::RopeArgs::new(128).with_seq_len(4096).seq_len, 4096);
+    /// ```
+    pub fn with_seq_len(self, seq_len: usize) -> Self {
+        RopeArgs { seq_len, ..self }
+    }
+
+    /// Sets the heads of q and of k (GQA/MQA: `k_heads` may differ from `q_heads`).
+    ///
+    /// ```
+    /// let args = liger_rs::RopeArgs::new(128).with_heads(32, 8);
+    /// assert_eq!((args.q_heads, args.k_heads), (32, 8));
+    /// ```
+    pub fn with_heads(self, q_heads: usize, k_heads: usize) -> Self {
+        RopeArgs {
+            q_heads,
+            k_heads,
+            ..self
+        }
+    }
+
     /// Sets the rotary dim (partial rotary: only the first `rotary_dim` dims rotate).
     ///
     /// ```
-    /// assert_eq!(liger_rs::RopeArgs::new(1, 1, 1, 1, 128).with_rotary_dim(32).rotary_dim, 32);
+    /// assert_eq!(liger_rs::RopeArgs::new(128).with_rotary_dim(32).rotary_dim, 32);
     /// ```
     pub fn with_rotary_dim(self, rotary_dim: usize) -> Self {
         RopeArgs { rotary_dim, ..self }
@@ -107,7 +137,7 @@ impl RopeArgs {
     /// Interleaved pairs: pair `i` is `(x[2i], x[2i + 1])` (GPT-J, candle-nn's `rope_i`).
     ///
     /// ```
-    /// assert!(liger_rs::RopeArgs::new(1, 1, 1, 1, 64).with_interleaved().interleaved);
+    /// assert!(liger_rs::RopeArgs::new(64).with_interleaved().interleaved);
     /// ```
     pub fn with_interleaved(self) -> Self {
         RopeArgs {
@@ -119,7 +149,7 @@ impl RopeArgs {
     /// Half-width cos/sin rows: `rotary_dim / 2` values, one per pair (candle-nn's `[S, d/2]`).
     ///
     /// ```
-    /// let args = liger_rs::RopeArgs::new(1, 1, 1, 1, 64).with_half_tables();
+    /// let args = liger_rs::RopeArgs::new(64).with_half_tables();
     /// assert_eq!(args.table_row_len(), 32);
     /// ```
     pub fn with_half_tables(self) -> Self {
@@ -133,7 +163,7 @@ impl RopeArgs {
     /// `transpose(1, 2)`, candle-nn's `rope`).
     ///
     /// ```
-    /// assert!(liger_rs::RopeArgs::new(1, 1, 1, 1, 64).with_head_major().head_major);
+    /// assert!(liger_rs::RopeArgs::new(64).with_head_major().head_major);
     /// ```
     pub fn with_head_major(self) -> Self {
         RopeArgs {
@@ -145,7 +175,7 @@ impl RopeArgs {
     /// Elements of a cos/sin row: `rotary_dim`, or `rotary_dim / 2` with `half_tables`.
     ///
     /// ```
-    /// let args = liger_rs::RopeArgs::new(1, 1, 1, 1, 128).with_rotary_dim(64);
+    /// let args = liger_rs::RopeArgs::new(128).with_rotary_dim(64);
     /// assert_eq!((args.table_row_len(), args.with_half_tables().table_row_len()), (64, 32));
     /// ```
     pub fn table_row_len(&self) -> usize {
@@ -328,7 +358,7 @@ pub enum PositionIds<'a> {
 /// let (cos, sin) = (stream.clone_htod(&cos)?, stream.clone_htod(&sin)?);
 /// let mut q = stream.clone_htod(&vec![bf16::ONE; b * s * hq * d])?;
 /// let mut k = stream.clone_htod(&vec![bf16::ONE; b * s * hk * d])?;
-/// let args = RopeArgs::new(b, s, hq, hk, d);
+/// let args = RopeArgs::new(d).with_batch(b).with_seq_len(s).with_heads(hq, hk);
 /// rope_forward(&stream, &args, &mut q, &mut k, &cos, &sin, &CosSinLayout::PerPosition)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -384,7 +414,11 @@ pub fn rope_forward<T: Dtype>(
 /// let stream = ctx.default_stream();
 /// let (b, s, hq, hk, d, max_pos) = (1, 4, 4, 1, 64, 4096);
 /// // Partial rotary: the first 32 dims rotate; cos/sin rows are 32 long.
-/// let args = RopeArgs::new(b, s, hq, hk, d).with_rotary_dim(32);
+/// let args = RopeArgs::new(d)
+///     .with_batch(b)
+///     .with_seq_len(s)
+///     .with_heads(hq, hk)
+///     .with_rotary_dim(32);
 /// let cos = stream.clone_htod(&vec![1.0f32; max_pos * 32])?;
 /// let sin = stream.alloc_zeros::<f32>(max_pos * 32)?;
 /// let ids = stream.clone_htod(&[0i32, 1, 0, 1])?; // device ids: clamped by the kernel
@@ -530,7 +564,12 @@ fn rope<T: Dtype>(
 /// let stream = liger_rs::cuda_context(0)?.default_stream();
 /// let (b, s, hq, hk, d) = (1, 16, 8, 2, 64);
 /// // candle-nn's tables: [s, d/2], one value per pair; q and k head-major [b, h, s, d].
-/// let args = RopeArgs::new(b, s, hq, hk, d).with_half_tables().with_head_major();
+/// let args = RopeArgs::new(d)
+///     .with_batch(b)
+///     .with_seq_len(s)
+///     .with_heads(hq, hk)
+///     .with_half_tables()
+///     .with_head_major();
 /// let cos = stream.clone_htod(&vec![1.0f32; s * d / 2])?;
 /// let sin = stream.alloc_zeros::<f32>(s * d / 2)?;
 /// let q = stream.clone_htod(&vec![1.0f32; b * hq * s * d])?;
@@ -590,7 +629,11 @@ pub fn rope_forward_into<T: Dtype>(
 /// use liger_rs::{CosSinLayout, RopeArgs, rope_backward_into};
 /// let stream = liger_rs::cuda_context(0)?.default_stream();
 /// let (b, s, hq, hk, d) = (1, 16, 8, 2, 64);
-/// let args = RopeArgs::new(b, s, hq, hk, d).with_interleaved();
+/// let args = RopeArgs::new(d)
+///     .with_batch(b)
+///     .with_seq_len(s)
+///     .with_heads(hq, hk)
+///     .with_interleaved();
 /// let cos = stream.clone_htod(&vec![1.0f32; s * d])?;
 /// let sin = stream.alloc_zeros::<f32>(s * d)?;
 /// let dq = stream.clone_htod(&vec![1.0f32; b * s * hq * d])?;
@@ -1099,7 +1142,13 @@ pub(crate) mod tests {
 
     #[test]
     fn vector_path_needs_whole_aligned_vectors_in_each_half() {
-        let a = |d: usize, r: usize| RopeArgs::new(2, 3, 32, 8, d).with_rotary_dim(r);
+        let a = |d: usize, r: usize| {
+            RopeArgs::new(d)
+                .with_batch(2)
+                .with_seq_len(3)
+                .with_heads(32, 8)
+                .with_rotary_dim(r)
+        };
         let aligned = [0x1000u64, 0x2000, 0x3000, 0x4000];
         // (d, r, bytes per element) → lanes or None.
         let cases = [
@@ -1137,10 +1186,10 @@ pub(crate) mod tests {
             assert_eq!(vector_lanes(&a(128, 128), 2, p), None, "pointer {i}");
         }
         // More than BLOCK_THREADS vectors in a half, or 2^31 elements per token: scalar.
-        let wide = RopeArgs::new(1, 1, 1, 1, 4096);
+        let wide = RopeArgs::new(4096);
         assert_eq!(vector_lanes(&wide, 2, aligned), Some(8)); // 256 vectors per half
         assert_eq!(vector_lanes(&wide, 4, aligned), None); // 512
-        let many = RopeArgs::new(1, 1, 1 << 24, 1 << 24, 64);
+        let many = RopeArgs::new(64).with_heads(1 << 24, 1 << 24);
         assert_eq!(vector_lanes(&many, 2, aligned), None);
     }
 
@@ -1176,46 +1225,68 @@ pub(crate) mod tests {
 
     #[test]
     fn general_form_bits_and_items() {
-        let a = RopeArgs::new(2, 3, 4, 2, 16).with_rotary_dim(8);
+        let a = RopeArgs::new(16)
+            .with_batch(2)
+            .with_seq_len(3)
+            .with_heads(4, 2)
+            .with_rotary_dim(8);
         // In place the tail is not touched; out of place each head copies its 8 tail dims.
         assert_eq!(general_form(&a, false), (0, 6 * 4));
         assert_eq!(general_form(&a, true), (form::COPY_TAIL, 6 * (4 + 8)));
         let all = a.with_interleaved().with_half_tables().with_head_major();
         let bits = form::INTERLEAVED | form::HEAD_MAJOR | form::HALF_TABLES;
         assert_eq!(general_form(&all, false).0, bits);
-        let full = RopeArgs::new(1, 1, 1, 1, 16).with_head_major();
+        let full = RopeArgs::new(16).with_head_major();
         assert_eq!(general_form(&full, true), (form::HEAD_MAJOR, 2 * 8));
-        assert!(RopeArgs::new(1, 1, 1, 1, 8).neox_in_place());
+        assert!(RopeArgs::new(8).neox_in_place());
         assert!(!full.neox_in_place());
     }
 
     #[test]
     fn q_alone_needs_zero_k_heads() {
-        let q_only = RopeArgs::new(2, 3, 4, 0, 8);
+        let q_only = RopeArgs::new(8)
+            .with_batch(2)
+            .with_seq_len(3)
+            .with_heads(4, 0);
         let sizes = q_only.check_heads(false).unwrap();
         assert_eq!((sizes.q_len, sizes.k_len, sizes.pairs), (192, 0, 16));
         assert!(q_only.check_heads(true).is_err());
-        assert!(RopeArgs::new(2, 3, 4, 1, 8).check_heads(false).is_err());
+        assert!(
+            RopeArgs::new(8)
+                .with_batch(2)
+                .with_seq_len(3)
+                .with_heads(4, 1)
+                .check_heads(false)
+                .is_err()
+        );
     }
 
     #[test]
     fn args_are_checked_without_overflow() {
-        let ok = RopeArgs::new(2, 3, 4, 1, 8).check_heads(true).unwrap();
+        let ok = RopeArgs::new(8)
+            .with_batch(2)
+            .with_seq_len(3)
+            .with_heads(4, 1)
+            .check_heads(true)
+            .unwrap();
         assert_eq!((ok.tokens, ok.q_len, ok.k_len, ok.pairs), (6, 192, 48, 20));
         let bad = |a: RopeArgs| match a.check_heads(true) {
             Err(crate::Error::InvalidArgument { arg, .. }) => arg,
             other => panic!("{a:?}: {:?}", other.map(|s| s.tokens)),
         };
-        assert_eq!(bad(RopeArgs::new(1, 1, 1, 1, 7)), "args.head_dim");
-        assert_eq!(bad(RopeArgs::new(1, 1, 1, 1, 0)), "args.head_dim");
-        let a = RopeArgs::new(1, 1, 1, 1, 8);
+        assert_eq!(bad(RopeArgs::new(7)), "args.head_dim");
+        assert_eq!(bad(RopeArgs::new(0)), "args.head_dim");
+        let a = RopeArgs::new(8);
         assert_eq!(bad(a.with_rotary_dim(3)), "args.rotary_dim");
         assert_eq!(bad(a.with_rotary_dim(0)), "args.rotary_dim");
         assert_eq!(bad(a.with_rotary_dim(10)), "args.rotary_dim");
-        assert_eq!(bad(RopeArgs::new(1, 1, 0, 1, 8)), "args.q_heads");
-        assert_eq!(bad(RopeArgs::new(1, 1, 1, 0, 8)), "args.k_heads");
-        assert_eq!(bad(RopeArgs::new(usize::MAX, 2, 1, 1, 8)), "args");
-        assert_eq!(bad(RopeArgs::new(1, 1, usize::MAX, 1, 8)), "args");
-        assert_eq!(bad(RopeArgs::new(1, 1, 1 << 30, 1 << 30, 4)), "args");
+        assert_eq!(bad(RopeArgs::new(8).with_heads(0, 1)), "args.q_heads");
+        assert_eq!(bad(RopeArgs::new(8).with_heads(1, 0)), "args.k_heads");
+        assert_eq!(
+            bad(RopeArgs::new(8).with_batch(usize::MAX).with_seq_len(2)),
+            "args"
+        );
+        assert_eq!(bad(RopeArgs::new(8).with_heads(usize::MAX, 1)), "args");
+        assert_eq!(bad(RopeArgs::new(4).with_heads(1 << 30, 1 << 30)), "args");
     }
 }

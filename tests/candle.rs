@@ -380,7 +380,11 @@ fn cpu_case<T: Element + WithDType>(seed: u64) {
         for gathered in [false, true] {
             let case = format!("{name} {cfg:?} gathered={gathered}");
             let r = cfg.rotary_dim.unwrap_or(d);
-            let mut args = RopeArgs::new(bs, s, hq, hk, d).with_rotary_dim(r);
+            let mut args = RopeArgs::new(d)
+                .with_batch(bs)
+                .with_seq_len(s)
+                .with_heads(hq, hk)
+                .with_rotary_dim(r);
             if cfg.interleaved {
                 args = args.with_interleaved();
             }
@@ -729,7 +733,11 @@ fn rope_case<T: El>(dev: &Device, rng: &mut Rng, tables: Tables, transposed_q: b
         d
     };
     let case = format!("{} {tables:?} transposed_q={transposed_q} r={r}", T::NAME);
-    let args = RopeArgs::new(b, s, hq, hk, d).with_rotary_dim(r);
+    let args = RopeArgs::new(d)
+        .with_batch(b)
+        .with_seq_len(s)
+        .with_heads(hq, hk)
+        .with_rotary_dim(r);
     let (q_h, k_h): (Vec<T>, Vec<T>) = (
         rng.vec(b * s * hq * d, 0.0, 1.0),
         rng.vec(b * s * hk * d, 0.0, 1.0),

@@ -58,7 +58,10 @@ fn one_pass(stream: &Arc<CudaStream>, seed: u64, rows: usize, cols: usize) -> Pa
     let rms = rms_run(stream, &mut rng, rows, cols);
 
     let (b, s, hq, hk, d) = (2, 33, 8, 2, 128);
-    let rope_args = RopeArgs::new(b, s, hq, hk, d);
+    let rope_args = RopeArgs::new(d)
+        .with_batch(b)
+        .with_seq_len(s)
+        .with_heads(hq, hk);
     let (mut q, mut k) = (
         upload(stream, &rng.vec::<bf16>(b * s * hq * d, 0.0, 1.0)),
         upload(stream, &rng.vec::<bf16>(b * s * hk * d, 0.0, 1.0)),
@@ -554,7 +557,7 @@ fn worker(stream: Arc<CudaStream>, id: u64) {
         checked_rms_norm(&stream, 1000 + 10 * id + iter, rows, cols);
 
         let (s, hq, hk, d) = (17, 4, 2, 64);
-        let ra = RopeArgs::new(1, s, hq, hk, d);
+        let ra = RopeArgs::new(d).with_seq_len(s).with_heads(hq, hk);
         let (mut qh, mut kh): (Vec<bf16>, Vec<bf16>) =
             (rng.vec(s * hq * d, 0.0, 1.0), rng.vec(s * hk * d, 0.0, 1.0));
         let (ch, sh): (Vec<bf16>, Vec<bf16>) = (rng.vec(s * d, 0.0, 0.7), rng.vec(s * d, 0.0, 0.7));

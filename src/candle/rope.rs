@@ -412,7 +412,11 @@ impl Pair {
                 cos.dims()
             ));
         };
-        let mut args = RopeArgs::new(b, s, hq, hk, d).with_rotary_dim(r);
+        let mut args = RopeArgs::new(d)
+            .with_batch(b)
+            .with_seq_len(s)
+            .with_heads(hq, hk)
+            .with_rotary_dim(r);
         if cfg.half_tables {
             args = args.with_half_tables();
         }
@@ -757,7 +761,11 @@ pub(super) fn nn_rope(form: NnRope, xs: &Tensor, cos: &Tensor, sin: &Tensor) -> 
         }
     };
     on(ROPE, &[("xs", xs), ("cos", cos), ("sin", sin)])?;
-    let mut args = RopeArgs::new(b, t, h, 0, d).with_half_tables();
+    let mut args = RopeArgs::new(d)
+        .with_batch(b)
+        .with_seq_len(t)
+        .with_heads(h, 0)
+        .with_half_tables();
     if form != NnRope::RopeThd {
         args = args.with_head_major();
     }

@@ -590,7 +590,11 @@ impl Op for Rope {
     /// q [2, 3, 4, 8] (192), k [2, 3, 2, 8] (96), partial rotary 6, cos/sin a table of 5 rows
     /// of 6 (30) gathered by 6 device i64 ids; out of place, q_out and k_out like q and k.
     fn base(self) -> Call<RopeCall> {
-        let args = RopeArgs::new(2, 3, 4, 2, 8).with_rotary_dim(6);
+        let args = RopeArgs::new(8)
+            .with_batch(2)
+            .with_seq_len(3)
+            .with_heads(4, 2)
+            .with_rotary_dim(6);
         rope_call(args, Layout::DeviceI64, self.into())
     }
 
