@@ -207,41 +207,20 @@ fn main() -> Res<()> {
     let mut worst: Vec<(&str, f64)> = Vec::new();
     let sample: Vec<usize> = (0..16).map(|i| i * (TOKENS / 16) + 7 * i).collect();
     let (mut got, mut want) = (Vec::new(), Vec::new());
+    let rms_row = RmsNormArgs::new(1, HIDDEN).with_eps(EPS);
     for &r in &sample {
         let row = r * HIDDEN..(r + 1) * HIDDEN;
-        let f = reference::rms_norm_forward(
-            &x[row.clone()],
-            Some(&w),
-            HIDDEN,
-            EPS,
-            0.0,
-            CastingMode::Llama,
-        )?;
+        let f = reference::rms_norm_forward(&rms_row, &x[row.clone()], Some(&w))?;
         got.extend_from_slice(&y[row.clone()]);
         want.extend(f.y);
-        let g = reference::rms_norm_backward(
-            &dy[row.clone()],
-            &x[row.clone()],
-            Some(&w),
-            &[rstd[r] as f64],
-            HIDDEN,
-            0.0,
-            CastingMode::Llama,
-        )?;
+        let (dy_r, x_r) = (&dy[row.clone()], &x[row.clone()]);
+        let g = reference::rms_norm_backward(&rms_row, dy_r, x_r, Some(&w), &[rstd[r]])?;
         got.extend_from_slice(&dx[row]);
         want.extend(g.dx);
     }
     worst.push(("rms_norm y, dx (16 rows)", worst_error(&got, &want)));
-    let full = reference::rms_norm_forward(&x, Some(&w), HIDDEN, EPS, 0.0, CastingMode::Llama)?;
-    let g = reference::rms_norm_backward(
-        &dy,
-        &x,
-        Some(&w),
-        &full.rstd,
-        HIDDEN,
-        0.0,
-        CastingMode::Llama,
-    )?;
+    let full = reference::rms_norm_forward(&rms, &x, Some(&w))?;
+    let g = reference::rms_norm_backward(&rms, &dy, &x, Some(&w), &full.rstd)?;
     worst.push((
         "rms_norm dw (all)",
         worst_error(&dw, &g.dw.unwrap_or_default()),
@@ -275,16 +254,12 @@ fn main() -> Res<()> {
     worst.push(("rope q, k, dq, dk (16 tokens)", worst_error(&got, &want)));
 
     let (mut got, mut want) = (Vec::new(), Vec::new());
+    let mlp_row = SwigluArgs::new(1, INTERMEDIATE);
     for &r in &sample {
         let row = r * INTERMEDIATE..(r + 1) * INTERMEDIATE;
-        let cw = reference::swiglu_forward(&a[row.clone()], &b[row.clone()], 1.0)?;
-        let gw = reference::swiglu_backward(
-            &dc[row.clone()],
-            &a[row.clone()],
-            &b[row.clone()],
-            1.0,
-            1.0,
-        )?;
+        let (a_r, b_r) = (&a[row.clone()], &b[row.clone()]);
+        let cw = reference::swiglu_forward(&mlp_row, a_r, b_r)?;
+        let gw = reference::swiglu_backward(&mlp_row, &dc[row.clone()], a_r, b_r)?;
         got.extend(
             c[row.clone()]
                 .iter()
@@ -325,9 +300,9 @@ fn cpu_only(why: &str) -> Res<()> {
         data(hidden, 2),
         data(rows * hidden, 3),
     );
-    let f = reference::rms_norm_forward(&x, Some(&w), hidden, EPS, 0.0, CastingMode::Llama)?;
-    let g =
-        reference::rms_norm_backward(&dy, &x, Some(&w), &f.rstd, hidden, 0.0, CastingMode::Llama)?;
+    let rms = RmsNormArgs::new(rows, hidden).with_eps(EPS);
+    let f = reference::rms_norm_forward(&rms, &x, Some(&w))?;
+    let g = reference::rms_norm_backward(&rms, &dy, &x, Some(&w), &f.rstd)?;
     let (mut q, mut k) = (data(rows * hq * d, 4), data(rows * hk * d, 5));
     let (cos, sin) = tables(rows, d);
     reference::rope_forward(
@@ -339,7 +314,7 @@ fn cpu_only(why: &str) -> Res<()> {
         CosSinRows::PerPosition,
     )?;
     let (a, b) = (data(rows * inter, 8), data(rows * inter, 9));
-    let c = reference::swiglu_forward(&a, &b, 1.0)?;
+    let c = reference::swiglu_forward(&SwigluArgs::new(rows, inter), &a, &b)?;
     println!(
         "reference: rms y[0] = {}, dx[0] = {}, rope q[1] = {}, swiglu c[0] = {}",
         f.y[0], g.dx[0], q[1], c[0]

@@ -233,22 +233,17 @@ fn cpu_case<T: Element + WithDType>(seed: u64) {
             .with_eps(1e-5)
             .with_offset(offset)
             .with_mode(mode);
-        let want =
-            liger_rs::reference::rms_norm_forward(&x, Some(&w), cols, 1e-5, offset, mode).unwrap();
-        let grads = liger_rs::reference::rms_norm_backward(
-            &dy,
-            &x,
-            Some(&w),
-            &want.rstd,
-            cols,
-            offset,
-            mode,
-        )
-        .unwrap();
+        let args = RmsNormArgs::new(rows, cols)
+            .with_eps(1e-5)
+            .with_offset(offset)
+            .with_mode(mode);
+        let want = liger_rs::reference::rms_norm_forward(&args, &x, Some(&w)).unwrap();
+        let grads =
+            liger_rs::reference::rms_norm_backward(&args, &dy, &x, Some(&w), &want.rstd).unwrap();
         let (y, rstd) = rms_norm_forward(&t(&x, &rc), Some(&t(&w, &[cols])), &cfg).unwrap();
         assert_eq!(cpu_vals::<T>(&y), wide(&want.y), "y, {case}");
         let rstd_vals = rstd.to_dtype(DType::F64).unwrap().to_vec1::<f64>().unwrap();
-        assert_eq!(rstd_vals, want.rstd, "rstd, {case}");
+        assert_eq!(rstd_vals, wide(&want.rstd), "rstd, {case}");
         let (dx, dw) = rms_norm_backward(
             &t(&dy, &rc),
             &t(&x, &rc),
@@ -298,12 +293,15 @@ fn cpu_case<T: Element + WithDType>(seed: u64) {
         let case = format!("{name} {cfg:?}");
         let (gm, dm) = (cfg.gate_multiplier, T::cast(cfg.down_multiplier as f64));
         // The ops return c·dm with dm rounded to the dtype; the backward is its gradient.
-        let c: Vec<f64> = liger_rs::reference::swiglu_forward(&a, &b, gm)
+        let args = SwigluArgs::new(rows, cols)
+            .with_gate_multiplier(gm)
+            .with_down_multiplier(dm as f32);
+        let c: Vec<f64> = liger_rs::reference::swiglu_forward(&args, &a, &b)
             .unwrap()
             .iter()
             .map(|&c| T::cast(Element::to_f64(c) * dm))
             .collect();
-        let g = liger_rs::reference::swiglu_backward(&dc, &a, &b, gm, dm as f32).unwrap();
+        let g = liger_rs::reference::swiglu_backward(&args, &dc, &a, &b).unwrap();
         let (da, db) = swiglu_backward(&t(&dc, &rc), &t(&a, &rc), &t(&b, &rc), &cfg).unwrap();
         assert_eq!(
             (cpu_vals::<T>(&da), cpu_vals::<T>(&db)),
@@ -1061,10 +1059,10 @@ fn gpu_ops_compose_in_one_autograd_graph() {
         .unwrap()
         .to_vec1::<f32>()
         .unwrap();
-    let want =
-        liger_rs::reference::rms_norm_forward(&x_h, None, hidden, 1e-5, 0.0, CastingMode::Llama)
-            .unwrap()
-            .y;
+    let args = RmsNormArgs::new(b * s, hidden).with_eps(1e-5);
+    let want = liger_rs::reference::rms_norm_forward(&args, &x_h, None)
+        .unwrap()
+        .y;
     let got = y.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     let worst = got
         .iter()

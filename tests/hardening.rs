@@ -317,15 +317,12 @@ fn rms_run(stream: &Arc<CudaStream>, rng: &mut Rng, rows: usize, cols: usize) ->
 fn checked_rms_norm(stream: &Arc<CudaStream>, seed: u64, rows: usize, cols: usize) {
     let run = rms_run(stream, &mut Rng::new(seed), rows, cols);
     let what = format!("seed {seed}, {rows} x {cols}");
-    let mode = CastingMode::Llama;
-    let want = reference::rms_norm_forward(&run.x, Some(&run.w), cols, 1e-6, 0.0, mode).unwrap();
+    let args = RmsNormArgs::new(rows, cols);
+    let want = reference::rms_norm_forward(&args, &run.x, Some(&run.w)).unwrap();
     close(&format!("{what}: y"), &download(stream, &run.y), &want.y);
-    let rstd: Vec<f64> = download(stream, &run.rstd)
-        .iter()
-        .map(|&r| r as f64)
-        .collect();
+    let rstd = download(stream, &run.rstd);
     let (dy, x, w) = (&run.dy, &run.x, Some(&run.w[..]));
-    let want = reference::rms_norm_backward(dy, x, w, &rstd, cols, 0.0, mode).unwrap();
+    let want = reference::rms_norm_backward(&args, dy, x, w, &rstd).unwrap();
     close(&format!("{what}: dx"), &download(stream, &run.dx), &want.dx);
     close(
         &format!("{what}: dw"),
@@ -588,7 +585,7 @@ fn worker(stream: Arc<CudaStream>, id: u64) {
         close(
             "swiglu c",
             &download(&stream, &c),
-            &reference::swiglu_forward(&ah, &bh, 1.0).unwrap(),
+            &reference::swiglu_forward(&sw, &ah, &bh).unwrap(),
         );
     }
 }

@@ -4,6 +4,7 @@ use super::{
     on, output, rows_cols, same_dtype, same_shape, tensor, view, wrap,
 };
 use crate::error::invalid;
+use crate::reference::Element;
 use crate::{CastingMode, RmsNormArgs};
 use candle_core::backend::BackendStorage;
 use candle_core::{
@@ -166,9 +167,9 @@ fn fwd_host<T: HostElem>(
     cols: usize,
 ) -> Result<(Vec<T>, Vec<f64>)> {
     cfg.check()?;
-    let out = crate::reference::rms_norm_forward(x, weight, cols, cfg.eps, cfg.offset, cfg.mode)
-        .map_err(crate_err)?;
-    Ok((out.y, out.rstd))
+    let args = cfg.args(x.len() / cols, cols);
+    let out = crate::reference::rms_norm_forward(&args, x, weight).map_err(crate_err)?;
+    Ok((out.y, out.rstd.into_iter().map(Element::to_f64).collect()))
 }
 
 /// Forward on CPU storages: `y` and `rstd` (f32, f64 for f64 tensors).
@@ -347,17 +348,17 @@ pub fn rms_norm_backward(
             weight: Option<&Tensor>,
         ) -> Result<(Tensor, Option<Tensor>)> {
             cfg.check()?;
-            let cols = rows_cols(x.shape()).1;
+            let (rows, cols) = rows_cols(x.shape());
             let w = weight.map(host::<T>).transpose()?;
-            let rstd: Vec<f64> = host::<f64>(&rstd.to_dtype(DType::F64)?)?;
+            let rstd = host::<f64>(&rstd.to_dtype(DType::F64)?)?;
+            // Exact: the values are f32 (or f64 for f64 tensors), as the forward stored them.
+            let rstd: Vec<T::Rstd> = rstd.into_iter().map(T::Rstd::from_f64).collect();
             let g = crate::reference::rms_norm_backward(
+                &cfg.args(rows, cols),
                 &host::<T>(dy)?,
                 &host::<T>(x)?,
                 w.as_deref(),
                 &rstd,
-                cols,
-                cfg.offset,
-                cfg.mode,
             )
             .map_err(crate_err)?;
             let dw = g.dw.map(|dw| host_tensor(dw, cols)).transpose()?;

@@ -32,6 +32,11 @@ pub trait Element: Copy + Debug + Default + PartialEq + Send + Sync + 'static {
     const NAME: &'static str;
     /// Bits of precision (significand, including the implicit bit).
     const MANTISSA_DIGITS: u32;
+    /// What RMSNorm's rstd is returned as: `f32` for the tensor dtypes (`f32`, `f16`, `bf16`),
+    /// as the kernels store it, so the GPU's rstd goes straight into the reference backward;
+    /// `f64` for `f64`, whose rstd must stay exact for finite-difference checks. Every value
+    /// the reference stores is exact in it (an f32 value, or a value of the dtype).
+    type Rstd: Element;
     /// Exact widening.
     fn to_f64(self) -> f64;
     /// Round-to-nearest-even from f64, correctly rounded (no double rounding).
@@ -48,6 +53,7 @@ pub trait Element: Copy + Debug + Default + PartialEq + Send + Sync + 'static {
 
 impl Element for f64 {
     const NAME: &'static str = "f64";
+    type Rstd = f64;
     const MANTISSA_DIGITS: u32 = f64::MANTISSA_DIGITS;
     fn to_f64(self) -> f64 {
         self
@@ -62,6 +68,7 @@ impl Element for f64 {
 
 impl Element for f32 {
     const NAME: &'static str = "f32";
+    type Rstd = f32;
     const MANTISSA_DIGITS: u32 = f32::MANTISSA_DIGITS;
     fn to_f64(self) -> f64 {
         self as f64
@@ -73,6 +80,7 @@ impl Element for f32 {
 
 impl Element for f16 {
     const NAME: &'static str = "f16";
+    type Rstd = f32;
     const MANTISSA_DIGITS: u32 = 11;
     fn to_f64(self) -> f64 {
         self.to_f64()
@@ -84,6 +92,7 @@ impl Element for f16 {
 
 impl Element for bf16 {
     const NAME: &'static str = "bf16";
+    type Rstd = f32;
     const MANTISSA_DIGITS: u32 = 8;
     fn to_f64(self) -> f64 {
         self.to_f64()
