@@ -49,6 +49,10 @@
 //!   that `Some(&w)` takes any of them and `None` needs no type. Lengths are checked against
 //!   the shape before anything is launched; rows may be strided (`with_strides` on the
 //!   argument types) so a row-slice of a larger buffer works.
+//! * **Arguments**: each op's shape and parameters are one struct ([`RmsNormArgs`],
+//!   [`RopeArgs`], [`SwigluArgs`]) built with `new` and named `with_*` setters; its fields
+//!   are public to read. The structs and the public enums are `#[non_exhaustive]`, so that a
+//!   field or variant can be added without breaking callers.
 //! * **Errors** come in one order for every launcher: the argument struct (and which optional
 //!   buffers are given), then every buffer's context, then every buffer's length (each in
 //!   signature order), then, unless the call has no rows or tokens, overlaps: every buffer

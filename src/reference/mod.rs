@@ -4,6 +4,23 @@
 //! library's tests use. Every function is generic over [`Element`]: the tensor dtype `D`
 //! (`f32`, `f16`, `bf16`) decides where values are rounded; with `f64` every cast point is the
 //! identity, which gives the exact math (used for finite-difference gradient checks).
+//!
+//! The RMSNorm, RoPE and SwiGLU functions mirror their launchers: the same argument struct
+//! first, then the buffers in the launcher's order (host slices, contiguous rows), results
+//! returned (RoPE rotates in place, as its launcher does), and RMSNorm's rstd in the type the
+//! GPU stores ([`Element::Rstd`]), so a launcher's inputs and outputs go to the reference as
+//! they are:
+//!
+//! ```
+//! use liger_rs::{RmsNormArgs, reference};
+//! let args = RmsNormArgs::new(2, 4).with_eps(1e-5);
+//! let x = [1.0f32, 2.0, 3.0, 4.0, -1.0, 0.5, 0.25, 2.0];
+//! let out = reference::rms_norm_forward(&args, &x, None)?;
+//! let rstd: &[f32] = &out.rstd; // what `liger_rs::rms_norm_forward` writes to `rstd`
+//! let grads = reference::rms_norm_backward(&args, &[1.0; 8], &x, None, rstd)?;
+//! assert_eq!((out.y.len(), grads.dx.len()), (8, 8));
+//! # Ok::<(), liger_rs::Error>(())
+//! ```
 pub mod geglu;
 pub mod rms_norm;
 pub mod rope;

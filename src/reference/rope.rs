@@ -33,6 +33,7 @@ use crate::error::{Result, invalid};
 /// assert_ne!(CosSinRows::Gathered(&ids), CosSinRows::PerPosition);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CosSinRows<'a> {
     /// cos, sin: `[seq_len, r]`; token `(b, s)` uses row `s`.
     PerPosition,
