@@ -92,7 +92,7 @@ pub(super) fn check_multiplier(arg: &'static str, m: f32) -> Result<f64> {
     }
 }
 
-pub(super) fn check_like<T>(arg: &'static str, v: &[T], like: usize) -> Result<()> {
+fn check_like<T>(arg: &'static str, v: &[T], like: usize) -> Result<()> {
     if v.len() != like {
         return Err(invalid(arg, format!("length {like} (like a)"), v.len()));
     }
