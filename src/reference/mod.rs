@@ -5,11 +5,11 @@
 //! (`f32`, `f16`, `bf16`) decides where values are rounded; with `f64` every cast point is the
 //! identity, which gives the exact math (used for finite-difference gradient checks).
 //!
-//! The RMSNorm, RoPE and SwiGLU functions mirror their launchers: the same argument struct
-//! first, then the buffers in the launcher's order (host slices, contiguous rows), results
-//! returned (RoPE rotates in place, as its launcher does), and RMSNorm's rstd in the type the
-//! GPU stores ([`Element::Rstd`]), so a launcher's inputs and outputs go to the reference as
-//! they are:
+//! The RMSNorm, RoPE and SwiGLU functions mirror their launchers (and GEGLU's take SwiGLU's
+//! arguments): the same argument struct first, then the buffers in the launcher's order (host
+//! slices, contiguous rows), results returned (RoPE rotates in place, as its launcher does),
+//! and RMSNorm's rstd in the type the GPU stores ([`Element::Rstd`]), so a launcher's inputs
+//! and outputs go to the reference as they are:
 //!
 //! ```
 //! use liger_rs::{RmsNormArgs, reference};
