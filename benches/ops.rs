@@ -108,13 +108,11 @@ fn rms_norm<T: Dtype>(stream: &Arc<CudaStream>, rows: usize, cols: usize, out: &
     let mut rstd = stream.alloc_zeros::<f32>(rows).expect("alloc");
     let mut dy = random::<T>(stream, rows * cols, 3);
     let mut dw = stream.alloc_zeros::<T>(cols).expect("alloc");
-    let wv = w.as_view();
     let fwd = time_us(stream, || {
-        rms_norm_forward(stream, &args, &x, Some(&wv), &mut y, &mut rstd).expect("rms fwd")
+        rms_norm_forward(stream, &args, &x, Some(&w), &mut y, &mut rstd).expect("rms fwd")
     });
     let bwd = time_us(stream, || {
-        let mut dwv = dw.as_view_mut();
-        rms_norm_backward_inplace(stream, &args, &mut dy, &x, Some(&wv), &rstd, Some(&mut dwv))
+        rms_norm_backward_inplace(stream, &args, &mut dy, &x, Some(&w), &rstd, Some(&mut dw))
             .expect("rms bwd")
     });
     let (shape, s) = (format!("{rows}x{cols}"), std::mem::size_of::<T>() as f64);
@@ -138,7 +136,10 @@ fn rms_norm<T: Dtype>(stream: &Arc<CudaStream>, rows: usize, cols: usize, out: &
 /// RoPE on q [b, s, hq, d] and k [b, s, hk, d] with [s, d] tables, in place (HF layout).
 fn rope<T: Dtype>(stream: &Arc<CudaStream>, shape: [usize; 5], out: &mut Vec<Row>) {
     let [b, s, hq, hk, d] = shape;
-    let args = RopeArgs::new(b, s, hq, hk, d);
+    let args = RopeArgs::new(d)
+        .with_batch(b)
+        .with_seq_len(s)
+        .with_heads(hq, hk);
     let (nq, nk) = (b * s * hq * d, b * s * hk * d);
     let mut q = random::<T>(stream, nq, 4);
     let mut k = random::<T>(stream, nk, 5);

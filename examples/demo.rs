@@ -126,9 +126,8 @@ fn main() -> Res<()> {
     let rms = RmsNormArgs::new(TOKENS, HIDDEN)
         .with_eps(EPS)
         .with_mode(CastingMode::Llama);
-    let rope = RopeArgs::new(1, TOKENS, hq, hk, d);
+    let rope = RopeArgs::new(d).with_seq_len(TOKENS).with_heads(hq, hk);
     let mlp = SwigluArgs::new(TOKENS, INTERMEDIATE);
-    let wv = wd.as_view();
     let s = 2.0; // bytes per bf16
     let (nx, nqk, nm) = (
         (TOKENS * HIDDEN) as f64,
@@ -144,7 +143,7 @@ fn main() -> Res<()> {
             &stream,
             &rms,
             &xd,
-            Some(&wv),
+            Some(&wd),
             &mut y,
             &mut rstd,
         )?)
@@ -177,9 +176,9 @@ fn main() -> Res<()> {
             &rms,
             &mut dyd,
             &xd,
-            Some(&wv),
+            Some(&wd),
             &rstd,
-            Some(&mut dw.as_view_mut()),
+            Some(&mut dw),
         )?)
     })?;
     println!("[7/8] checking samples against the CPU reference …");
@@ -189,9 +188,9 @@ fn main() -> Res<()> {
         &rms,
         &mut dyd,
         &xd,
-        Some(&wv),
+        Some(&wd),
         &rstd,
-        Some(&mut dw.as_view_mut()),
+        Some(&mut dw),
     )?;
     let down = |v| stream.clone_dtoh(v);
     let (y, dx, dw, c, da, db) = (
@@ -208,48 +207,27 @@ fn main() -> Res<()> {
     let mut worst: Vec<(&str, f64)> = Vec::new();
     let sample: Vec<usize> = (0..16).map(|i| i * (TOKENS / 16) + 7 * i).collect();
     let (mut got, mut want) = (Vec::new(), Vec::new());
+    let rms_row = RmsNormArgs::new(1, HIDDEN).with_eps(EPS);
     for &r in &sample {
         let row = r * HIDDEN..(r + 1) * HIDDEN;
-        let f = reference::rms_norm_forward(
-            &x[row.clone()],
-            Some(&w),
-            HIDDEN,
-            EPS,
-            0.0,
-            CastingMode::Llama,
-        )?;
+        let f = reference::rms_norm_forward(&rms_row, &x[row.clone()], Some(&w))?;
         got.extend_from_slice(&y[row.clone()]);
         want.extend(f.y);
-        let g = reference::rms_norm_backward(
-            &dy[row.clone()],
-            &x[row.clone()],
-            Some(&w),
-            &[rstd[r] as f64],
-            HIDDEN,
-            0.0,
-            CastingMode::Llama,
-        )?;
+        let (dy_r, x_r) = (&dy[row.clone()], &x[row.clone()]);
+        let g = reference::rms_norm_backward(&rms_row, dy_r, x_r, Some(&w), &[rstd[r]])?;
         got.extend_from_slice(&dx[row]);
         want.extend(g.dx);
     }
     worst.push(("rms_norm y, dx (16 rows)", worst_error(&got, &want)));
-    let full = reference::rms_norm_forward(&x, Some(&w), HIDDEN, EPS, 0.0, CastingMode::Llama)?;
-    let g = reference::rms_norm_backward(
-        &dy,
-        &x,
-        Some(&w),
-        &full.rstd,
-        HIDDEN,
-        0.0,
-        CastingMode::Llama,
-    )?;
+    let full = reference::rms_norm_forward(&rms, &x, Some(&w))?;
+    let g = reference::rms_norm_backward(&rms, &dy, &x, Some(&w), &full.rstd)?;
     worst.push((
         "rms_norm dw (all)",
         worst_error(&dw, &g.dw.unwrap_or_default()),
     ));
 
     let (mut got, mut want) = (Vec::new(), Vec::new());
-    let one = RopeArgs::new(1, 1, hq, hk, d);
+    let one = RopeArgs::new(d).with_heads(hq, hk);
     for &tk in &sample {
         let (qs, ks) = (
             tk * hq * d..(tk + 1) * hq * d,
@@ -276,16 +254,12 @@ fn main() -> Res<()> {
     worst.push(("rope q, k, dq, dk (16 tokens)", worst_error(&got, &want)));
 
     let (mut got, mut want) = (Vec::new(), Vec::new());
+    let mlp_row = SwigluArgs::new(1, INTERMEDIATE);
     for &r in &sample {
         let row = r * INTERMEDIATE..(r + 1) * INTERMEDIATE;
-        let cw = reference::swiglu_forward(&a[row.clone()], &b[row.clone()], 1.0)?;
-        let gw = reference::swiglu_backward(
-            &dc[row.clone()],
-            &a[row.clone()],
-            &b[row.clone()],
-            1.0,
-            1.0,
-        )?;
+        let (a_r, b_r) = (&a[row.clone()], &b[row.clone()]);
+        let cw = reference::swiglu_forward(&mlp_row, a_r, b_r)?;
+        let gw = reference::swiglu_backward(&mlp_row, &dc[row.clone()], a_r, b_r)?;
         got.extend(
             c[row.clone()]
                 .iter()
@@ -326,13 +300,13 @@ fn cpu_only(why: &str) -> Res<()> {
         data(hidden, 2),
         data(rows * hidden, 3),
     );
-    let f = reference::rms_norm_forward(&x, Some(&w), hidden, EPS, 0.0, CastingMode::Llama)?;
-    let g =
-        reference::rms_norm_backward(&dy, &x, Some(&w), &f.rstd, hidden, 0.0, CastingMode::Llama)?;
+    let rms = RmsNormArgs::new(rows, hidden).with_eps(EPS);
+    let f = reference::rms_norm_forward(&rms, &x, Some(&w))?;
+    let g = reference::rms_norm_backward(&rms, &dy, &x, Some(&w), &f.rstd)?;
     let (mut q, mut k) = (data(rows * hq * d, 4), data(rows * hk * d, 5));
     let (cos, sin) = tables(rows, d);
     reference::rope_forward(
-        &RopeArgs::new(1, rows, hq, hk, d),
+        &RopeArgs::new(d).with_seq_len(rows).with_heads(hq, hk),
         &mut q,
         &mut k,
         &cos,
@@ -340,7 +314,7 @@ fn cpu_only(why: &str) -> Res<()> {
         CosSinRows::PerPosition,
     )?;
     let (a, b) = (data(rows * inter, 8), data(rows * inter, 9));
-    let c = reference::swiglu_forward(&a, &b, 1.0)?;
+    let c = reference::swiglu_forward(&SwigluArgs::new(rows, inter), &a, &b)?;
     println!(
         "reference: rms y[0] = {}, dx[0] = {}, rope q[1] = {}, swiglu c[0] = {}",
         f.y[0], g.dx[0], q[1], c[0]

@@ -123,7 +123,25 @@ impl fmt::Debug for Error {
     }
 }
 
-impl std::error::Error for Error {}
+/// `source()` is the driver's error for [`Error::Driver`], so error reports that walk the
+/// chain (`anyhow`, `eyre`) show the CUDA result code on a line of its own.
+///
+/// ```
+/// use std::error::Error as _;
+/// let e = liger_rs::Error::Driver(liger_rs::cudarc::driver::DriverError(
+///     liger_rs::cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+/// ));
+/// assert!(e.source().is_some());
+/// assert!(liger_rs::Error::NoDriver.source().is_none());
+/// ```
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Driver(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 impl From<DriverError> for Error {
     fn from(e: DriverError) -> Self {

@@ -1,47 +1,11 @@
-//! Argument checks shared by every op's launcher.
-use crate::error::{Error, Result, invalid};
+//! Grid shapes and kernel launches shared by every op's launcher.
+use crate::error::Result;
 use crate::module::cluster_attribute;
-use cudarc::driver::{CudaFunction, CudaStream, DeviceSlice, LaunchConfig, result, sys};
+use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, result, sys};
 use std::ffi::c_void;
 
-/// Elements a `rows × cols` block with row stride `stride` spans: `(rows − 1)·stride + cols`.
-pub(crate) fn span(arg: &'static str, rows: usize, cols: usize, stride: usize) -> Result<usize> {
-    if stride < cols {
-        return Err(invalid(arg, format!("row stride ≥ cols = {cols}"), stride));
-    }
-    match rows {
-        0 => Ok(0),
-        _ => (rows - 1)
-            .checked_mul(stride)
-            .and_then(|n| n.checked_add(cols))
-            .ok_or_else(|| {
-                invalid(
-                    arg,
-                    "rows × row stride within usize",
-                    format!("{rows} × {stride}"),
-                )
-            }),
-    }
-}
-
-/// A buffer's length must be at least `need` elements.
-pub(crate) fn at_least(arg: &'static str, len: usize, need: usize, what: &str) -> Result<()> {
-    if len < need {
-        return Err(invalid(arg, format!("length ≥ {need} ({what})"), len));
-    }
-    Ok(())
-}
-
-/// A buffer's length must be exactly `need` elements.
-pub(crate) fn exactly(arg: &'static str, len: usize, need: usize, what: &str) -> Result<()> {
-    if len != need {
-        return Err(invalid(arg, format!("length {need} ({what})"), len));
-    }
-    Ok(())
-}
-
 /// Waves of resident blocks from which a grid-stride kernel with a one-item-per-block twin runs
-/// the twin over a grid of every item instead (PERFORMANCE.md, "whole grids"): the hardware's
+/// the twin over a grid of every item instead (PERFORMANCE.md, "Whole grids: one item per block"): the hardware's
 /// block scheduler then balances the last wave, the twin holds no next-item registers (more
 /// blocks fit per SM), and a resident grid's last round (up to one item per block more than
 /// the average) goes away. Below it, the resident grid's fewer launches of blocks win.
@@ -65,61 +29,6 @@ pub(crate) fn item_grid(items: usize, resident: usize, twin: bool) -> (bool, u32
     } else {
         (false, items.min(resident).min(MAX_GRID) as u32)
     }
-}
-
-/// The buffer must belong to the stream's context: the same `CUcontext`, whichever
-/// `CudaContext` handle it came through (every `CudaContext::new(ordinal)`, hence every
-/// [`cuda_context`](crate::cuda_context) call, is a new handle on the device's primary context).
-pub(crate) fn same_context<T>(
-    stream: &CudaStream,
-    arg: &'static str,
-    buf: &(impl DeviceSlice<T> + ?Sized),
-) -> Result<()> {
-    if buf.stream().context().cu_ctx() == stream.context().cu_ctx() {
-        Ok(())
-    } else {
-        Err(Error::WrongContext { arg })
-    }
-}
-
-/// The device bytes a buffer argument covers in one launch.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Region {
-    pub(crate) name: &'static str,
-    pub(crate) ptr: u64,
-    pub(crate) bytes: u64,
-}
-
-impl Region {
-    pub(crate) fn new<T>(name: &'static str, ptr: u64, elements: usize) -> Self {
-        Region {
-            name,
-            ptr,
-            bytes: (elements * std::mem::size_of::<T>()) as u64,
-        }
-    }
-
-    fn overlaps(&self, other: &Region) -> bool {
-        self.bytes > 0
-            && other.bytes > 0
-            && self.ptr < other.ptr + other.bytes
-            && other.ptr < self.ptr + self.bytes
-    }
-}
-
-/// Every output must be disjoint from every input and from the other outputs.
-pub(crate) fn disjoint(outputs: &[Region], inputs: &[Region]) -> Result<()> {
-    for (i, out) in outputs.iter().enumerate() {
-        for other in inputs.iter().chain(&outputs[i + 1..]) {
-            if out.overlaps(other) {
-                return Err(Error::Aliasing {
-                    output: out.name,
-                    other: other.name,
-                });
-            }
-        }
-    }
-    Ok(())
 }
 
 /// How [`launch_ex`] launches a kernel.
@@ -235,43 +144,5 @@ mod tests {
             item_grid(usize::MAX, usize::MAX, false),
             (false, i32::MAX as u32)
         );
-    }
-
-    #[test]
-    fn span_counts_the_last_row_once() {
-        assert_eq!(span("x", 0, 4, 4).unwrap(), 0);
-        assert_eq!(span("x", 1, 4, 100).unwrap(), 4);
-        assert_eq!(span("x", 3, 4, 6).unwrap(), 16);
-        assert!(
-            span("x", 3, 4, 3)
-                .unwrap_err()
-                .to_string()
-                .contains("row stride ≥ cols = 4")
-        );
-        assert!(span("x", usize::MAX, 4, 4).is_err());
-    }
-
-    #[test]
-    fn overlap_is_byte_exact() {
-        let a = Region::new::<f32>("a", 1000, 4); // 1000..1016
-        let b = Region::new::<f32>("b", 1016, 4);
-        let c = Region::new::<u16>("c", 1014, 1); // 1014..1016
-        let empty = Region::new::<f32>("e", 1004, 0);
-        assert!(disjoint(&[a], &[b, empty]).is_ok());
-        assert_eq!(
-            disjoint(&[a], &[c]).unwrap_err(),
-            Error::Aliasing {
-                output: "a",
-                other: "c"
-            }
-        );
-        assert_eq!(
-            disjoint(&[a, c], &[]).unwrap_err(),
-            Error::Aliasing {
-                output: "a",
-                other: "c"
-            }
-        );
-        assert!(disjoint(&[c, b], &[]).is_ok());
     }
 }

@@ -12,8 +12,10 @@
 //!   naming the `rustup` command instead).
 //!   The host crate itself builds on stable Rust (its `rust-version` or newer).
 //! * **Host code** uses cudarc 0.19 with the driver loaded at run time: the crate builds and
-//!   its CPU tests run on machines without a CUDA toolkit or GPU. The module is loaded once per
-//!   CUDA context and cached. Calls are stream-ordered: no hidden synchronisation.
+//!   its CPU tests run on machines without a CUDA toolkit or GPU. Each kernel is loaded into a
+//!   CUDA context at its first use there, as a PTX module of its own (so the driver JIT-compiles
+//!   only the kernels a process launches), and cached. Calls are stream-ordered: no hidden
+//!   synchronisation.
 //! * **Semantics** follow HuggingFace's modules with Liger-Kernel's cast points
 //!   ([`CastingMode`]); [`mod@reference`] holds the CPU ground truth (f64 between cast points).
 //! * **Errors**: every bad shape, length, stride, mode or aliasing is an [`Error`] naming the
@@ -29,10 +31,10 @@
 //! let w = stream.clone_htod(&vec![bf16::ONE; cols])?;
 //! let (mut y, mut rstd) = (stream.alloc_zeros::<bf16>(rows * cols)?, stream.alloc_zeros::<f32>(rows)?);
 //! let args = RmsNormArgs::new(rows, cols).with_eps(1e-5);
-//! rms_norm_forward(&stream, &args, &x, Some(&w.as_view()), &mut y, &mut rstd)?;
+//! rms_norm_forward(&stream, &args, &x, Some(&w), &mut y, &mut rstd)?;
 //! let mut dy = stream.clone_htod(&vec![bf16::ONE; rows * cols])?; // becomes dx
 //! let mut dw = stream.alloc_zeros::<bf16>(cols)?;
-//! rms_norm_backward_inplace(&stream, &args, &mut dy, &x, Some(&w.as_view()), &rstd, Some(&mut dw.as_view_mut()))?;
+//! rms_norm_backward_inplace(&stream, &args, &mut dy, &x, Some(&w), &rstd, Some(&mut dw))?;
 //! let dx: Vec<bf16> = stream.clone_dtoh(&dy)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -40,9 +42,23 @@
 //! ## Conventions
 //!
 //! * **Buffers** are anything cudarc can give a device pointer for (`CudaSlice`, `CudaView`,
-//!   `CudaViewMut`) and must belong to the stream's context. Lengths are checked against the
-//!   shape before anything is launched; rows may be strided (`with_strides` on the argument
-//!   types) so a row-slice of a larger buffer works.
+//!   `CudaViewMut`) and must belong to the stream's context: `&impl DevicePtr<T>` for a buffer
+//!   read, `&mut impl DevicePtrMut<T>` for one written, and for an optional one (RMSNorm's
+//!   `weight` and `dw`) `Option<&dyn DevicePtr<T>>` / `Option<&mut dyn DevicePtrMut<T>>`, so
+//!   that `Some(&w)` takes any of them and `None` needs no type. Lengths are checked against
+//!   the shape before anything is launched; rows may be strided (`with_strides` on the
+//!   argument types) so a row-slice of a larger buffer works.
+//! * **Arguments**: each op's shape and parameters are one struct ([`RmsNormArgs`],
+//!   [`RopeArgs`], [`SwigluArgs`]) built with `new` and named `with_*` setters; its fields
+//!   are public to read. The structs and the public enums are `#[non_exhaustive]`, so that a
+//!   field or variant can be added without breaking callers.
+//! * **Errors** come in one order for every launcher: the argument struct (and which optional
+//!   buffers are given), then every buffer's context, then every buffer's length (each in
+//!   signature order), then, unless the call has no rows or tokens, overlaps: every buffer
+//!   written must share no byte with any other ([`Error::Aliasing`] names the written one).
+//!   A call without rows or tokens returns after the lengths, touching no buffer, except the
+//!   RMSNorm backward with a weight, which zeroes `dw` (checked for overlaps first). RoPE's
+//!   host position ids are range-checked last.
 //! * **In place**: RoPE rotates q and k in place (forward) and dq, dk in place (backward), as
 //!   Liger does ([`rope_forward_into`] and [`rope_backward_into`] write to their own buffers
 //!   instead). RMSNorm and SwiGLU backward come in two forms: `*_backward` writes gradients
@@ -78,13 +94,20 @@
 //!   kernels otherwise, so any shape and alignment works.
 #![warn(missing_docs)]
 
+#[cfg(test)]
+mod bad_input;
 #[cfg(feature = "candle")]
 pub mod candle;
 mod dtype;
 mod error;
+// The device crate's file, as the package ships it (`packaging/kernels-gpu/` links to
+// `kernels-gpu/` in a checkout): the kernels' identities and shared constants, defined once.
+#[path = "../packaging/kernels-gpu/src/identity.rs"]
+mod identity;
 mod launch;
 mod mode;
 mod module;
+mod ptx;
 pub mod reference;
 mod rms_norm;
 mod rope;
@@ -95,6 +118,10 @@ mod swiglu;
 #[path = "../tests/common/skip.rs"]
 #[allow(dead_code)] // the unit tests skip for want of a GPU or an H200, never for their shapes
 mod test_skip;
+mod validate;
+// The shared bad-input tables name the crate as a user does.
+#[cfg(test)]
+extern crate self as liger_rs;
 
 #[cfg(feature = "candle")]
 pub use candle_core;

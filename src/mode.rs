@@ -1,5 +1,6 @@
 //! Casting modes of RMSNorm (where values are rounded to the tensor dtype).
 use crate::error::{Error, Result};
+use crate::identity::Mode;
 use std::{fmt, str::FromStr};
 
 /// Where RMSNorm rounds to the tensor dtype `D` (`r` is the inverse RMS of the row; the exact
@@ -13,6 +14,7 @@ use std::{fmt, str::FromStr};
 /// # Ok::<(), liger_rs::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum CastingMode {
     /// HF `LlamaRMSNorm`: statistics in f32, `y = D(D(x·r) · (offset + w))`; rstd is f32.
     #[default]
@@ -39,10 +41,16 @@ impl CastingMode {
     /// assert_eq!(liger_rs::CastingMode::Gemma.name(), "gemma");
     /// ```
     pub fn name(self) -> &'static str {
+        self.kernel_mode().name()
+    }
+
+    /// The mode of the kernels that implement it (the vector kernels may run
+    /// [`Mode::LlamaOffset`] for [`CastingMode::Llama`] instead).
+    pub(crate) fn kernel_mode(self) -> Mode {
         match self {
-            CastingMode::Llama => "llama",
-            CastingMode::Gemma => "gemma",
-            CastingMode::None => "none",
+            CastingMode::Llama => Mode::Llama,
+            CastingMode::Gemma => Mode::Gemma,
+            CastingMode::None => Mode::None,
         }
     }
 }

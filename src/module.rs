@@ -1,13 +1,20 @@
-//! The embedded PTX, loaded once per CUDA context and cached for the life of the process.
+//! The embedded PTX, each kernel loaded into a CUDA context on its first use there and cached
+//! for the life of the process.
 use crate::error::{Error, Result};
+use crate::identity::Kernel;
+use crate::ptx::Split;
 use crate::scratch::ScratchPool;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, sys};
+use cudarc::driver::{CudaContext, CudaFunction, DriverError, sys};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// PTX of every kernel, built from `kernels-gpu` by `build.rs` for sm_80 (JIT-compiled forward
-/// by the driver on newer GPUs). Loaded on devices of compute capability 8.x, and on newer
-/// ones where [`PTX_SM90`] is not (see there).
+/// by the driver on newer GPUs). Used on devices of compute capability 8.x, and on newer ones
+/// where [`PTX_SM90`] is not (see there).
+///
+/// A context loads each kernel on its first use there, as a module of its own (this build's
+/// header and declarations, then the kernel's entry), so the driver JIT-compiles only the
+/// kernels that a process launches rather than all of them at its first call.
 ///
 /// ```
 /// assert!(liger_rs::PTX.contains(".visible .entry rms_norm_fwd_bf16_llama"));
@@ -18,15 +25,15 @@ pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
 /// hand-off: the dW reduction starts with `griddepcontrol.wait`, as the host launches it as a
 /// programmatic dependent launch after the backward (its launch is processed while the
 /// backward runs, and its blocks start as the backward's last blocks exit, then wait there for
-/// the backward's partial rows: ~1.5 µs less per backward on an H200, PERFORMANCE.md); the f32
-/// backward kernels that keep dW in registers (`rms_norm_bwd_v2_f32_*`) start with
-/// `griddepcontrol.launch_dependents`, which lets that launch happen at once (~2.5 µs less at
-/// 16384×2048); and the backward kernels that keep dW in shared memory
+/// the backward's partial rows); the f32 backward kernels that keep dW in registers
+/// (`rms_norm_bwd_v2_f32_*`) start with `griddepcontrol.launch_dependents`, which lets that
+/// launch happen at once; and the backward kernels that keep dW in shared memory
 /// (`rms_norm_bwd_vs{1,2}_*`), launched in thread-block clusters of two, merge their blocks'
 /// rows into one partial row per cluster through distributed shared memory (`barrier.cluster`,
-/// `mapa`, `ld.shared::cluster`; half the partial rows: ~1.3 µs less at bf16 16384×2048).
-/// Loaded on devices of compute capability ≥ 9.0 with a driver of CUDA ≥ 12.3, unless the
-/// environment variable [`BASELINE_PTX_ENV`] is set.
+/// `mapa`, `ld.shared::cluster`; half the partial rows). PERFORMANCE.md ("sm_90: dependent
+/// launch and dW clusters") has what each saves.
+/// Used on devices of compute capability ≥ 9.0 with a driver of CUDA ≥ 12.3, unless the
+/// environment variable [`BASELINE_PTX_ENV`] is set; loaded kernel by kernel as [`PTX`] is.
 ///
 /// ```
 /// assert!(liger_rs::PTX_SM90.contains("griddepcontrol.wait"));
@@ -36,25 +43,29 @@ pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
 /// ```
 pub const PTX_SM90: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels_sm90.ptx"));
 
-/// Set (to anything) to load [`PTX`] even where [`PTX_SM90`] would be loaded, e.g. to test the
-/// sm_80 build on a Hopper GPU. Read when a context's kernels are first loaded.
+/// Set (to anything) to use [`PTX`] even where [`PTX_SM90`] would be used, e.g. to test the
+/// sm_80 build on a Hopper GPU. Read at a context's first call.
 pub const BASELINE_PTX_ENV: &str = "LIGER_RS_BASELINE_PTX";
 
-/// The oldest driver (`cuDriverGetVersion`) [`PTX_SM90`] is loaded with: CUDA 12.3, the release
+/// The oldest driver (`cuDriverGetVersion`) [`PTX_SM90`] is used with: CUDA 12.3, the release
 /// that brought programmatic edges to graphs (so a captured backward keeps its early start).
 const SM90_MIN_DRIVER: i32 = 12030;
 
-/// One context's loaded module, the functions looked up in it so far, and their occupancy.
+/// One context's kernels: those loaded so far, and their occupancy.
 pub(crate) struct Kernels {
-    module: Arc<CudaModule>,
-    functions: Mutex<HashMap<String, CudaFunction>>,
+    ctx: Arc<CudaContext>,
+    /// The build this context loads its kernels from.
+    ptx: &'static Split,
+    /// Each kernel asked for, loaded once its slot holds it (a slot of its own, so that a
+    /// kernel being JIT-compiled holds up only the callers of that kernel).
+    functions: Mutex<HashMap<Kernel, Arc<Mutex<Option<CudaFunction>>>>>,
     /// Resident blocks per SM, keyed by (function handle, threads, dynamic shared bytes).
     occupancy: Mutex<HashMap<(usize, u32, u32), u32>>,
     /// Resident clusters on the whole device, keyed by (function handle, threads, dynamic
     /// shared bytes, blocks per cluster).
     clusters: Mutex<HashMap<(usize, u32, u32, u32), usize>>,
     sm_count: u32,
-    /// [`PTX_SM90`] is loaded: the RMSNorm dW reduction is launched as a programmatic
+    /// [`PTX_SM90`] is in use: the RMSNorm dW reduction is launched as a programmatic
     /// dependent launch, and the shared-memory dW backward in clusters (see there).
     pub(crate) sm90: bool,
     /// Scratch kept between calls (the RMSNorm backward's dW partial rows).
@@ -62,21 +73,27 @@ pub(crate) struct Kernels {
 }
 
 impl Kernels {
-    /// The kernel called `name`, looked up once.
-    pub(crate) fn function(&self, name: &str) -> Result<CudaFunction> {
-        let mut functions = lock(&self.functions);
-        if let Some(f) = functions.get(name) {
+    /// `kernel`'s function, loaded (its module JIT-compiled) at its first use in this context.
+    pub(crate) fn function(&self, kernel: Kernel) -> Result<CudaFunction> {
+        let slot = lock(&self.functions).entry(kernel).or_default().clone();
+        let mut slot = lock(&slot);
+        if let Some(f) = slot.as_ref() {
             return Ok(f.clone());
         }
-        let f = self.module.load_function(name)?;
-        functions.insert(name.to_string(), f.clone());
+        let name = kernel.name();
+        // A name the build lacks fails as the driver's lookup of it would.
+        let not_found = || Error::Driver(DriverError(sys::CUresult::CUDA_ERROR_NOT_FOUND));
+        let ptx = self.ptx.module(&name).ok_or_else(not_found)?;
+        let module = self.ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx))?;
+        let f = module.load_function(&name)?;
+        *slot = Some(f.clone());
         Ok(f)
     }
 
     /// Blocks of `func` that fit on the whole device at once with `threads` threads and
     /// `smem` bytes of dynamic shared memory per block (SMs × resident blocks per SM, at least
     /// 1): the grid of a grid-stride kernel. Asked of the driver once per shape; a handle is
-    /// never reused for another function, since the module lives as long as the process.
+    /// never reused for another function, since its module lives as long as the process.
     pub(crate) fn resident_blocks(
         &self,
         func: &CudaFunction,
@@ -97,8 +114,8 @@ impl Kernels {
     /// Clusters of `blocks` blocks of `func` (`threads` threads, `smem` bytes of dynamic shared
     /// memory each) that fit on the whole device at once (`cuOccupancyMaxActiveClusters`; a
     /// cluster's blocks share one GPC, so this can be below the resident blocks / `blocks`).
-    /// Asked of the driver once per shape, in `ctx` (this module's context); only with
-    /// [`PTX_SM90`] loaded.
+    /// Asked of the driver once per shape, in `ctx` (this context); only with [`PTX_SM90`] in
+    /// use.
     pub(crate) fn resident_clusters(
         &self,
         ctx: &CudaContext,
@@ -147,7 +164,7 @@ pub(crate) fn cluster_attribute(blocks: u32) -> sys::CUlaunchAttribute {
     attr
 }
 
-/// Contexts seen so far (keyed by `CUcontext`; the module keeps its context alive, so a key
+/// Contexts seen so far (keyed by `CUcontext`; [`Kernels`] keeps its context alive, so a key
 /// is never reused by another context while it is in the cache).
 static CACHE: Mutex<Vec<(usize, Arc<Kernels>)>> = Mutex::new(Vec::new());
 
@@ -155,19 +172,22 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The kernels of `ctx`, loading the PTX into it on first use.
+/// The kernels of `ctx` (none loaded yet at its first call).
 pub(crate) fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
     let mut cache = lock(&CACHE);
     if let Some(k) = cached(&cache, ctx) {
         return Ok(k);
     }
     let sm90 = sm90_build(ctx)?;
-    let ptx = if sm90 { PTX_SM90 } else { PTX };
-    let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx))?;
+    let ptx = match sm90 {
+        true => split(&SPLIT_SM90, PTX_SM90),
+        false => split(&SPLIT, PTX),
+    };
     let sm_count =
         ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
     let kernels = Arc::new(Kernels {
-        module,
+        ctx: ctx.clone(),
+        ptx,
         functions: Mutex::new(HashMap::new()),
         occupancy: Mutex::new(HashMap::new()),
         clusters: Mutex::new(HashMap::new()),
@@ -179,7 +199,17 @@ pub(crate) fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
     Ok(kernels)
 }
 
-/// `ctx`'s kernels in `cache`, if loaded.
+/// [`PTX`] cut into its kernels' modules, once per process.
+static SPLIT: OnceLock<Split> = OnceLock::new();
+/// [`PTX_SM90`] cut into its kernels' modules, once per process.
+static SPLIT_SM90: OnceLock<Split> = OnceLock::new();
+
+/// `ptx` cut into its kernels' modules in `cell`.
+fn split(cell: &'static OnceLock<Split>, ptx: &'static str) -> &'static Split {
+    cell.get_or_init(|| Split::new(ptx))
+}
+
+/// `ctx`'s kernels in `cache`, if it has been seen.
 fn cached(cache: &[(usize, Arc<Kernels>)], ctx: &CudaContext) -> Option<Arc<Kernels>> {
     let key = ctx.cu_ctx() as usize;
     cache
@@ -274,7 +304,7 @@ pub fn cuda_context(ordinal: usize) -> Result<Arc<CudaContext>> {
 
 /// For unit tests that check which kernels the host picks on the GPU the suites were tuned on:
 /// device 0's context and kernels when it is an H200 (132 SMs, compute capability 9.0) with
-/// [`PTX_SM90`] loaded; otherwise `None`, after skipping `test` (on another GPU even where
+/// [`PTX_SM90`] in use; otherwise `None`, after skipping `test` (on another GPU even where
 /// `LIGER_RS_REQUIRE_GPU` is set: the choice depends on each kernel's occupancy, so other GPUs
 /// pick otherwise).
 #[cfg(test)]
@@ -305,12 +335,34 @@ pub(crate) fn h200_kernels(test: &str) -> Option<(Arc<CudaContext>, Arc<Kernels>
 mod tests {
     use super::*;
 
-    /// Each entry point's name and body in one PTX file.
+    /// Each entry point's name and body in one PTX file, in order.
     fn entries(ptx: &str) -> Vec<(&str, &str)> {
         ptx.split(".visible .entry ")
             .skip(1)
             .map(|e| (e.split('(').next().unwrap_or(e), e))
             .collect()
+    }
+
+    #[test]
+    fn the_launchers_ask_for_exactly_the_kernels_of_both_builds() {
+        use std::collections::BTreeSet;
+        let launchable: BTreeSet<String> = [
+            crate::rms_norm::tests::launchable_kernels(),
+            crate::rope::tests::launchable_kernels(),
+            crate::swiglu::tests::launchable_kernels(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|k| k.name())
+        .collect();
+        for ptx in [PTX, PTX_SM90] {
+            let names: BTreeSet<String> = Split::new(ptx).names().map(String::from).collect();
+            let missing: Vec<_> = launchable.difference(&names).collect();
+            assert!(missing.is_empty(), "not in the PTX: {missing:?}");
+            let unused: Vec<_> = names.difference(&launchable).collect();
+            assert!(unused.is_empty(), "never launched: {unused:?}");
+        }
+        assert_eq!(launchable.len(), 207);
     }
 
     #[test]

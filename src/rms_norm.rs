@@ -3,21 +3,21 @@
 use crate::CastingMode;
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
-use crate::launch::{
-    Launch, Region, arg, at_least, disjoint, exactly, item_grid, launch_ex, same_context, span,
+use crate::identity::{
+    Direction, Kernel, Mode, RmsNormLayout, RmsNormLayout::Grid, RmsNormShape, SUM_SLOTS,
+    has_shared_dw,
 };
+use crate::launch::{Launch, arg, item_grid, launch_ex};
 use crate::module::{Kernels, kernels};
 use crate::settings::{LaunchSettings, MAX_FUSED_SIZE, calculate_settings};
+use crate::validate::{Access, Buf, Need, Spec, Table, read, span, validate, write};
 use cudarc::driver::{
-    CudaContext, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig,
-    PushKernelArg,
+    CudaContext, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
 use std::sync::Arc;
 
-/// Dynamic shared memory of the row kernels' block reductions (`SUM_SLOTS` in kernels-gpu):
-/// two f32 per warp (the forward sums its squares plainly and scaled at once), in two sets
-/// that consecutive rows alternate, so that each row's reduction needs one barrier.
-const REDUCE_SMEM_BYTES: u32 = 2 * 2 * 32 * 4;
+/// Dynamic shared memory of the row kernels' block reductions ([`SUM_SLOTS`] f32).
+const REDUCE_SMEM_BYTES: u32 = (SUM_SLOTS * 4) as u32;
 /// Rows per block below which the backward keeps dW in registers even where shared memory fits
 /// more blocks: bf16 4096 columns (3 vs 2 blocks per SM) measured −12 % at 2048 rows (5 rows a
 /// block) and +10 % at 16384 rows (41 a block); bf16 2048 columns in blocks of 128 threads
@@ -52,6 +52,7 @@ const DW_REDUCE_PART_LANES: u32 = 32;
 /// assert_eq!((args.x_stride, args.y_stride), (6144, 2048));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct RmsNormArgs {
     /// Number of rows (0 is allowed and launches nothing).
     pub rows: usize,
@@ -152,12 +153,64 @@ impl RmsNormArgs {
         Ok(settings)
     }
 
-    fn x_span(&self) -> Result<usize> {
-        span("args.x_stride", self.rows, self.cols, self.x_stride)
+    /// What `x` must hold.
+    fn x_need(&self) -> Result<Need> {
+        let span = span("args.x_stride", self.rows, self.cols, self.x_stride)?;
+        Ok(Need::AtLeast(span, "rows × x_stride"))
     }
 
-    fn y_span(&self) -> Result<usize> {
-        span("args.y_stride", self.rows, self.cols, self.y_stride)
+    /// What `y`, `dy` and `dx` must hold.
+    fn y_need(&self) -> Result<Need> {
+        let span = span("args.y_stride", self.rows, self.cols, self.y_stride)?;
+        Ok(Need::AtLeast(span, "rows × y_stride"))
+    }
+
+    /// The buffers of [`rms_norm_forward`], and the block shape.
+    pub(crate) fn forward_table(&self) -> Result<(LaunchSettings, Table<4>)> {
+        let settings = self.check()?;
+        let specs = [
+            Spec::read("x", self.x_need()?),
+            Spec::read("weight", Need::Exactly(self.cols, "cols")),
+            Spec::written("y", self.y_need()?),
+            Spec::written("rstd", Need::AtLeast(self.rows, "rows")),
+        ];
+        let empty = self.rows == 0;
+        Ok((settings, Table { specs, empty }))
+    }
+
+    /// The buffers of [`rms_norm_backward`] (`in_place`: of [`rms_norm_backward_inplace`],
+    /// whose `dy_dx` stands first, read and written, and `dx` is left out), and the block
+    /// shape.
+    /// `dw` must be given exactly when a weight is. Without rows, `dw` is still zeroed.
+    pub(crate) fn backward_table(
+        &self,
+        in_place: bool,
+        weight: bool,
+        dw: bool,
+    ) -> Result<(LaunchSettings, Table<6>)> {
+        let settings = self.check()?;
+        match (weight, dw) {
+            (true, false) => {
+                let expected = format!("a buffer of {} elements (a weight is given)", self.cols);
+                return Err(invalid("dw", expected, "None"));
+            }
+            (false, true) => return Err(invalid("dw", "None (no weight is given)", "a buffer")),
+            _ => {}
+        }
+        let y = self.y_need()?;
+        let specs = [
+            match in_place {
+                false => Spec::read("dy", y),
+                true => Spec::in_place("dy_dx", y),
+            },
+            Spec::read("x", self.x_need()?),
+            Spec::read("weight", Need::Exactly(self.cols, "cols")),
+            Spec::read("rstd", Need::AtLeast(self.rows, "rows")),
+            Spec::written("dx", y),
+            Spec::written("dw", Need::Exactly(self.cols, "cols")),
+        ];
+        let empty = self.rows == 0 && !weight;
+        Ok((settings, Table { specs, empty }))
     }
 }
 
@@ -191,22 +244,22 @@ impl VecRule {
 }
 
 /// Forward, 16-bit types: K = 1, 2, 4, up to 128 threads. Against 256 (H200 A/B,
-/// PERFORMANCE.md): bf16 16384×2048 +4 % (`_vr2` at 128 threads instead of `_v1` at 256),
-/// 2048×4096 +5 %, level elsewhere; bf16 16384×4096 with `_vr2` at 256 instead of `_vr4` at
-/// 128 level (eleventh session).
+/// PERFORMANCE.md, "RMSNorm forward"): bf16 16384×2048 +4 % (`_vr2` at 128 threads instead of
+/// `_v1` at 256), 2048×4096 +5 %, level elsewhere; bf16 16384×4096 with `_vr2` at 256 instead of
+/// `_vr4` at 128 level.
 const FWD_RULE_16: VecRule = VecRule {
     steps: &[(1, 128), (2, 128), (4, 128)],
 };
 /// Forward, f32: the same, but K = 2 up to 256 threads: f32 16384×2048 runs `_vr2` at 256
 /// threads instead of `_vr4` at 128, 70.4–70.6 → 69.3–69.6 µs on an H200 (PERFORMANCE.md,
-/// eleventh session).
+/// "RMSNorm forward").
 const FWD_RULE_F32: VecRule = VecRule {
     steps: &[(1, 128), (2, 256), (4, 128)],
 };
 /// Backward: K = 1, 2 (the dW accumulators need the registers a fourth vector would take), up
 /// to 128 threads: twice the rows in flight per SM at bf16 16384×2048 (`_vs2` at 128 threads,
 /// 8 blocks per SM, against `_vs1` at 256, 5), 62.7 → 60.5 µs on an H200 (PERFORMANCE.md,
-/// tenth session); wider rows take K = 2 at more threads either way.
+/// "RMSNorm backward"); wider rows take K = 2 at more threads either way.
 const BWD_RULE: VecRule = VecRule {
     steps: &[(1, 128), (2, 128)],
 };
@@ -278,108 +331,120 @@ impl Plan {
         }
     }
 
-    fn kernel<T: Dtype>(self, direction: &str, args: &RmsNormArgs) -> String {
-        match self {
-            Plan::Scalar { .. } => scalar_kernel::<T>(direction, args.mode),
-            Plan::Vector { per_thread, .. } => {
-                vector_kernel_for::<T>(direction, "", per_thread, args)
-            }
-        }
+    /// The kernel of `direction` that runs this plan (a vector plan: its grid-stride one).
+    fn kernel<T: Dtype>(self, direction: Direction, args: &RmsNormArgs) -> Kernel {
+        let shape = match self {
+            Plan::Scalar { .. } => RmsNormShape::Scalar,
+            Plan::Vector { per_thread, .. } => RmsNormShape::Vector {
+                layout: RmsNormLayout::Grid,
+                per_thread,
+            },
+        };
+        kernel::<T>(direction, shape, args)
     }
 }
 
-fn scalar_kernel<T: Dtype>(direction: &str, mode: CastingMode) -> String {
-    format!("rms_norm_{direction}_{}_{}", T::NAME, mode.name())
+/// The kernel of `T` for `direction` and `shape`, in the mode `args` selects for that shape
+/// ([`vector_mode`]).
+fn kernel<T: Dtype>(direction: Direction, shape: RmsNormShape, args: &RmsNormArgs) -> Kernel {
+    let mode = match shape {
+        RmsNormShape::Scalar => args.mode.kernel_mode(),
+        RmsNormShape::Vector { .. } => vector_mode::<T>(args),
+    };
+    Kernel::RmsNorm {
+        direction,
+        shape,
+        elem: T::ELEM,
+        mode,
+    }
 }
 
-/// `rms_norm_{direction}_v{variant}{per_thread}_{dtype}_{mode}`, the variant `""` (`_v2`), `"s"`
-/// (backward, dW in shared memory: `_vs2`), `"r"` (forward, one row per block: `_vr2`) or `"l"`
-/// (the same, weight loaded late: `_vl4`), the mode from [`vector_mode`].
+/// The vector kernel of `T` for `direction`, `layout` and `per_thread` vectors per thread.
 fn vector_kernel<T: Dtype>(
-    direction: &str,
-    variant: &str,
-    per_thread: usize,
-    mode: &str,
-) -> String {
-    format!(
-        "rms_norm_{direction}_v{variant}{per_thread}_{}_{mode}",
-        T::NAME
-    )
-}
-
-/// [`vector_kernel`] for the mode part that `args` selects ([`vector_mode`]).
-fn vector_kernel_for<T: Dtype>(
-    direction: &str,
-    variant: &str,
+    direction: Direction,
+    layout: RmsNormLayout,
     per_thread: usize,
     args: &RmsNormArgs,
-) -> String {
-    vector_kernel::<T>(direction, variant, per_thread, vector_mode::<T>(args))
+) -> Kernel {
+    let shape = RmsNormShape::Vector { layout, per_thread };
+    kernel::<T>(direction, shape, args)
 }
 
-/// The mode part of a vector kernel's name. The `llama` vector kernels form the weight product
-/// `D(x·r)·(offset + w)` as one packed product of two values of `T`, exact only when
+/// The mode of the vector kernels for `args`. The `llama` vector kernels form the weight
+/// product `D(x·r)·(offset + w)` as one packed product of two values of `T`, exact only when
 /// `offset + w` is a value of `T`: always in f32, and in 16-bit types when `offset = ±0` (the
 /// HF formula). Other offsets in 16-bit llama run the `llama_offset` kernels, which multiply
 /// lane by lane in f32 (more registers, fewer blocks per SM). The scalar kernels take any offset.
-fn vector_mode<T: Dtype>(args: &RmsNormArgs) -> &'static str {
+fn vector_mode<T: Dtype>(args: &RmsNormArgs) -> Mode {
     match args.mode {
-        CastingMode::Llama if std::mem::size_of::<T>() == 2 && args.offset != 0.0 => "llama_offset",
-        mode => mode.name(),
+        CastingMode::Llama if T::ELEM.size() == 2 && args.offset != 0.0 => Mode::LlamaOffset,
+        mode => mode.kernel_mode(),
     }
 }
 
-/// A backward kernel's name, its dynamic shared memory, and whether it keeps dW in shared
-/// memory (`_vs{K}`).
+/// A backward kernel, its dynamic shared memory, and whether it keeps dW in shared memory
+/// (`_vs{K}`).
 struct BackwardKernel {
-    name: String,
+    kernel: Kernel,
     smem: u32,
     shared_dw: bool,
 }
 
-/// The backward kernel for `plan`. With a weight, a vector plan has two kernels (one where
-/// [`has_shared_dw`] says so): `_v{K}` keeps each block's dW partial row in registers,
-/// `_vs{K}` in shared memory (`cols` f32 more per block, within the 48 KiB a block gets
-/// without opting in; the register kernels' thread limit keeps vector rows below that anyway).
-/// Shared memory runs when it fits more blocks per SM and every block gets at least
-/// [`SMEM_DW_MIN_ROWS`] rows (its per-block set-up and per-element round trip pay off only over
-/// many rows).
+/// The `_vs{K}` twin of a vector `plan`'s backward and its dynamic shared memory, where one
+/// exists ([`has_shared_dw`]) and it can run: with a weight, and its `cols` f32 of dW within
+/// the 48 KiB a block gets without opting in (the register kernels' thread limit keeps vector
+/// rows below that anyway).
+fn shared_dw_kernel<T: Dtype>(
+    plan: Plan,
+    args: &RmsNormArgs,
+    weighted: bool,
+) -> Option<(Kernel, u32)> {
+    let Plan::Vector { per_thread, .. } = plan else {
+        return None;
+    };
+    let smem = REDUCE_SMEM_BYTES as usize + args.cols * 4;
+    if !weighted || !has_shared_dw(T::ELEM, per_thread) || smem > DEFAULT_SMEM_LIMIT as usize {
+        return None;
+    }
+    let layout = RmsNormLayout::SharedDw;
+    Some((
+        vector_kernel::<T>(Direction::Backward, layout, per_thread, args),
+        smem as u32,
+    ))
+}
+
+/// The backward kernel for `plan`. With a weight, a vector plan may have two kernels
+/// ([`shared_dw_kernel`]): `_v{K}` keeps each block's dW partial row in registers, `_vs{K}` in
+/// shared memory. Shared memory runs when it fits more blocks per SM and every block gets at
+/// least [`SMEM_DW_MIN_ROWS`] rows (its per-block set-up and per-element round trip pay off
+/// only over many rows).
 fn backward_kernel<T: Dtype>(
     kernels: &Kernels,
     plan: Plan,
     args: &RmsNormArgs,
     weighted: bool,
 ) -> Result<BackwardKernel> {
-    let name = plan.kernel::<T>("bwd", args);
-    let in_registers = |name| BackwardKernel {
-        name,
+    let kernel = plan.kernel::<T>(Direction::Backward, args);
+    let in_registers = BackwardKernel {
+        kernel,
         smem: REDUCE_SMEM_BYTES,
         shared_dw: false,
     };
-    let Plan::Vector {
-        per_thread,
-        threads,
-    } = plan
-    else {
-        return Ok(in_registers(name));
+    let Some((shared, smem)) = shared_dw_kernel::<T>(plan, args, weighted) else {
+        return Ok(in_registers);
     };
-    let smem = REDUCE_SMEM_BYTES as usize + args.cols * 4;
-    if !weighted || !has_shared_dw::<T>(per_thread) || smem > DEFAULT_SMEM_LIMIT as usize {
-        return Ok(in_registers(name));
-    }
-    let smem = smem as u32;
-    let shared = vector_kernel_for::<T>("bwd", "s", per_thread, args);
+    let threads = plan.threads();
     let resident_registers =
-        kernels.resident_blocks(&kernels.function(&name)?, threads, REDUCE_SMEM_BYTES)?;
-    let resident_shared = kernels.resident_blocks(&kernels.function(&shared)?, threads, smem)?;
+        kernels.resident_blocks(&kernels.function(kernel)?, threads, REDUCE_SMEM_BYTES)?;
+    let resident_shared = kernels.resident_blocks(&kernels.function(shared)?, threads, smem)?;
     if shared_dw(args.rows, resident_registers, resident_shared) {
         Ok(BackwardKernel {
-            name: shared,
+            kernel: shared,
             smem,
             shared_dw: true,
         })
     } else {
-        Ok(in_registers(name))
+        Ok(in_registers)
     }
 }
 
@@ -388,7 +453,7 @@ fn backward_kernel<T: Dtype>(
 /// rows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct BackwardLaunch {
-    kernel: String,
+    kernel: Kernel,
     threads: u32,
     grid: usize,
     smem: u32,
@@ -408,7 +473,7 @@ fn backward_launch<T: Dtype>(
 ) -> Result<BackwardLaunch> {
     let threads = plan.threads();
     let bwd = backward_kernel::<T>(kernels, plan, args, weighted)?;
-    let func = kernels.function(&bwd.name)?;
+    let func = kernels.function(bwd.kernel)?;
     let resident = kernels.resident_blocks(&func, threads, bwd.smem)?;
     let mut grid = args.rows.min(resident).min(i32::MAX as usize);
     if weighted {
@@ -420,7 +485,7 @@ fn backward_launch<T: Dtype>(
         (grid, cluster) = cluster_grid(grid, fit);
     }
     Ok(BackwardLaunch {
-        kernel: bwd.name,
+        kernel: bwd.kernel,
         threads,
         grid,
         smem: bwd.smem,
@@ -431,7 +496,8 @@ fn backward_launch<T: Dtype>(
 /// Blocks per thread-block cluster of the shared-memory dW backward in the sm_90 build: the
 /// blocks of a cluster merge their dW rows into one partial row (`write_cluster_partial` in
 /// kernels-gpu), halving the rows written as the grid ends and read by the reduction. In a CUDA
-/// C stand-in on an H200 (PERFORMANCE.md, thirteenth session): bf16 16384×2048 −1.3 µs with 2,
+/// C stand-in on an H200 (PERFORMANCE.md, "sm_90: dependent launch and dW clusters"): bf16
+/// 16384×2048 −1.3 µs with 2,
 /// −0.8 µs with 4 or 8 (only 124 clusters of 8 fit at once, 992 of 1056 blocks), 16 slower;
 /// 16384×4096 level with 2, 1.7 µs slower with 4 or 8 (fewer resident clusters than blocks).
 const DW_CLUSTER: usize = 2;
@@ -446,13 +512,6 @@ fn cluster_grid(grid: usize, fit: usize) -> (usize, usize) {
     }
 }
 
-/// Whether `_vs{per_thread}` exists for `T`. f32 rows of two vectors per thread keep dW in
-/// registers: at 16384×2048 on an H200 `_v2` (4 blocks per SM) measured +4 % over `_vs2` (5
-/// blocks per SM) in the same call, so the kernels do not define an f32 `_vs2`.
-fn has_shared_dw<T: Dtype>(per_thread: usize) -> bool {
-    std::mem::size_of::<T>() == 2 || per_thread == 1
-}
-
 /// Whether the backward keeps dW in shared memory, given the resident blocks (whole device) of
 /// the register and shared-memory kernels: only when shared memory fits more blocks and every
 /// one of them still gets at least [`SMEM_DW_MIN_ROWS`] rows.
@@ -460,95 +519,45 @@ fn shared_dw(rows: usize, in_registers: usize, in_shared: usize) -> bool {
     in_shared > in_registers && rows >= SMEM_DW_MIN_ROWS * in_shared
 }
 
-/// The forward kernel's name for `plan` and its grid. Grid-stride row loops run as many blocks
-/// as can be resident at once (SMs × blocks per SM at the plan's threads), at most one per row;
+/// The forward kernel for `plan` and its grid. Grid-stride row loops run as many blocks as
+/// can be resident at once (SMs × blocks per SM at the plan's threads), at most one per row;
 /// the vector kernels prefetch a block's next row while finishing the current one. With many
 /// waves of rows ([`whole_grid`]) a vector plan of two or more vectors per thread runs its
-/// one-row-per-block twin instead ([`whole_twin`]; f32 4096: +9 %). One vector per thread is a
-/// row too short to pay for a block of its own (bf16 2048: −17 %), so `_v1` stays grid-stride.
+/// one-row-per-block twin instead ([`forward_twin`]; f32 4096: +9 %).
 fn forward_kernel<T: Dtype>(
     kernels: &Kernels,
     plan: Plan,
     args: &RmsNormArgs,
-) -> Result<(String, u32)> {
-    let name = plan.kernel::<T>("fwd", args);
-    let func = kernels.function(&name)?;
+) -> Result<(Kernel, u32)> {
+    let kernel = plan.kernel::<T>(Direction::Forward, args);
+    let func = kernels.function(kernel)?;
     let resident = kernels.resident_blocks(&func, plan.threads(), REDUCE_SMEM_BYTES)?;
-    let twin = match plan {
-        Plan::Vector {
-            per_thread,
-            threads,
-        } if per_thread >= 2 => Some(vector_kernel_for::<T>(
-            "fwd",
-            whole_twin(
-                per_thread,
-                threads,
-                packs_weight::<T>(vector_mode::<T>(args)),
-            ),
+    let twin = forward_twin::<T>(plan, args);
+    let (whole, grid) = item_grid(args.rows, resident, twin.is_some());
+    match twin {
+        Some(twin) if whole => Ok((twin, grid)),
+        _ => Ok((kernel, grid)),
+    }
+}
+
+/// The one-row-per-block twin (`_vr{K}`) of a vector `plan`'s forward. One vector per
+/// thread is a row too short to pay for a block of its own (bf16 2048: −17 %), so `_v1` has
+/// none and stays grid-stride.
+fn forward_twin<T: Dtype>(plan: Plan, args: &RmsNormArgs) -> Option<Kernel> {
+    match plan {
+        Plan::Vector { per_thread, .. } if per_thread >= 2 => Some(vector_kernel::<T>(
+            Direction::Forward,
+            RmsNormLayout::Row,
             per_thread,
             args,
         )),
         _ => None,
-    };
-    let (whole, grid) = item_grid(args.rows, resident, twin.is_some());
-    match twin {
-        Some(twin) if whole => Ok((twin, grid)),
-        _ => Ok((name, grid)),
     }
 }
 
-/// Blocks of at least this many threads (rows of four vectors per thread) load a packed weight
-/// after the row's reduction (`_vl4`) rather than first (`_vr4`). On an H200: bf16 16384×8192
-/// (256 threads) +2.1 %, f32 16384×8192 (512) +1.0 %, f32 16384×4096 (256) +0.3 %; 128 threads
-/// (bf16 16384×4096) −0.9 %.
-const LATE_WEIGHT_THREADS: u32 = 256;
-
-/// The variant of the one-row-per-block forward for `per_thread` vectors per thread and
-/// `threads` per block: `"l"` (`_vl4`) for rows of four vectors per thread in blocks of at
-/// least [`LATE_WEIGHT_THREADS`] where the weight product is `packed` ([`packs_weight`]), else
-/// `"r"` (`_vr{K}`, which reads an unpacked weight after the reduction anyway).
-fn whole_twin(per_thread: usize, threads: u32, packed: bool) -> &'static str {
-    match packed && per_thread == 4 && threads >= LATE_WEIGHT_THREADS {
-        true => "l",
-        false => "r",
-    }
-}
-
-/// Whether the vector kernels of `T` in `mode` (a [`vector_mode`]) form the weight product as
-/// one packed product and hold the weight in registers (`packed_weight` in
-/// `kernels-gpu/src/rms_norm.rs`; must match): every f32 mode, and 16-bit llama and none.
-fn packs_weight<T: Dtype>(mode: &str) -> bool {
-    std::mem::size_of::<T>() == 4 || matches!(mode, "llama" | "none")
-}
-
-/// Most threads per block the named kernel can launch with (fewer when it uses many registers).
-fn capacity(kernels: &Kernels, name: &str) -> Result<usize> {
-    Ok(kernels.function(name)?.max_threads_per_block()?.max(0) as usize)
-}
-
-fn check_weight<T: Dtype>(
-    stream: &CudaStream,
-    weight: Option<&CudaView<'_, T>>,
-    cols: usize,
-) -> Result<()> {
-    if let Some(w) = weight {
-        same_context(stream, "weight", w)?;
-        exactly("weight", w.len(), cols, "cols")?;
-    }
-    Ok(())
-}
-
-fn weight_ptr<'a, T>(
-    stream: &'a CudaStream,
-    weight: Option<&'a CudaView<'_, T>>,
-) -> (u64, Option<cudarc::driver::SyncOnDrop<'a>>) {
-    match weight {
-        Some(w) => {
-            let (p, guard) = w.device_ptr(stream);
-            (p, Some(guard))
-        }
-        None => (0, None),
-    }
+/// Most threads per block `kernel` can launch with (fewer when it uses many registers).
+fn capacity(kernels: &Kernels, kernel: Kernel) -> Result<usize> {
+    Ok(kernels.function(kernel)?.max_threads_per_block()?.max(0) as usize)
 }
 
 /// RMSNorm forward: `y = norm(x) · (offset + weight)` row by row, and each row's inverse RMS
@@ -568,7 +577,7 @@ fn weight_ptr<'a, T>(
 /// let w = stream.clone_htod(&vec![bf16::ONE; cols])?;
 /// let mut y = stream.alloc_zeros::<bf16>(rows * cols)?;
 /// let mut rstd = stream.alloc_zeros::<f32>(rows)?;
-/// rms_norm_forward(&stream, &RmsNormArgs::new(rows, cols), &x, Some(&w.as_view()), &mut y, &mut rstd)?;
+/// rms_norm_forward(&stream, &RmsNormArgs::new(rows, cols), &x, Some(&w), &mut y, &mut rstd)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
@@ -599,26 +608,21 @@ pub fn rms_norm_forward<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &RmsNormArgs,
     x: &impl DevicePtr<T>,
-    weight: Option<&CudaView<'_, T>>,
+    weight: Option<&dyn DevicePtr<T>>,
     y: &mut impl DevicePtrMut<T>,
     rstd: &mut impl DevicePtrMut<f32>,
 ) -> Result<()> {
-    let settings = args.check()?;
-    let (x_span, y_span) = (args.x_span()?, args.y_span()?);
-    same_context(stream, "x", x)?;
-    same_context(stream, "y", y)?;
-    same_context(stream, "rstd", rstd)?;
-    check_weight(stream, weight, args.cols)?;
-    at_least("x", x.len(), x_span, "rows × x_stride")?;
-    at_least("y", y.len(), y_span, "rows × y_stride")?;
-    at_least("rstd", rstd.len(), args.rows, "rows")?;
-    if args.rows == 0 {
+    let (settings, table) = args.forward_table()?;
+    let bufs = [
+        read(x),
+        weight.and_then(|w| read(w)),
+        write(y),
+        Some(Buf::F32(Access::Write(rstd))),
+    ];
+    let Some(call) = validate(stream, &table, bufs)? else {
         return Ok(());
-    }
-    let (x_ptr, _x) = x.device_ptr(stream);
-    let (w_ptr, _w) = weight_ptr(stream, weight);
-    let (y_ptr, _y) = y.device_ptr_mut(stream);
-    let (r_ptr, _r) = rstd.device_ptr_mut(stream);
+    };
+    let [x_ptr, w_ptr, y_ptr, r_ptr] = call.ptrs;
     let kernels = kernels(stream.context())?;
     let plan = Plan::choose::<T>(
         settings,
@@ -626,20 +630,15 @@ pub fn rms_norm_forward<T: Dtype>(
         &[x_ptr, w_ptr, y_ptr],
         &[args.x_stride, args.y_stride],
         fwd_rule::<T>(),
-        |k| capacity(&kernels, &vector_kernel_for::<T>("fwd", "", k, args)),
+        |k| {
+            capacity(
+                &kernels,
+                vector_kernel::<T>(Direction::Forward, Grid, k, args),
+            )
+        },
     )?;
-    let (name, grid) = forward_kernel::<T>(&kernels, plan, args)?;
-    let func = kernels.function(&name)?;
-    disjoint(
-        &[
-            Region::new::<T>("y", y_ptr, y_span),
-            Region::new::<f32>("rstd", r_ptr, args.rows),
-        ],
-        &[
-            Region::new::<T>("x", x_ptr, x_span),
-            Region::new::<T>("weight", w_ptr, if w_ptr == 0 { 0 } else { args.cols }),
-        ],
-    )?;
+    let (kernel, grid) = forward_kernel::<T>(&kernels, plan, args)?;
+    let func = kernels.function(kernel)?;
     let cfg = LaunchConfig {
         grid_dim: (grid, 1, 1),
         block_dim: (plan.threads(), 1, 1),
@@ -691,10 +690,10 @@ pub fn rms_norm_forward<T: Dtype>(
 /// let w = stream.clone_htod(&vec![1.0f32; cols])?;
 /// let (mut y, mut rstd) = (stream.alloc_zeros::<f32>(rows * cols)?, stream.alloc_zeros::<f32>(rows)?);
 /// let args = RmsNormArgs::new(rows, cols);
-/// rms_norm_forward(&stream, &args, &x, Some(&w.as_view()), &mut y, &mut rstd)?;
+/// rms_norm_forward(&stream, &args, &x, Some(&w), &mut y, &mut rstd)?;
 /// let dy = stream.clone_htod(&vec![1.0f32; rows * cols])?;
 /// let (mut dx, mut dw) = (stream.alloc_zeros::<f32>(rows * cols)?, stream.alloc_zeros::<f32>(cols)?);
-/// rms_norm_backward(&stream, &args, &dy, &x, Some(&w.as_view()), &rstd, &mut dx, Some(&mut dw.as_view_mut()))?;
+/// rms_norm_backward(&stream, &args, &dy, &x, Some(&w), &rstd, &mut dx, Some(&mut dw))?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
@@ -732,19 +731,13 @@ pub fn rms_norm_backward<T: Dtype>(
     args: &RmsNormArgs,
     dy: &impl DevicePtr<T>,
     x: &impl DevicePtr<T>,
-    weight: Option<&CudaView<'_, T>>,
+    weight: Option<&dyn DevicePtr<T>>,
     rstd: &impl DevicePtr<f32>,
     dx: &mut impl DevicePtrMut<T>,
-    dw: Option<&mut CudaViewMut<'_, T>>,
+    dw: Option<&mut dyn DevicePtrMut<T>>,
 ) -> Result<()> {
-    let y_span = args.y_span()?;
-    same_context(stream, "dy", dy)?;
-    same_context(stream, "dx", dx)?;
-    at_least("dy", dy.len(), y_span, "rows × y_stride")?;
-    at_least("dx", dx.len(), y_span, "rows × y_stride")?;
-    let (dy_ptr, _dy) = dy.device_ptr(stream);
-    let (dx_ptr, _dx) = dx.device_ptr_mut(stream);
-    backward(stream, args, Some(dy_ptr), dx_ptr, x, weight, rstd, dw)
+    let (dy, dx) = (read(dy), write(dx));
+    backward(stream, args, [dy, dx], x, weight, rstd, dw)
 }
 
 /// RMSNorm backward writing `dx` over `dy` (Liger's memory-saving default); otherwise as
@@ -758,10 +751,10 @@ pub fn rms_norm_backward<T: Dtype>(
 /// let x = stream.clone_htod(&vec![0.5f32; rows * cols])?;
 /// let w = stream.clone_htod(&vec![1.0f32; cols])?;
 /// let (mut y, mut rstd) = (stream.alloc_zeros::<f32>(rows * cols)?, stream.alloc_zeros::<f32>(rows)?);
-/// rms_norm_forward(&stream, &args, &x, Some(&w.as_view()), &mut y, &mut rstd)?;
+/// rms_norm_forward(&stream, &args, &x, Some(&w), &mut y, &mut rstd)?;
 /// let mut dy = stream.clone_htod(&vec![1.0f32; rows * cols])?; // becomes dx
 /// let mut dw = stream.alloc_zeros::<f32>(cols)?;
-/// rms_norm_backward_inplace(&stream, &args, &mut dy, &x, Some(&w.as_view()), &rstd, Some(&mut dw.as_view_mut()))?;
+/// rms_norm_backward_inplace(&stream, &args, &mut dy, &x, Some(&w), &rstd, Some(&mut dw))?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
@@ -799,103 +792,68 @@ pub fn rms_norm_backward_inplace<T: Dtype>(
     args: &RmsNormArgs,
     dy_dx: &mut impl DevicePtrMut<T>,
     x: &impl DevicePtr<T>,
-    weight: Option<&CudaView<'_, T>>,
+    weight: Option<&dyn DevicePtr<T>>,
     rstd: &impl DevicePtr<f32>,
-    dw: Option<&mut CudaViewMut<'_, T>>,
+    dw: Option<&mut dyn DevicePtrMut<T>>,
 ) -> Result<()> {
-    let y_span = args.y_span()?;
-    same_context(stream, "dy_dx", dy_dx)?;
-    at_least("dy_dx", dy_dx.len(), y_span, "rows × y_stride")?;
-    let (ptr, _guard) = dy_dx.device_ptr_mut(stream);
-    backward(stream, args, None, ptr, x, weight, rstd, dw)
+    backward(stream, args, [write(dy_dx), None], x, weight, rstd, dw)
 }
 
-/// Shared backward: `dy_ptr` is `None` when `dx_ptr` also holds `dy` (in place).
-#[allow(clippy::too_many_arguments)]
-fn backward<T: Dtype>(
-    stream: &Arc<CudaStream>,
+/// Shared backward: `[dy, dx]` are the first and fifth buffers of
+/// [`RmsNormArgs::backward_table`] (in place, `dy_dx` and `None`).
+fn backward<'b, T: Dtype>(
+    stream: &'b Arc<CudaStream>,
     args: &RmsNormArgs,
-    dy_ptr: Option<u64>,
-    dx_ptr: u64,
-    x: &impl DevicePtr<T>,
-    weight: Option<&CudaView<'_, T>>,
-    rstd: &impl DevicePtr<f32>,
-    dw: Option<&mut CudaViewMut<'_, T>>,
+    [dy, dx]: [Option<Buf<'b, T>>; 2],
+    x: &'b impl DevicePtr<T>,
+    weight: Option<&'b dyn DevicePtr<T>>,
+    rstd: &'b impl DevicePtr<f32>,
+    dw: Option<&'b mut (dyn DevicePtrMut<T> + '_)>,
 ) -> Result<()> {
-    let settings = args.check()?;
-    let (x_span, y_span) = (args.x_span()?, args.y_span()?);
-    same_context(stream, "x", x)?;
-    same_context(stream, "rstd", rstd)?;
-    check_weight(stream, weight, args.cols)?;
-    at_least("x", x.len(), x_span, "rows × x_stride")?;
-    at_least("rstd", rstd.len(), args.rows, "rows")?;
-    let mut dw = match (weight.is_some(), dw) {
-        (true, Some(dw)) => {
-            same_context(stream, "dw", dw)?;
-            exactly("dw", dw.len(), args.cols, "cols")?;
-            Some(dw)
-        }
-        (true, None) => {
-            return Err(invalid(
-                "dw",
-                format!("a buffer of {} elements (a weight is given)", args.cols),
-                "None",
-            ));
-        }
-        (false, Some(_)) => return Err(invalid("dw", "None (no weight is given)", "a buffer")),
-        (false, None) => None,
+    let in_place = dx.is_none();
+    let (settings, table) = args.backward_table(in_place, weight.is_some(), dw.is_some())?;
+    let bufs = [
+        dy,
+        read(x),
+        weight.and_then(|w| read(w)),
+        Some(Buf::F32(Access::Read(rstd))),
+        dx,
+        dw.and_then(|d| write(d)),
+    ];
+    let Some(call) = validate(stream, &table, bufs)? else {
+        return Ok(());
     };
+    let [dy_ptr, x_ptr, w_ptr, r_ptr, dx_ptr, dw_ptr] = call.ptrs;
+    let dx_ptr = if in_place { dy_ptr } else { dx_ptr };
     if args.rows == 0 {
-        if let Some(dw) = dw.as_mut() {
-            stream.memset_zeros(*dw)?;
-        }
+        // Only with a weight (else the call is empty): dW of no rows is zero.
+        let bytes = args.cols * size_of::<T>();
+        stream.context().bind_to_thread()?;
+        // SAFETY: `dw` was checked to hold `cols` elements and to overlap no other buffer;
+        // its guard lives until the end of this function.
+        unsafe { cudarc::driver::result::memset_d8_async(dw_ptr, 0, bytes, stream.cu_stream()) }?;
         return Ok(());
     }
-    let (x_ptr, _x) = x.device_ptr(stream);
-    let (w_ptr, _w) = weight_ptr(stream, weight);
-    let (r_ptr, _r) = rstd.device_ptr(stream);
-    let (dw_ptr, _dw) = match dw.as_mut() {
-        Some(dw) => {
-            let (p, g) = dw.device_ptr_mut(stream);
-            (p, Some(g))
-        }
-        None => (0, None),
-    };
-    let mut inputs = vec![
-        Region::new::<T>("x", x_ptr, x_span),
-        Region::new::<T>("weight", w_ptr, if w_ptr == 0 { 0 } else { args.cols }),
-        Region::new::<f32>("rstd", r_ptr, args.rows),
-    ];
-    let dx_name = match dy_ptr {
-        Some(p) => {
-            inputs.push(Region::new::<T>("dy", p, y_span));
-            "dx"
-        }
-        None => "dy_dx",
-    };
-    disjoint(
-        &[
-            Region::new::<T>(dx_name, dx_ptr, y_span),
-            Region::new::<T>("dw", dw_ptr, if dw_ptr == 0 { 0 } else { args.cols }),
-        ],
-        &inputs,
-    )?;
 
     let kernels = kernels(stream.context())?;
     let plan = Plan::choose::<T>(
         settings,
         args.cols,
-        &[dy_ptr.unwrap_or(dx_ptr), x_ptr, w_ptr, dx_ptr],
+        &[dy_ptr, x_ptr, w_ptr, dx_ptr],
         &[args.x_stride, args.y_stride],
         &BWD_RULE,
-        |k| capacity(&kernels, &vector_kernel_for::<T>("bwd", "", k, args)),
+        |k| {
+            capacity(
+                &kernels,
+                vector_kernel::<T>(Direction::Backward, Grid, k, args),
+            )
+        },
     )?;
     let launch = backward_launch::<T>(stream.context(), &kernels, plan, args, dw_ptr != 0)?;
     let (grid, cluster) = (launch.grid, launch.cluster);
     let parts = grid / cluster;
     let (x_stride, y_stride) = (args.x_stride as u64, args.y_stride as u64);
     let (rows, cols) = (args.rows as u64, args.cols as u64);
-    let dy_ptr = dy_ptr.unwrap_or(dx_ptr);
     let cfg = LaunchConfig {
         grid_dim: (grid as u32, 1, 1),
         block_dim: (launch.threads, 1, 1),
@@ -905,7 +863,7 @@ fn backward<T: Dtype>(
         1 => Launch::Plain,
         c => Launch::Cluster(c as u32),
     };
-    let func = kernels.function(&launch.kernel)?;
+    let func = kernels.function(launch.kernel)?;
     // The backward, then (with a weight) the dW reduction over `partial`, the scratch of
     // `parts × cols` f32 (0 without a weight).
     let run = |p_ptr: u64| -> Result<()> {
@@ -931,7 +889,7 @@ fn backward<T: Dtype>(
         if p_ptr == 0 {
             return Ok(());
         }
-        let reduce = kernels.function(&format!("rms_norm_dw_reduce_{}", T::NAME))?;
+        let reduce = kernels.function(Kernel::RmsNormDwReduce { elem: T::ELEM })?;
         let parts = parts as u64;
         let cfg = LaunchConfig {
             grid_dim: (args.cols.div_ceil(DW_REDUCE_COLS as usize) as u32, 1, 1),
@@ -943,9 +901,9 @@ fn backward<T: Dtype>(
             true => Launch::Dependent,
             false => Launch::Plain,
         };
-        // SAFETY: matches `dw_reduce_kernel!`, whose sm_90 build waits for the backward before
-        // reading `partial`; `partial` holds `parts × cols`, `dw` `cols`, and the backward
-        // just queued wrote every element the reduction reads.
+        // SAFETY: matches the dW reduction of `rms_norm_kernels!`, whose sm_90 build waits
+        // for the backward before reading `partial`; `partial` holds `parts × cols`, `dw`
+        // `cols`, and the backward just queued wrote every element the reduction reads.
         unsafe { launch_ex(stream, &reduce, cfg, &mut params, how) }
     };
     match dw_ptr {
@@ -955,8 +913,9 @@ fn backward<T: Dtype>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::identity::ElemType;
     use crate::test_skip::Need;
     use cudarc::driver::result::memset_d8_async;
     use half::{bf16, f16};
@@ -1012,80 +971,89 @@ mod tests {
         );
     }
 
-    #[test]
-    fn kernel_names_match_the_device_crate() {
-        let in_ptx = |name: &str| crate::PTX.contains(&format!(".entry {name}("));
-        fn modes<T: Dtype>() -> Vec<&'static str> {
-            let mut m = vec!["llama", "gemma", "none"];
-            if std::mem::size_of::<T>() == 2 {
-                m.push("llama_offset");
-            }
-            m
-        }
-        fn forward_kernels_exist<T: Dtype>(in_ptx: impl Fn(&str) -> bool) {
-            for k in fwd_rule::<T>().per_thread() {
-                for mode in modes::<T>() {
-                    assert!(in_ptx(&vector_kernel::<T>("fwd", "", k, mode)));
-                    let whole = in_ptx(&vector_kernel::<T>("fwd", "r", k, mode));
-                    assert_eq!(whole, k >= 2);
-                    let late = in_ptx(&vector_kernel::<T>("fwd", "l", k, mode));
-                    assert_eq!(late, k == 4 && packs_weight::<T>(mode), "{k} {mode}");
+    /// Every kernel the launchers can ask for: each plan of each rule at every block size,
+    /// its twins, in every mode, with and without a weight offset, and the dW reductions.
+    pub(crate) fn launchable_kernels() -> Vec<Kernel> {
+        fn of<T: Dtype>(out: &mut Vec<Kernel>) {
+            for mode in CastingMode::ALL {
+                for offset in [0.0, 1.0] {
+                    let args = RmsNormArgs::new(1, 8).with_mode(mode).with_offset(offset);
+                    for (direction, rule) in [
+                        (Direction::Forward, fwd_rule::<T>()),
+                        (Direction::Backward, &BWD_RULE),
+                    ] {
+                        let scalar = Plan::Scalar { threads: 32 };
+                        out.push(scalar.kernel::<T>(direction, &args));
+                        for (per_thread, threads) in rule
+                            .per_thread()
+                            .flat_map(|k| (5..=10).map(move |t| (k, 1 << t)))
+                        {
+                            let plan = Plan::Vector {
+                                per_thread,
+                                threads,
+                            };
+                            out.push(plan.kernel::<T>(direction, &args));
+                            match direction {
+                                Direction::Forward => out.extend(forward_twin::<T>(plan, &args)),
+                                _ => out
+                                    .extend(shared_dw_kernel::<T>(plan, &args, true).map(|k| k.0)),
+                            }
+                        }
+                    }
                 }
             }
+            out.push(Kernel::RmsNormDwReduce { elem: T::ELEM });
         }
-        forward_kernels_exist::<bf16>(in_ptx);
-        forward_kernels_exist::<f16>(in_ptx);
-        forward_kernels_exist::<f32>(in_ptx);
-        for k in BWD_RULE.per_thread() {
-            for mode in modes::<f16>() {
-                assert!(in_ptx(&vector_kernel::<f16>("bwd", "", k, mode)));
-            }
-            for mode in modes::<f32>() {
-                let shared = in_ptx(&vector_kernel::<f32>("bwd", "s", k, mode));
-                assert_eq!(shared, has_shared_dw::<f32>(k), "{k} {mode}");
-            }
-            for mode in modes::<bf16>() {
-                assert!(in_ptx(&vector_kernel::<bf16>("bwd", "s", k, mode)));
-                assert!(has_shared_dw::<bf16>(k));
-            }
-        }
-        assert!(!in_ptx("rms_norm_fwd_v2_f32_llama_offset"));
+        let mut out = Vec::new();
+        of::<f32>(&mut out);
+        of::<f16>(&mut out);
+        of::<bf16>(&mut out);
+        out
+    }
+
+    #[test]
+    fn kernel_names_are_their_parts() {
         let v = Plan::Vector {
             per_thread: 2,
             threads: 256,
         };
         let gemma = RmsNormArgs::new(1, 8).with_mode(CastingMode::Gemma);
+        let name = |k: Kernel| k.name();
         assert_eq!(
-            v.kernel::<bf16>("fwd", &gemma),
+            name(v.kernel::<bf16>(Direction::Forward, &gemma)),
             "rms_norm_fwd_v2_bf16_gemma"
         );
+        let llama = RmsNormArgs::new(1, 8);
         assert_eq!(
-            vector_kernel::<f16>("fwd", "r", 4, "llama"),
+            name(vector_kernel::<f16>(
+                Direction::Forward,
+                RmsNormLayout::Row,
+                4,
+                &llama
+            )),
             "rms_norm_fwd_vr4_f16_llama"
         );
-        for mode in modes::<f32>() {
-            assert!(packs_weight::<f32>(mode));
-            assert!(in_ptx(&vector_kernel::<f32>("fwd", "l", 4, mode)));
-        }
-        for mode in modes::<f16>() {
-            let late = in_ptx(&vector_kernel::<f16>("fwd", "l", 4, mode));
-            assert_eq!(late, packs_weight::<f16>(mode), "{mode}");
-        }
         let s = Plan::Scalar { threads: 128 };
         let none = RmsNormArgs::new(1, 8).with_mode(CastingMode::None);
-        assert_eq!(s.kernel::<f32>("bwd", &none), "rms_norm_bwd_f32_none");
-    }
-
-    #[test]
-    fn long_rows_of_four_vectors_per_thread_load_the_weight_late() {
-        assert_eq!(whole_twin(4, 256, true), "l");
-        assert_eq!(whole_twin(4, 512, true), "l");
-        assert_eq!(whole_twin(4, 128, true), "r");
-        assert_eq!(whole_twin(2, 1024, true), "r");
-        // 16-bit gemma and llama with an offset read the weight late in `_vr4` already.
-        assert_eq!(whole_twin(4, 256, false), "r");
-        assert!(!packs_weight::<bf16>("gemma") && !packs_weight::<f16>("llama_offset"));
-        assert!(packs_weight::<bf16>("llama") && packs_weight::<f32>("gemma"));
+        assert_eq!(
+            name(s.kernel::<f32>(Direction::Backward, &none)),
+            "rms_norm_bwd_f32_none"
+        );
+        assert_eq!(
+            name(Kernel::RmsNormDwReduce {
+                elem: ElemType::Bf16
+            }),
+            "rms_norm_dw_reduce_bf16"
+        );
+        // 16-bit rows with a 1 + w weight: the lane-by-lane twins.
+        let offset = llama.with_offset(1.0);
+        assert_eq!(
+            name(shared_dw_kernel::<bf16>(v, &offset, true).unwrap().0),
+            "rms_norm_bwd_vs2_bf16_llama_offset"
+        );
+        // f32 rows of two vectors keep dW in registers: no `_vs2`.
+        assert_eq!(shared_dw_kernel::<f32>(v, &offset, true), None);
+        assert_eq!(shared_dw_kernel::<bf16>(v, &offset, false), None);
     }
 
     #[test]
@@ -1123,23 +1091,29 @@ mod tests {
         };
         for offset in [0.0, -0.0] {
             let args = llama.with_offset(offset);
-            assert_eq!(vector_mode::<bf16>(&args), "llama");
-            assert_eq!(vector_mode::<f16>(&args), "llama");
+            assert_eq!(vector_mode::<bf16>(&args), Mode::Llama);
+            assert_eq!(vector_mode::<f16>(&args), Mode::Llama);
         }
         for offset in [1.0, -2.5e-3] {
             let args = llama.with_offset(offset);
-            assert_eq!(vector_mode::<bf16>(&args), "llama_offset");
+            assert_eq!(vector_mode::<bf16>(&args), Mode::LlamaOffset);
             assert_eq!(
-                v.kernel::<f16>("bwd", &args),
+                v.kernel::<f16>(Direction::Backward, &args).name(),
                 "rms_norm_bwd_v1_f16_llama_offset"
             );
             // In f32 the rounding D is the identity: the packed product is the same expression.
-            assert_eq!(vector_mode::<f32>(&args), "llama");
+            assert_eq!(vector_mode::<f32>(&args), Mode::Llama);
             // The scalar kernels take any offset.
             let s = Plan::Scalar { threads: 128 };
-            assert_eq!(s.kernel::<bf16>("fwd", &args), "rms_norm_fwd_bf16_llama");
+            assert_eq!(
+                s.kernel::<bf16>(Direction::Forward, &args).name(),
+                "rms_norm_fwd_bf16_llama"
+            );
             for mode in [CastingMode::Gemma, CastingMode::None] {
-                assert_eq!(vector_mode::<bf16>(&args.with_mode(mode)), mode.name());
+                assert_eq!(
+                    vector_mode::<bf16>(&args.with_mode(mode)),
+                    mode.kernel_mode()
+                );
             }
         }
     }
@@ -1156,12 +1130,27 @@ mod tests {
     /// The forward's kernel, grid and threads for contiguous, aligned buffers with a weight.
     fn forward_choice<T: Dtype>(kernels: &Kernels, args: &RmsNormArgs) -> (String, u32, u32) {
         let settings = args.check().unwrap();
-        let capacity = |k| capacity(kernels, &vector_kernel_for::<T>("fwd", "", k, args));
+        let capacity = |k| {
+            capacity(
+                kernels,
+                vector_kernel::<T>(Direction::Forward, Grid, k, args),
+            )
+        };
         let (cols, rule) = (args.cols, fwd_rule::<T>());
         let plan = Plan::choose::<T>(settings, cols, &[ALIGNED; 3], &[cols; 2], rule, capacity);
         let plan = plan.unwrap();
-        let (name, grid) = forward_kernel::<T>(kernels, plan, args).unwrap();
-        (name, grid, plan.threads())
+        let (kernel, grid) = forward_kernel::<T>(kernels, plan, args).unwrap();
+        (kernel.name(), grid, plan.threads())
+    }
+
+    /// A [`BackwardLaunch`] with its kernel's name.
+    #[derive(Debug, PartialEq)]
+    struct Launched {
+        kernel: String,
+        threads: u32,
+        grid: usize,
+        smem: u32,
+        cluster: usize,
     }
 
     /// The backward launch for contiguous, aligned buffers, with or without a weight.
@@ -1170,9 +1159,14 @@ mod tests {
         kernels: &Kernels,
         args: &RmsNormArgs,
         weighted: bool,
-    ) -> BackwardLaunch {
+    ) -> Launched {
         let settings = args.check().unwrap();
-        let capacity = |k| capacity(kernels, &vector_kernel_for::<T>("bwd", "", k, args));
+        let capacity = |k| {
+            capacity(
+                kernels,
+                vector_kernel::<T>(Direction::Backward, Grid, k, args),
+            )
+        };
         let cols = args.cols;
         let plan = Plan::choose::<T>(
             settings,
@@ -1182,7 +1176,14 @@ mod tests {
             &BWD_RULE,
             capacity,
         );
-        backward_launch::<T>(ctx, kernels, plan.unwrap(), args, weighted).unwrap()
+        let launch = backward_launch::<T>(ctx, kernels, plan.unwrap(), args, weighted).unwrap();
+        Launched {
+            kernel: launch.kernel.name(),
+            threads: launch.threads,
+            grid: launch.grid,
+            smem: launch.smem,
+            cluster: launch.cluster,
+        }
     }
 
     /// One backward of `rows × cols` (llama, with a weight) on `stream`: dW's bits.
@@ -1201,10 +1202,9 @@ mod tests {
         let args = RmsNormArgs::new(rows, cols);
         let mut y = stream.alloc_zeros::<T>(rows * cols).unwrap();
         let mut rstd = stream.alloc_zeros::<f32>(rows).unwrap();
-        rms_norm_forward(stream, &args, &x, Some(&w.as_view()), &mut y, &mut rstd).unwrap();
+        rms_norm_forward(stream, &args, &x, Some(&w), &mut y, &mut rstd).unwrap();
         let mut dw = stream.alloc_zeros::<T>(cols).unwrap();
-        let (wv, mut dwv) = (w.as_view(), dw.as_view_mut());
-        rms_norm_backward_inplace(stream, &args, &mut dy, &x, Some(&wv), &rstd, Some(&mut dwv))
+        rms_norm_backward_inplace(stream, &args, &mut dy, &x, Some(&w), &rstd, Some(&mut dw))
             .unwrap();
         let dw = stream.clone_dtoh(&dw).unwrap();
         dw.iter().map(|v| v.to_f64().to_bits()).collect()
@@ -1278,7 +1278,7 @@ mod tests {
             ),
             (
                 forward_choice::<f16>(&k, &llama(2200, 8192)),
-                fwd("rms_norm_fwd_vl4_f16_llama", 2200, 256),
+                fwd("rms_norm_fwd_vr4_f16_llama", 2200, 256),
             ),
             (
                 forward_choice::<f16>(&k, &gpu_args(2200, 8192, CastingMode::Gemma, 1.0)),
@@ -1286,7 +1286,7 @@ mod tests {
             ),
             (
                 forward_choice::<f32>(&k, &llama(2000, 4096)),
-                fwd("rms_norm_fwd_vl4_f32_llama", 2000, 256),
+                fwd("rms_norm_fwd_vr4_f32_llama", 2000, 256),
             ),
             (
                 forward_choice::<bf16>(&k, &llama(9600, 4096)),
@@ -1316,7 +1316,7 @@ mod tests {
         // of two, for every mode (at 2048 columns 9 blocks per SM fit, 1188, but only 528
         // clusters of two); without a weight, and for f32 rows of two vectors, dW stays
         // in registers and no cluster runs (the bench's 16384×2048 f32 and 2048×4096 bf16 too).
-        let bwd = |kernel: &str, threads, grid, smem, cluster| BackwardLaunch {
+        let bwd = |kernel: &str, threads, grid, smem, cluster| Launched {
             kernel: kernel.to_string(),
             threads,
             grid,

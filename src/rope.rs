@@ -2,21 +2,16 @@
 //! [`crate::reference::rope`], semantics in its docs).
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
-use crate::launch::{Region, disjoint, exactly, item_grid, same_context};
+pub(crate) use crate::identity::Direction;
+use crate::identity::rope::{form, vec_heads};
+use crate::identity::{Kernel, RopePath, Rows as Source};
+use crate::launch::item_grid;
 use crate::module::kernels;
+use crate::validate::{Access, Buf, Need, Spec, Table, read, validate, write};
 use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
 use std::sync::Arc;
-
-/// Heads one thread of a vector kernel rotates per step, for elements of `size` bytes
-/// (`vec_heads` in `kernels-gpu/src/rope.rs`; must match): 2 in 16-bit types, 4 in f32.
-fn vec_heads(size: usize) -> usize {
-    match size {
-        2 => 2,
-        _ => 4,
-    }
-}
 
 /// Threads per block of the scalar kernels: one block covers `BLOCK_THREADS / pairs` tokens when a token has fewer
 /// pairs than this, else one token in `⌈pairs / BLOCK_THREADS⌉` passes.
@@ -39,7 +34,7 @@ const BLOCK_THREADS: usize = 256;
 /// ```
 /// use liger_rs::RopeArgs;
 /// // Llama-3-8B attention: 32 q heads, 8 kv heads of 128; a partial-rotary variant.
-/// let args = RopeArgs::new(2, 4096, 32, 8, 128);
+/// let args = RopeArgs::new(128).with_batch(2).with_seq_len(4096).with_heads(32, 8);
 /// assert_eq!(args.rotary_dim, 128);
 /// assert_eq!(args.with_rotary_dim(64).rotary_dim, 64);
 /// // candle-nn's `rope_i` layout: [B, H, S, d], interleaved pairs, [S, d/2] tables.
@@ -47,6 +42,7 @@ const BLOCK_THREADS: usize = 256;
 /// assert!(gptj.head_major && gptj.interleaved && gptj.half_tables);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RopeArgs {
     /// Batch size B (0 is allowed and launches nothing).
     pub batch: usize,
@@ -71,26 +67,24 @@ pub struct RopeArgs {
 }
 
 impl RopeArgs {
-    /// Full rotary (`rotary_dim = head_dim`), NeoX pairs, full-width cos/sin rows, q and k
-    /// `[batch, seq_len, heads, head_dim]`.
+    /// Heads of `head_dim` elements, full rotary (`rotary_dim = head_dim`), NeoX pairs,
+    /// full-width cos/sin rows, q and k `[batch, seq_len, heads, head_dim]`; the other sizes
+    /// start at one sequence of one token with one q head and one k head and are set by
+    /// [`with_batch`](RopeArgs::with_batch), [`with_seq_len`](RopeArgs::with_seq_len) and
+    /// [`with_heads`](RopeArgs::with_heads). A size left at 1 by mistake is caught by the
+    /// launchers, which require q and k to be exactly their shape's length.
     ///
     /// ```
-    /// let args = liger_rs::RopeArgs::new(1, 16, 4, 4, 64);
-    /// assert_eq!((args.seq_len, args.rotary_dim), (16, 64));
+    /// let args = liger_rs::RopeArgs::new(64).with_seq_len(16).with_heads(4, 4);
+    /// assert_eq!((args.batch, args.seq_len, args.q_heads, args.rotary_dim), (1, 16, 4, 64));
     /// assert!(!args.interleaved && !args.half_tables && !args.head_major);
     /// ```
-    pub fn new(
-        batch: usize,
-        seq_len: usize,
-        q_heads: usize,
-        k_heads: usize,
-        head_dim: usize,
-    ) -> Self {
+    pub fn new(head_dim: usize) -> Self {
         RopeArgs {
-            batch,
-            seq_len,
-            q_heads,
-            k_heads,
+            batch: 1,
+            seq_len: 1,
+            q_heads: 1,
+            k_heads: 1,
             head_dim,
             rotary_dim: head_dim,
             interleaved: false,
@@ -99,10 +93,42 @@ impl RopeArgs {
         }
     }
 
+    /// Sets the batch size B.
+    ///
+    /// ```
+    /// assert_eq!(liger_rs::RopeArgs::new(128).with_batch(2).batch, 2);
+    /// ```
+    pub fn with_batch(self, batch: usize) -> Self {
+        RopeArgs { batch, ..self }
+    }
+
+    /// Sets the sequence length S.
+    ///
+    /// ```
+    /// assert_eq!(liger_rs::RopeArgs::new(128).with_seq_len(4096).seq_len, 4096);
+    /// ```
+    pub fn with_seq_len(self, seq_len: usize) -> Self {
+        RopeArgs { seq_len, ..self }
+    }
+
+    /// Sets the heads of q and of k (GQA/MQA: `k_heads` may differ from `q_heads`).
+    ///
+    /// ```
+    /// let args = liger_rs::RopeArgs::new(128).with_heads(32, 8);
+    /// assert_eq!((args.q_heads, args.k_heads), (32, 8));
+    /// ```
+    pub fn with_heads(self, q_heads: usize, k_heads: usize) -> Self {
+        RopeArgs {
+            q_heads,
+            k_heads,
+            ..self
+        }
+    }
+
     /// Sets the rotary dim (partial rotary: only the first `rotary_dim` dims rotate).
     ///
     /// ```
-    /// assert_eq!(liger_rs::RopeArgs::new(1, 1, 1, 1, 128).with_rotary_dim(32).rotary_dim, 32);
+    /// assert_eq!(liger_rs::RopeArgs::new(128).with_rotary_dim(32).rotary_dim, 32);
     /// ```
     pub fn with_rotary_dim(self, rotary_dim: usize) -> Self {
         RopeArgs { rotary_dim, ..self }
@@ -111,7 +137,7 @@ impl RopeArgs {
     /// Interleaved pairs: pair `i` is `(x[2i], x[2i + 1])` (GPT-J, candle-nn's `rope_i`).
     ///
     /// ```
-    /// assert!(liger_rs::RopeArgs::new(1, 1, 1, 1, 64).with_interleaved().interleaved);
+    /// assert!(liger_rs::RopeArgs::new(64).with_interleaved().interleaved);
     /// ```
     pub fn with_interleaved(self) -> Self {
         RopeArgs {
@@ -123,7 +149,7 @@ impl RopeArgs {
     /// Half-width cos/sin rows: `rotary_dim / 2` values, one per pair (candle-nn's `[S, d/2]`).
     ///
     /// ```
-    /// let args = liger_rs::RopeArgs::new(1, 1, 1, 1, 64).with_half_tables();
+    /// let args = liger_rs::RopeArgs::new(64).with_half_tables();
     /// assert_eq!(args.table_row_len(), 32);
     /// ```
     pub fn with_half_tables(self) -> Self {
@@ -137,7 +163,7 @@ impl RopeArgs {
     /// `transpose(1, 2)`, candle-nn's `rope`).
     ///
     /// ```
-    /// assert!(liger_rs::RopeArgs::new(1, 1, 1, 1, 64).with_head_major().head_major);
+    /// assert!(liger_rs::RopeArgs::new(64).with_head_major().head_major);
     /// ```
     pub fn with_head_major(self) -> Self {
         RopeArgs {
@@ -149,7 +175,7 @@ impl RopeArgs {
     /// Elements of a cos/sin row: `rotary_dim`, or `rotary_dim / 2` with `half_tables`.
     ///
     /// ```
-    /// let args = liger_rs::RopeArgs::new(1, 1, 1, 1, 128).with_rotary_dim(64);
+    /// let args = liger_rs::RopeArgs::new(128).with_rotary_dim(64);
     /// assert_eq!((args.table_row_len(), args.with_half_tables().table_row_len()), (64, 32));
     /// ```
     pub fn table_row_len(&self) -> usize {
@@ -175,13 +201,8 @@ impl RopeArgs {
         !(self.interleaved || self.half_tables || self.head_major)
     }
 
-    /// Validates the shape of a q-and-k call; returns the sizes the launch needs (also used by
-    /// the reference).
-    pub(crate) fn check(&self) -> Result<RopeSizes> {
-        self.check_heads(true)
-    }
-
-    /// [`RopeArgs::check`] for a call with k (`k_heads ≥ 1`) or on q alone (`k_heads = 0`).
+    /// Validates the shape of a call with k (`k_heads ≥ 1`) or on q alone (`k_heads = 0`);
+    /// returns the sizes the launch needs (also used by the reference).
     pub(crate) fn check_heads(&self, with_k: bool) -> Result<RopeSizes> {
         let d = self.head_dim;
         if d == 0 || !d.is_multiple_of(2) {
@@ -261,6 +282,7 @@ pub(crate) struct RopeSizes {
 /// # let _ = layout;
 /// ```
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum CosSinLayout<'a> {
     /// cos, sin: `[seq_len, r]`, shared by every batch row (token `(b, s)` uses row `s`).
     PerPosition,
@@ -285,6 +307,7 @@ pub enum CosSinLayout<'a> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum PositionIds<'a> {
     /// Ids in host memory: each must lie in `0 .. max_pos`, or the call returns an
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for `position_ids` naming the
@@ -335,7 +358,7 @@ pub enum PositionIds<'a> {
 /// let (cos, sin) = (stream.clone_htod(&cos)?, stream.clone_htod(&sin)?);
 /// let mut q = stream.clone_htod(&vec![bf16::ONE; b * s * hq * d])?;
 /// let mut k = stream.clone_htod(&vec![bf16::ONE; b * s * hk * d])?;
-/// let args = RopeArgs::new(b, s, hq, hk, d);
+/// let args = RopeArgs::new(d).with_batch(b).with_seq_len(s).with_heads(hq, hk);
 /// rope_forward(&stream, &args, &mut q, &mut k, &cos, &sin, &CosSinLayout::PerPosition)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -391,7 +414,11 @@ pub fn rope_forward<T: Dtype>(
 /// let stream = ctx.default_stream();
 /// let (b, s, hq, hk, d, max_pos) = (1, 4, 4, 1, 64, 4096);
 /// // Partial rotary: the first 32 dims rotate; cos/sin rows are 32 long.
-/// let args = RopeArgs::new(b, s, hq, hk, d).with_rotary_dim(32);
+/// let args = RopeArgs::new(d)
+///     .with_batch(b)
+///     .with_seq_len(s)
+///     .with_heads(hq, hk)
+///     .with_rotary_dim(32);
 /// let cos = stream.clone_htod(&vec![1.0f32; max_pos * 32])?;
 /// let sin = stream.alloc_zeros::<f32>(max_pos * 32)?;
 /// let ids = stream.clone_htod(&[0i32, 1, 0, 1])?; // device ids: clamped by the kernel
@@ -441,20 +468,11 @@ pub fn rope_backward<T: Dtype>(
 }
 
 /// Rotation by θ (forward) or by −θ (backward).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Direction {
-    Forward,
-    Backward,
-}
-
-impl Direction {
-    /// Kernel-name part and the names of the q and k buffers, then of their outputs when
-    /// they have their own.
-    fn names(self) -> (&'static str, [&'static str; 4]) {
-        match self {
-            Direction::Forward => ("fwd", ["q", "k", "q_out", "k_out"]),
-            Direction::Backward => ("bwd", ["dq", "dk", "dq_out", "dk_out"]),
-        }
+/// The names of a direction's q and k buffers, then of their outputs when they have their own.
+fn buffer_names(direction: Direction) -> [&'static str; 4] {
+    match direction {
+        Direction::Backward => ["dq", "dk", "dq_out", "dk_out"],
+        _ => ["q", "k", "q_out", "k_out"],
     }
 }
 
@@ -528,34 +546,8 @@ fn rope<T: Dtype>(
     sin: &impl DevicePtr<T>,
     layout: &CosSinLayout<'_>,
 ) -> Result<()> {
-    let [q_name, k_name, ..] = direction.names().1;
-    let sizes = args.check()?;
-    same_context(stream, q_name, q)?;
-    same_context(stream, k_name, k)?;
-    exactly(
-        q_name,
-        q.len(),
-        sizes.q_len,
-        "batch × seq_len × q_heads × head_dim",
-    )?;
-    exactly(
-        k_name,
-        k.len(),
-        sizes.k_len,
-        "batch × seq_len × k_heads × head_dim",
-    )?;
-    let table = check_tables(stream, args, &sizes, cos, sin, layout)?;
-    if sizes.tokens == 0 {
-        return Ok(());
-    }
-    let (q_ptr, _q) = q.device_ptr_mut(stream);
-    let (k_ptr, _k) = k.device_ptr_mut(stream);
-    let io = Io {
-        q: q_ptr,
-        k: k_ptr,
-        out: None,
-    };
-    launch(stream, args, direction, &sizes, io, cos, sin, layout, table)
+    let io = [write(q), write(k), None, None];
+    rope_call(stream, args, direction, io, cos, sin, layout)
 }
 
 /// RoPE forward out of place: the rotation of [`rope_forward`] read from `q` and `k` and
@@ -572,7 +564,12 @@ fn rope<T: Dtype>(
 /// let stream = liger_rs::cuda_context(0)?.default_stream();
 /// let (b, s, hq, hk, d) = (1, 16, 8, 2, 64);
 /// // candle-nn's tables: [s, d/2], one value per pair; q and k head-major [b, h, s, d].
-/// let args = RopeArgs::new(b, s, hq, hk, d).with_half_tables().with_head_major();
+/// let args = RopeArgs::new(d)
+///     .with_batch(b)
+///     .with_seq_len(s)
+///     .with_heads(hq, hk)
+///     .with_half_tables()
+///     .with_head_major();
 /// let cos = stream.clone_htod(&vec![1.0f32; s * d / 2])?;
 /// let sin = stream.alloc_zeros::<f32>(s * d / 2)?;
 /// let q = stream.clone_htod(&vec![1.0f32; b * hq * s * d])?;
@@ -632,7 +629,11 @@ pub fn rope_forward_into<T: Dtype>(
 /// use liger_rs::{CosSinLayout, RopeArgs, rope_backward_into};
 /// let stream = liger_rs::cuda_context(0)?.default_stream();
 /// let (b, s, hq, hk, d) = (1, 16, 8, 2, 64);
-/// let args = RopeArgs::new(b, s, hq, hk, d).with_interleaved();
+/// let args = RopeArgs::new(d)
+///     .with_batch(b)
+///     .with_seq_len(s)
+///     .with_heads(hq, hk)
+///     .with_interleaved();
 /// let cos = stream.clone_htod(&vec![1.0f32; s * d])?;
 /// let sin = stream.alloc_zeros::<f32>(s * d)?;
 /// let dq = stream.clone_htod(&vec![1.0f32; b * s * hq * d])?;
@@ -706,160 +707,222 @@ where
     K: DevicePtr<T>,
     KO: DevicePtrMut<T>,
 {
-    let [q_name, k_name, q_out_name, k_out_name] = direction.names().1;
-    let sizes = args.check_heads(k.is_some())?;
-    // The general kernels index a token's items (pairs and copied tail dims) in 32 bits.
-    (args.q_heads + args.k_heads)
-        .checked_mul(args.head_dim)
-        .filter(|&n| n < 1 << 31)
-        .ok_or_else(|| {
-            invalid(
-                "args",
-                "(q_heads + k_heads) × head_dim < 2^31",
-                format!(
-                    "{} + {} heads of {}",
-                    args.q_heads, args.k_heads, args.head_dim
-                ),
-            )
-        })?;
-    let what_q = "batch × seq_len × q_heads × head_dim";
-    let what_k = "batch × seq_len × k_heads × head_dim";
-    same_context(stream, q_name, q)?;
-    same_context(stream, q_out_name, q_out)?;
-    exactly(q_name, q.len(), sizes.q_len, what_q)?;
-    exactly(q_out_name, q_out.len(), sizes.q_len, what_q)?;
-    if let Some((k, k_out)) = &k {
-        same_context(stream, k_name, *k)?;
-        same_context(stream, k_out_name, &**k_out)?;
-        exactly(k_name, k.len(), sizes.k_len, what_k)?;
-        exactly(k_out_name, k_out.len(), sizes.k_len, what_k)?;
-    }
-    let table = check_tables(stream, args, &sizes, cos, sin, layout)?;
-    if sizes.tokens == 0 {
-        return Ok(());
-    }
-    let (q_ptr, _q) = q.device_ptr(stream);
-    let (q_out_ptr, _q_out) = q_out.device_ptr_mut(stream);
-    let (k_ptr, _k, k_out_ptr, _k_out) = match k {
-        Some((k, k_out)) => {
-            let (p, g) = k.device_ptr(stream);
-            let (po, go) = k_out.device_ptr_mut(stream);
-            (p, Some(g), po, Some(go))
+    let (k, k_out) = match k {
+        Some((k, k_out)) => (read(k), write(k_out)),
+        None => (None, None),
+    };
+    let io = [read(q), k, write(q_out), k_out];
+    rope_call(stream, args, direction, io, cos, sin, layout)
+}
+
+/// Where a call's cos/sin rows come from, without the ids ([`CosSinLayout`]'s variants).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TableRows {
+    PerPosition,
+    PerBatch,
+    Gathered,
+}
+
+impl CosSinLayout<'_> {
+    fn rows(&self) -> TableRows {
+        match self {
+            CosSinLayout::PerPosition => TableRows::PerPosition,
+            CosSinLayout::PerBatch => TableRows::PerBatch,
+            CosSinLayout::Gathered(_) => TableRows::Gathered,
         }
-        None => (0, None, 0, None),
+    }
+
+    /// The position ids as a buffer of the call (in host memory: a length only).
+    fn ids<T>(&self) -> Option<Buf<'_, T>> {
+        match self {
+            CosSinLayout::PerPosition | CosSinLayout::PerBatch => None,
+            CosSinLayout::Gathered(PositionIds::Host(h)) => Some(Buf::Host(h.len())),
+            CosSinLayout::Gathered(PositionIds::DeviceI32(v)) => Some(Buf::I32(Access::Read(v))),
+            CosSinLayout::Gathered(PositionIds::DeviceI64(v)) => Some(Buf::I64(Access::Read(v))),
+        }
+    }
+
+    /// The kernels' identity of the rows' source (host ids are uploaded as i64).
+    fn source(&self) -> Source {
+        match self {
+            CosSinLayout::PerPosition => Source::PerPosition,
+            CosSinLayout::PerBatch => Source::PerBatch,
+            CosSinLayout::Gathered(PositionIds::DeviceI32(_)) => Source::IdsI32,
+            CosSinLayout::Gathered(_) => Source::IdsI64,
+        }
+    }
+}
+
+impl RopeArgs {
+    /// The buffers of a call, in the order of the out-of-place signatures: q, k, cos, sin,
+    /// position ids, q_out, k_out (in place, q and k are read and written, and the outputs
+    /// are left out); and the call's sizes. `with_k`: whether k is given (else `k_heads = 0`).
+    pub(crate) fn table(
+        &self,
+        direction: Direction,
+        rows: TableRows,
+        out_of_place: bool,
+        with_k: bool,
+    ) -> Result<(RopeSizes, Table<7>)> {
+        let [q_name, k_name, q_out_name, k_out_name] = buffer_names(direction);
+        let sizes = self.check_heads(with_k)?;
+        if out_of_place {
+            // The general kernels index a token's items (pairs and copied tail dims) in 32 bits.
+            (self.q_heads + self.k_heads)
+                .checked_mul(self.head_dim)
+                .filter(|&n| n < 1 << 31)
+                .ok_or_else(|| {
+                    invalid(
+                        "args",
+                        "(q_heads + k_heads) × head_dim < 2^31",
+                        format!(
+                            "{} + {} heads of {}",
+                            self.q_heads, self.k_heads, self.head_dim
+                        ),
+                    )
+                })?;
+        }
+        let q = Need::Exactly(sizes.q_len, "batch × seq_len × q_heads × head_dim");
+        let k = Need::Exactly(sizes.k_len, "batch × seq_len × k_heads × head_dim");
+        let (q, k) = match out_of_place {
+            false => (Spec::in_place(q_name, q), Spec::in_place(k_name, k)),
+            true => (Spec::read(q_name, q), Spec::read(k_name, k)),
+        };
+        let r = self.table_row_len();
+        let half = self.half_tables;
+        let cos = match rows {
+            TableRows::PerPosition => {
+                let need = self.seq_len.checked_mul(r).ok_or_else(|| {
+                    let row = self.table_row_name();
+                    invalid("cos", format!("seq_len × {row} within usize"), self.seq_len)
+                })?;
+                let what = match half {
+                    false => "seq_len × rotary_dim",
+                    true => "seq_len × rotary_dim / 2",
+                };
+                Need::Exactly(need, what)
+            }
+            TableRows::PerBatch => {
+                let need = sizes.tokens.checked_mul(r).ok_or_else(|| {
+                    let row = self.table_row_name();
+                    let expected = format!("batch × seq_len × {row} within usize");
+                    invalid("cos", expected, sizes.tokens)
+                })?;
+                let what = match half {
+                    false => "batch × seq_len × rotary_dim",
+                    true => "batch × seq_len × rotary_dim / 2",
+                };
+                Need::Exactly(need, what)
+            }
+            TableRows::Gathered => Need::Rows(
+                r,
+                match half {
+                    false => "max_pos ≥ 1 rows of rotary_dim",
+                    true => "max_pos ≥ 1 rows of rotary_dim / 2",
+                },
+            ),
+        };
+        let specs = [
+            q,
+            k,
+            Spec::read("cos", cos),
+            Spec::read("sin", Need::LengthOf(2)),
+            Spec::read(
+                "position_ids",
+                Need::Exactly(sizes.tokens, "batch × seq_len"),
+            ),
+            Spec::written(q_out_name, q.need),
+            Spec::written(k_out_name, k.need),
+        ];
+        let empty = sizes.tokens == 0;
+        Ok((sizes, Table { specs, empty }))
+    }
+}
+
+impl RopeArgs {
+    /// TableRows of a checked cos/sin table of `cos_len` elements.
+    pub(crate) fn table_rows(&self, rows: TableRows, sizes: &RopeSizes, cos_len: usize) -> usize {
+        match rows {
+            TableRows::PerPosition => self.seq_len,
+            TableRows::PerBatch => sizes.tokens,
+            TableRows::Gathered => cos_len / self.table_row_len(),
+        }
+    }
+}
+
+/// Host ids must each name a row of the `rows`-row cos/sin table.
+pub(crate) fn check_host_ids(ids: &[i64], rows: usize) -> Result<()> {
+    match ids
+        .iter()
+        .enumerate()
+        .find(|&(_, &id)| id < 0 || id as u64 >= rows as u64)
+    {
+        Some((i, &id)) => Err(invalid(
+            "position_ids",
+            format!("ids in 0 ..= {} (rows of the cos/sin table)", rows - 1),
+            format!("position_ids[{i}] = {id}"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Validates and launches a call: `[q, k, q_out, k_out]` as in [`RopeArgs::table`] (in place,
+/// the outputs `None`; without k, k and k_out `None`).
+#[allow(clippy::too_many_arguments)]
+fn rope_call<'b, T: Dtype>(
+    stream: &'b Arc<CudaStream>,
+    args: &RopeArgs,
+    direction: Direction,
+    [q, k, q_out, k_out]: [Option<Buf<'b, T>>; 4],
+    cos: &'b impl DevicePtr<T>,
+    sin: &'b impl DevicePtr<T>,
+    layout: &'b CosSinLayout<'_>,
+) -> Result<()> {
+    let out_of_place = q_out.is_some();
+    let (sizes, table) = args.table(direction, layout.rows(), out_of_place, k.is_some())?;
+    let bufs = [q, k, read(cos), read(sin), layout.ids(), q_out, k_out];
+    let Some(call) = validate(stream, &table, bufs)? else {
+        return Ok(());
+    };
+    let [q, k, cos_ptr, sin_ptr, ids_ptr, q_out, k_out] = call.ptrs;
+    let rows = args.table_rows(layout.rows(), &sizes, cos.len());
+    // Host ids go up only now that every check has passed; a fresh allocation is disjoint
+    // from every argument by construction.
+    let uploaded: Option<CudaSlice<i64>> = match layout {
+        CosSinLayout::Gathered(PositionIds::Host(h)) => {
+            check_host_ids(h, rows)?;
+            Some(stream.clone_htod(*h)?)
+        }
+        _ => None,
+    };
+    let (ids_ptr, _uploaded) = match uploaded.as_ref() {
+        Some(u) => {
+            let (p, g) = u.device_ptr(stream);
+            (p, Some(g))
+        }
+        None => (ids_ptr, None),
     };
     let io = Io {
-        q: q_ptr,
-        k: k_ptr,
-        out: Some((q_out_ptr, k_out_ptr)),
+        q,
+        k,
+        out: out_of_place.then_some((q_out, k_out)),
+        cos: cos_ptr,
+        sin: sin_ptr,
+        ids: ids_ptr,
     };
-    launch(stream, args, direction, &sizes, io, cos, sin, layout, table)
+    launch::<T>(stream, args, direction, &sizes, io, rows, layout.source())
 }
 
-/// The cos/sin rows a call's layout provides and the kernel-name suffix that selects them.
-struct Tables {
-    rows: usize,
-    variant: &'static str,
-}
-
-/// Checks cos, sin and the position ids against `args` and `layout`.
-fn check_tables<T: Dtype>(
-    stream: &Arc<CudaStream>,
-    args: &RopeArgs,
-    sizes: &RopeSizes,
-    cos: &impl DevicePtr<T>,
-    sin: &impl DevicePtr<T>,
-    layout: &CosSinLayout<'_>,
-) -> Result<Tables> {
-    same_context(stream, "cos", cos)?;
-    same_context(stream, "sin", sin)?;
-    let r = args.table_row_len();
-    let row = args.table_row_name();
-    let rows = match layout {
-        CosSinLayout::PerPosition => {
-            let need = args.seq_len.checked_mul(r).ok_or_else(|| {
-                invalid("cos", format!("seq_len × {row} within usize"), args.seq_len)
-            })?;
-            exactly("cos", cos.len(), need, &format!("seq_len × {row}"))?;
-            args.seq_len
-        }
-        CosSinLayout::PerBatch => {
-            let need = sizes.tokens.checked_mul(r).ok_or_else(|| {
-                invalid(
-                    "cos",
-                    format!("batch × seq_len × {row} within usize"),
-                    sizes.tokens,
-                )
-            })?;
-            exactly("cos", cos.len(), need, &format!("batch × seq_len × {row}"))?;
-            sizes.tokens
-        }
-        CosSinLayout::Gathered(_) => {
-            if cos.len() == 0 || !cos.len().is_multiple_of(r) {
-                return Err(invalid(
-                    "cos",
-                    format!("a table of max_pos ≥ 1 rows of {row} = {r}"),
-                    format!("length {}", cos.len()),
-                ));
-            }
-            cos.len() / r
-        }
-    };
-    exactly("sin", sin.len(), cos.len(), "the length of cos")?;
-    let variant = match layout {
-        CosSinLayout::PerPosition => "pos",
-        CosSinLayout::PerBatch => "batch",
-        CosSinLayout::Gathered(ids) => {
-            let len = match ids {
-                PositionIds::Host(h) => h.len(),
-                PositionIds::DeviceI32(v) => {
-                    same_context(stream, "position_ids", v)?;
-                    v.len()
-                }
-                PositionIds::DeviceI64(v) => {
-                    same_context(stream, "position_ids", v)?;
-                    v.len()
-                }
-            };
-            exactly("position_ids", len, sizes.tokens, "batch × seq_len")?;
-            match ids {
-                PositionIds::Host(h) => {
-                    if let Some((i, &id)) = h
-                        .iter()
-                        .enumerate()
-                        .find(|&(_, &id)| id < 0 || id as u64 >= rows as u64)
-                    {
-                        return Err(invalid(
-                            "position_ids",
-                            format!("ids in 0 ..= {} (rows of the cos/sin table)", rows - 1),
-                            format!("position_ids[{i}] = {id}"),
-                        ));
-                    }
-                    "ids64"
-                }
-                PositionIds::DeviceI32(_) => "ids32",
-                PositionIds::DeviceI64(_) => "ids64",
-            }
-        }
-    };
-    Ok(Tables { rows, variant })
-}
-
-/// The q and k buffers of one launch as device pointers (their guards held by the caller):
-/// `q` and `k` (0 without k) are read, and written in place (`out = None`) or to the
-/// `(q_out, k_out)` pointers.
+/// The device pointers of one launch (their guards held by the caller): `q` and `k` (0
+/// without k) are read, and written in place (`out = None`) or to the `(q_out, k_out)`
+/// pointers; the cos/sin tables, and the ids (0 unless gathered).
 struct Io {
     q: u64,
     k: u64,
     out: Option<(u64, u64)>,
-}
-
-/// The form bits of the general kernels (`flags` in `kernels-gpu/src/rope.rs`; must match).
-mod form {
-    pub(super) const INTERLEAVED: u32 = 1;
-    pub(super) const HEAD_MAJOR: u32 = 2;
-    pub(super) const HALF_TABLES: u32 = 4;
-    pub(super) const COPY_TAIL: u32 = 8;
+    cos: u64,
+    sin: u64,
+    ids: u64,
 }
 
 /// The form bits of a general-kernel call, and the work items of one token: each head's
@@ -884,79 +947,27 @@ fn general_form(args: &RopeArgs, out_of_place: bool) -> (u32, usize) {
     (flags, items)
 }
 
-/// Checks aliasing and launches: the NeoX in-place kernels (vector where they apply) or the
-/// general kernels.
-#[allow(clippy::too_many_arguments)]
+/// Launches the NeoX in-place kernels (vector where they apply) or the general kernels, over
+/// cos/sin tables of `table_rows` rows from `source`.
 fn launch<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &RopeArgs,
     direction: Direction,
     sizes: &RopeSizes,
     io: Io,
-    cos: &impl DevicePtr<T>,
-    sin: &impl DevicePtr<T>,
-    layout: &CosSinLayout<'_>,
-    table: Tables,
+    table_rows: usize,
+    source: Source,
 ) -> Result<()> {
-    let (dir, [q_name, k_name, q_out_name, k_out_name]) = direction.names();
     let r = args.rotary_dim;
-    let (cos_ptr, _cos) = cos.device_ptr(stream);
-    let (sin_ptr, _sin) = sin.device_ptr(stream);
-    let (ids_ptr, _ids, ids_region) = match layout {
-        CosSinLayout::Gathered(PositionIds::DeviceI32(v)) => {
-            let (p, g) = v.device_ptr(stream);
-            (p, Some(g), Region::new::<i32>("position_ids", p, v.len()))
-        }
-        CosSinLayout::Gathered(PositionIds::DeviceI64(v)) => {
-            let (p, g) = v.device_ptr(stream);
-            (p, Some(g), Region::new::<i64>("position_ids", p, v.len()))
-        }
-        _ => (0, None, Region::new::<i64>("position_ids", 0, 0)),
-    };
-    let tables = [
-        Region::new::<T>("cos", cos_ptr, cos.len()),
-        Region::new::<T>("sin", sin_ptr, sin.len()),
-        ids_region,
-    ];
-    let (q_write, k_write) = match io.out {
-        None => {
-            let outputs = [
-                Region::new::<T>(q_name, io.q, sizes.q_len),
-                Region::new::<T>(k_name, io.k, sizes.k_len),
-            ];
-            disjoint(&outputs, &tables)?;
-            (io.q, io.k)
-        }
-        Some((q_out, k_out)) => {
-            let outputs = [
-                Region::new::<T>(q_out_name, q_out, sizes.q_len),
-                Region::new::<T>(k_out_name, k_out, sizes.k_len),
-            ];
-            let inputs = [
-                Region::new::<T>(q_name, io.q, sizes.q_len),
-                Region::new::<T>(k_name, io.k, sizes.k_len),
-            ];
-            let inputs: Vec<Region> = inputs.into_iter().chain(tables).collect();
-            disjoint(&outputs, &inputs)?;
-            (q_out, k_out)
-        }
-    };
-    // Host ids go up only now that every check has passed; a fresh allocation is disjoint
-    // from every argument by construction.
-    let uploaded: Option<CudaSlice<i64>> = match layout {
-        CosSinLayout::Gathered(PositionIds::Host(h)) => Some(stream.clone_htod(*h)?),
-        _ => None,
-    };
-    let (ids_ptr, _uploaded) = match uploaded.as_ref() {
-        Some(u) => {
-            let (p, g) = u.device_ptr(stream);
-            (p, Some(g))
-        }
-        None => (ids_ptr, None),
-    };
-
+    let (cos_ptr, sin_ptr, ids_ptr) = (io.cos, io.sin, io.ids);
+    let (q_write, k_write) = io.out.unwrap_or((io.q, io.k));
     let kernels = kernels(stream.context())?;
-    let variant = table.variant;
+    let kernel = |path| Kernel::Rope {
+        direction,
+        path,
+        elem: T::ELEM,
+        rows: source,
+    };
     let dims = [
         sizes.tokens,
         args.seq_len,
@@ -964,11 +975,11 @@ fn launch<T: Dtype>(
         args.k_heads,
         args.head_dim,
         r,
-        table.rows,
+        table_rows,
     ]
     .map(|v| v as u64);
     if io.out.is_some() || !args.neox_in_place() {
-        let func = kernels.function(&format!("rope_{dir}_g_{}_{variant}", T::NAME))?;
+        let func = kernels.function(kernel(RopePath::General))?;
         let (form, items) = general_form(args, io.out.is_some());
         let (tx, ty) = block_shape(items);
         let blocks = sizes.tokens.div_ceil(ty as usize).min(i32::MAX as usize);
@@ -997,7 +1008,7 @@ fn launch<T: Dtype>(
         // every other buffer, and cos/sin to hold every row the variant selects in rows of
         // `table_row_len` elements, as `form` tells the kernel; ids as for the other
         // kernels. `rotary_dim` is even, 2 ..= head_dim, `tokens > 0` implies `seq_len ≥ 1`,
-        // and a token's items (pairs, plus tail dims out of place: `rope_into` checked
+        // and a token's items (pairs, plus tail dims out of place: `RopeArgs::table` checked
         // heads × head_dim < 2^31) are below 2^31.
         unsafe { launch.launch(cfg) }?;
         return Ok(());
@@ -1006,9 +1017,9 @@ fn launch<T: Dtype>(
     let ptrs = [io.q, io.k, cos_ptr, sin_ptr];
     let cfg = match vector_lanes(args, std::mem::size_of::<T>(), ptrs) {
         Some(lanes) => {
-            let func = kernels.function(&format!("rope_{dir}_v_{}_{variant}", T::NAME))?;
+            let func = kernels.function(kernel(RopePath::Vector))?;
             let heads = args.q_heads + args.k_heads;
-            let vec_heads = vec_heads(std::mem::size_of::<T>());
+            let vec_heads = vec_heads(lanes);
             let (bx, by, bz) = vector_block(r / 2 / lanes, heads, sizes.tokens, vec_heads);
             let threads = bx * by * bz;
             // Grid-stride over tokens: as many blocks as are resident at once, at most one per
@@ -1027,7 +1038,7 @@ fn launch<T: Dtype>(
             )
         }
         None => {
-            let func = kernels.function(&format!("rope_{dir}_{}_{variant}", T::NAME))?;
+            let func = kernels.function(kernel(RopePath::Scalar))?;
             let (tx, ty) = block_shape(sizes.pairs);
             let blocks = sizes.tokens.div_ceil(ty as usize).min(i32::MAX as usize);
             (
@@ -1066,8 +1077,52 @@ fn launch<T: Dtype>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::identity::{ElemType, Rows};
+
+    /// Every kernel the launchers can ask for: each path takes each element type, direction
+    /// and cos/sin row source ([`Tables`]).
+    pub(crate) fn launchable_kernels() -> Vec<Kernel> {
+        let mut out = Vec::new();
+        for &direction in &[Direction::Forward, Direction::Backward] {
+            for &path in RopePath::ALL {
+                for &elem in ElemType::ALL {
+                    for &rows in Rows::ALL {
+                        out.push(Kernel::Rope {
+                            direction,
+                            path,
+                            elem,
+                            rows,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn kernel_names_are_their_parts() {
+        let kernel = |path, rows| Kernel::Rope {
+            direction: Direction::Backward,
+            path,
+            elem: ElemType::F16,
+            rows,
+        };
+        assert_eq!(
+            kernel(RopePath::General, Rows::IdsI32).name(),
+            "rope_bwd_g_f16_ids32"
+        );
+        assert_eq!(
+            kernel(RopePath::Vector, Rows::PerPosition).name(),
+            "rope_bwd_v_f16_pos"
+        );
+        assert_eq!(
+            kernel(RopePath::Scalar, Rows::PerBatch).name(),
+            "rope_bwd_f16_batch"
+        );
+    }
 
     #[test]
     fn block_shape_covers_every_pair_within_256_threads() {
@@ -1087,7 +1142,13 @@ mod tests {
 
     #[test]
     fn vector_path_needs_whole_aligned_vectors_in_each_half() {
-        let a = |d: usize, r: usize| RopeArgs::new(2, 3, 32, 8, d).with_rotary_dim(r);
+        let a = |d: usize, r: usize| {
+            RopeArgs::new(d)
+                .with_batch(2)
+                .with_seq_len(3)
+                .with_heads(32, 8)
+                .with_rotary_dim(r)
+        };
         let aligned = [0x1000u64, 0x2000, 0x3000, 0x4000];
         // (d, r, bytes per element) → lanes or None.
         let cases = [
@@ -1125,10 +1186,10 @@ mod tests {
             assert_eq!(vector_lanes(&a(128, 128), 2, p), None, "pointer {i}");
         }
         // More than BLOCK_THREADS vectors in a half, or 2^31 elements per token: scalar.
-        let wide = RopeArgs::new(1, 1, 1, 1, 4096);
+        let wide = RopeArgs::new(4096);
         assert_eq!(vector_lanes(&wide, 2, aligned), Some(8)); // 256 vectors per half
         assert_eq!(vector_lanes(&wide, 4, aligned), None); // 512
-        let many = RopeArgs::new(1, 1, 1 << 24, 1 << 24, 64);
+        let many = RopeArgs::new(64).with_heads(1 << 24, 1 << 24);
         assert_eq!(vector_lanes(&many, 2, aligned), None);
     }
 
@@ -1136,7 +1197,7 @@ mod tests {
     fn vector_block_covers_the_token_in_one_step_within_256_threads() {
         // The benchmark shape: 40 heads, d = 128 → 8 (16-bit, 2 heads per step) or 16 (f32, 4
         // heads per step) vectors per half.
-        assert_eq!(vector_block(8, 40, 16384, vec_heads(2)), (8, 20, 1)); // 160 threads
+        assert_eq!(vector_block(8, 40, 16384, vec_heads(8)), (8, 20, 1)); // 160 threads
         assert_eq!(vector_block(16, 40, 16384, vec_heads(4)), (16, 10, 1));
         // 15 threads per token: 17 tokens fill 255 of 8 warps' 256 lanes (the least waste);
         // with 4 tokens, 4 fill 60 of 64 (as good as 2 in 32, and more per block).
@@ -1164,46 +1225,68 @@ mod tests {
 
     #[test]
     fn general_form_bits_and_items() {
-        let a = RopeArgs::new(2, 3, 4, 2, 16).with_rotary_dim(8);
+        let a = RopeArgs::new(16)
+            .with_batch(2)
+            .with_seq_len(3)
+            .with_heads(4, 2)
+            .with_rotary_dim(8);
         // In place the tail is not touched; out of place each head copies its 8 tail dims.
         assert_eq!(general_form(&a, false), (0, 6 * 4));
         assert_eq!(general_form(&a, true), (form::COPY_TAIL, 6 * (4 + 8)));
         let all = a.with_interleaved().with_half_tables().with_head_major();
         let bits = form::INTERLEAVED | form::HEAD_MAJOR | form::HALF_TABLES;
         assert_eq!(general_form(&all, false).0, bits);
-        let full = RopeArgs::new(1, 1, 1, 1, 16).with_head_major();
+        let full = RopeArgs::new(16).with_head_major();
         assert_eq!(general_form(&full, true), (form::HEAD_MAJOR, 2 * 8));
-        assert!(RopeArgs::new(1, 1, 1, 1, 8).neox_in_place());
+        assert!(RopeArgs::new(8).neox_in_place());
         assert!(!full.neox_in_place());
     }
 
     #[test]
     fn q_alone_needs_zero_k_heads() {
-        let q_only = RopeArgs::new(2, 3, 4, 0, 8);
+        let q_only = RopeArgs::new(8)
+            .with_batch(2)
+            .with_seq_len(3)
+            .with_heads(4, 0);
         let sizes = q_only.check_heads(false).unwrap();
         assert_eq!((sizes.q_len, sizes.k_len, sizes.pairs), (192, 0, 16));
-        assert!(q_only.check().is_err());
-        assert!(RopeArgs::new(2, 3, 4, 1, 8).check_heads(false).is_err());
+        assert!(q_only.check_heads(true).is_err());
+        assert!(
+            RopeArgs::new(8)
+                .with_batch(2)
+                .with_seq_len(3)
+                .with_heads(4, 1)
+                .check_heads(false)
+                .is_err()
+        );
     }
 
     #[test]
     fn args_are_checked_without_overflow() {
-        let ok = RopeArgs::new(2, 3, 4, 1, 8).check().unwrap();
+        let ok = RopeArgs::new(8)
+            .with_batch(2)
+            .with_seq_len(3)
+            .with_heads(4, 1)
+            .check_heads(true)
+            .unwrap();
         assert_eq!((ok.tokens, ok.q_len, ok.k_len, ok.pairs), (6, 192, 48, 20));
-        let bad = |a: RopeArgs| match a.check() {
+        let bad = |a: RopeArgs| match a.check_heads(true) {
             Err(crate::Error::InvalidArgument { arg, .. }) => arg,
             other => panic!("{a:?}: {:?}", other.map(|s| s.tokens)),
         };
-        assert_eq!(bad(RopeArgs::new(1, 1, 1, 1, 7)), "args.head_dim");
-        assert_eq!(bad(RopeArgs::new(1, 1, 1, 1, 0)), "args.head_dim");
-        let a = RopeArgs::new(1, 1, 1, 1, 8);
+        assert_eq!(bad(RopeArgs::new(7)), "args.head_dim");
+        assert_eq!(bad(RopeArgs::new(0)), "args.head_dim");
+        let a = RopeArgs::new(8);
         assert_eq!(bad(a.with_rotary_dim(3)), "args.rotary_dim");
         assert_eq!(bad(a.with_rotary_dim(0)), "args.rotary_dim");
         assert_eq!(bad(a.with_rotary_dim(10)), "args.rotary_dim");
-        assert_eq!(bad(RopeArgs::new(1, 1, 0, 1, 8)), "args.q_heads");
-        assert_eq!(bad(RopeArgs::new(1, 1, 1, 0, 8)), "args.k_heads");
-        assert_eq!(bad(RopeArgs::new(usize::MAX, 2, 1, 1, 8)), "args");
-        assert_eq!(bad(RopeArgs::new(1, 1, usize::MAX, 1, 8)), "args");
-        assert_eq!(bad(RopeArgs::new(1, 1, 1 << 30, 1 << 30, 4)), "args");
+        assert_eq!(bad(RopeArgs::new(8).with_heads(0, 1)), "args.q_heads");
+        assert_eq!(bad(RopeArgs::new(8).with_heads(1, 0)), "args.k_heads");
+        assert_eq!(
+            bad(RopeArgs::new(8).with_batch(usize::MAX).with_seq_len(2)),
+            "args"
+        );
+        assert_eq!(bad(RopeArgs::new(8).with_heads(usize::MAX, 1)), "args");
+        assert_eq!(bad(RopeArgs::new(4).with_heads(1 << 30, 1 << 30)), "args");
     }
 }

@@ -12,34 +12,19 @@
 //! backward the gradients of `c·dm` (see [`SwigluArgs::down_multiplier`]).
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
-use crate::launch::{Region, at_least, disjoint, same_context, span, whole_grid};
+use crate::identity::swiglu::{
+    BWD_TILE_VECTOR_BYTES, BWD_VECS, BWD_VECS_TILE, FWD_VECS, FWD_VECS_TILE, ITEMS,
+};
+use crate::identity::{Direction, Kernel, SwigluPath};
+use crate::launch::whole_grid;
 use crate::module::{Kernels, kernels};
+use crate::validate::Role::{self, InPlace, Read, Written};
+use crate::validate::{Need, Spec, Table, read, span, validate, write};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
 
-/// Elements per thread per tile of the scalar kernels (must match `ITEMS` in
-/// kernels-gpu/src/swiglu.rs).
-const ITEMS: usize = 4;
 /// Most threads per block.
 const MAX_THREADS: usize = 256;
-/// 16-byte vectors per thread per tile of the forward vector kernels `swiglu_fwd_v_*` (must
-/// match `FWD_VECS` in kernels-gpu/src/swiglu.rs).
-const FWD_VECS: usize = 3;
-/// The same for the backward vector kernels `swiglu_bwd_v_*` (`BWD_VECS` there).
-const BWD_VECS: usize = 3;
-/// 16-byte vectors per thread of the one-tile-per-block forward kernels of 16-bit types,
-/// `swiglu_fwd_vt_f16`/`_bf16` (`FWD_VECS_WHOLE` there).
-const FWD_VECS_WHOLE: usize = 4;
-/// The same for `swiglu_fwd_vt_f32` (`FWD_VECS_WHOLE_F32` there): on an H200, 2 measured
-/// +0.7 % over 4 for f32, and −2 % for bf16/f16.
-const FWD_VECS_WHOLE_F32: usize = 2;
-/// 8-byte vectors of each operand per thread of the backward `swiglu_bwd_vt_*`
-/// (`BWD_VECS_WHOLE` there), every dtype. On an H200, 8 bytes per thread per operand measured
-/// the highest DRAM throughput for this five-stream pattern of every width (4, 8, 16 bytes),
-/// vector count (1, 2, 4) and block size (128, 256) tried (PERFORMANCE.md, twelfth session):
-/// +0.9 % (f32 16384×8192) and +1.5 % (bf16 2048×14336) over two 16-byte vectors, level
-/// for 16-bit 16384×14336. The forward measured 1–6 % lower with it and keeps 16 bytes.
-const BWD_VECS_WHOLE: usize = 1;
 /// Most threads per block of the forward `_vt` kernels: on an H200, 128 measured +0.4 % (f32
 /// 16384×8192) and +1.2 % (bf16 2048×14336) over [`MAX_THREADS`], level for 16-bit
 /// 16384×14336; the backward keeps [`MAX_THREADS`] (128 measured −0.3 % with two 16-byte
@@ -57,23 +42,17 @@ struct Whole {
     max_threads: usize,
 }
 
-/// The forward `_vt` tile of `T`: 16-byte vectors.
-fn fwd_whole<T: Dtype>() -> Whole {
-    let per_thread = match std::mem::size_of::<T>() {
-        4 => FWD_VECS_WHOLE_F32,
-        _ => FWD_VECS_WHOLE,
-    };
-    Whole {
-        vector_bytes: 16,
-        per_thread,
-        max_threads: FWD_THREADS_WHOLE,
-    }
-}
+/// The forward `_vt` tile (every dtype): 16-byte vectors.
+const FWD_WHOLE: Whole = Whole {
+    vector_bytes: 16,
+    per_thread: FWD_VECS_TILE,
+    max_threads: FWD_THREADS_WHOLE,
+};
 
 /// The backward `_vt` tile (every dtype): 8-byte vectors.
 const BWD_WHOLE: Whole = Whole {
-    vector_bytes: 8,
-    per_thread: BWD_VECS_WHOLE,
+    vector_bytes: BWD_TILE_VECTOR_BYTES,
+    per_thread: BWD_VECS_TILE,
     max_threads: MAX_THREADS,
 };
 
@@ -95,6 +74,7 @@ const BWD_WHOLE: Whole = Whole {
 /// assert_eq!((sep.a_stride, fused.a_stride), (14336, 2 * 14336));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct SwigluArgs {
     /// Number of rows (0 is allowed and launches nothing).
     pub rows: usize,
@@ -212,18 +192,27 @@ impl SwigluArgs {
         Ok(())
     }
 
-    /// Spans (elements) of `a`, `b` and `c` in the separate layout.
-    fn separate_spans(&self) -> Result<[usize; 3]> {
+    /// What `a`, `b` and `c` must hold in the separate layout.
+    fn separate_needs(&self) -> Result<[Need; 3]> {
         self.check()?;
         Ok([
-            span("args.a_stride", self.rows, self.cols, self.a_stride)?,
-            span("args.b_stride", self.rows, self.cols, self.b_stride)?,
-            span("args.c_stride", self.rows, self.cols, self.c_stride)?,
+            Need::AtLeast(
+                span("args.a_stride", self.rows, self.cols, self.a_stride)?,
+                SPAN_A,
+            ),
+            Need::AtLeast(
+                span("args.b_stride", self.rows, self.cols, self.b_stride)?,
+                SPAN_B,
+            ),
+            Need::AtLeast(
+                span("args.c_stride", self.rows, self.cols, self.c_stride)?,
+                SPAN_C,
+            ),
         ])
     }
 
-    /// Spans (elements) of the fused gate-up buffer and of `c`.
-    fn fused_spans(&self) -> Result<[usize; 2]> {
+    /// What the fused gate-up buffer and `c` must hold.
+    fn fused_needs(&self) -> Result<[Need; 2]> {
         self.check()?;
         let width = self
             .cols
@@ -237,11 +226,85 @@ impl SwigluArgs {
             ));
         }
         Ok([
-            span("args.a_stride", self.rows, width, self.a_stride)?,
-            span("args.c_stride", self.rows, self.cols, self.c_stride)?,
+            Need::AtLeast(
+                span("args.a_stride", self.rows, width, self.a_stride)?,
+                SPAN_FUSED,
+            ),
+            Need::AtLeast(
+                span("args.c_stride", self.rows, self.cols, self.c_stride)?,
+                SPAN_C,
+            ),
         ])
     }
+
+    /// The table of the call with `buffers`: the fused layout's spans if any buffer is fused,
+    /// else the separate layout's; empty without rows.
+    pub(crate) fn table<const N: usize>(&self, buffers: &Buffers<N>) -> Result<Table<N>> {
+        let needs = match buffers.iter().any(|b| b.2 == Of::Fused) {
+            true => {
+                let [fused, c] = self.fused_needs()?;
+                [None, None, Some(c), Some(fused)]
+            }
+            false => {
+                let [a, b, c] = self.separate_needs()?;
+                [Some(a), Some(b), Some(c), None]
+            }
+        };
+        let specs = buffers.map(|(name, role, of)| Spec {
+            name,
+            role,
+            need: needs[of as usize].expect("the constant tables mix no layouts"),
+        });
+        Ok(Table {
+            specs,
+            empty: self.rows == 0,
+        })
+    }
 }
+
+/// The span a buffer of a call covers: `a`'s, `b`'s or `c`'s rows, or fused gate-up rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Of {
+    A,
+    B,
+    C,
+    Fused,
+}
+
+/// A launcher's buffers in signature order: name, role and span.
+pub(crate) type Buffers<const N: usize> = [(&'static str, Role, Of); N];
+
+/// The buffers of [`swiglu_forward`].
+pub(crate) const FORWARD: Buffers<3> = [
+    ("a", Read, Of::A),
+    ("b", Read, Of::B),
+    ("c", Written, Of::C),
+];
+/// The buffers of [`swiglu_forward_fused`].
+pub(crate) const FORWARD_FUSED: Buffers<2> = [("gate_up", Read, Of::Fused), ("c", Written, Of::C)];
+/// The buffers of [`swiglu_backward`].
+pub(crate) const BACKWARD: Buffers<5> = [
+    ("dc", Read, Of::C),
+    ("a", Read, Of::A),
+    ("b", Read, Of::B),
+    ("da", Written, Of::A),
+    ("db", Written, Of::B),
+];
+/// The buffers of [`swiglu_backward_inplace`].
+pub(crate) const BACKWARD_INPLACE: Buffers<3> = [
+    ("dc", Read, Of::C),
+    ("a", InPlace, Of::A),
+    ("b", InPlace, Of::B),
+];
+/// The buffers of [`swiglu_backward_fused`].
+pub(crate) const BACKWARD_FUSED: Buffers<3> = [
+    ("dc", Read, Of::C),
+    ("gate_up", Read, Of::Fused),
+    ("d_gate_up", Written, Of::Fused),
+];
+/// The buffers of [`swiglu_backward_fused_inplace`].
+pub(crate) const BACKWARD_FUSED_INPLACE: Buffers<2> =
+    [("dc", Read, Of::C), ("gate_up", InPlace, Of::Fused)];
 
 const SPAN_A: &str = "(rows − 1) × a_stride + cols";
 const SPAN_B: &str = "(rows − 1) × b_stride + cols";
@@ -298,26 +361,31 @@ impl Path {
         }
     }
 
-    /// The kernel's name; `whole_grid`: the vector path's one-tile-per-block twin.
-    fn kernel<T: Dtype>(self, direction: &str, whole_grid: bool) -> String {
-        match (self, whole_grid) {
-            (Path::Scalar, _) => format!("swiglu_{direction}_{}", T::NAME),
-            (Path::Vector { .. }, false) => format!("swiglu_{direction}_v_{}", T::NAME),
-            (Path::Vector { .. }, true) => format!("swiglu_{direction}_vt_{}", T::NAME),
+    /// The kernel; `whole_grid`: the vector path's one-tile-per-block twin.
+    fn kernel<T: Dtype>(self, direction: Direction, whole_grid: bool) -> Kernel {
+        let path = match (self, whole_grid) {
+            (Path::Scalar, _) => SwigluPath::Scalar,
+            (Path::Vector { .. }, false) => SwigluPath::Vector,
+            (Path::Vector { .. }, true) => SwigluPath::Tile,
+        };
+        Kernel::Swiglu {
+            direction,
+            path,
+            elem: T::ELEM,
         }
     }
 }
 
-/// Kernel name and launch shape (see [`launch_shape`]).
+/// Kernel and launch shape (see [`launch_shape`]).
 fn config<T: Dtype>(
     kernels: &Kernels,
     path: Path,
-    direction: &str,
+    direction: Direction,
     whole: Whole,
     rows: usize,
     cols: usize,
-) -> Result<(String, LaunchConfig)> {
-    let func = kernels.function(&path.kernel::<T>(direction, false))?;
+) -> Result<(Kernel, LaunchConfig)> {
+    let func = kernels.function(path.kernel::<T>(direction, false))?;
     let shape = launch_shape::<T>(path, whole, rows, cols, |threads| {
         kernels.resident_blocks(&func, threads, 0)
     })?;
@@ -405,6 +473,29 @@ struct Forward {
     c: u64,
 }
 
+impl Forward {
+    fn separate(args: &SwigluArgs, a: u64, b: u64, c: u64) -> Self {
+        Forward {
+            a,
+            a_stride: args.a_stride,
+            b,
+            b_stride: args.b_stride,
+            c,
+        }
+    }
+
+    /// Gate and up halves of each fused row, rows `a_stride` apart.
+    fn fused<T>(args: &SwigluArgs, gate_up: u64, c: u64) -> Self {
+        Forward {
+            a: gate_up,
+            a_stride: args.a_stride,
+            b: gate_up + up_offset::<T>(args.cols),
+            b_stride: args.a_stride,
+            c,
+        }
+    }
+}
+
 fn launch_forward<T: Dtype>(stream: &Arc<CudaStream>, args: &SwigluArgs, p: Forward) -> Result<()> {
     let path = Path::choose::<T>(
         args.rows,
@@ -414,15 +505,15 @@ fn launch_forward<T: Dtype>(stream: &Arc<CudaStream>, args: &SwigluArgs, p: Forw
         FWD_VECS,
     );
     let kernels = kernels(stream.context())?;
-    let (name, cfg) = config::<T>(
+    let (kernel, cfg) = config::<T>(
         &kernels,
         path,
-        "fwd",
-        fwd_whole::<T>(),
+        Direction::Forward,
+        FWD_WHOLE,
         args.rows,
         args.cols,
     )?;
-    let func = kernels.function(&name)?;
+    let func = kernels.function(kernel)?;
     let (a_stride, b_stride, c_stride) =
         (p.a_stride as u64, p.b_stride as u64, args.c_stride as u64);
     let (rows, cols) = (args.rows as u64, args.cols as u64);
@@ -457,6 +548,35 @@ struct Backward {
     db: u64,
 }
 
+impl Backward {
+    /// `[a, b]` read, `[da, db]` written (the same pointers in place).
+    fn separate(args: &SwigluArgs, dc: u64, [a, b]: [u64; 2], [da, db]: [u64; 2]) -> Self {
+        Backward {
+            dc,
+            a,
+            a_stride: args.a_stride,
+            b,
+            b_stride: args.b_stride,
+            da,
+            db,
+        }
+    }
+
+    /// Gate and up halves of each fused row of the input and of the gradient.
+    fn fused<T>(args: &SwigluArgs, dc: u64, gate_up: u64, d_gate_up: u64) -> Self {
+        let up = up_offset::<T>(args.cols);
+        Backward {
+            dc,
+            a: gate_up,
+            a_stride: args.a_stride,
+            b: gate_up + up,
+            b_stride: args.a_stride,
+            da: d_gate_up,
+            db: d_gate_up + up,
+        }
+    }
+}
+
 fn launch_backward<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &SwigluArgs,
@@ -470,8 +590,9 @@ fn launch_backward<T: Dtype>(
         BWD_VECS,
     );
     let kernels = kernels(stream.context())?;
-    let (name, cfg) = config::<T>(&kernels, path, "bwd", BWD_WHOLE, args.rows, args.cols)?;
-    let func = kernels.function(&name)?;
+    let direction = Direction::Backward;
+    let (kernel, cfg) = config::<T>(&kernels, path, direction, BWD_WHOLE, args.rows, args.cols)?;
+    let func = kernels.function(kernel)?;
     let (a_stride, b_stride, c_stride) =
         (p.a_stride as u64, p.b_stride as u64, args.c_stride as u64);
     let (rows, cols) = (args.rows as u64, args.cols as u64);
@@ -546,34 +667,12 @@ pub fn swiglu_forward<T: Dtype>(
     b: &impl DevicePtr<T>,
     c: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let [a_span, b_span, c_span] = args.separate_spans()?;
-    same_context(stream, "a", a)?;
-    same_context(stream, "b", b)?;
-    same_context(stream, "c", c)?;
-    at_least("a", a.len(), a_span, SPAN_A)?;
-    at_least("b", b.len(), b_span, SPAN_B)?;
-    at_least("c", c.len(), c_span, SPAN_C)?;
-    if args.rows == 0 {
+    let table = args.table(&FORWARD)?;
+    let Some(call) = validate(stream, &table, [read(a), read(b), write(c)])? else {
         return Ok(());
-    }
-    let (a_ptr, _a) = a.device_ptr(stream);
-    let (b_ptr, _b) = b.device_ptr(stream);
-    let (c_ptr, _c) = c.device_ptr_mut(stream);
-    disjoint(
-        &[Region::new::<T>("c", c_ptr, c_span)],
-        &[
-            Region::new::<T>("a", a_ptr, a_span),
-            Region::new::<T>("b", b_ptr, b_span),
-        ],
-    )?;
-    let p = Forward {
-        a: a_ptr,
-        a_stride: args.a_stride,
-        b: b_ptr,
-        b_stride: args.b_stride,
-        c: c_ptr,
     };
-    launch_forward::<T>(stream, args, p)
+    let [a, b, c] = call.ptrs;
+    launch_forward::<T>(stream, args, Forward::separate(args, a, b, c))
 }
 
 /// SwiGLU forward from a fused gate-up buffer `[rows, 2·cols]` (gate first in each row, rows
@@ -619,28 +718,12 @@ pub fn swiglu_forward_fused<T: Dtype>(
     gate_up: &impl DevicePtr<T>,
     c: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let [in_span, c_span] = args.fused_spans()?;
-    same_context(stream, "gate_up", gate_up)?;
-    same_context(stream, "c", c)?;
-    at_least("gate_up", gate_up.len(), in_span, SPAN_FUSED)?;
-    at_least("c", c.len(), c_span, SPAN_C)?;
-    if args.rows == 0 {
+    let table = args.table(&FORWARD_FUSED)?;
+    let Some(call) = validate(stream, &table, [read(gate_up), write(c)])? else {
         return Ok(());
-    }
-    let (in_ptr, _in) = gate_up.device_ptr(stream);
-    let (c_ptr, _c) = c.device_ptr_mut(stream);
-    disjoint(
-        &[Region::new::<T>("c", c_ptr, c_span)],
-        &[Region::new::<T>("gate_up", in_ptr, in_span)],
-    )?;
-    let p = Forward {
-        a: in_ptr,
-        a_stride: args.a_stride,
-        b: in_ptr + up_offset::<T>(args.cols),
-        b_stride: args.a_stride,
-        c: c_ptr,
     };
-    launch_forward::<T>(stream, args, p)
+    let [gate_up, c] = call.ptrs;
+    launch_forward::<T>(stream, args, Forward::fused::<T>(args, gate_up, c))
 }
 
 /// SwiGLU backward into separate buffers: `da` (rows at `args.a_stride`) and `db` (rows at
@@ -696,46 +779,13 @@ pub fn swiglu_backward<T: Dtype>(
     da: &mut impl DevicePtrMut<T>,
     db: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let [a_span, b_span, c_span] = args.separate_spans()?;
-    same_context(stream, "dc", dc)?;
-    same_context(stream, "a", a)?;
-    same_context(stream, "b", b)?;
-    same_context(stream, "da", da)?;
-    same_context(stream, "db", db)?;
-    at_least("dc", dc.len(), c_span, SPAN_C)?;
-    at_least("a", a.len(), a_span, SPAN_A)?;
-    at_least("b", b.len(), b_span, SPAN_B)?;
-    at_least("da", da.len(), a_span, SPAN_A)?;
-    at_least("db", db.len(), b_span, SPAN_B)?;
-    if args.rows == 0 {
+    let table = args.table(&BACKWARD)?;
+    let bufs = [read(dc), read(a), read(b), write(da), write(db)];
+    let Some(call) = validate(stream, &table, bufs)? else {
         return Ok(());
-    }
-    let (dc_ptr, _dc) = dc.device_ptr(stream);
-    let (a_ptr, _a) = a.device_ptr(stream);
-    let (b_ptr, _b) = b.device_ptr(stream);
-    let (da_ptr, _da) = da.device_ptr_mut(stream);
-    let (db_ptr, _db) = db.device_ptr_mut(stream);
-    disjoint(
-        &[
-            Region::new::<T>("da", da_ptr, a_span),
-            Region::new::<T>("db", db_ptr, b_span),
-        ],
-        &[
-            Region::new::<T>("dc", dc_ptr, c_span),
-            Region::new::<T>("a", a_ptr, a_span),
-            Region::new::<T>("b", b_ptr, b_span),
-        ],
-    )?;
-    let p = Backward {
-        dc: dc_ptr,
-        a: a_ptr,
-        a_stride: args.a_stride,
-        b: b_ptr,
-        b_stride: args.b_stride,
-        da: da_ptr,
-        db: db_ptr,
     };
-    launch_backward::<T>(stream, args, p)
+    let [dc, a, b, da, db] = call.ptrs;
+    launch_backward::<T>(stream, args, Backward::separate(args, dc, [a, b], [da, db]))
 }
 
 /// SwiGLU backward writing `da` over `a` and `db` over `b` (the memory-saving mode of
@@ -786,36 +836,12 @@ pub fn swiglu_backward_inplace<T: Dtype>(
     a: &mut impl DevicePtrMut<T>,
     b: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let [a_span, b_span, c_span] = args.separate_spans()?;
-    same_context(stream, "dc", dc)?;
-    same_context(stream, "a", a)?;
-    same_context(stream, "b", b)?;
-    at_least("dc", dc.len(), c_span, SPAN_C)?;
-    at_least("a", a.len(), a_span, SPAN_A)?;
-    at_least("b", b.len(), b_span, SPAN_B)?;
-    if args.rows == 0 {
+    let table = args.table(&BACKWARD_INPLACE)?;
+    let Some(call) = validate(stream, &table, [read(dc), write(a), write(b)])? else {
         return Ok(());
-    }
-    let (dc_ptr, _dc) = dc.device_ptr(stream);
-    let (a_ptr, _a) = a.device_ptr_mut(stream);
-    let (b_ptr, _b) = b.device_ptr_mut(stream);
-    disjoint(
-        &[
-            Region::new::<T>("a", a_ptr, a_span),
-            Region::new::<T>("b", b_ptr, b_span),
-        ],
-        &[Region::new::<T>("dc", dc_ptr, c_span)],
-    )?;
-    let p = Backward {
-        dc: dc_ptr,
-        a: a_ptr,
-        a_stride: args.a_stride,
-        b: b_ptr,
-        b_stride: args.b_stride,
-        da: a_ptr,
-        db: b_ptr,
     };
-    launch_backward::<T>(stream, args, p)
+    let [dc, a, b] = call.ptrs;
+    launch_backward::<T>(stream, args, Backward::separate(args, dc, [a, b], [a, b]))
 }
 
 /// SwiGLU backward from a fused gate-up buffer into a separate fused gradient buffer
@@ -865,37 +891,17 @@ pub fn swiglu_backward_fused<T: Dtype>(
     gate_up: &impl DevicePtr<T>,
     d_gate_up: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let [in_span, c_span] = args.fused_spans()?;
-    same_context(stream, "dc", dc)?;
-    same_context(stream, "gate_up", gate_up)?;
-    same_context(stream, "d_gate_up", d_gate_up)?;
-    at_least("dc", dc.len(), c_span, SPAN_C)?;
-    at_least("gate_up", gate_up.len(), in_span, SPAN_FUSED)?;
-    at_least("d_gate_up", d_gate_up.len(), in_span, SPAN_FUSED)?;
-    if args.rows == 0 {
+    let table = args.table(&BACKWARD_FUSED)?;
+    let bufs = [read(dc), read(gate_up), write(d_gate_up)];
+    let Some(call) = validate(stream, &table, bufs)? else {
         return Ok(());
-    }
-    let (dc_ptr, _dc) = dc.device_ptr(stream);
-    let (in_ptr, _in) = gate_up.device_ptr(stream);
-    let (out_ptr, _out) = d_gate_up.device_ptr_mut(stream);
-    disjoint(
-        &[Region::new::<T>("d_gate_up", out_ptr, in_span)],
-        &[
-            Region::new::<T>("dc", dc_ptr, c_span),
-            Region::new::<T>("gate_up", in_ptr, in_span),
-        ],
-    )?;
-    let up = up_offset::<T>(args.cols);
-    let p = Backward {
-        dc: dc_ptr,
-        a: in_ptr,
-        a_stride: args.a_stride,
-        b: in_ptr + up,
-        b_stride: args.a_stride,
-        da: out_ptr,
-        db: out_ptr + up,
     };
-    launch_backward::<T>(stream, args, p)
+    let [dc, gate_up, d_gate_up] = call.ptrs;
+    launch_backward::<T>(
+        stream,
+        args,
+        Backward::fused::<T>(args, dc, gate_up, d_gate_up),
+    )
 }
 
 /// SwiGLU backward writing the fused gradient over the fused gate-up buffer (`da` over the
@@ -943,35 +949,20 @@ pub fn swiglu_backward_fused_inplace<T: Dtype>(
     dc: &impl DevicePtr<T>,
     gate_up: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let [in_span, c_span] = args.fused_spans()?;
-    same_context(stream, "dc", dc)?;
-    same_context(stream, "gate_up", gate_up)?;
-    at_least("dc", dc.len(), c_span, SPAN_C)?;
-    at_least("gate_up", gate_up.len(), in_span, SPAN_FUSED)?;
-    if args.rows == 0 {
+    let table = args.table(&BACKWARD_FUSED_INPLACE)?;
+    let Some(call) = validate(stream, &table, [read(dc), write(gate_up)])? else {
         return Ok(());
-    }
-    let (dc_ptr, _dc) = dc.device_ptr(stream);
-    let (ptr, _guard) = gate_up.device_ptr_mut(stream);
-    disjoint(
-        &[Region::new::<T>("gate_up", ptr, in_span)],
-        &[Region::new::<T>("dc", dc_ptr, c_span)],
-    )?;
-    let up = up_offset::<T>(args.cols);
-    let p = Backward {
-        dc: dc_ptr,
-        a: ptr,
-        a_stride: args.a_stride,
-        b: ptr + up,
-        b_stride: args.a_stride,
-        da: ptr,
-        db: ptr + up,
     };
-    launch_backward::<T>(stream, args, p)
+    let [dc, gate_up] = call.ptrs;
+    launch_backward::<T>(
+        stream,
+        args,
+        Backward::fused::<T>(args, dc, gate_up, gate_up),
+    )
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use half::{bf16, f16};
 
@@ -1072,14 +1063,14 @@ mod tests {
         // Driver errors pass through.
         let err = launch_shape::<f32>(v, BWD_WHOLE, 8, 8, |_| Err(crate::Error::NoDriver));
         assert!(err.is_err());
-        // The forward's `_vt` tiles: 4 (16-bit) or 2 (f32) 16-byte vectors × 128 threads,
-        // here over 16384 rows of 1792 vectors each.
-        let s = launch_shape::<bf16>(v, fwd_whole::<bf16>(), 16384, 1792 * 8, |_| Ok(396));
+        // The forward's `_vt` tiles: 4 16-byte vectors × 128 threads, here over 16384 rows of
+        // 1792 vectors each.
+        let s = launch_shape::<bf16>(v, FWD_WHOLE, 16384, 1792 * 8, |_| Ok(396));
         let s = s.unwrap();
         assert_eq!((s.whole, s.grid, s.threads), (true, 57344, 128));
-        let s = launch_shape::<f32>(v, fwd_whole::<f32>(), 16384, 1792 * 4, |_| Ok(396));
+        let s = launch_shape::<f32>(v, FWD_WHOLE, 16384, 1792 * 4, |_| Ok(396));
         let s = s.unwrap();
-        assert_eq!((s.whole, s.grid, s.threads), (true, 114688, 128));
+        assert_eq!((s.whole, s.grid, s.threads), (true, 57344, 128));
         // The backward's: one 8-byte vector × 256 threads, over 16384 rows of 3584 of them.
         let s = launch_shape::<bf16>(v, BWD_WHOLE, 16384, 3584 * 4, |_| Ok(396)).unwrap();
         assert_eq!((s.whole, s.grid, s.threads), (true, 229376, 256));
@@ -1087,25 +1078,41 @@ mod tests {
         assert_eq!((s.whole, s.grid, s.threads), (true, 229376, 256));
     }
 
-    #[test]
-    fn kernel_names_match_the_device_crate() {
-        let v = Path::Vector { per_thread: 2 };
-        assert_eq!(v.kernel::<bf16>("fwd", false), "swiglu_fwd_v_bf16");
-        assert_eq!(v.kernel::<f32>("bwd", false), "swiglu_bwd_v_f32");
-        assert_eq!(v.kernel::<f16>("bwd", true), "swiglu_bwd_vt_f16");
-        assert_eq!(Path::Scalar.kernel::<f16>("fwd", false), "swiglu_fwd_f16");
-        assert_eq!(Path::Scalar.kernel::<f16>("fwd", true), "swiglu_fwd_f16");
-        for direction in ["fwd", "bwd"] {
-            for whole in [false, true] {
-                for name in [
-                    v.kernel::<f32>(direction, whole),
-                    v.kernel::<f16>(direction, whole),
-                    v.kernel::<bf16>(direction, whole),
-                ] {
-                    assert!(crate::PTX.contains(&format!(".entry {name}(")), "{name}");
+    /// Every kernel the launchers can ask for: each path and twin of each element type and
+    /// direction.
+    pub(crate) fn launchable_kernels() -> Vec<Kernel> {
+        fn of<T: Dtype>(out: &mut Vec<Kernel>) {
+            for direction in [Direction::Forward, Direction::Backward] {
+                for path in [Path::Scalar, Path::Vector { per_thread: 1 }] {
+                    for whole in [false, true] {
+                        out.push(path.kernel::<T>(direction, whole));
+                    }
                 }
             }
         }
+        let mut out = Vec::new();
+        of::<f32>(&mut out);
+        of::<f16>(&mut out);
+        of::<bf16>(&mut out);
+        out
+    }
+
+    #[test]
+    fn kernel_names_are_their_parts() {
+        let v = Path::Vector { per_thread: 2 };
+        let name = |k: Kernel| k.name();
+        let (fwd, bwd) = (Direction::Forward, Direction::Backward);
+        assert_eq!(name(v.kernel::<bf16>(fwd, false)), "swiglu_fwd_v_bf16");
+        assert_eq!(name(v.kernel::<f32>(bwd, false)), "swiglu_bwd_v_f32");
+        assert_eq!(name(v.kernel::<f16>(bwd, true)), "swiglu_bwd_vt_f16");
+        assert_eq!(
+            name(Path::Scalar.kernel::<f16>(fwd, false)),
+            "swiglu_fwd_f16"
+        );
+        assert_eq!(
+            name(Path::Scalar.kernel::<f16>(fwd, true)),
+            "swiglu_fwd_f16"
+        );
     }
 
     #[test]
@@ -1120,16 +1127,23 @@ mod tests {
     #[test]
     fn fused_spans_need_twice_the_columns() {
         let args = SwigluArgs::fused(3, 5);
-        assert_eq!(args.fused_spans().unwrap(), [30, 15]);
-        let e = args.with_strides(9, 0, 5).fused_spans().unwrap_err();
+        assert_eq!(
+            args.fused_needs().unwrap(),
+            [Need::AtLeast(30, SPAN_FUSED), Need::AtLeast(15, SPAN_C)]
+        );
+        let e = args.with_strides(9, 0, 5).fused_needs().unwrap_err();
         assert!(e.to_string().contains("2 × cols = 10"), "{e}");
-        assert!(SwigluArgs::fused(1, usize::MAX).fused_spans().is_err());
+        assert!(SwigluArgs::fused(1, usize::MAX).fused_needs().is_err());
         assert_eq!(
             SwigluArgs::new(2, 4)
                 .with_strides(6, 5, 4)
-                .separate_spans()
+                .separate_needs()
                 .unwrap(),
-            [10, 9, 8]
+            [
+                Need::AtLeast(10, SPAN_A),
+                Need::AtLeast(9, SPAN_B),
+                Need::AtLeast(8, SPAN_C)
+            ]
         );
     }
 
@@ -1145,15 +1159,15 @@ mod tests {
             return;
         };
         fn check<T: Dtype>(k: &Kernels) {
-            for (rows, cols, twin) in [(1300, 8192, "vt"), (200001, 56, "vt"), (24000, 56, "v")] {
+            for (rows, cols, twin) in [(1300, 8192, true), (200001, 56, true), (24000, 56, false)] {
                 for (direction, per_thread, whole) in [
-                    ("fwd", FWD_VECS, fwd_whole::<T>()),
-                    ("bwd", BWD_VECS, BWD_WHOLE),
+                    (Direction::Forward, FWD_VECS, FWD_WHOLE),
+                    (Direction::Backward, BWD_VECS, BWD_WHOLE),
                 ] {
                     let path = Path::Vector { per_thread };
-                    let (name, _) = config::<T>(k, path, direction, whole, rows, cols).unwrap();
-                    let want = format!("swiglu_{direction}_{twin}_{}", T::NAME);
-                    assert_eq!(name, want, "{rows}×{cols}");
+                    let (got, _) = config::<T>(k, path, direction, whole, rows, cols).unwrap();
+                    let want = path.kernel::<T>(direction, twin);
+                    assert_eq!(got.name(), want.name(), "{rows}×{cols}");
                 }
             }
         }

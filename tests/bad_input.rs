@@ -1,4 +1,5 @@
-//! Bad input never reaches a kernel. For every public launcher one table starts from a valid
+//! Bad input never reaches a kernel. For every public launcher one table (in
+//! `bad_input/tables.rs`) starts from a valid
 //! call and walks every argument: each row changes the call in one way (an args field out of
 //! range, a buffer one element short or long, an unsupported combination, two buffers that
 //! overlap, a buffer from another CUDA context) and names what must come back: `Ok`, or the
@@ -15,505 +16,43 @@
 //! `the_tables_walk_every_argument` checks the tables themselves, without a GPU: every buffer
 //! is walked one short and one long, every field of the args struct is changed by some row,
 //! every name a row expects is an argument of the call, and each row's buffers overlap exactly
-//! where the row says.
+//! where the row says. The library's unit tests (`src/bad_input.rs`) run the same rows
+//! through each launcher's checks with buffers as plain values, so every row's outcome is
+//! checked without a GPU too; what only this walk shows is that nothing is launched on a
+//! rejection and every output is written on acceptance, with real contexts and memory.
 mod common;
+#[path = "bad_input/tables.rs"]
+mod tables;
 
 use common::{Failures, Need, Rng, gpu, skip};
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use liger_rs::{
-    CastingMode, CosSinLayout, Dtype, Error, PositionIds, RmsNormArgs, RopeArgs, SwigluArgs,
-    rms_norm_backward, rms_norm_backward_inplace, rms_norm_forward, rope_backward,
-    rope_backward_into, rope_forward, rope_forward_into, swiglu_backward, swiglu_backward_fused,
-    swiglu_backward_fused_inplace, swiglu_backward_inplace, swiglu_forward, swiglu_forward_fused,
+    CosSinLayout, Dtype, Error, PositionIds, RmsNormArgs, SwigluArgs, rms_norm_backward,
+    rms_norm_backward_inplace, rms_norm_forward, rope_backward, rope_backward_into, rope_forward,
+    rope_forward_into, swiglu_backward, swiglu_backward_fused, swiglu_backward_fused_inplace,
+    swiglu_backward_inplace, swiglu_forward, swiglu_forward_fused,
 };
 use std::collections::BTreeSet;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
+use tables::*;
 
 type Stream = Arc<CudaStream>;
 
-// ---------------------------------------------------------------- calls and rows
+// ---------------------------------------------------------------- launching a call
 
-/// Element type of a buffer: the call's dtype `T` or a fixed one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    T,
-    F32,
-    I32,
-    I64,
-}
-
-impl Kind {
-    fn size(self, t_size: usize) -> usize {
-        match self {
-            Kind::T => t_size,
-            Kind::F32 | Kind::I32 => 4,
-            Kind::I64 => 8,
-        }
-    }
-}
-
-/// What the launcher does with a buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Role {
-    In,
-    Out,
-    /// Read, then written in place.
-    InOut,
-}
-
-/// Which end of another buffer an overlapping buffer covers.
-#[derive(Debug, Clone, Copy)]
-enum Edge {
-    /// Its last element covers the start of the other.
-    Head,
-    /// Its first element covers the end of the other.
-    Tail,
-}
-
-/// Where a buffer is placed.
-#[derive(Debug, Clone, Copy)]
-enum At {
-    /// Its own slot on device 0, through the stream's context handle.
-    Own,
-    /// Its own slot on device 0, through a second handle (`cuda_context(0)` again) on the
-    /// same primary context.
-    Twin,
-    /// Its own slot on device 1 (another context).
-    Other,
-    /// Over one end of the named buffer.
-    Over(&'static str, Edge),
-}
-
-struct Buf<A> {
-    name: &'static str,
-    kind: Kind,
-    role: Role,
-    /// Elements the call needs, from its scalars.
-    need: fn(&A) -> usize,
-    len: usize,
-    at: At,
-}
-
-fn buf<A>(name: &'static str, kind: Kind, role: Role, need: fn(&A) -> usize) -> Buf<A> {
-    Buf {
-        name,
-        kind,
-        role,
-        need,
-        len: 0,
-        at: At::Own,
-    }
-}
-
-/// One call of a launcher: its scalars and its buffers, in signature order.
-struct Call<A> {
-    args: A,
-    bufs: Vec<Buf<A>>,
-}
-
-impl<A> Call<A> {
-    /// A call whose buffers hold exactly what `args` needs.
-    fn new(args: A, bufs: Vec<Buf<A>>) -> Self {
-        let mut call = Call { args, bufs };
-        call.resize();
-        call
-    }
-
-    fn resize(&mut self) {
-        for b in &mut self.bufs {
-            b.len = (b.need)(&self.args);
-        }
-    }
-
-    fn buf(&mut self, name: &str) -> &mut Buf<A> {
-        self.bufs
-            .iter_mut()
-            .find(|b| b.name == name)
-            .unwrap_or_else(|| panic!("the call has no buffer `{name}`"))
-    }
-
-    fn remove(&mut self, name: &str) {
-        let before = self.bufs.len();
-        self.bufs.retain(|b| b.name != name);
-        assert_eq!(
-            self.bufs.len() + 1,
-            before,
-            "the call has no buffer `{name}`"
-        );
-    }
-}
-
-/// What a row's call must return.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Want {
-    Ok,
-    Invalid {
-        arg: &'static str,
-        /// A piece of `expected`.
-        needle: &'static str,
-    },
-    Aliasing {
-        output: &'static str,
-        other: &'static str,
-    },
-    WrongContext {
-        arg: &'static str,
-    },
-}
-
-fn invalid(arg: &'static str, needle: &'static str) -> Want {
-    Want::Invalid { arg, needle }
-}
-
-impl Want {
-    /// The names it expects the error to carry.
-    fn names(&self) -> Vec<&'static str> {
-        match *self {
-            Want::Ok => vec![],
-            Want::Invalid { arg, .. } | Want::WrongContext { arg } => vec![arg],
-            Want::Aliasing { output, other } => vec![output, other],
-        }
-    }
-
-    fn renamed(self, f: impl Fn(&'static str) -> &'static str) -> Want {
-        match self {
-            Want::Ok => Want::Ok,
-            Want::Invalid { arg, needle } => Want::Invalid {
-                arg: f(arg),
-                needle,
-            },
-            Want::Aliasing { output, other } => Want::Aliasing {
-                output: f(output),
-                other: f(other),
-            },
-            Want::WrongContext { arg } => Want::WrongContext { arg: f(arg) },
-        }
-    }
-}
-
-/// A row's change to the valid call.
-type Change<A> = Box<dyn Fn(&mut Call<A>)>;
-
-/// One table row: the argument walked, the change in words and in code, the outcome.
-struct Row<A> {
-    arg: &'static str,
-    what: String,
-    change: Change<A>,
-    want: Want,
-}
-
-/// A table under construction.
-struct Rows<A>(Vec<Row<A>>);
-
-impl<A: 'static> Rows<A> {
-    fn new() -> Self {
-        Rows(Vec::new())
-    }
-
-    fn row(
-        &mut self,
-        arg: &'static str,
-        what: &str,
-        change: impl Fn(&mut Call<A>) + 'static,
-        want: Want,
-    ) {
-        self.0.push(Row {
-            arg,
-            what: what.to_string(),
-            change: Box::new(change),
-            want,
-        });
-    }
-
-    /// Changes the scalars only; the buffers stay as the valid call has them.
-    fn field(
-        &mut self,
-        arg: &'static str,
-        what: &str,
-        change: impl Fn(&mut A) + 'static,
-        want: Want,
-    ) {
-        self.row(arg, what, move |c| change(&mut c.args), want)
-    }
-
-    /// Changes the scalars, then gives every buffer what the new scalars need.
-    fn reshape(
-        &mut self,
-        arg: &'static str,
-        what: &str,
-        change: impl Fn(&mut A) + 'static,
-        want: Want,
-    ) {
-        let what = format!("{what}, every buffer resized to match");
-        self.row(
-            arg,
-            &what,
-            move |c| {
-                change(&mut c.args);
-                c.resize();
-            },
-            want,
-        )
-    }
-
-    /// The buffer one element short: rejected naming it.
-    fn short(&mut self, name: &'static str, needle: &'static str) {
-        self.row(
-            name,
-            "one element short",
-            move |c| c.buf(name).len -= 1,
-            invalid(name, needle),
-        )
-    }
-
-    /// The buffer one element long: `Ok` where a length is a minimum, rejected where it is
-    /// exact.
-    fn long(&mut self, name: &'static str, want: Want) {
-        self.row(
-            name,
-            "one element long",
-            move |c| c.buf(name).len += 1,
-            want,
-        )
-    }
-}
-
-/// Every buffer from another context (rejected) and through a second handle on the stream's
-/// own context (accepted).
-fn context_rows<A: 'static>(rows: &mut Rows<A>, bufs: &[Buf<A>]) {
-    for b in bufs {
-        let name = b.name;
-        rows.row(
-            name,
-            "from device 1 (another context)",
-            move |c| c.buf(name).at = At::Other,
-            Want::WrongContext { arg: name },
-        );
-        rows.row(
-            name,
-            "through a second handle on device 0's context",
-            move |c| c.buf(name).at = At::Twin,
-            Want::Ok,
-        );
-    }
-}
-
-/// Every pair of buffers overlapping at either end: an error naming the output first (the
-/// earlier output when both are written), `Ok` when both are only read.
-fn overlap_rows<A: 'static>(rows: &mut Rows<A>, bufs: &[Buf<A>]) {
-    for (i, u) in bufs.iter().enumerate() {
-        for v in &bufs[i + 1..] {
-            let (moved, onto, want) = match (u.role, v.role) {
-                (Role::In, Role::In) => (v.name, u.name, Want::Ok),
-                (Role::In, _) => (
-                    v.name,
-                    u.name,
-                    Want::Aliasing {
-                        output: v.name,
-                        other: u.name,
-                    },
-                ),
-                _ => (
-                    u.name,
-                    v.name,
-                    Want::Aliasing {
-                        output: u.name,
-                        other: v.name,
-                    },
-                ),
-            };
-            for edge in [Edge::Head, Edge::Tail] {
-                let what = match edge {
-                    Edge::Head => format!("its last element over the first of `{onto}`"),
-                    Edge::Tail => format!("its first element over the last of `{onto}`"),
-                };
-                rows.row(
-                    moved,
-                    &what,
-                    move |c| c.buf(moved).at = At::Over(onto, edge),
-                    want,
-                );
-            }
-        }
-    }
-}
-
-/// One public launcher.
-trait Op: Copy {
-    /// Everything of a call that is not a buffer.
-    type Args: PartialEq + 'static;
-    fn name(self) -> &'static str;
-    /// The valid call every row starts from.
-    fn base(self) -> Call<Self::Args>;
-    /// The written rows: scalars, lengths, combinations (context and overlap rows are
-    /// generated).
-    fn rows(self, rows: &mut Rows<Self::Args>);
-    /// `Debug` of the library's args struct inside `Self::Args`.
-    fn fields(args: &Self::Args) -> String;
+/// A public launcher run on a GPU.
+trait Launch: Op {
     fn launch<T: Dtype>(
         self,
         stream: &Stream,
         args: &Self::Args,
         live: &mut Live<T>,
     ) -> liger_rs::Result<()>;
-    /// The launcher's name for a buffer (RoPE backward calls q and k dq and dk).
-    fn rename(self, name: &'static str) -> &'static str {
-        name
-    }
 }
 
-/// The whole table of `op`: the valid call itself, the written rows, the generated ones.
-fn table<O: Op>(op: O) -> Vec<Row<O::Args>> {
-    let base = op.base();
-    let mut rows = Rows::new();
-    rows.row("(none)", "the valid call itself", |_| {}, Want::Ok);
-    op.rows(&mut rows);
-    context_rows(&mut rows, &base.bufs);
-    overlap_rows(&mut rows, &base.bufs);
-    rows.0
-}
-
-/// `(rows − 1) × stride + cols`, 0 without rows (saturating: resized calls are small).
-fn span(rows: usize, cols: usize, stride: usize) -> usize {
-    match rows {
-        0 => 0,
-        _ => (rows - 1).saturating_mul(stride).saturating_add(cols),
-    }
-}
-
-// ---------------------------------------------------------------- RMSNorm
-
-#[derive(Debug, Clone, Copy)]
-enum Rms {
-    Forward,
-    Backward,
-    BackwardInplace,
-}
-
-fn x_span(a: &RmsNormArgs) -> usize {
-    span(a.rows, a.cols, a.x_stride)
-}
-
-fn y_span(a: &RmsNormArgs) -> usize {
-    span(a.rows, a.cols, a.y_stride)
-}
-
-impl Op for Rms {
-    type Args = RmsNormArgs;
-
-    fn name(self) -> &'static str {
-        match self {
-            Rms::Forward => "rms_norm_forward",
-            Rms::Backward => "rms_norm_backward",
-            Rms::BackwardInplace => "rms_norm_backward_inplace",
-        }
-    }
-
-    /// 3 rows of 8, x rows 11 apart (x: 30 elements), y/dy/dx rows 13 apart (34), a weight.
-    fn base(self) -> Call<RmsNormArgs> {
-        let args = RmsNormArgs::new(3, 8).with_strides(11, 13);
-        let x = buf("x", Kind::T, Role::In, x_span);
-        let weight = buf("weight", Kind::T, Role::In, |a: &RmsNormArgs| a.cols);
-        let rows = |a: &RmsNormArgs| a.rows;
-        let dw = buf("dw", Kind::T, Role::Out, |a: &RmsNormArgs| a.cols);
-        let bufs = match self {
-            Rms::Forward => vec![
-                x,
-                weight,
-                buf("y", Kind::T, Role::Out, y_span),
-                buf("rstd", Kind::F32, Role::Out, rows),
-            ],
-            Rms::Backward => vec![
-                buf("dy", Kind::T, Role::In, y_span),
-                x,
-                weight,
-                buf("rstd", Kind::F32, Role::In, rows),
-                buf("dx", Kind::T, Role::Out, y_span),
-                dw,
-            ],
-            Rms::BackwardInplace => vec![
-                buf("dy_dx", Kind::T, Role::InOut, y_span),
-                x,
-                weight,
-                buf("rstd", Kind::F32, Role::In, rows),
-                dw,
-            ],
-        };
-        Call::new(args, bufs)
-    }
-
-    #[rustfmt::skip]
-    fn rows(self, t: &mut Rows<RmsNormArgs>) {
-        // The y-strided buffer; the first buffer the launcher measures, and what it needs with
-        // one more row; the stride of the span computed first (an overflow of rows × stride is
-        // reported against it).
-        let (y, first, first_need, first_stride) = match self {
-            Rms::Forward => ("y", "x", "length ≥ 41 (rows × x_stride)", "args.x_stride"),
-            Rms::Backward => ("dy", "dy", "length ≥ 47 (rows × y_stride)", "args.y_stride"),
-            Rms::BackwardInplace => ("dy_dx", "dy_dx", "length ≥ 47 (rows × y_stride)", "args.y_stride"),
-        };
-        let cols = invalid("args.cols", "at least 1 column");
-        let eps = invalid("args.eps", "a finite value ≥ 0");
-        let offset = invalid("args.offset", "a finite value");
-        let x_stride = invalid("args.x_stride", "row stride ≥ cols = 8");
-        let y_stride = invalid("args.y_stride", "row stride ≥ cols = 8");
-        let overflow = "rows × row stride within usize";
-        t.field("args.rows", "one more than the buffers hold", |a| a.rows = 4, invalid(first, first_need));
-        t.field("args.rows", "usize::MAX: rows × stride overflows", |a| a.rows = usize::MAX, invalid(first_stride, overflow));
-        t.field("args.cols", "0", |a| a.cols = 0, cols);
-        t.reshape("args.cols", "65536, the widest one-pass row, strides too", |a| *a = RmsNormArgs { cols: 65536, ..a.with_strides(65536, 65536) }, Want::Ok);
-        t.reshape("args.cols", "65537, a chunked row, strides too", |a| *a = RmsNormArgs { cols: 65537, ..a.with_strides(65537, 65537) }, Want::Ok);
-        t.field("args.eps", "negative", |a| a.eps = -1e-6, eps);
-        t.field("args.eps", "NaN", |a| a.eps = f32::NAN, eps);
-        t.field("args.eps", "+∞", |a| a.eps = f32::INFINITY, eps);
-        t.field("args.eps", "0", |a| a.eps = 0.0, Want::Ok);
-        t.field("args.offset", "NaN", |a| a.offset = f32::NAN, offset);
-        t.field("args.offset", "−∞", |a| a.offset = f32::NEG_INFINITY, offset);
-        t.field("args.offset", "1 (Gemma's 1 + w)", |a| a.offset = 1.0, Want::Ok);
-        t.field("args.mode", "Gemma", |a| a.mode = CastingMode::Gemma, Want::Ok);
-        t.field("args.mode", "None", |a| a.mode = CastingMode::None, Want::Ok);
-        t.field("args.x_stride", "cols − 1", |a| a.x_stride = 7, x_stride);
-        t.field("args.x_stride", "0", |a| a.x_stride = 0, x_stride);
-        t.field("args.x_stride", "usize::MAX: rows × stride overflows", |a| a.x_stride = usize::MAX, invalid("args.x_stride", overflow));
-        t.field("args.x_stride", "one more than x holds", |a| a.x_stride = 12, invalid("x", "length ≥ 32 (rows × x_stride)"));
-        t.reshape("args.x_stride", "cols (contiguous)", |a| a.x_stride = 8, Want::Ok);
-        t.field("args.y_stride", "cols − 1", |a| a.y_stride = 7, y_stride);
-        t.field("args.y_stride", "0", |a| a.y_stride = 0, y_stride);
-        t.field("args.y_stride", "usize::MAX: rows × stride overflows", |a| a.y_stride = usize::MAX, invalid("args.y_stride", overflow));
-        t.field("args.y_stride", "one more than the y-strided buffers hold", |a| a.y_stride = 14, invalid(y, "length ≥ 36 (rows × y_stride)"));
-        t.reshape("args.y_stride", "cols (contiguous)", |a| a.y_stride = 8, Want::Ok);
-        t.short("x", "length ≥ 30 (rows × x_stride)");
-        t.long("x", Want::Ok);
-        t.short("weight", "length 8 (cols)");
-        t.long("weight", invalid("weight", "length 8 (cols)"));
-        t.short(y, "length ≥ 34 (rows × y_stride)");
-        t.long(y, Want::Ok);
-        t.short("rstd", "length ≥ 3 (rows)");
-        t.long("rstd", Want::Ok);
-        match self {
-            Rms::Forward => {
-                t.row("weight", "None: y is the normalised x", |c| c.remove("weight"), Want::Ok);
-            }
-            Rms::Backward | Rms::BackwardInplace => {
-                t.short("dw", "length 8 (cols)");
-                t.long("dw", invalid("dw", "length 8 (cols)"));
-                t.row("dw", "None while a weight is given", |c| c.remove("dw"), invalid("dw", "a buffer of 8 elements (a weight is given)"));
-                t.row("dw", "given without a weight", |c| c.remove("weight"), invalid("dw", "None (no weight is given)"));
-                t.row("weight", "None, and dw None", |c| { c.remove("weight"); c.remove("dw") }, Want::Ok);
-            }
-        }
-        if let Rms::Backward = self {
-            t.short("dx", "length ≥ 34 (rows × y_stride)");
-            t.long("dx", Want::Ok);
-        }
-    }
-
-    fn fields(args: &RmsNormArgs) -> String {
-        format!("{args:?}")
-    }
-
+impl Launch for Rms {
     fn launch<T: Dtype>(
         self,
         stream: &Stream,
@@ -522,243 +61,27 @@ impl Op for Rms {
     ) -> liger_rs::Result<()> {
         let x = live.t("x");
         let weight = live.opt_t("weight");
-        let weight = weight.as_ref().map(|w| w.as_view());
+        let weight = weight.as_deref().map(|w| w as _);
         let mut dw = live.opt_t("dw");
-        let mut dw = dw.as_mut().map(|d| d.as_view_mut());
+        let dw = dw.as_deref_mut().map(|d| d as _);
         match self {
             Rms::Forward => {
                 let (mut y, mut rstd) = (live.t("y"), live.f32("rstd"));
-                rms_norm_forward(stream, args, &*x, weight.as_ref(), &mut *y, &mut *rstd)
+                rms_norm_forward(stream, args, &*x, weight, &mut *y, &mut *rstd)
             }
             Rms::Backward => {
                 let (dy, rstd, mut dx) = (live.t("dy"), live.f32("rstd"), live.t("dx"));
-                rms_norm_backward(
-                    stream,
-                    args,
-                    &*dy,
-                    &*x,
-                    weight.as_ref(),
-                    &*rstd,
-                    &mut *dx,
-                    dw.as_mut(),
-                )
+                rms_norm_backward(stream, args, &*dy, &*x, weight, &*rstd, &mut *dx, dw)
             }
             Rms::BackwardInplace => {
                 let (mut dy_dx, rstd) = (live.t("dy_dx"), live.f32("rstd"));
-                rms_norm_backward_inplace(
-                    stream,
-                    args,
-                    &mut *dy_dx,
-                    &*x,
-                    weight.as_ref(),
-                    &*rstd,
-                    dw.as_mut(),
-                )
+                rms_norm_backward_inplace(stream, args, &mut *dy_dx, &*x, weight, &*rstd, dw)
             }
         }
     }
 }
 
-// ---------------------------------------------------------------- RoPE
-
-#[derive(Debug, Clone, Copy)]
-enum Rope {
-    Forward,
-    Backward,
-    ForwardInto,
-    BackwardInto,
-}
-
-impl Rope {
-    /// Out of place: q and k are only read, `q_out` and `k_out` written.
-    fn into(self) -> bool {
-        matches!(self, Rope::ForwardInto | Rope::BackwardInto)
-    }
-}
-
-/// Where the cos/sin rows come from ([`CosSinLayout`] without the borrowed ids).
-#[derive(Debug, Clone, PartialEq)]
-enum Layout {
-    PerPosition,
-    PerBatch,
-    Host(Vec<i64>),
-    DeviceI32,
-    DeviceI64,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-struct RopeCall {
-    args: RopeArgs,
-    layout: Layout,
-    into: bool,
-}
-
-/// Rows of the valid call's gathered cos/sin table.
-const MAX_POS: usize = 5;
-
-fn tokens(c: &RopeCall) -> usize {
-    c.args.batch.saturating_mul(c.args.seq_len)
-}
-
-fn q_len(c: &RopeCall) -> usize {
-    tokens(c).saturating_mul(c.args.q_heads * c.args.head_dim)
-}
-
-fn k_len(c: &RopeCall) -> usize {
-    tokens(c).saturating_mul(c.args.k_heads * c.args.head_dim)
-}
-
-fn table_len(c: &RopeCall) -> usize {
-    let rows = match c.layout {
-        Layout::PerPosition => c.args.seq_len,
-        Layout::PerBatch => tokens(c),
-        _ => MAX_POS,
-    };
-    rows * c.args.table_row_len()
-}
-
-/// A valid call for `args` under `layout`: q and k (read and written in place, or read with
-/// `into`, then `q_out` and `k_out` written), cos and sin, device ids if any.
-fn rope_call(args: RopeArgs, layout: Layout, into: bool) -> Call<RopeCall> {
-    let role = if into { Role::In } else { Role::InOut };
-    let mut bufs = vec![
-        buf("q", Kind::T, role, q_len),
-        buf("k", Kind::T, role, k_len),
-        buf("cos", Kind::T, Role::In, table_len),
-        buf("sin", Kind::T, Role::In, table_len),
-    ];
-    match layout {
-        Layout::DeviceI32 => bufs.push(buf("position_ids", Kind::I32, Role::In, tokens)),
-        Layout::DeviceI64 => bufs.push(buf("position_ids", Kind::I64, Role::In, tokens)),
-        _ => {}
-    }
-    if into {
-        bufs.push(buf("q_out", Kind::T, Role::Out, q_len));
-        bufs.push(buf("k_out", Kind::T, Role::Out, k_len));
-    }
-    Call::new(RopeCall { args, layout, into }, bufs)
-}
-
-/// Starts the row over from the valid call under another layout.
-fn relayout(c: &mut Call<RopeCall>, layout: Layout) {
-    *c = rope_call(c.args.args, layout, c.args.into);
-}
-
-/// The valid call under host ids (0, 1, …, 4, 0, …), with `change` applied to the ids.
-fn with_host_ids(c: &mut Call<RopeCall>, change: impl Fn(&mut Vec<i64>)) {
-    let mut ids: Vec<i64> = (0..tokens(&c.args)).map(|i| (i % MAX_POS) as i64).collect();
-    change(&mut ids);
-    relayout(c, Layout::Host(ids));
-}
-
-impl Op for Rope {
-    type Args = RopeCall;
-
-    fn name(self) -> &'static str {
-        match self {
-            Rope::Forward => "rope_forward",
-            Rope::Backward => "rope_backward",
-            Rope::ForwardInto => "rope_forward_into",
-            Rope::BackwardInto => "rope_backward_into",
-        }
-    }
-
-    /// q [2, 3, 4, 8] (192), k [2, 3, 2, 8] (96), partial rotary 6, cos/sin a table of 5 rows
-    /// of 6 (30) gathered by 6 device i64 ids; out of place, q_out and k_out like q and k.
-    fn base(self) -> Call<RopeCall> {
-        let args = RopeArgs::new(2, 3, 4, 2, 8).with_rotary_dim(6);
-        rope_call(args, Layout::DeviceI64, self.into())
-    }
-
-    #[rustfmt::skip]
-    fn rows(self, t: &mut Rows<RopeCall>) {
-        let q = |needle| invalid("q", needle);
-        let k = |needle| invalid("k", needle);
-        let shape = "batch × seq_len × heads × head_dim within usize";
-        let pairs = "(q_heads + k_heads) × rotary_dim / 2 < 2^31";
-        let head_dim = invalid("args.head_dim", "an even value ≥ 2");
-        let rotary_dim = invalid("args.rotary_dim", "an even value in 2 ..= head_dim = 8");
-        let table = invalid("cos", "a table of max_pos ≥ 1 rows of rotary_dim = 6");
-        let per_position = invalid("cos", "length 18 (seq_len × rotary_dim)");
-        let per_batch = invalid("cos", "length 36 (batch × seq_len × rotary_dim)");
-        let ids_len = invalid("position_ids", "length 6 (batch × seq_len)");
-        let ids_range = invalid("position_ids", "ids in 0 ..= 4 (rows of the cos/sin table)");
-        t.field("args.batch", "one more than q and k hold", |c| c.args.batch = 3, q("length 288 (batch × seq_len × q_heads × head_dim)"));
-        t.field("args.batch", "usize::MAX: tokens overflow", |c| c.args.batch = usize::MAX, invalid("args", shape));
-        t.reshape("args.batch", "1", |c| c.args.batch = 1, Want::Ok);
-        t.field("args.seq_len", "one more than q and k hold", |c| c.args.seq_len = 4, q("length 256 (batch × seq_len × q_heads × head_dim)"));
-        t.field("args.seq_len", "usize::MAX: tokens overflow", |c| c.args.seq_len = usize::MAX, invalid("args", shape));
-        t.field("args.q_heads", "0", |c| c.args.q_heads = 0, invalid("args.q_heads", "at least 1"));
-        t.field("args.q_heads", "one more than q holds", |c| c.args.q_heads = 5, q("length 240 (batch × seq_len × q_heads × head_dim)"));
-        t.field("args.q_heads", "2^40: pairs per token overflow", |c| c.args.q_heads = 1 << 40, invalid("args", pairs));
-        t.reshape("args.q_heads", "1 (fewer than k_heads)", |c| c.args.q_heads = 1, Want::Ok);
-        t.field("args.k_heads", "0", |c| c.args.k_heads = 0, invalid("args.k_heads", "at least 1"));
-        t.field("args.k_heads", "one more than k holds", |c| c.args.k_heads = 3, k("length 144 (batch × seq_len × k_heads × head_dim)"));
-        t.field("args.k_heads", "2^40: pairs per token overflow", |c| c.args.k_heads = 1 << 40, invalid("args", pairs));
-        t.field("args.head_dim", "0", |c| c.args.head_dim = 0, head_dim);
-        t.field("args.head_dim", "7 (odd)", |c| c.args.head_dim = 7, head_dim);
-        t.field("args.head_dim", "4 < rotary_dim", |c| c.args.head_dim = 4, invalid("args.rotary_dim", "an even value in 2 ..= head_dim = 4"));
-        t.field("args.head_dim", "10: more than q and k hold", |c| c.args.head_dim = 10, q("length 240 (batch × seq_len × q_heads × head_dim)"));
-        t.reshape("args.head_dim", "6 = rotary_dim", |c| c.args.head_dim = 6, Want::Ok);
-        t.field("args.rotary_dim", "0", |c| c.args.rotary_dim = 0, rotary_dim);
-        t.field("args.rotary_dim", "5 (odd)", |c| c.args.rotary_dim = 5, rotary_dim);
-        t.field("args.rotary_dim", "10 > head_dim", |c| c.args.rotary_dim = 10, rotary_dim);
-        t.field("args.rotary_dim", "4: cos is not whole rows of 4", |c| c.args.rotary_dim = 4, invalid("cos", "a table of max_pos ≥ 1 rows of rotary_dim = 4"));
-        t.reshape("args.rotary_dim", "8 = head_dim (full rotary)", |c| c.args.rotary_dim = 8, Want::Ok);
-        t.reshape("args.rotary_dim", "2, the least", |c| c.args.rotary_dim = 2, Want::Ok);
-        t.short("q", "length 192 (batch × seq_len × q_heads × head_dim)");
-        t.long("q", q("length 192 (batch × seq_len × q_heads × head_dim)"));
-        t.short("k", "length 96 (batch × seq_len × k_heads × head_dim)");
-        t.long("k", k("length 96 (batch × seq_len × k_heads × head_dim)"));
-        t.short("cos", "a table of max_pos ≥ 1 rows of rotary_dim = 6");
-        t.long("cos", table);
-        t.row("cos", "one row fewer, sin too (a table of 4 rows)", |c| { c.buf("cos").len -= 6; c.buf("sin").len -= 6 }, Want::Ok);
-        t.row("cos", "empty, sin too", |c| { c.buf("cos").len = 0; c.buf("sin").len = 0 }, invalid("cos", "max_pos ≥ 1 rows"));
-        t.short("sin", "length 30 (the length of cos)");
-        t.long("sin", invalid("sin", "length 30 (the length of cos)"));
-        t.short("position_ids", "length 6 (batch × seq_len)");
-        t.long("position_ids", ids_len);
-        t.row("layout", "PerPosition", |c| relayout(c, Layout::PerPosition), Want::Ok);
-        t.row("layout", "PerPosition, cos one short", |c| { relayout(c, Layout::PerPosition); c.buf("cos").len -= 1 }, per_position);
-        t.row("layout", "PerPosition, cos one long", |c| { relayout(c, Layout::PerPosition); c.buf("cos").len += 1 }, per_position);
-        t.row("layout", "PerPosition, sin one short", |c| { relayout(c, Layout::PerPosition); c.buf("sin").len -= 1 }, invalid("sin", "length 18 (the length of cos)"));
-        t.row("layout", "PerPosition with the gathered table", |c| { relayout(c, Layout::PerPosition); c.buf("cos").len = 30; c.buf("sin").len = 30 }, per_position);
-        t.row("layout", "PerBatch", |c| relayout(c, Layout::PerBatch), Want::Ok);
-        t.row("layout", "PerBatch, cos one short", |c| { relayout(c, Layout::PerBatch); c.buf("cos").len -= 1 }, per_batch);
-        t.row("layout", "PerBatch, cos one long", |c| { relayout(c, Layout::PerBatch); c.buf("cos").len += 1 }, per_batch);
-        t.row("layout", "PerBatch with a [seq_len, rotary_dim] table", |c| { relayout(c, Layout::PerBatch); c.buf("cos").len = 18; c.buf("sin").len = 18 }, per_batch);
-        t.row("layout", "host ids", |c| with_host_ids(c, |_| {}), Want::Ok);
-        t.row("position_ids", "host ids, one short", |c| with_host_ids(c, |ids| { ids.pop(); }), ids_len);
-        t.row("position_ids", "host ids, one long", |c| with_host_ids(c, |ids| ids.push(0)), ids_len);
-        t.row("position_ids", "a host id of −1", |c| with_host_ids(c, |ids| ids[4] = -1), ids_range);
-        t.row("position_ids", "a host id of max_pos", |c| with_host_ids(c, |ids| ids[2] = 5), ids_range);
-        t.row("layout", "device i32 ids", |c| relayout(c, Layout::DeviceI32), Want::Ok);
-        t.row("position_ids", "i32 ids, one short", |c| { relayout(c, Layout::DeviceI32); c.buf("position_ids").len -= 1 }, ids_len);
-        t.row("position_ids", "i32 ids, one long", |c| { relayout(c, Layout::DeviceI32); c.buf("position_ids").len += 1 }, ids_len);
-        t.row("position_ids", "i32 ids from device 1", |c| { relayout(c, Layout::DeviceI32); c.buf("position_ids").at = At::Other }, Want::WrongContext { arg: "position_ids" });
-        let (q_w, k_w) = if self.into() { ("q_out", "k_out") } else { ("q", "k") };
-        t.row(q_w, "its first element over the last i32 id", move |c| { relayout(c, Layout::DeviceI32); c.buf(q_w).at = At::Over("position_ids", Edge::Tail) }, Want::Aliasing { output: q_w, other: "position_ids" });
-        t.row(k_w, "its last element over the first i32 id", move |c| { relayout(c, Layout::DeviceI32); c.buf(k_w).at = At::Over("position_ids", Edge::Head) }, Want::Aliasing { output: k_w, other: "position_ids" });
-        t.reshape("args.interleaved", "interleaved pairs", |c| c.args.interleaved = true, Want::Ok);
-        t.reshape("args.head_major", "head-major q and k", |c| c.args.head_major = true, Want::Ok);
-        t.reshape("args.half_tables", "half-width rows of 3", |c| c.args.half_tables = true, Want::Ok);
-        t.row("args.half_tables", "with full-width per-position rows", |c| { relayout(c, Layout::PerPosition); c.args.args.half_tables = true }, invalid("cos", "length 9 (seq_len × rotary_dim / 2)"));
-        t.row("args.half_tables", "gathered: the 30 elements are 10 rows of 3", |c| c.args.args.half_tables = true, Want::Ok);
-        // The out-of-place kernels index a token's pairs and copied tail dims in 32 bits.
-        let wide = if self.into() { invalid("args", "(q_heads + k_heads) × head_dim < 2^31") } else { q("length 12884901888") };
-        t.field("args.q_heads", "2^28: heads × head_dim ≥ 2^31", |c| c.args.q_heads = 1 << 28, wide);
-        if self.into() {
-            t.short("q_out", "length 192 (batch × seq_len × q_heads × head_dim)");
-            t.long("q_out", invalid("q_out", "length 192 (batch × seq_len × q_heads × head_dim)"));
-            t.short("k_out", "length 96 (batch × seq_len × k_heads × head_dim)");
-            t.long("k_out", invalid("k_out", "length 96 (batch × seq_len × k_heads × head_dim)"));
-        }
-    }
-
-    fn fields(args: &RopeCall) -> String {
-        format!("{:?}", args.args)
-    }
-
+impl Launch for Rope {
     fn launch<T: Dtype>(
         self,
         stream: &Stream,
@@ -802,220 +125,9 @@ impl Op for Rope {
             _ => unreachable!("out-of-place calls have q_out and k_out"),
         }
     }
-
-    fn rename(self, name: &'static str) -> &'static str {
-        match (self, name) {
-            (Rope::Backward | Rope::BackwardInto, "q") => "dq",
-            (Rope::Backward | Rope::BackwardInto, "k") => "dk",
-            (Rope::BackwardInto, "q_out") => "dq_out",
-            (Rope::BackwardInto, "k_out") => "dk_out",
-            _ => name,
-        }
-    }
 }
 
-// ---------------------------------------------------------------- SwiGLU
-
-#[derive(Debug, Clone, Copy)]
-enum Swiglu {
-    Forward,
-    ForwardFused,
-    Backward,
-    BackwardInplace,
-    BackwardFused,
-    BackwardFusedInplace,
-}
-
-fn a_span(a: &SwigluArgs) -> usize {
-    span(a.rows, a.cols, a.a_stride)
-}
-
-fn b_span(a: &SwigluArgs) -> usize {
-    span(a.rows, a.cols, a.b_stride)
-}
-
-fn c_span(a: &SwigluArgs) -> usize {
-    span(a.rows, a.cols, a.c_stride)
-}
-
-fn fused_span(a: &SwigluArgs) -> usize {
-    span(a.rows, a.cols.saturating_mul(2), a.a_stride)
-}
-
-impl Swiglu {
-    fn fused(self) -> bool {
-        matches!(
-            self,
-            Swiglu::ForwardFused | Swiglu::BackwardFused | Swiglu::BackwardFusedInplace
-        )
-    }
-
-    /// Rows common to the separate layout: a rows 11 apart (30 elements), b 13 (34), c 10 (28).
-    #[rustfmt::skip]
-    fn separate_rows(self, t: &mut Rows<SwigluArgs>) {
-        let (first, first_need, c) = match self {
-            Swiglu::Forward => ("a", "length ≥ 41 ((rows − 1) × a_stride + cols)", "c"),
-            _ => ("dc", "length ≥ 38 ((rows − 1) × c_stride + cols)", "dc"),
-        };
-        let overflow = "rows × row stride within usize";
-        let stride = |arg| invalid(arg, "row stride ≥ cols = 8");
-        t.field("args.rows", "one more than the buffers hold", |a| a.rows = 4, invalid(first, first_need));
-        t.field("args.rows", "usize::MAX: rows × stride overflows", |a| a.rows = usize::MAX, invalid("args.a_stride", overflow));
-        t.field("args.cols", "0", |a| a.cols = 0, invalid("args.cols", "at least 1 column"));
-        t.reshape("args.cols", "1", |a| a.cols = 1, Want::Ok);
-        t.field("args.a_stride", "cols − 1", |a| a.a_stride = 7, stride("args.a_stride"));
-        t.field("args.a_stride", "0", |a| a.a_stride = 0, stride("args.a_stride"));
-        t.field("args.a_stride", "usize::MAX: rows × stride overflows", |a| a.a_stride = usize::MAX, invalid("args.a_stride", overflow));
-        t.field("args.a_stride", "one more than the a-strided buffers hold", |a| a.a_stride = 12, invalid("a", "length ≥ 32 ((rows − 1) × a_stride + cols)"));
-        t.reshape("args.a_stride", "cols (contiguous)", |a| a.a_stride = 8, Want::Ok);
-        t.field("args.b_stride", "cols − 1", |a| a.b_stride = 7, stride("args.b_stride"));
-        t.field("args.b_stride", "0", |a| a.b_stride = 0, stride("args.b_stride"));
-        t.field("args.b_stride", "usize::MAX: rows × stride overflows", |a| a.b_stride = usize::MAX, invalid("args.b_stride", overflow));
-        t.field("args.b_stride", "one more than the b-strided buffers hold", |a| a.b_stride = 14, invalid("b", "length ≥ 36 ((rows − 1) × b_stride + cols)"));
-        t.reshape("args.b_stride", "cols (contiguous)", |a| a.b_stride = 8, Want::Ok);
-        t.field("args.c_stride", "cols − 1", |a| a.c_stride = 7, stride("args.c_stride"));
-        t.field("args.c_stride", "0", |a| a.c_stride = 0, stride("args.c_stride"));
-        t.field("args.c_stride", "usize::MAX: rows × stride overflows", |a| a.c_stride = usize::MAX, invalid("args.c_stride", overflow));
-        t.field("args.c_stride", "one more than the c-strided buffer holds", |a| a.c_stride = 11, invalid(c, "length ≥ 30 ((rows − 1) × c_stride + cols)"));
-        t.reshape("args.c_stride", "cols (contiguous)", |a| a.c_stride = 8, Want::Ok);
-        t.short("a", "length ≥ 30 ((rows − 1) × a_stride + cols)");
-        t.long("a", Want::Ok);
-        t.short("b", "length ≥ 34 ((rows − 1) × b_stride + cols)");
-        t.long("b", Want::Ok);
-        t.short(c, "length ≥ 28 ((rows − 1) × c_stride + cols)");
-        t.long(c, Want::Ok);
-    }
-
-    /// Rows common to the fused layout: gate-up rows 19 apart (54 elements), c 10 (28).
-    #[rustfmt::skip]
-    fn fused_rows(self, t: &mut Rows<SwigluArgs>) {
-        let (first, first_need, c) = match self {
-            Swiglu::ForwardFused => ("gate_up", "length ≥ 73 ((rows − 1) × a_stride + 2 × cols)", "c"),
-            _ => ("dc", "length ≥ 38 ((rows − 1) × c_stride + cols)", "dc"),
-        };
-        let overflow = "rows × row stride within usize";
-        let fused_stride = invalid("args.a_stride", "fused row stride ≥ 2 × cols = 16");
-        let c_stride = invalid("args.c_stride", "row stride ≥ cols = 8");
-        t.field("args.rows", "one more than the buffers hold", |a| a.rows = 4, invalid(first, first_need));
-        t.field("args.rows", "usize::MAX: rows × stride overflows", |a| a.rows = usize::MAX, invalid("args.a_stride", overflow));
-        t.field("args.cols", "0", |a| a.cols = 0, invalid("args.cols", "at least 1 column"));
-        t.field("args.cols", "usize::MAX / 2 + 1: 2 × cols overflows", |a| a.cols = usize::MAX / 2 + 1, invalid("args.cols", "2 × cols within usize"));
-        t.field("args.cols", "10: a gate-up row is wider than a_stride", |a| a.cols = 10, invalid("args.a_stride", "fused row stride ≥ 2 × cols = 20"));
-        t.reshape("args.cols", "9", |a| a.cols = 9, Want::Ok);
-        t.field("args.a_stride", "2 × cols − 1", |a| a.a_stride = 15, fused_stride);
-        t.field("args.a_stride", "cols (enough for a separate row)", |a| a.a_stride = 8, fused_stride);
-        t.field("args.a_stride", "0", |a| a.a_stride = 0, fused_stride);
-        t.field("args.a_stride", "usize::MAX: rows × stride overflows", |a| a.a_stride = usize::MAX, invalid("args.a_stride", overflow));
-        t.field("args.a_stride", "one more than the gate-up buffers hold", |a| a.a_stride = 20, invalid("gate_up", "length ≥ 56 ((rows − 1) × a_stride + 2 × cols)"));
-        t.reshape("args.a_stride", "2 × cols (contiguous)", |a| a.a_stride = 16, Want::Ok);
-        t.field("args.b_stride", "0 (the fused layout does not use it)", |a| a.b_stride = 0, Want::Ok);
-        t.field("args.c_stride", "cols − 1", |a| a.c_stride = 7, c_stride);
-        t.field("args.c_stride", "0", |a| a.c_stride = 0, c_stride);
-        t.field("args.c_stride", "usize::MAX: rows × stride overflows", |a| a.c_stride = usize::MAX, invalid("args.c_stride", overflow));
-        t.field("args.c_stride", "one more than the c-strided buffer holds", |a| a.c_stride = 11, invalid(c, "length ≥ 30 ((rows − 1) × c_stride + cols)"));
-        t.reshape("args.c_stride", "cols (contiguous)", |a| a.c_stride = 8, Want::Ok);
-        t.short("gate_up", "length ≥ 54 ((rows − 1) × a_stride + 2 × cols)");
-        t.long("gate_up", Want::Ok);
-        t.short(c, "length ≥ 28 ((rows − 1) × c_stride + cols)");
-        t.long(c, Want::Ok);
-    }
-}
-
-impl Op for Swiglu {
-    type Args = SwigluArgs;
-
-    fn name(self) -> &'static str {
-        match self {
-            Swiglu::Forward => "swiglu_forward",
-            Swiglu::ForwardFused => "swiglu_forward_fused",
-            Swiglu::Backward => "swiglu_backward",
-            Swiglu::BackwardInplace => "swiglu_backward_inplace",
-            Swiglu::BackwardFused => "swiglu_backward_fused",
-            Swiglu::BackwardFusedInplace => "swiglu_backward_fused_inplace",
-        }
-    }
-
-    fn base(self) -> Call<SwigluArgs> {
-        let args = match self.fused() {
-            false => SwigluArgs::new(3, 8).with_strides(11, 13, 10),
-            true => SwigluArgs::fused(3, 8).with_strides(19, 16, 10),
-        };
-        let (a, b) = (
-            buf("a", Kind::T, Role::In, a_span),
-            buf("b", Kind::T, Role::In, b_span),
-        );
-        let dc = buf("dc", Kind::T, Role::In, c_span);
-        let gate_up = buf("gate_up", Kind::T, Role::In, fused_span);
-        let bufs = match self {
-            Swiglu::Forward => vec![a, b, buf("c", Kind::T, Role::Out, c_span)],
-            Swiglu::ForwardFused => vec![gate_up, buf("c", Kind::T, Role::Out, c_span)],
-            Swiglu::Backward => vec![
-                dc,
-                a,
-                b,
-                buf("da", Kind::T, Role::Out, a_span),
-                buf("db", Kind::T, Role::Out, b_span),
-            ],
-            Swiglu::BackwardInplace => vec![
-                dc,
-                Buf {
-                    role: Role::InOut,
-                    ..a
-                },
-                Buf {
-                    role: Role::InOut,
-                    ..b
-                },
-            ],
-            Swiglu::BackwardFused => vec![
-                dc,
-                gate_up,
-                buf("d_gate_up", Kind::T, Role::Out, fused_span),
-            ],
-            Swiglu::BackwardFusedInplace => vec![
-                dc,
-                Buf {
-                    role: Role::InOut,
-                    ..gate_up
-                },
-            ],
-        };
-        Call::new(args, bufs)
-    }
-
-    #[rustfmt::skip]
-    fn rows(self, t: &mut Rows<SwigluArgs>) {
-        let gate = invalid("args.gate_multiplier", "a finite value");
-        let down = invalid("args.down_multiplier", "a finite value");
-        t.field("args.gate_multiplier", "NaN", |a| a.gate_multiplier = f32::NAN, gate);
-        t.field("args.gate_multiplier", "+∞", |a| a.gate_multiplier = f32::INFINITY, gate);
-        t.field("args.gate_multiplier", "−0.5", |a| a.gate_multiplier = -0.5, Want::Ok);
-        t.field("args.down_multiplier", "NaN", |a| a.down_multiplier = f32::NAN, down);
-        t.field("args.down_multiplier", "−∞", |a| a.down_multiplier = f32::NEG_INFINITY, down);
-        t.field("args.down_multiplier", "2", |a| a.down_multiplier = 2.0, Want::Ok);
-        match self.fused() {
-            false => self.separate_rows(t),
-            true => self.fused_rows(t),
-        }
-        match self {
-            Swiglu::Backward => {
-                t.short("da", "length ≥ 30 ((rows − 1) × a_stride + cols)");
-                t.long("da", Want::Ok);
-                t.short("db", "length ≥ 34 ((rows − 1) × b_stride + cols)");
-                t.long("db", Want::Ok);
-            }
-            Swiglu::BackwardFused => {
-                t.short("d_gate_up", "length ≥ 54 ((rows − 1) × a_stride + 2 × cols)");
-                t.long("d_gate_up", Want::Ok);
-            }
-            _ => {}
-        }
-    }
-
-    fn fields(args: &SwigluArgs) -> String {
-        format!("{args:?}")
-    }
-
+impl Launch for Swiglu {
     fn launch<T: Dtype>(
         self,
         stream: &Stream,
@@ -1051,101 +163,6 @@ impl Op for Swiglu {
             }
         }
     }
-}
-
-// ---------------------------------------------------------------- placement
-
-/// A buffer's bytes in an arena (0: device 0, 1: device 1).
-#[derive(Debug, Clone, Copy)]
-struct Placed {
-    name: &'static str,
-    kind: Kind,
-    role: Role,
-    arena: usize,
-    twin: bool,
-    start: usize,
-    bytes: usize,
-    len: usize,
-}
-
-/// Places every buffer; returns the placements and the size of each arena. Own slots are
-/// 256-byte aligned with a gap wider than any buffer around each, so that a buffer over one end
-/// of another (its last element on the other's first, or its first on the other's last, at
-/// its own alignment) overlaps nothing else.
-fn place<A>(bufs: &[Buf<A>], t_size: usize) -> (Vec<Placed>, [usize; 2]) {
-    const ALIGN: usize = 256;
-    let bytes = |b: &Buf<A>| b.len * b.kind.size(t_size);
-    let gap = bufs
-        .iter()
-        .map(bytes)
-        .max()
-        .unwrap_or(0)
-        .next_multiple_of(ALIGN)
-        + ALIGN;
-    let mut end = [gap; 2];
-    let mut placed = Vec::new();
-    for b in bufs {
-        let (arena, twin) = match b.at {
-            At::Own => (0, false),
-            At::Twin => (0, true),
-            At::Other => (1, false),
-            At::Over(..) => continue,
-        };
-        placed.push(Placed {
-            name: b.name,
-            kind: b.kind,
-            role: b.role,
-            arena,
-            twin,
-            start: end[arena],
-            bytes: bytes(b),
-            len: b.len,
-        });
-        end[arena] += bytes(b).next_multiple_of(ALIGN) + gap;
-    }
-    for b in bufs {
-        let At::Over(onto, edge) = b.at else {
-            continue;
-        };
-        let o = *placed
-            .iter()
-            .find(|p| p.name == onto)
-            .unwrap_or_else(|| panic!("`{}` is over `{onto}`, which has no slot", b.name));
-        let size = b.kind.size(t_size);
-        let start = match edge {
-            Edge::Head => o.start + size - bytes(b),
-            Edge::Tail => (o.start + o.bytes - 1) / size * size,
-        };
-        placed.push(Placed {
-            start,
-            arena: o.arena,
-            twin: false,
-            name: b.name,
-            kind: b.kind,
-            role: b.role,
-            bytes: bytes(b),
-            len: b.len,
-        });
-    }
-    (placed, end)
-}
-
-/// The pairs of buffers (names in order) that share a byte.
-fn overlapping(placed: &[Placed]) -> BTreeSet<(&'static str, &'static str)> {
-    let mut pairs = BTreeSet::new();
-    for (i, p) in placed.iter().enumerate() {
-        for q in &placed[i + 1..] {
-            let shared = p.arena == q.arena
-                && p.bytes > 0
-                && q.bytes > 0
-                && p.start < q.start + q.bytes
-                && q.start < p.start + p.bytes;
-            if shared {
-                pairs.insert((p.name.min(q.name), p.name.max(q.name)));
-            }
-        }
-    }
-    pairs
 }
 
 // ---------------------------------------------------------------- running a row
@@ -1330,27 +347,9 @@ fn materialize<T: Dtype>(
     (arenas, live)
 }
 
-/// Whether `got` is the error `want` describes.
-fn rejected_as(got: &liger_rs::Result<()>, want: Want) -> bool {
-    match (got, want) {
-        (Err(Error::InvalidArgument { arg, expected, .. }), Want::Invalid { arg: a, needle }) => {
-            *arg == a && expected.contains(needle)
-        }
-        (
-            Err(Error::Aliasing { output, other }),
-            Want::Aliasing {
-                output: o,
-                other: t,
-            },
-        ) => *output == o && *other == t,
-        (Err(Error::WrongContext { arg }), Want::WrongContext { arg: a }) => *arg == a,
-        _ => false,
-    }
-}
-
 /// Runs `call` of `op` on dtype `T` and checks it against `want`: rejected as described with
 /// every arena bit for bit as before, or accepted with every output written.
-fn run_row<T: Dtype, O: Op>(gpu: &Gpu, op: O, call: &Call<O::Args>, want: Want, case: &str) {
+fn run_row<T: Dtype, O: Launch>(gpu: &Gpu, op: O, call: &Call<O::Args>, want: Want, case: &str) {
     let (placed, size) = place(&call.bufs, size_of::<T>());
     let seed = case
         .bytes()
@@ -1386,7 +385,7 @@ fn run_row<T: Dtype, O: Op>(gpu: &Gpu, op: O, call: &Call<O::Args>, want: Want, 
 
 /// Every row of every op in `ops` on dtype `T`; without a second GPU, rows with a buffer on
 /// device 1 are left out and added to `skipped` as (op, argument, change).
-fn walk<T: Dtype, O: Op>(
+fn walk<T: Dtype, O: Launch>(
     gpu: &Gpu,
     ops: &[O],
     failures: &mut Failures,
@@ -1408,7 +407,7 @@ fn walk<T: Dtype, O: Op>(
 }
 
 /// Walks the tables of `ops` on every dtype.
-fn gpu_walk<O: Op>(test: &str, ops: &[O]) {
+fn gpu_walk<O: Launch>(test: &str, ops: &[O]) {
     let Some(gpu) = Gpu::open(test) else {
         return;
     };
@@ -1432,22 +431,6 @@ fn gpu_walk<O: Op>(test: &str, ops: &[O]) {
     }
     failures.finish();
 }
-
-const RMS: [Rms; 3] = [Rms::Forward, Rms::Backward, Rms::BackwardInplace];
-const ROPE: [Rope; 4] = [
-    Rope::Forward,
-    Rope::Backward,
-    Rope::ForwardInto,
-    Rope::BackwardInto,
-];
-const SWIGLU: [Swiglu; 6] = [
-    Swiglu::Forward,
-    Swiglu::ForwardFused,
-    Swiglu::Backward,
-    Swiglu::BackwardInplace,
-    Swiglu::BackwardFused,
-    Swiglu::BackwardFusedInplace,
-];
 
 #[test]
 fn gpu_rms_norm_bad_input_never_reaches_a_kernel() {

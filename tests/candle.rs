@@ -14,7 +14,7 @@ use liger_rs::candle::{
     rope, rope_backward, rope_backward_with, rope_with, swiglu, swiglu_backward, swiglu_fused,
     swiglu_fused_backward,
 };
-use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
+use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 use liger_rs::reference::Element;
 use liger_rs::reference::rope::CosSinRows;
 use liger_rs::{CastingMode, CosSinLayout, Dtype, PositionIds, RmsNormArgs, RopeArgs, SwigluArgs};
@@ -229,27 +229,21 @@ fn cpu_case<T: Element + WithDType>(seed: u64) {
         (CastingMode::None, 0.5),
     ] {
         let case = format!("{name} {mode} offset {offset}");
-        let cfg = RmsNormConfig {
-            eps: 1e-5,
-            offset,
-            mode,
-        };
-        let want =
-            liger_rs::reference::rms_norm_forward(&x, Some(&w), cols, 1e-5, offset, mode).unwrap();
-        let grads = liger_rs::reference::rms_norm_backward(
-            &dy,
-            &x,
-            Some(&w),
-            &want.rstd,
-            cols,
-            offset,
-            mode,
-        )
-        .unwrap();
+        let cfg = RmsNormConfig::default()
+            .with_eps(1e-5)
+            .with_offset(offset)
+            .with_mode(mode);
+        let args = RmsNormArgs::new(rows, cols)
+            .with_eps(1e-5)
+            .with_offset(offset)
+            .with_mode(mode);
+        let want = liger_rs::reference::rms_norm_forward(&args, &x, Some(&w)).unwrap();
+        let grads =
+            liger_rs::reference::rms_norm_backward(&args, &dy, &x, Some(&w), &want.rstd).unwrap();
         let (y, rstd) = rms_norm_forward(&t(&x, &rc), Some(&t(&w, &[cols])), &cfg).unwrap();
         assert_eq!(cpu_vals::<T>(&y), wide(&want.y), "y, {case}");
         let rstd_vals = rstd.to_dtype(DType::F64).unwrap().to_vec1::<f64>().unwrap();
-        assert_eq!(rstd_vals, want.rstd, "rstd, {case}");
+        assert_eq!(rstd_vals, wide(&want.rstd), "rstd, {case}");
         let (dx, dw) = rms_norm_backward(
             &t(&dy, &rc),
             &t(&x, &rc),
@@ -289,24 +283,25 @@ fn cpu_case<T: Element + WithDType>(seed: u64) {
     let rc = [rows, cols];
     for cfg in [
         SwigluConfig::default(),
-        SwigluConfig {
-            gate_multiplier: 0.75,
-            down_multiplier: 1.5,
-        },
-        SwigluConfig {
-            gate_multiplier: -1.25,
-            down_multiplier: 0.3,
-        },
+        SwigluConfig::default()
+            .with_gate_multiplier(0.75)
+            .with_down_multiplier(1.5),
+        SwigluConfig::default()
+            .with_gate_multiplier(-1.25)
+            .with_down_multiplier(0.3),
     ] {
         let case = format!("{name} {cfg:?}");
         let (gm, dm) = (cfg.gate_multiplier, T::cast(cfg.down_multiplier as f64));
         // The ops return c·dm with dm rounded to the dtype; the backward is its gradient.
-        let c: Vec<f64> = liger_rs::reference::swiglu_forward(&a, &b, gm)
+        let args = SwigluArgs::new(rows, cols)
+            .with_gate_multiplier(gm)
+            .with_down_multiplier(dm as f32);
+        let c: Vec<f64> = liger_rs::reference::swiglu_forward(&args, &a, &b)
             .unwrap()
             .iter()
             .map(|&c| T::cast(Element::to_f64(c) * dm))
             .collect();
-        let g = liger_rs::reference::swiglu_backward(&dc, &a, &b, gm, dm as f32).unwrap();
+        let g = liger_rs::reference::swiglu_backward(&args, &dc, &a, &b).unwrap();
         let (da, db) = swiglu_backward(&t(&dc, &rc), &t(&a, &rc), &t(&b, &rc), &cfg).unwrap();
         assert_eq!(
             (cpu_vals::<T>(&da), cpu_vals::<T>(&db)),
@@ -374,26 +369,20 @@ fn cpu_case<T: Element + WithDType>(seed: u64) {
     let configs = [
         (RopeConfig::default(), d),
         (
-            RopeConfig {
-                rotary_dim: Some(6),
-                interleaved: true,
-                ..Default::default()
-            },
+            RopeConfig::default().with_rotary_dim(6).with_interleaved(),
             6,
         ),
-        (
-            RopeConfig {
-                half_tables: true,
-                ..Default::default()
-            },
-            d / 2,
-        ),
+        (RopeConfig::default().with_half_tables(), d / 2),
     ];
     for (cfg, w) in configs {
         for gathered in [false, true] {
             let case = format!("{name} {cfg:?} gathered={gathered}");
             let r = cfg.rotary_dim.unwrap_or(d);
-            let mut args = RopeArgs::new(bs, s, hq, hk, d).with_rotary_dim(r);
+            let mut args = RopeArgs::new(d)
+                .with_batch(bs)
+                .with_seq_len(s)
+                .with_heads(hq, hk)
+                .with_rotary_dim(r);
             if cfg.interleaved {
                 args = args.with_interleaved();
             }
@@ -589,15 +578,13 @@ fn rms_norm_case<T: El>(
         upload(&stream, &w_h),
         upload(&stream, &dy_h),
     );
-    let w_view = w_d.as_view();
-    let w_arg = weighted.then_some(&w_view);
+    let w_arg: Option<&dyn DevicePtr<T>> = weighted.then_some(&w_d);
     let (mut y_d, mut r_d) = (
         alloc::<T>(&stream, rows * cols),
         alloc::<f32>(&stream, rows),
     );
     liger_rs::rms_norm_forward(&stream, &args, &x_d, w_arg, &mut y_d, &mut r_d).unwrap();
     let (mut dx_d, mut dw_d) = (alloc::<T>(&stream, rows * cols), alloc::<T>(&stream, cols));
-    let mut dw_view = dw_d.as_view_mut();
     liger_rs::rms_norm_backward(
         &stream,
         &args,
@@ -606,7 +593,7 @@ fn rms_norm_case<T: El>(
         w_arg,
         &r_d,
         &mut dx_d,
-        weighted.then_some(&mut dw_view),
+        weighted.then_some(&mut dw_d),
     )
     .unwrap();
     let want_dw = weighted.then(|| host_buf(&stream, &dw_d));
@@ -679,11 +666,10 @@ fn rms_norm_sweep<T: El>(test: &str, seed: u64) {
         for form in FORMS {
             for weighted in [true, false] {
                 let offset = if mode == CastingMode::Gemma { 1.0 } else { 0.0 };
-                let cfg = RmsNormConfig {
-                    eps: 1e-5,
-                    offset,
-                    mode,
-                };
+                let cfg = RmsNormConfig::default()
+                    .with_eps(1e-5)
+                    .with_offset(offset)
+                    .with_mode(mode);
                 rms_norm_case::<T>(&dev, &mut rng, form, weighted, cfg);
                 n += 1;
             }
@@ -745,7 +731,11 @@ fn rope_case<T: El>(dev: &Device, rng: &mut Rng, tables: Tables, transposed_q: b
         d
     };
     let case = format!("{} {tables:?} transposed_q={transposed_q} r={r}", T::NAME);
-    let args = RopeArgs::new(b, s, hq, hk, d).with_rotary_dim(r);
+    let args = RopeArgs::new(d)
+        .with_batch(b)
+        .with_seq_len(s)
+        .with_heads(hq, hk)
+        .with_rotary_dim(r);
     let (q_h, k_h): (Vec<T>, Vec<T>) = (
         rng.vec(b * s * hq * d, 0.0, 1.0),
         rng.vec(b * s * hk * d, 0.0, 1.0),
@@ -1017,10 +1007,9 @@ fn swiglu_sweep<T: El>(test: &str, seed: u64) {
         for fused in [false, true] {
             for cfg in [
                 SwigluConfig::default(),
-                SwigluConfig {
-                    gate_multiplier: 0.75,
-                    down_multiplier: 1.5,
-                },
+                SwigluConfig::default()
+                    .with_gate_multiplier(0.75)
+                    .with_down_multiplier(1.5),
             ] {
                 swiglu_case::<T>(&dev, &mut rng, form, fused, cfg);
                 n += 1;
@@ -1062,10 +1051,7 @@ fn gpu_ops_compose_in_one_autograd_graph() {
     let wk = Var::randn(0f32, 0.1, (hidden, hk * d), &dev).unwrap();
     let wg = Var::randn(0f32, 0.1, (hidden, 2 * hidden), &dev).unwrap();
 
-    let cfg = RmsNormConfig {
-        eps: 1e-5,
-        ..Default::default()
-    };
+    let cfg = RmsNormConfig::default().with_eps(1e-5);
     let y = rms_norm(x.as_tensor(), Some(w.as_tensor()), &cfg).unwrap();
     let x_h = x
         .as_tensor()
@@ -1073,10 +1059,10 @@ fn gpu_ops_compose_in_one_autograd_graph() {
         .unwrap()
         .to_vec1::<f32>()
         .unwrap();
-    let want =
-        liger_rs::reference::rms_norm_forward(&x_h, None, hidden, 1e-5, 0.0, CastingMode::Llama)
-            .unwrap()
-            .y;
+    let args = RmsNormArgs::new(b * s, hidden).with_eps(1e-5);
+    let want = liger_rs::reference::rms_norm_forward(&args, &x_h, None)
+        .unwrap()
+        .y;
     let got = y.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     let worst = got
         .iter()
@@ -1142,10 +1128,7 @@ fn gpu_errors_are_candle_errors() {
     );
     // A launcher error keeps this crate's error inside candle's.
     let x = Tensor::ones((2, 8), DType::F32, &dev).unwrap();
-    let cfg = RmsNormConfig {
-        eps: -1.0,
-        ..RmsNormConfig::default()
-    };
+    let cfg = RmsNormConfig::default().with_eps(-1.0);
     let e = rms_norm(&x, None, &cfg).unwrap_err();
     match &e {
         candle_core::Error::Cuda(inner) => match inner.downcast_ref::<liger_rs::Error>() {
@@ -1323,22 +1306,20 @@ fn fd_sweep(dtype: DType, h: f64, tol: f64) {
     );
     for mode in CastingMode::ALL {
         for offset in [0.0, 1.0, -0.25] {
-            let cfg = RmsNormConfig {
-                eps: 0.1,
-                offset,
-                mode,
-            };
+            let cfg = RmsNormConfig::default()
+                .with_eps(0.1)
+                .with_offset(offset)
+                .with_mode(mode);
             check(
                 format!("rms_norm {cfg:?}"),
                 vec![x.clone(), w.clone()],
                 Box::new(move |t| rms_norm(&t[0], Some(&t[1]), &cfg)),
             );
         }
-        let cfg = RmsNormConfig {
-            eps: 1e-6,
-            offset: 0.0,
-            mode,
-        };
+        let cfg = RmsNormConfig::default()
+            .with_eps(1e-6)
+            .with_offset(0.0)
+            .with_mode(mode);
         check(
             format!("rms_norm {cfg:?} without a weight"),
             vec![x.clone()],
@@ -1352,10 +1333,9 @@ fn fd_sweep(dtype: DType, h: f64, tol: f64) {
     );
     let gu = randn_cpu(&mut rng, &[4, 10], 0.0, 2.0);
     for (gm, dm) in [(1.0, 1.0), (0.75, 1.5), (-1.25, 0.3), (2.0, -4.0)] {
-        let cfg = SwigluConfig {
-            gate_multiplier: gm,
-            down_multiplier: dm,
-        };
+        let cfg = SwigluConfig::default()
+            .with_gate_multiplier(gm)
+            .with_down_multiplier(dm);
         check(
             format!("swiglu {cfg:?}"),
             vec![a.clone(), b.clone()],
@@ -1378,28 +1358,13 @@ fn fd_sweep(dtype: DType, h: f64, tol: f64) {
     for (cfg, w, gathered) in [
         (RopeConfig::default(), d, false),
         (RopeConfig::default(), d, true),
+        (RopeConfig::default().with_rotary_dim(6), 6, false),
+        (RopeConfig::default().with_interleaved(), d, true),
         (
-            RopeConfig {
-                rotary_dim: Some(6),
-                ..Default::default()
-            },
-            6,
-            false,
-        ),
-        (
-            RopeConfig {
-                interleaved: true,
-                ..Default::default()
-            },
-            d,
-            true,
-        ),
-        (
-            RopeConfig {
-                half_tables: true,
-                interleaved: true,
-                rotary_dim: Some(6),
-            },
+            RopeConfig::default()
+                .with_half_tables()
+                .with_interleaved()
+                .with_rotary_dim(6),
             3,
             false,
         ),

@@ -425,13 +425,10 @@ fn half_width_table_trap_is_impossible() {
     expect_err(
         "rope",
         rope(&thd, &k, &cos, &sin, None),
-        &["ambiguous", "half_tables", "rotary_dim: Some(4)"],
+        &["ambiguous", "half_tables", "with_rotary_dim(4)"],
     );
     // Said as candle-nn's table: candle-nn's meaning, rope_thd's result.
-    let cfg = RopeConfig {
-        half_tables: true,
-        ..Default::default()
-    };
+    let cfg = RopeConfig::default().with_half_tables();
     let (q2, k2) = rope_with(&thd, &k, &cos, &sin, None, &cfg).unwrap();
     assert_eq!(
         f64s(&q2),
@@ -443,10 +440,7 @@ fn half_width_table_trap_is_impossible() {
     );
     // Said as a partial rotary: the first d/2 dims rotate by HF's full-width rows of d/2,
     // i.e. pair i is (x[i], x[i + d/4]); the last d/2 dims stay.
-    let cfg = RopeConfig {
-        rotary_dim: Some(d / 2),
-        ..Default::default()
-    };
+    let cfg = RopeConfig::default().with_rotary_dim(d / 2);
     let (q3, _) = rope_with(&thd, &k, &cos, &sin, None, &cfg).unwrap();
     let head = thd.narrow(3, 0, d / 2).unwrap().contiguous().unwrap();
     let quarter = |x: &Tensor| x.narrow(1, 0, d / 4).unwrap();
@@ -462,20 +456,14 @@ fn half_width_table_trap_is_impossible() {
         "the tail passes through"
     );
     // Rows that fit neither reading of the config are errors.
-    let half = RopeConfig {
-        half_tables: true,
-        ..Default::default()
-    };
+    let half = RopeConfig::default().with_half_tables();
     let (c, s) = (&cos_full, &sin_full);
     expect_err(
         "rope_with",
         rope_with(&thd, &k, c, s, None, &half),
         &["rotary_dim"],
     );
-    let cfg = RopeConfig {
-        rotary_dim: Some(d),
-        ..Default::default()
-    };
+    let cfg = RopeConfig::default().with_rotary_dim(d);
     expect_err(
         "rope_with",
         rope_with(&thd, &k, &cos, &sin, None, &cfg),

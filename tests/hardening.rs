@@ -58,7 +58,10 @@ fn one_pass(stream: &Arc<CudaStream>, seed: u64, rows: usize, cols: usize) -> Pa
     let rms = rms_run(stream, &mut rng, rows, cols);
 
     let (b, s, hq, hk, d) = (2, 33, 8, 2, 128);
-    let rope_args = RopeArgs::new(b, s, hq, hk, d);
+    let rope_args = RopeArgs::new(d)
+        .with_batch(b)
+        .with_seq_len(s)
+        .with_heads(hq, hk);
     let (mut q, mut k) = (
         upload(stream, &rng.vec::<bf16>(b * s * hq * d, 0.0, 1.0)),
         upload(stream, &rng.vec::<bf16>(b * s * hk * d, 0.0, 1.0)),
@@ -204,11 +207,9 @@ fn replay_captured_backward(what: &str, stream: Arc<CudaStream>) -> Result<(), S
         common::poisoned::<bf16>(&stream, rows * cols),
         common::poisoned::<f32>(&stream, rows),
     );
-    let wv = w.as_view();
-    rms_norm_forward(&stream, &args, &x, Some(&wv), &mut y, &mut rstd).unwrap();
+    rms_norm_forward(&stream, &args, &x, Some(&w), &mut y, &mut rstd).unwrap();
     let backward = |dx: &mut CudaSlice<bf16>, dw: &mut CudaSlice<bf16>| {
-        let mut dw = dw.as_view_mut();
-        rms_norm_backward(&stream, &args, &dy, &x, Some(&wv), &rstd, dx, Some(&mut dw))
+        rms_norm_backward(&stream, &args, &dy, &x, Some(&w), &rstd, dx, Some(dw))
     };
     let (mut dx, mut dw) = (
         common::poisoned::<bf16>(&stream, rows * cols),
@@ -289,17 +290,16 @@ fn rms_run(stream: &Arc<CudaStream>, rng: &mut Rng, rows: usize, cols: usize) ->
         common::poisoned::<bf16>(stream, rows * cols),
         common::poisoned::<bf16>(stream, cols),
     );
-    let (wv, mut dwv) = (wd.as_view(), dw.as_view_mut());
-    rms_norm_forward(stream, &args, &xd, Some(&wv), &mut y, &mut rstd).unwrap();
+    rms_norm_forward(stream, &args, &xd, Some(&wd), &mut y, &mut rstd).unwrap();
     rms_norm_backward(
         stream,
         &args,
         &dyd,
         &xd,
-        Some(&wv),
+        Some(&wd),
         &rstd,
         &mut dx,
-        Some(&mut dwv),
+        Some(&mut dw),
     )
     .unwrap();
     RmsRun {
@@ -317,15 +317,12 @@ fn rms_run(stream: &Arc<CudaStream>, rng: &mut Rng, rows: usize, cols: usize) ->
 fn checked_rms_norm(stream: &Arc<CudaStream>, seed: u64, rows: usize, cols: usize) {
     let run = rms_run(stream, &mut Rng::new(seed), rows, cols);
     let what = format!("seed {seed}, {rows} x {cols}");
-    let mode = CastingMode::Llama;
-    let want = reference::rms_norm_forward(&run.x, Some(&run.w), cols, 1e-6, 0.0, mode).unwrap();
+    let args = RmsNormArgs::new(rows, cols);
+    let want = reference::rms_norm_forward(&args, &run.x, Some(&run.w)).unwrap();
     close(&format!("{what}: y"), &download(stream, &run.y), &want.y);
-    let rstd: Vec<f64> = download(stream, &run.rstd)
-        .iter()
-        .map(|&r| r as f64)
-        .collect();
+    let rstd = download(stream, &run.rstd);
     let (dy, x, w) = (&run.dy, &run.x, Some(&run.w[..]));
-    let want = reference::rms_norm_backward(dy, x, w, &rstd, cols, 0.0, mode).unwrap();
+    let want = reference::rms_norm_backward(&args, dy, x, w, &rstd).unwrap();
     close(&format!("{what}: dx"), &download(stream, &run.dx), &want.dx);
     close(
         &format!("{what}: dw"),
@@ -399,7 +396,7 @@ impl DwCase {
         let dy = upload(stream, &rng.vec::<bf16>(rows * cols, 0.0, 1.0));
         let mut y = common::poisoned::<bf16>(stream, rows * cols);
         let mut rstd = common::poisoned::<f32>(stream, rows);
-        rms_norm_forward(stream, &args, &x, Some(&w.as_view()), &mut y, &mut rstd).unwrap();
+        rms_norm_forward(stream, &args, &x, Some(&w), &mut y, &mut rstd).unwrap();
         let dx = common::poisoned::<bf16>(stream, rows * cols);
         let dw = common::poisoned::<bf16>(stream, cols);
         DwCase {
@@ -416,17 +413,16 @@ impl DwCase {
     /// Queues the backward on `stream` (dW poisoned first).
     fn queue(&mut self, stream: &Arc<CudaStream>) {
         common::poison(stream, &mut self.dw);
-        let (wv, mut dwv) = (self.w.as_view(), self.dw.as_view_mut());
         let (a, dy, x, rstd) = (&self.args, &self.dy, &self.x, &self.rstd);
         rms_norm_backward(
             stream,
             a,
             dy,
             x,
-            Some(&wv),
+            Some(&self.w),
             rstd,
             &mut self.dx,
-            Some(&mut dwv),
+            Some(&mut self.dw),
         )
         .unwrap();
     }
@@ -558,7 +554,7 @@ fn worker(stream: Arc<CudaStream>, id: u64) {
         checked_rms_norm(&stream, 1000 + 10 * id + iter, rows, cols);
 
         let (s, hq, hk, d) = (17, 4, 2, 64);
-        let ra = RopeArgs::new(1, s, hq, hk, d);
+        let ra = RopeArgs::new(d).with_seq_len(s).with_heads(hq, hk);
         let (mut qh, mut kh): (Vec<bf16>, Vec<bf16>) =
             (rng.vec(s * hq * d, 0.0, 1.0), rng.vec(s * hk * d, 0.0, 1.0));
         let (ch, sh): (Vec<bf16>, Vec<bf16>) = (rng.vec(s * d, 0.0, 0.7), rng.vec(s * d, 0.0, 0.7));
@@ -589,7 +585,7 @@ fn worker(stream: Arc<CudaStream>, id: u64) {
         close(
             "swiglu c",
             &download(&stream, &c),
-            &reference::swiglu_forward(&ah, &bh, 1.0).unwrap(),
+            &reference::swiglu_forward(&sw, &ah, &bh).unwrap(),
         );
     }
 }

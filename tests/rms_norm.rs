@@ -12,7 +12,7 @@ use common::{
     poisoned_on_device, skip_when_small, upload, widen,
 };
 use half::{bf16, f16};
-use liger_rs::cudarc::driver::{CudaSlice, CudaStream};
+use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use liger_rs::reference::{
     Element, rms_norm_backward as ref_backward, rms_norm_forward as ref_forward,
 };
@@ -28,34 +28,20 @@ use std::sync::Arc;
 fn reference_matches_hand_computed_values() {
     // x = [3, 4]: mean square 12.5, r = 1/√12.5; w = [1, 2].
     let r = 1.0 / 12.5f64.sqrt();
-    let out = ref_forward(
-        &[3.0f64, 4.0],
-        Some(&[1.0, 2.0]),
-        2,
-        0.0,
-        0.0,
-        CastingMode::Llama,
-    )
-    .unwrap();
+    let args = RmsNormArgs::new(1, 2).with_eps(0.0);
+    let out = ref_forward(&args, &[3.0f64, 4.0], Some(&[1.0, 2.0])).unwrap();
     assert_eq!(out.rstd, vec![r]);
     assert_eq!(out.y, vec![3.0 * r, 8.0 * r]);
     // offset 1 (Gemma-style weights): y = x·r·(1 + w).
-    let out = ref_forward(
-        &[3.0f64, 4.0],
-        Some(&[1.0, 2.0]),
-        2,
-        0.0,
-        1.0,
-        CastingMode::Gemma,
-    )
-    .unwrap();
+    let gemma = args.with_offset(1.0).with_mode(CastingMode::Gemma);
+    let out = ref_forward(&gemma, &[3.0f64, 4.0], Some(&[1.0, 2.0])).unwrap();
     assert_eq!(out.y, vec![6.0 * r, 12.0 * r]);
     // eps enters under the root: x = [0, 0], eps = 0.25 → r = 2, y = 0.
-    let out = ref_forward(&[0.0f64, 0.0], None, 2, 0.25, 0.0, CastingMode::Llama).unwrap();
+    let out = ref_forward(&args.with_eps(0.25), &[0.0f64, 0.0], None).unwrap();
     assert_eq!((out.rstd, out.y), (vec![2.0], vec![0.0, 0.0]));
     // In f32 the stored rstd is the f32 rounding of 1/√12.5.
-    let out = ref_forward(&[3.0f32, 4.0], None, 2, 0.0, 0.0, CastingMode::Llama).unwrap();
-    assert_eq!(out.rstd, vec![r as f32 as f64]);
+    let out = ref_forward(&args, &[3.0f32, 4.0], None).unwrap();
+    assert_eq!(out.rstd, vec![r as f32]);
 }
 
 #[test]
@@ -65,53 +51,47 @@ fn reference_cast_points_differ_by_mode_as_specified() {
     // gemma: D(x·r·w) with x·r = 1.5·f32(1/1.5) ≠ 1 exactly, times w, rounded once.
     let x = [bf16::from_f32(1.5)];
     let w = [bf16::from_f32(1.0 + 1.0 / 128.0)];
-    let llama = ref_forward(&x, Some(&w), 1, 0.0, 0.0, CastingMode::Llama).unwrap();
-    let gemma = ref_forward(&x, Some(&w), 1, 0.0, 0.0, CastingMode::Gemma).unwrap();
-    let none = ref_forward(&x, Some(&w), 1, 0.0, 0.0, CastingMode::None).unwrap();
+    let args = |mode| RmsNormArgs::new(1, 1).with_eps(0.0).with_mode(mode);
+    let llama = ref_forward(&args(CastingMode::Llama), &x, Some(&w)).unwrap();
+    let gemma = ref_forward(&args(CastingMode::Gemma), &x, Some(&w)).unwrap();
+    let none = ref_forward(&args(CastingMode::None), &x, Some(&w)).unwrap();
     assert_eq!(llama.y[0], w[0]);
     let r = (1.0f64 / 1.5) as f32 as f64;
     assert_eq!(gemma.y[0], bf16::from_f64(1.5 * r * w[0].to_f64()));
     // none: r itself is a bf16 value.
-    assert_eq!(none.rstd[0], bf16::cast(1.0 / 1.5));
+    assert_eq!(none.rstd[0] as f64, bf16::cast(1.0 / 1.5));
     assert_ne!(none.rstd[0], llama.rstd[0]);
 }
 
 #[test]
 fn reference_rejects_bad_shapes() {
     let x = [1.0f64; 6];
-    assert!(matches!(
-        ref_forward(&x, None, 4, 0.0, 0.0, CastingMode::Llama),
-        Err(Error::InvalidArgument { arg: "x", .. })
-    ));
-    assert!(matches!(
-        ref_forward(&x, None, 0, 0.0, 0.0, CastingMode::Llama),
-        Err(Error::InvalidArgument { arg: "cols", .. })
-    ));
-    assert!(matches!(
-        ref_forward(&x, Some(&[1.0; 2]), 3, 0.0, 0.0, CastingMode::Llama),
-        Err(Error::InvalidArgument { arg: "weight", .. })
-    ));
-    let rstd = [1.0; 2];
-    assert!(matches!(
-        ref_backward(&x[..3], &x, None, &rstd, 3, 0.0, CastingMode::Llama),
-        Err(Error::InvalidArgument { arg: "dy", .. })
-    ));
-    assert!(matches!(
-        ref_backward(&x, &x, None, &rstd[..1], 3, 0.0, CastingMode::Llama),
-        Err(Error::InvalidArgument { arg: "rstd", .. })
-    ));
+    let bad = |r: liger_rs::Result<Vec<f64>>, arg: &str| match r {
+        Err(Error::InvalidArgument { arg: a, .. }) if a == arg => {}
+        other => panic!("expected InvalidArgument for `{arg}`, got {other:?}"),
+    };
+    let fwd = |args: RmsNormArgs, w: Option<&[f64]>| ref_forward(&args, &x, w).map(|o| o.y);
+    bad(fwd(RmsNormArgs::new(1, 4), None), "x");
+    bad(fwd(RmsNormArgs::new(3, 2), Some(&[1.0; 3])), "weight");
+    bad(fwd(RmsNormArgs::new(6, 0), None), "args.cols");
+    bad(
+        fwd(RmsNormArgs::new(2, 3).with_strides(4, 3), None),
+        "args.x_stride",
+    );
+    bad(
+        fwd(RmsNormArgs::new(2, 3).with_strides(3, 4), None),
+        "args.y_stride",
+    );
+    bad(fwd(RmsNormArgs::new(usize::MAX, 2), None), "args.rows");
+    let (args, rstd) = (RmsNormArgs::new(2, 3), [1.0; 2]);
+    let bwd = |dy: &[f64], rstd: &[f64]| ref_backward(&args, dy, &x, None, rstd).map(|g| g.dx);
+    bad(bwd(&x[..3], &rstd), "dy");
+    bad(bwd(&x, &rstd[..1]), "rstd");
 }
 
 /// `Σ g·y` for the f64 forward (every cast point is the identity in f64).
-fn loss(
-    x: &[f64],
-    w: Option<&[f64]>,
-    g: &[f64],
-    cols: usize,
-    offset: f32,
-    mode: CastingMode,
-) -> f64 {
-    let y = ref_forward(x, w, cols, 1e-3, offset, mode).unwrap().y;
+fn loss(args: &RmsNormArgs, x: &[f64], w: Option<&[f64]>, g: &[f64]) -> f64 {
+    let y = ref_forward(args, x, w).unwrap().y;
     y.iter().zip(g).map(|(a, b)| a * b).sum()
 }
 
@@ -129,15 +109,18 @@ fn reference_backward_matches_finite_differences() {
         let w: Vec<f64> = rng.vec(cols, 1.0, 0.5);
         let g: Vec<f64> = rng.vec(rows * cols, 0.0, 1.0);
         let w = weighted.then_some(&w[..]);
-        let fwd = ref_forward(&x, w, cols, 1e-3, offset, mode).unwrap();
-        let grads = ref_backward(&g, &x, w, &fwd.rstd, cols, offset, mode).unwrap();
+        let args = RmsNormArgs::new(rows, cols)
+            .with_eps(1e-3)
+            .with_offset(offset)
+            .with_mode(mode);
+        let fwd = ref_forward(&args, &x, w).unwrap();
+        let grads = ref_backward(&args, &g, &x, w, &fwd.rstd).unwrap();
         let case = format!("seed {seed}, {mode}, offset {offset}, weight {weighted}");
         for i in 0..x.len() {
             let (mut xp, mut xm) = (x.clone(), x.clone());
             xp[i] += h;
             xm[i] -= h;
-            let fd = (loss(&xp, w, &g, cols, offset, mode) - loss(&xm, w, &g, cols, offset, mode))
-                / (2.0 * h);
+            let fd = (loss(&args, &xp, w, &g) - loss(&args, &xm, w, &g)) / (2.0 * h);
             assert!(
                 (fd - grads.dx[i]).abs() < 1e-6 * (1.0 + fd.abs()),
                 "dx[{i}] {} vs fd {fd}, {case}",
@@ -150,8 +133,7 @@ fn reference_backward_matches_finite_differences() {
                     let (mut wp, mut wm) = (w.to_vec(), w.to_vec());
                     wp[j] += h;
                     wm[j] -= h;
-                    let fd = (loss(&x, Some(&wp), &g, cols, offset, mode)
-                        - loss(&x, Some(&wm), &g, cols, offset, mode))
+                    let fd = (loss(&args, &x, Some(&wp), &g) - loss(&args, &x, Some(&wm), &g))
                         / (2.0 * h);
                     assert!(
                         (fd - dw[j]).abs() < 1e-6 * (1.0 + fd.abs()),
@@ -314,63 +296,49 @@ fn check_case<T: Dtype>(
 
     let xd = upload(stream, x);
     let wd = upload(stream, w);
-    let weight = c.weighted.then(|| wd.as_view());
+    let weight: Option<&dyn DevicePtr<T>> = c.weighted.then_some(&wd);
     let mut y = poisoned::<T>(stream, n);
     let mut rstd = poisoned::<f32>(stream, c.rows);
-    rms_norm_forward(stream, &args, &xd, weight.as_ref(), &mut y, &mut rstd).expect(desc);
+    rms_norm_forward(stream, &args, &xd, weight, &mut y, &mut rstd).expect(desc);
     let (x_c, dy_c) = (
         data.compact(x, cols, cols, 0),
         data.compact(dy, cols, cols, 0),
     );
     let weight_host = c.weighted.then_some(w);
-    let want = ref_forward(&x_c, weight_host, cols, eps, c.offset, c.mode).unwrap();
+    // The reference runs on the data rows only.
+    let mut data_args = args;
+    data_args.rows = x_c.len() / cols;
+    let want = ref_forward(&data_args, &x_c, weight_host).unwrap();
     let (y_all, rstd_all) = (download(stream, &y), download(stream, &rstd));
-    let rstd_gpu = widen(&data.compact(&rstd_all, 1, 1, 0));
+    let rstd_c = data.compact(&rstd_all, 1, 1, 0);
+    let rstd_gpu = widen(&rstd_c);
     let y_got = widen(&data.compact(&y_all, cols, cols, 0));
     assert_close::<T>("y", desc, &y_got, &widen(&want.y), ulps_y, &[]);
-    assert_close::<T>("rstd", desc, &rstd_gpu, &want.rstd, ulps_r, &[]);
+    assert_close::<T>("rstd", desc, &rstd_gpu, &widen(&want.rstd), ulps_r, &[]);
     if !data.are_all() {
         data.assert_zero_rows("y", desc, &y_all, cols, cols, 0);
         let zero_row = vec![T::from_f64(0.0); cols];
-        let zero = ref_forward(&zero_row, weight_host, cols, eps, c.offset, c.mode).unwrap();
+        let mut one_row = args;
+        one_row.rows = 1;
+        let zero = ref_forward(&one_row, &zero_row, weight_host).unwrap();
         let got: Vec<f64> = data.zero_rows().map(|r| rstd_all[r] as f64).collect();
-        let want = vec![zero.rstd[0]; got.len()];
+        let want = vec![zero.rstd[0] as f64; got.len()];
         assert_close::<T>("rstd of zero rows", desc, &got, &want, ulps_r, &[]);
     }
 
     let mut dw = poisoned::<T>(stream, c.cols);
     let mut dy_d = upload(stream, dy);
     let dx = if c.inplace {
-        let dwv = c.weighted.then(|| dw.as_view_mut());
-        call_inplace(
-            stream,
-            &args,
-            &mut dy_d,
-            &xd,
-            weight.as_ref(),
-            &rstd,
-            dwv,
-            desc,
-        );
+        let dwv: Option<&mut dyn DevicePtrMut<T>> = c.weighted.then_some(&mut dw);
+        call_inplace(stream, &args, &mut dy_d, &xd, weight, &rstd, dwv, desc);
         download(stream, &dy_d)
     } else {
         let mut dx = poisoned::<T>(stream, n);
-        let mut dwv = c.weighted.then(|| dw.as_view_mut());
-        rms_norm_backward(
-            stream,
-            &args,
-            &dy_d,
-            &xd,
-            weight.as_ref(),
-            &rstd,
-            &mut dx,
-            dwv.as_mut(),
-        )
-        .expect(desc);
+        let dwv: Option<&mut dyn DevicePtrMut<T>> = c.weighted.then_some(&mut dw);
+        rms_norm_backward(stream, &args, &dy_d, &xd, weight, &rstd, &mut dx, dwv).expect(desc);
         download(stream, &dx)
     };
-    let grads = ref_backward(&dy_c, &x_c, weight_host, &rstd_gpu, cols, c.offset, c.mode);
-    let grads = grads.unwrap();
+    let grads = ref_backward(&data_args, &dy_c, &x_c, weight_host, &rstd_c).unwrap();
     let (dx_slack, dw_slack) = grad_slack(&dy_c, &x_c, weight_host, &rstd_gpu, cols, c.offset);
     let dx_got = widen(&data.compact(&dx, cols, cols, 0));
     assert_close::<T>("dx", desc, &dx_got, &widen(&grads.dx), ulps_g, &dx_slack);
@@ -387,12 +355,12 @@ fn call_inplace<T: Dtype>(
     args: &RmsNormArgs,
     dy: &mut liger_rs::cudarc::driver::CudaSlice<T>,
     x: &liger_rs::cudarc::driver::CudaSlice<T>,
-    weight: Option<&liger_rs::cudarc::driver::CudaView<'_, T>>,
+    weight: Option<&dyn DevicePtr<T>>,
     rstd: &liger_rs::cudarc::driver::CudaSlice<f32>,
-    mut dw: Option<liger_rs::cudarc::driver::CudaViewMut<'_, T>>,
+    dw: Option<&mut dyn DevicePtrMut<T>>,
     desc: &str,
 ) {
-    rms_norm_backward_inplace(stream, args, dy, x, weight, rstd, dw.as_mut()).expect(desc);
+    rms_norm_backward_inplace(stream, args, dy, x, weight, rstd, dw).expect(desc);
 }
 
 /// Runs every shape × mode × weight × in-place case; a failing case does not hide the
@@ -538,10 +506,9 @@ const MODE_OFFSETS: [(CastingMode, f32); 4] = [
 fn gpu_forward_rows_walk_grid_stride_or_take_a_block_each() {
     // Rows ≥ 4 waves of resident blocks run the forward's one-row-per-block kernels for K ≥ 2:
     // 7000 × 2048 bf16 (`_vr2`, 128 threads; four waves of `_v2` are 4752 rows on an H200),
-    // 4000 × 2048 f32 (`_vr2`, 256 threads; four waves of `_v2` are 2640 rows), and with the
-    // weight loaded late 2200 × 8192 f16 and 2000 × 4096 f32 (`_vl4`, 256 threads; f16 gemma
-    // and llama with an offset, whose weight product is not packed, run `_vr4`); the
-    // shared-memory dW test's 9600 × 4096 16-bit rows run `_vr4` too. Between one and four
+    // 4000 × 2048 f32 (`_vr2`, 256 threads; four waves of `_v2` are 2640 rows), 2200 × 8192
+    // f16 and 2000 × 4096 f32 (`_vr4`, 256 threads) and the shared-memory dW test's 9600 × 4096
+    // 16-bit rows (`_vr4`). Between one and four
     // waves the `_v{K}` kernels walk rows grid-stride, prefetching each block's next row: on
     // an H200 2000 × 2048 bf16 (`_v2`, 1188 blocks), 1500 × 2048 f32 (`_v2` at 256 threads,
     // 660 blocks), 1500 × 4096 bf16 (`_v4`, 660 blocks) and 1000 × 4096 f32 (`_v4`, 396
@@ -692,30 +659,30 @@ fn huge_case(stream: &Arc<CudaStream>, cols: usize) {
         )
     };
     let args = RmsNormArgs::new(rows, cols);
-    let weight = Some(w_d.as_view());
+    let weight = Some(&w_d as &dyn DevicePtr<bf16>);
     let mut y_d = poisoned_on_device::<bf16>(stream, n);
     let mut rstd_d = poisoned::<f32>(stream, rows);
-    rms_norm_forward(stream, &args, &x_d, weight.as_ref(), &mut y_d, &mut rstd_d).expect(&desc);
+    rms_norm_forward(stream, &args, &x_d, weight, &mut y_d, &mut rstd_d).expect(&desc);
     let mut dw_d = poisoned::<bf16>(stream, cols);
-    let dw = Some(&mut dw_d.as_view_mut());
-    rms_norm_backward_inplace(stream, &args, &mut dy_d, &x_d, weight.as_ref(), &rstd_d, dw)
-        .expect(&desc);
+    let dw = Some(&mut dw_d as &mut dyn DevicePtrMut<bf16>);
+    rms_norm_backward_inplace(stream, &args, &mut dy_d, &x_d, weight, &rstd_d, dw).expect(&desc);
 
     let rstd_all = download(stream, &rstd_d);
     assert!(
         rstd_all.iter().all(|r| r.is_finite()),
         "an rstd row was not written, {desc}"
     );
-    let rstd: Vec<f64> = starts
+    let rstd_w: Vec<f32> = starts
         .iter()
-        .flat_map(|&r0| rstd_all[r0..r0 + win].iter().map(|&r| r as f64))
+        .flat_map(|&r0| rstd_all[r0..r0 + win].to_vec())
         .collect();
-    let mode = CastingMode::Llama;
-    let [ulps_y, ulps_r, ulps_g] = ulps::<bf16>(mode);
-    let want = ref_forward(&x, Some(&w), cols, 1e-6, 0.0, mode).unwrap();
+    let rstd = widen(&rstd_w);
+    let [ulps_y, ulps_r, ulps_g] = ulps::<bf16>(CastingMode::Llama);
+    let window_args = RmsNormArgs::new(rstd_w.len(), cols);
+    let want = ref_forward(&window_args, &x, Some(&w)).unwrap();
     assert_close::<bf16>("y", &desc, &windows(&y_d), &widen(&want.y), ulps_y, &[]);
-    assert_close::<bf16>("rstd", &desc, &rstd, &want.rstd, ulps_r, &[]);
-    let grads = ref_backward(&dy, &x, Some(&w), &rstd, cols, 0.0, mode).unwrap();
+    assert_close::<bf16>("rstd", &desc, &rstd, &widen(&want.rstd), ulps_r, &[]);
+    let grads = ref_backward(&window_args, &dy, &x, Some(&w), &rstd_w).unwrap();
     let (dx_slack, dw_slack) = grad_slack(&dy, &x, Some(&w), &rstd, cols, 0.0);
     let want_dx = widen(&grads.dx);
     assert_close::<bf16>("dx", &desc, &windows(&dy_d), &want_dx, ulps_g, &dx_slack);
@@ -751,7 +718,7 @@ fn strided_case(
     let sentinel = bf16::from_f32(-7.0);
     let mut y = upload(stream, &vec![sentinel; (rows - 1) * ys + cols]);
     let mut rstd = poisoned::<f32>(stream, rows);
-    rms_norm_forward(stream, &args, &xd, Some(&wd.as_view()), &mut y, &mut rstd).unwrap();
+    rms_norm_forward(stream, &args, &xd, Some(&wd), &mut y, &mut rstd).unwrap();
     let mut dx = upload(stream, &vec![sentinel; (rows - 1) * ys + cols]);
     let mut dw = poisoned::<bf16>(stream, cols);
     rms_norm_backward(
@@ -759,10 +726,10 @@ fn strided_case(
         &args,
         &dyd,
         &xd,
-        Some(&wd.as_view()),
+        Some(&wd),
         &rstd,
         &mut dx,
-        Some(&mut dw.as_view_mut()),
+        Some(&mut dw),
     )
     .unwrap();
     let (y, dx) = (download(stream, &y), download(stream, &dx));
@@ -781,22 +748,15 @@ fn strided_case(
             );
         }
     }
-    let want = ref_forward(
-        &compact(&x, xs),
-        Some(&w),
-        cols,
-        1e-6,
-        0.0,
-        CastingMode::Llama,
-    )
-    .unwrap();
+    let contiguous = RmsNormArgs::new(rows, cols);
+    let want = ref_forward(&contiguous, &compact(&x, xs), Some(&w)).unwrap();
     let [ulps_y, _, ulps_g] = ulps::<bf16>(CastingMode::Llama);
     let (y_c, dx_c) = (widen(&compact(&y, ys)), widen(&compact(&dx, ys)));
     assert_close::<bf16>("y", "strided", &y_c, &widen(&want.y), ulps_y, &[]);
-    let rstd_gpu = widen(&download(stream, &rstd));
+    let rstd_gpu = download(stream, &rstd);
     let (dy_c, x_c) = (compact(&dy, ys), compact(&x, xs));
-    let llama = CastingMode::Llama;
-    let grads = ref_backward(&dy_c, &x_c, Some(&w), &rstd_gpu, cols, 0.0, llama).unwrap();
+    let grads = ref_backward(&contiguous, &dy_c, &x_c, Some(&w), &rstd_gpu).unwrap();
+    let rstd_gpu = widen(&rstd_gpu);
     let (dx_slack, dw_slack) = grad_slack(&dy_c, &x_c, Some(&w), &rstd_gpu, cols, 0.0);
     assert_close::<bf16>("dx", "strided", &dx_c, &widen(&grads.dx), ulps_g, &dx_slack);
     let dw_gpu = widen(&download(stream, &dw));
@@ -819,7 +779,7 @@ fn bad_input_is_rejected_before_launch() {
     let mut rstd = poisoned::<f32>(&stream, rows);
     let mut short_rstd = poisoned::<f32>(&stream, rows - 1);
     let a = RmsNormArgs::new(rows, cols);
-    let wv = Some(w.as_view());
+    let wv = Some(&w as &dyn DevicePtr<f32>);
 
     expect_invalid(
         rms_norm_forward(
@@ -846,12 +806,12 @@ fn bad_input_is_rejected_before_launch() {
         "rows × x_stride",
     );
     expect_invalid(
-        rms_norm_forward(&stream, &a, &x, Some(&short_w.as_view()), &mut y, &mut rstd),
+        rms_norm_forward(&stream, &a, &x, Some(&short_w), &mut y, &mut rstd),
         "weight",
         "length 8",
     );
     expect_invalid(
-        rms_norm_forward(&stream, &a, &x, wv.as_ref(), &mut y, &mut short_rstd),
+        rms_norm_forward(&stream, &a, &x, wv, &mut y, &mut short_rstd),
         "rstd",
         "length ≥ 4",
     );
@@ -889,21 +849,12 @@ fn bad_input_is_rejected_before_launch() {
     let mut dx = poisoned::<f32>(&stream, rows * cols);
     let mut dw = poisoned::<f32>(&stream, cols);
     expect_invalid(
-        rms_norm_backward(&stream, &a, &dy, &x, wv.as_ref(), &rstd, &mut dx, None),
+        rms_norm_backward(&stream, &a, &dy, &x, wv, &rstd, &mut dx, None),
         "dw",
         "a weight is given",
     );
     expect_invalid(
-        rms_norm_backward(
-            &stream,
-            &a,
-            &dy,
-            &x,
-            None,
-            &rstd,
-            &mut dx,
-            Some(&mut dw.as_view_mut()),
-        ),
+        rms_norm_backward(&stream, &a, &dy, &x, None, &rstd, &mut dx, Some(&mut dw)),
         "dw",
         "no weight",
     );
@@ -914,16 +865,7 @@ fn bad_input_is_rejected_before_launch() {
     );
     let mut long_dw = poisoned::<f32>(&stream, cols + 1);
     expect_invalid(
-        rms_norm_backward(
-            &stream,
-            &a,
-            &dy,
-            &x,
-            wv.as_ref(),
-            &rstd,
-            &mut dx,
-            Some(&mut long_dw.as_view_mut()),
-        ),
+        rms_norm_backward(&stream, &a, &dy, &x, wv, &rstd, &mut dx, Some(&mut long_dw)),
         "dw",
         "length 8",
     );

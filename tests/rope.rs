@@ -84,7 +84,7 @@ fn bits<T: Element>(v: T) -> u64 {
 #[test]
 fn reference_matches_hand_computed_rotations() {
     // d = 4, a 90° rotation (c = 0, s = 1): (x1, x2, x3, x4) → (−x3, −x4, x1, x2).
-    let args = RopeArgs::new(1, 1, 1, 1, 4);
+    let args = RopeArgs::new(4);
     let (mut q, mut k) = (vec![1.0f64, 2.0, 3.0, 4.0], vec![5.0f64, 6.0, 7.0, 8.0]);
     let (cos, sin) = ([0.0; 4], [1.0; 4]);
     ref_forward(&args, &mut q, &mut k, &cos, &sin, CosSinRows::PerPosition).unwrap();
@@ -96,7 +96,7 @@ fn reference_matches_hand_computed_rotations() {
 
     // 60° on one pair: (1, 0) → (cos 60°, sin 60°); (0, 1) → (−sin 60°, cos 60°).
     let (c, s) = (0.5f64, 3f64.sqrt() / 2.0);
-    let args = RopeArgs::new(1, 1, 2, 1, 2);
+    let args = RopeArgs::new(2).with_heads(2, 1);
     let (mut q, mut k) = (vec![1.0f64, 0.0, 0.0, 1.0], vec![2.0f64, 0.0]);
     ref_forward(
         &args,
@@ -111,7 +111,7 @@ fn reference_matches_hand_computed_rotations() {
     assert_eq!(k, [2.0 * c, 2.0 * s]);
 
     // Partial rotary r = 2 of d = 4, cos/sin rows of length r: dims 2, 3 stay.
-    let args = RopeArgs::new(1, 1, 1, 1, 4).with_rotary_dim(2);
+    let args = RopeArgs::new(4).with_rotary_dim(2);
     let (mut q, mut k) = (vec![1.0f64, 2.0, 3.0, 4.0], vec![5.0f64, 6.0, 7.0, 8.0]);
     ref_forward(
         &args,
@@ -131,7 +131,7 @@ fn reference_matches_hand_computed_rotations() {
 #[test]
 fn reference_selects_rows_by_form() {
     // B = 2, S = 2, one head of d = 2, x = (1, 0) everywhere: the output is the row's (c, s).
-    let args = RopeArgs::new(2, 2, 1, 1, 2);
+    let args = RopeArgs::new(2).with_batch(2).with_seq_len(2);
     let rows = |n: usize| -> (Vec<f64>, Vec<f64>) {
         let c = (0..n).flat_map(|i| [i as f64, 99.0]).collect();
         let s = (0..n).flat_map(|i| [10.0 + i as f64, 99.0]).collect();
@@ -157,7 +157,7 @@ fn reference_rounds_products_and_sums_to_f32() {
     // x1·c = (1 + 2⁻²³)² = 1 + 2⁻²² + 2⁻⁴⁶ rounds to 1 + 2⁻²² in f32; minus x2·s = 1 leaves
     // 2⁻²² in f32, while the exact difference keeps the 2⁻⁴⁶.
     let e = 2f64.powi(-23);
-    let args = RopeArgs::new(1, 1, 1, 1, 2);
+    let args = RopeArgs::new(2);
     let (cos, sin) = ([(1.0 + e) as f32; 2], [1.0f32; 2]);
     let (mut q, mut k) = (vec![(1.0 + e) as f32, 1.0], vec![0.0f32, 0.0]);
     ref_forward(&args, &mut q, &mut k, &cos, &sin, CosSinRows::PerPosition).unwrap();
@@ -226,7 +226,11 @@ fn reference_backward_matches_finite_differences() {
         for f in 0..3 {
             let seed = 100 + 3 * n as u64 + f as u64;
             let mut rng = Rng::new(seed);
-            let args = RopeArgs::new(b, s, hq, hk, d).with_rotary_dim(r);
+            let args = RopeArgs::new(d)
+                .with_batch(b)
+                .with_seq_len(s)
+                .with_heads(hq, hk)
+                .with_rotary_dim(r);
             let (cos, sin, ids) = f64_tables(&mut rng, b, s, r, f);
             let q: Vec<f64> = rng.vec(b * s * hq * d, 0.0, 1.0);
             let k: Vec<f64> = rng.vec(b * s * hk * d, 0.0, 1.0);
@@ -271,7 +275,11 @@ fn reference_backward_inverts_forward_in_f64() {
     for (n, &(b, s, hq, hk, d, r)) in SMALL.iter().enumerate() {
         for f in 0..3 {
             let mut rng = Rng::new(200 + 3 * n as u64 + f as u64);
-            let args = RopeArgs::new(b, s, hq, hk, d).with_rotary_dim(r);
+            let args = RopeArgs::new(d)
+                .with_batch(b)
+                .with_seq_len(s)
+                .with_heads(hq, hk)
+                .with_rotary_dim(r);
             let (cos, sin, ids) = f64_tables(&mut rng, b, s, r, f);
             let q: Vec<f64> = rng.vec(b * s * hq * d, 0.0, 1.0);
             let k: Vec<f64> = rng.vec(b * s * hk * d, 0.0, 1.0);
@@ -293,7 +301,11 @@ fn reference_backward_inverts_forward_in_f64() {
 fn reference_partial_rotary_leaves_the_tail_bit_identical() {
     let (b, s, hq, hk, d, r) = (2, 5, 3, 2, 12, 4);
     let mut rng = Rng::new(300);
-    let args = RopeArgs::new(b, s, hq, hk, d).with_rotary_dim(r);
+    let args = RopeArgs::new(d)
+        .with_batch(b)
+        .with_seq_len(s)
+        .with_heads(hq, hk)
+        .with_rotary_dim(r);
     let p: Vec<i64> = (0..s as i64).collect();
     let (cos, sin) = cos_sin::<bf16>(&p, r, false);
     let q: Vec<bf16> = uniform(&mut rng, b * s * hq * d);
@@ -313,7 +325,10 @@ fn reference_partial_rotary_leaves_the_tail_bit_identical() {
 
 #[test]
 fn reference_rejects_bad_input() {
-    let a = RopeArgs::new(2, 3, 2, 1, 4);
+    let a = RopeArgs::new(4)
+        .with_batch(2)
+        .with_seq_len(3)
+        .with_heads(2, 1);
     let (q, k) = (vec![0.0f64; 48], vec![0.0f64; 24]);
     let table = vec![0.0f64; 12];
     let run = |a: RopeArgs, ql: usize, kl: usize, cos: &[f64], sin: &[f64], rows| {
@@ -322,7 +337,10 @@ fn reference_rejects_bad_input() {
     };
     let pp = CosSinRows::PerPosition;
     assert!(run(a, 48, 24, &table, &table, pp).is_ok());
-    let bad_d = RopeArgs::new(2, 3, 2, 1, 3);
+    let bad_d = RopeArgs::new(3)
+        .with_batch(2)
+        .with_seq_len(3)
+        .with_heads(2, 1);
     expect_invalid(
         run(bad_d, 48, 24, &table, &table, pp),
         "args.head_dim",
@@ -506,7 +524,11 @@ fn run_case<T: Dtype>(
         "B={b} S={s} Hq={hq} Hk={hk} d={d} r={r} {} {form:?} poisoned-second-half={poison} seed={seed}",
         T::NAME
     );
-    let args = RopeArgs::new(b, s, hq, hk, d).with_rotary_dim(r);
+    let args = RopeArgs::new(d)
+        .with_batch(b)
+        .with_seq_len(s)
+        .with_heads(hq, hk)
+        .with_rotary_dim(r);
     let mut rng = Rng::new(seed);
     let q: Vec<T> = uniform(&mut rng, b * s * hq * d);
     let k: Vec<T> = uniform(&mut rng, b * s * hk * d);
@@ -666,7 +688,10 @@ fn gpu_misaligned_views_take_the_scalar_path() {
 
 fn misaligned<T: Dtype>(stream: &Arc<CudaStream>, which: usize) {
     let (b, s, hq, hk, d) = (2, 5, 4, 2, 128);
-    let args = RopeArgs::new(b, s, hq, hk, d);
+    let args = RopeArgs::new(d)
+        .with_batch(b)
+        .with_seq_len(s)
+        .with_heads(hq, hk);
     let mut rng = Rng::new(800 + which as u64);
     let q: Vec<T> = uniform(&mut rng, b * s * hq * d);
     let k: Vec<T> = uniform(&mut rng, b * s * hk * d);
@@ -715,7 +740,10 @@ fn gpu_device_ids_are_clamped() {
         return;
     };
     let (b, s, hq, hk, d, max_pos) = (2, 4, 3, 1, 8, 6);
-    let args = RopeArgs::new(b, s, hq, hk, d);
+    let args = RopeArgs::new(d)
+        .with_batch(b)
+        .with_seq_len(s)
+        .with_heads(hq, hk);
     let mut rng = Rng::new(500);
     let q: Vec<bf16> = uniform(&mut rng, b * s * hq * d);
     let k: Vec<bf16> = uniform(&mut rng, b * s * hk * d);
@@ -774,7 +802,7 @@ fn gpu_offsets_beyond_2_pow_32_elements() {
     }
     let (hq, hk, d, win) = (32, 1, 128, 8);
     let s = (1usize << 20) + win;
-    let args = RopeArgs::new(1, s, hq, hk, d);
+    let args = RopeArgs::new(d).with_seq_len(s).with_heads(hq, hk);
     let mut q_d = stream.alloc_zeros::<bf16>(s * hq * d).expect("8 GiB for q");
     let mut k_d = stream.alloc_zeros::<bf16>(s * hk * d).expect("k");
     let max_pos = 16;
@@ -799,7 +827,7 @@ fn gpu_offsets_beyond_2_pow_32_elements() {
     }
     let layout = CosSinLayout::Gathered(PositionIds::Host(&ids));
     rope_forward(&stream, &args, &mut q_d, &mut k_d, &cos_d, &sin_d, &layout).unwrap();
-    let wargs = RopeArgs::new(1, win, hq, hk, d);
+    let wargs = RopeArgs::new(d).with_seq_len(win).with_heads(hq, hk);
     for (t0, q, k, w_ids) in windows {
         let got_q: Vec<bf16> = stream
             .clone_dtoh(&q_d.slice(t0 * hq * d..(t0 + win) * hq * d))
@@ -837,7 +865,10 @@ fn gpu_nan_inf_and_overflow_propagate_as_in_the_reference() {
 
 fn special_values<T: Dtype>(stream: &Arc<CudaStream>) {
     let (b, s, hq, hk, d) = (2, 3, 2, 1, 8);
-    let args = RopeArgs::new(b, s, hq, hk, d);
+    let args = RopeArgs::new(d)
+        .with_batch(b)
+        .with_seq_len(s)
+        .with_heads(hq, hk);
     let mut rng = Rng::new(700);
     let mut q: Vec<T> = uniform(&mut rng, b * s * hq * d);
     let mut k: Vec<T> = uniform(&mut rng, b * s * hk * d);
@@ -880,7 +911,10 @@ fn bad_input_is_rejected_before_launch() {
         return;
     };
     let (b, s, hq, hk, d) = (2, 3, 4, 2, 8);
-    let a = RopeArgs::new(b, s, hq, hk, d);
+    let a = RopeArgs::new(d)
+        .with_batch(b)
+        .with_seq_len(s)
+        .with_heads(hq, hk);
     let zeros = |n: usize| upload(&stream, &vec![0.0f32; n]);
     let (mut q, mut k) = (zeros(b * s * hq * d), zeros(b * s * hk * d));
     let (cos, sin) = (zeros(s * d), zeros(s * d));
@@ -897,12 +931,18 @@ fn bad_input_is_rejected_before_launch() {
     // The shape itself.
     let shape_errors = [
         (
-            RopeArgs::new(b, s, hq, hk, 7),
+            RopeArgs::new(7)
+                .with_batch(b)
+                .with_seq_len(s)
+                .with_heads(hq, hk),
             "args.head_dim",
             "even value ≥ 2",
         ),
         (
-            RopeArgs::new(b, s, hq, hk, 0),
+            RopeArgs::new(0)
+                .with_batch(b)
+                .with_seq_len(s)
+                .with_heads(hq, hk),
             "args.head_dim",
             "even value ≥ 2",
         ),
@@ -921,14 +961,38 @@ fn bad_input_is_rejected_before_launch() {
             "args.rotary_dim",
             "2 ..= head_dim = 8",
         ),
-        (RopeArgs::new(b, s, 0, hk, d), "args.q_heads", "at least 1"),
-        (RopeArgs::new(b, s, hq, 0, d), "args.k_heads", "at least 1"),
         (
-            RopeArgs::new(usize::MAX, s, hq, hk, d),
+            RopeArgs::new(d)
+                .with_batch(b)
+                .with_seq_len(s)
+                .with_heads(0, hk),
+            "args.q_heads",
+            "at least 1",
+        ),
+        (
+            RopeArgs::new(d)
+                .with_batch(b)
+                .with_seq_len(s)
+                .with_heads(hq, 0),
+            "args.k_heads",
+            "at least 1",
+        ),
+        (
+            RopeArgs::new(d)
+                .with_batch(usize::MAX)
+                .with_seq_len(s)
+                .with_heads(hq, hk),
             "args",
             "within usize",
         ),
-        (RopeArgs::new(b, s, 1 << 40, hk, d), "args", "< 2^31"),
+        (
+            RopeArgs::new(d)
+                .with_batch(b)
+                .with_seq_len(s)
+                .with_heads(1 << 40, hk),
+            "args",
+            "< 2^31",
+        ),
     ];
     for (args, arg, needle) in shape_errors {
         expect_invalid(call(&args, &mut q, &mut k, &cos, &sin, &pp), arg, needle);
@@ -1062,7 +1126,10 @@ fn zero_tokens_launch_nothing() {
     let table = upload(&stream, &[0.0f32; 40]); // 5 rows of 8
     let no_ids: [i64; 0] = [];
     for (b, s) in [(0, 5), (3, 0)] {
-        let args = RopeArgs::new(b, s, 2, 1, 8);
+        let args = RopeArgs::new(8)
+            .with_batch(b)
+            .with_seq_len(s)
+            .with_heads(2, 1);
         let (mut q, mut k) = (q_buf.slice_mut(0..0), k_buf.slice_mut(0..0));
         let per_position = table.slice(0..s * 8);
         let per_batch = table.slice(0..0);
@@ -1098,7 +1165,10 @@ fn overlapping_buffers_are_rejected() {
         return;
     };
     let (b, s, hq, hk, d) = (1, 2, 2, 2, 4);
-    let a = RopeArgs::new(b, s, hq, hk, d);
+    let a = RopeArgs::new(d)
+        .with_batch(b)
+        .with_seq_len(s)
+        .with_heads(hq, hk);
     let n = b * s * hq * d; // 16, also the length of k
     let buf = upload(&stream, &vec![0.0f32; 5 * n]);
     let base = {
@@ -1124,7 +1194,8 @@ fn overlapping_buffers_are_rejected() {
         })
     );
     let mut k = alias(n, n);
-    let mut q_over_cos = alias(2 * n - 4, n);
+    // q starts where cos does and ends before k's neighbour sin: it overlaps cos alone.
+    let mut q_over_cos = alias(2 * n, n);
     let e = rope_forward(&stream, &a, &mut q_over_cos, &mut k, &cos, &sin, &pp);
     assert_eq!(
         e,
@@ -1268,7 +1339,11 @@ fn reference_forms_are_the_default_form_rearranged() {
     for (n, &(b, s, hq, hk, d, r)) in shapes.iter().enumerate() {
         for f in 0..3 {
             let mut rng = Rng::new(900 + 3 * n as u64 + f as u64);
-            let base = RopeArgs::new(b, s, hq, hk, d).with_rotary_dim(r);
+            let base = RopeArgs::new(d)
+                .with_batch(b)
+                .with_seq_len(s)
+                .with_heads(hq, hk)
+                .with_rotary_dim(r);
             let (cos, sin, ids) = f64_tables(&mut rng, b, s, r, f);
             let (cos, sin): (Vec<bf16>, Vec<bf16>) = (
                 cos.iter().map(|&v| bf16::from_f64(v)).collect(),
@@ -1299,9 +1374,7 @@ fn reference_forms_are_the_default_form_rearranged() {
 fn reference_interleaved_pairs_adjacent_dims() {
     // d = 4, interleaved, a 90° rotation of pair 0 and none of pair 1 (half-width rows
     // [cos θ0, cos θ1] = [0, 1], [sin θ0, sin θ1] = [1, 0]): (x0, x1, x2, x3) → (−x1, x0, x2, x3).
-    let args = RopeArgs::new(1, 1, 1, 1, 4)
-        .with_interleaved()
-        .with_half_tables();
+    let args = RopeArgs::new(4).with_interleaved().with_half_tables();
     let (mut q, mut k) = (vec![1.0f64, 2.0, 3.0, 4.0], vec![5.0f64, 6.0, 7.0, 8.0]);
     let (cos, sin) = ([0.0, 1.0], [1.0, 0.0]);
     ref_forward(&args, &mut q, &mut k, &cos, &sin, CosSinRows::PerPosition).unwrap();
@@ -1310,7 +1383,7 @@ fn reference_interleaved_pairs_adjacent_dims() {
         (vec![-2.0, 1.0, 3.0, 4.0], vec![-6.0, 5.0, 7.0, 8.0])
     );
     // Full-width interleaved rows hold one value per dim: pair 1 reads entry 2.
-    let args = RopeArgs::new(1, 1, 1, 1, 4).with_interleaved();
+    let args = RopeArgs::new(4).with_interleaved();
     let (mut q, mut k) = (vec![1.0f64, 2.0, 3.0, 4.0], vec![0.0f64; 4]);
     let (cos, sin) = ([1.0, 9.0, 0.0, 9.0], [0.0, 9.0, 1.0, 9.0]);
     ref_forward(&args, &mut q, &mut k, &cos, &sin, CosSinRows::PerPosition).unwrap();
@@ -1327,7 +1400,14 @@ fn reference_backward_is_the_adjoint_in_every_form() {
         for f in 0..3 {
             for bits in FORM_BITS {
                 let mut rng = Rng::new(1000 + 3 * n as u64 + f as u64);
-                let args = in_form(RopeArgs::new(b, s, hq, hk, d).with_rotary_dim(r), bits);
+                let args = in_form(
+                    RopeArgs::new(d)
+                        .with_batch(b)
+                        .with_seq_len(s)
+                        .with_heads(hq, hk)
+                        .with_rotary_dim(r),
+                    bits,
+                );
                 let (cos, sin, ids) = f64_tables(&mut rng, b, s, r, f);
                 let (cos, sin) = (table_in_form(&args, &cos), table_in_form(&args, &sin));
                 let x: (Vec<f64>, Vec<f64>) = (
@@ -1354,7 +1434,7 @@ fn reference_backward_is_the_adjoint_in_every_form() {
 #[test]
 fn reference_checks_half_width_rows() {
     // Half-width rows are r/2 long: a full-width table is the wrong length.
-    let args = RopeArgs::new(1, 3, 1, 1, 8).with_half_tables();
+    let args = RopeArgs::new(8).with_seq_len(3).with_half_tables();
     let (mut q, mut k) = (vec![0.0f64; 24], vec![0.0f64; 24]);
     let half = vec![0.0f64; 12];
     ref_forward(&args, &mut q, &mut k, &half, &half, CosSinRows::PerPosition).unwrap();
@@ -1390,7 +1470,14 @@ fn run_form_case<T: Dtype>(
     seed: u64,
 ) {
     let (b, s, hq, hk, d, r) = shape;
-    let args = in_form(RopeArgs::new(b, s, hq, hk, d).with_rotary_dim(r), bits);
+    let args = in_form(
+        RopeArgs::new(d)
+            .with_batch(b)
+            .with_seq_len(s)
+            .with_heads(hq, hk)
+            .with_rotary_dim(r),
+        bits,
+    );
     let poison = seed.is_multiple_of(2);
     let desc = format!(
         "B={b} S={s} Hq={hq} Hk={hk} d={d} r={r} {} {rows:?} (interleaved, half, head-major) = \
@@ -1525,7 +1612,11 @@ fn out_of_place_rejects_bad_input_and_overlaps() {
         return;
     };
     let (b, s, hq, hk, d) = (1, 2, 2, 2, 4);
-    let a = RopeArgs::new(b, s, hq, hk, d).with_half_tables();
+    let a = RopeArgs::new(d)
+        .with_batch(b)
+        .with_seq_len(s)
+        .with_heads(hq, hk)
+        .with_half_tables();
     let n = b * s * hq * d; // 16, also the length of k
     let buf = upload(&stream, &vec![0.0f32; 6 * n]);
     let base = {

@@ -16,8 +16,8 @@ use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use liger_rs::reference::Element;
 use liger_rs::reference::swiglu::{
-    join_gate_up, sigmoid, silu, silu_grad, split_gate_up, swiglu_backward as ref_backward,
-    swiglu_forward as ref_forward,
+    SwigluGrads as Grads, join_gate_up, sigmoid, silu, silu_grad, split_gate_up,
+    swiglu_backward as ref_backward, swiglu_forward as ref_forward,
 };
 use liger_rs::{
     Dtype, Error, SwigluArgs, swiglu_backward, swiglu_backward_fused,
@@ -29,6 +29,20 @@ use std::sync::Arc;
 type Stream = Arc<CudaStream>;
 
 // ---------------------------------------------------------------- CPU reference
+
+/// The reference forward on `a`, `b` as one row: it is element-wise, so the values checked
+/// below need no other shape.
+fn fwd<T: Element>(a: &[T], b: &[T], gm: f32) -> liger_rs::Result<Vec<T>> {
+    ref_forward(&SwigluArgs::new(1, a.len()).with_gate_multiplier(gm), a, b)
+}
+
+/// The reference backward on one row, as [`fwd`].
+fn bwd<T: Element>(dc: &[T], a: &[T], b: &[T], gm: f32, dm: f32) -> liger_rs::Result<Grads<T>> {
+    let args = SwigluArgs::new(1, a.len())
+        .with_gate_multiplier(gm)
+        .with_down_multiplier(dm);
+    ref_backward(&args, dc, a, b)
+}
 
 #[test]
 fn reference_matches_hand_computed_values() {
@@ -45,24 +59,24 @@ fn reference_matches_hand_computed_values() {
         );
     }
     // c = silu(a·gm)·b, gm = 1 and gm = 2.
-    let c = ref_forward(&[0.0f64, 1.0, -1.0], &[5.0, 3.0, 4.0], 1.0).unwrap();
+    let c = fwd(&[0.0f64, 1.0, -1.0], &[5.0, 3.0, 4.0], 1.0).unwrap();
     assert_eq!(c, vec![0.0, 3.0 * silu(1.0), 4.0 * silu(-1.0)]);
-    let c = ref_forward(&[1.0f64], &[3.0], 2.0).unwrap();
+    let c = fwd(&[1.0f64], &[3.0], 2.0).unwrap();
     let s2 = 1.0 / (1.0 + (-2.0f64).exp());
     assert!((c[0] - 3.0 * 2.0 * s2).abs() < 1e-15);
     // Backward at z = 0: σ = ½, silu = 0, silu' = ½. gm = 2, dm = 3, dc = 1, b = 4:
     // g = 3, da = g·silu'·gm·b = 3·½·2·4 = 12, db = g·silu = 0.
-    let g = ref_backward(&[1.0f64], &[0.0], &[4.0], 2.0, 3.0).unwrap();
+    let g = bwd(&[1.0f64], &[0.0], &[4.0], 2.0, 3.0).unwrap();
     assert_eq!((g.da, g.db), (vec![12.0], vec![0.0]));
     // At a = 1, gm = dm = 1: db = dc·σ(1), da = dc·b·σ(1)·(1 + (1 − σ(1))).
-    let g = ref_backward(&[2.0f64], &[1.0], &[5.0], 1.0, 1.0).unwrap();
+    let g = bwd(&[2.0f64], &[1.0], &[5.0], 1.0, 1.0).unwrap();
     assert!((g.db[0] - 2.0 * s1).abs() < 1e-15);
     assert!((g.da[0] - 2.0 * 5.0 * s1 * (2.0 - s1)).abs() < 1e-15);
     assert!((silu_grad(1.0) - s1 * (2.0 - s1)).abs() < 1e-16);
     // dm scales both gradients linearly; gm scales the gate.
     let (dc, a, b) = ([0.7f64, -1.3], [0.4f64, -2.2], [1.5f64, 0.8]);
-    let g1 = ref_backward(&dc, &a, &b, 0.5, 1.0).unwrap();
-    let g2 = ref_backward(&dc, &a, &b, 0.5, 2.0).unwrap();
+    let g1 = bwd(&dc, &a, &b, 0.5, 1.0).unwrap();
+    let g2 = bwd(&dc, &a, &b, 0.5, 2.0).unwrap();
     for i in 0..2 {
         assert_eq!(g2.da[i], 2.0 * g1.da[i]);
         assert_eq!(g2.db[i], 2.0 * g1.db[i]);
@@ -80,7 +94,7 @@ fn reference_rounds_silu_to_the_dtype_before_the_product() {
     for i in 0..400 {
         let a = bf16::from_f64(-6.0 + 0.03 * i as f64);
         let b = bf16::from_f64(1.0 + 0.0137 * i as f64);
-        let c = ref_forward(&[a], &[b], 1.0).unwrap()[0];
+        let c = fwd(&[a], &[b], 1.0).unwrap()[0];
         let z = a.to_f64();
         let want = bf16::from_f64(bf16::cast(silu(z)) * b.to_f64());
         assert_eq!(c, want, "a = {a}, b = {b}");
@@ -91,7 +105,7 @@ fn reference_rounds_silu_to_the_dtype_before_the_product() {
     let (a, gm) = (1.0f32 + f32::EPSILON, 1.0f32 + 3.0 * f32::EPSILON);
     let z = (a as f64 * gm as f64) as f32 as f64;
     assert_ne!(z, a as f64 * gm as f64);
-    let c = ref_forward(&[a], &[1.0f32], gm).unwrap()[0];
+    let c = fwd(&[a], &[1.0f32], gm).unwrap()[0];
     assert_eq!(c, silu(z) as f32);
 }
 
@@ -102,15 +116,35 @@ fn reference_rejects_bad_shapes() {
         Err(Error::InvalidArgument { arg: a, .. }) if a == arg => {}
         other => panic!("expected InvalidArgument for `{arg}`, got {other:?}"),
     };
-    bad(ref_forward(&v, &v[..5], 1.0), "b");
-    bad(ref_forward(&v, &v, f32::NAN), "gate_multiplier");
-    let grads =
-        |r: liger_rs::Result<liger_rs::reference::swiglu::SwigluGrads<f64>>| r.map(|g| g.da);
-    bad(grads(ref_backward(&v[..5], &v, &v, 1.0, 1.0)), "dc");
-    bad(grads(ref_backward(&v, &v, &v[..4], 1.0, 1.0)), "b");
+    let args = SwigluArgs::new(2, 3);
+    bad(ref_forward(&args, &v, &v[..5]), "b");
+    bad(ref_forward(&SwigluArgs::new(1, 5), &v, &v), "a");
+    bad(ref_forward(&SwigluArgs::new(6, 0), &v, &v), "args.cols");
     bad(
-        grads(ref_backward(&v, &v, &v, 1.0, f32::INFINITY)),
-        "down_multiplier",
+        ref_forward(&SwigluArgs::fused(3, 2), &v, &v),
+        "args.a_stride",
+    );
+    bad(
+        ref_forward(&args.with_strides(3, 4, 3), &v, &v),
+        "args.b_stride",
+    );
+    bad(
+        ref_forward(&args.with_strides(3, 3, 4), &v, &v),
+        "args.c_stride",
+    );
+    bad(
+        ref_forward(&SwigluArgs::new(usize::MAX, 2), &v, &v),
+        "args.rows",
+    );
+    let nan_gm = args.with_gate_multiplier(f32::NAN);
+    bad(ref_forward(&nan_gm, &v, &v), "args.gate_multiplier");
+    let grads = |r: liger_rs::Result<Grads<f64>>| r.map(|g| g.da);
+    bad(grads(ref_backward(&args, &v[..5], &v, &v)), "dc");
+    bad(grads(ref_backward(&args, &v, &v, &v[..4])), "b");
+    let inf_dm = args.with_down_multiplier(f32::INFINITY);
+    bad(
+        grads(ref_backward(&inf_dm, &v, &v, &v)),
+        "args.down_multiplier",
     );
     bad(split_gate_up(&v, 0).map(|p| p.0), "cols");
     bad(split_gate_up(&v, 2).map(|p| p.0), "gate_up");
@@ -125,7 +159,7 @@ fn reference_rejects_bad_shapes() {
 
 /// `Σ w·c` for the f64 forward (every cast point is the identity in f64).
 fn loss(a: &[f64], b: &[f64], w: &[f64], gm: f32) -> f64 {
-    let c = ref_forward(a, b, gm).unwrap();
+    let c = fwd(a, b, gm).unwrap();
     c.iter().zip(w).map(|(c, w)| c * w).sum()
 }
 
@@ -148,7 +182,7 @@ fn reference_backward_matches_finite_differences() {
         a[2] = -1.2785; // near the zero of silu'
         let b: Vec<f64> = rng.vec(n, 0.0, 1.0);
         let w: Vec<f64> = rng.vec(n, 0.0, 1.0);
-        let grads = ref_backward(&w, &a, &b, gm, dm).unwrap();
+        let grads = bwd(&w, &a, &b, gm, dm).unwrap();
         let case = format!("seed {seed}, gm {gm}, dm {dm}");
         let dm = dm as f64;
         for i in 0..n {
@@ -207,8 +241,8 @@ fn reference_silu_is_finite_with_the_right_limits_at_extremes() {
             a.push(T::from_f64(-v));
         }
         let one = vec![T::from_f64(1.0); a.len()];
-        let c = ref_forward(&a, &one, 1.0).unwrap();
-        let g = ref_backward(&one, &a, &one, 1.0, 1.0).unwrap();
+        let c = fwd(&a, &one, 1.0).unwrap();
+        let g = bwd(&one, &a, &one, 1.0, 1.0).unwrap();
         for i in 0..a.len() {
             let x = a[i].to_f64();
             let (c, da, db) = (c[i].to_f64(), g.da[i].to_f64(), g.db[i].to_f64());
@@ -226,9 +260,9 @@ fn reference_silu_is_finite_with_the_right_limits_at_extremes() {
     limits::<bf16>(&[1e4, 1e30, BF16_MAX]);
     // a·gm overflowing f32 takes the limits instead of ∞·0 = NaN.
     let a = [bf16::MAX, bf16::MIN];
-    let c = ref_forward(&a, &[bf16::ONE; 2], 2.0).unwrap();
+    let c = fwd(&a, &[bf16::ONE; 2], 2.0).unwrap();
     assert_eq!((c[0].to_f64(), c[1].to_f64()), (f64::INFINITY, 0.0));
-    let g = ref_backward(&[bf16::ONE; 2], &a, &[bf16::ONE; 2], 2.0, 1.0).unwrap();
+    let g = bwd(&[bf16::ONE; 2], &a, &[bf16::ONE; 2], 2.0, 1.0).unwrap();
     assert_eq!((g.da[0].to_f64(), g.da[1].to_f64()), (2.0, 0.0));
 }
 
@@ -486,8 +520,12 @@ fn run_case<T: Dtype>(stream: &Stream, c: &Case) {
     // The fused layout has no separate b (and an empty device buffer cannot be allocated).
     let mut b_d = upload(stream, if c.fused { &dc_h[..1] } else { &b_h });
 
-    let want_c = ref_forward(&a, &b, c.gm).unwrap();
-    let grads = ref_backward(&dc, &a, &b, c.gm, c.dm).unwrap();
+    // The reference takes the data rows, contiguous and separate.
+    let ref_args = SwigluArgs::new(a.len() / cols, cols)
+        .with_gate_multiplier(c.gm)
+        .with_down_multiplier(c.dm);
+    let want_c = ref_forward(&ref_args, &a, &b).unwrap();
+    let grads = ref_backward(&ref_args, &dc, &a, &b).unwrap();
     let [slack_c, slack_da, slack_db] = slacks(&a, &b, &dc, c.gm, c.dm);
 
     // Forward into a NaN-poisoned c.
@@ -658,8 +696,8 @@ fn extremes<T: Dtype>(stream: &Stream, a: Vec<T>) {
                 }
             }
         }
-        let want_c = ref_forward(&a, &b, gm).unwrap();
-        let grads = ref_backward(&dc, &a, &b, gm, dm).unwrap();
+        let want_c = ref_forward(&args, &a, &b).unwrap();
+        let grads = ref_backward(&args, &dc, &a, &b).unwrap();
         let [sc, sda, sdb] = slacks(&a, &b, &dc, gm, dm);
         assert_close::<T>("c", &case, &c, &widen(&want_c), ULPS, &sc);
         assert_close::<T>("da", &case, &da, &widen(&grads.da), ULPS, &sda);
@@ -711,7 +749,7 @@ fn gpu_extreme_gates_are_finite_with_the_right_limits() {
     );
 }
 
-/// NaN and ±∞ inputs give what the reference gives (DESIGN §4): NaN propagates, an infinite
+/// NaN and ±∞ inputs give what the reference gives: NaN propagates, an infinite
 /// gate takes the silu limits, an infinite `b` or `dc` multiplies through.
 fn non_finite<T: Dtype>(stream: &Stream) {
     let (nan, inf) = (f64::NAN, f64::INFINITY);
@@ -737,8 +775,8 @@ fn non_finite<T: Dtype>(stream: &Stream) {
     let (mut da_d, mut db_d) = (poisoned::<T>(stream, n), poisoned::<T>(stream, n));
     swiglu_forward(stream, &args, &a_d, &b_d, &mut c_d).expect(&desc);
     swiglu_backward(stream, &args, &dc_d, &a_d, &b_d, &mut da_d, &mut db_d).expect(&desc);
-    let want_c = ref_forward(&a, &b, 1.0).unwrap();
-    let grads = ref_backward(&dc, &a, &b, 1.0, 1.0).unwrap();
+    let want_c = ref_forward(&args, &a, &b).unwrap();
+    let grads = ref_backward(&args, &dc, &a, &b).unwrap();
     let [sc, sda, sdb] = slacks(&a, &b, &dc, 1.0, 1.0);
     let got = |d: &CudaSlice<T>| widen(&download(stream, d));
     assert_close::<T>("c", &desc, &got(&c_d), &widen(&want_c), ULPS, &sc);
@@ -823,13 +861,14 @@ fn huge_case(stream: &Stream, cols: usize) {
 
     let mut c_d = poisoned_on_device::<bf16>(stream, rows * cols);
     swiglu_forward_fused(stream, &args, &gate_up_d, &mut c_d).expect(&desc);
-    let want_c = widen(&ref_forward(&a, &b, 1.0).unwrap());
+    let ref_args = SwigluArgs::new(a.len() / cols, cols);
+    let want_c = widen(&ref_forward(&ref_args, &a, &b).unwrap());
     let got_c = widen(&windows(&c_d, cols));
     assert_close::<bf16>("c", &desc, &got_c, &want_c, ULPS, &slack_c);
 
     swiglu_backward_fused_inplace(stream, &args, &dc_d, &mut gate_up_d).expect(&desc);
     let (da, db) = split_gate_up(&windows(&gate_up_d, width), cols).unwrap();
-    let grads = ref_backward(&dc, &a, &b, 1.0, 1.0).unwrap();
+    let grads = ref_backward(&ref_args, &dc, &a, &b).unwrap();
     assert_close::<bf16>("da", &desc, &widen(&da), &widen(&grads.da), ULPS, &slack_da);
     assert_close::<bf16>("db", &desc, &widen(&db), &widen(&grads.db), ULPS, &slack_db);
 }

@@ -2,8 +2,9 @@
 //!
 //! Compiled only for `nvptx64-nvidia-cuda` by the pinned nightly (see `rust-toolchain.toml`)
 //! with `-Zbuild-std=core --emit=asm`; the host crate's `build.rs` embeds the resulting PTX.
-//! Every entry point is `#[unsafe(no_mangle)] extern "gpu-kernel"` and named
-//! `<op>_<direction>_<dtype>[_<mode>]`; the host launchers in `src/<op>.rs` build the same names.
+//! Every entry point is an `extern "gpu-kernel"` function whose `export_name` is built where
+//! it is instantiated from its identity in [`identity`], the file that the host launchers in
+//! `src/<op>.rs` include to name the kernels they launch.
 //!
 //! Shared building blocks live here: element types ([`Elem`]), thread/block indices and the
 //! block-wide reduction. One file per op holds that op's kernels.
@@ -18,27 +19,50 @@
 #![feature(gpu_launch_sized_workgroup_mem, stdarch_nvptx, asm_experimental_arch)]
 #![allow(internal_features)]
 
+pub mod identity;
 pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;
 
 use core::arch::{asm, nvptx};
+use identity::ElemType;
 
-/// Casting modes, as const-generic parameters of the kernels (must match the host's order).
+/// The casting modes of [`identity::Mode`] as const-generic parameters of the RMSNorm kernels.
 pub mod mode {
-    /// HF LlamaRMSNorm: f32 statistics, `D(x·r)` then the weight product.
-    pub const LLAMA: u32 = 0;
-    /// HF GemmaRMSNorm: everything in f32, one cast at the end.
-    pub const GEMMA: u32 = 1;
-    /// Everything in the tensor dtype.
-    pub const NONE: u32 = 2;
-    /// Llama's cast points where `offset + w` is not exact in the dtype (16-bit types with an
-    /// offset other than ±0): the RMSNorm vector kernels then form the weight product lane by
-    /// lane in f32. Their `LLAMA` twins take it as one packed product and require
-    /// `offset = ±0` for 16-bit types; the host picks between them (the scalar kernels take any
-    /// offset in `LLAMA`).
-    pub const LLAMA_OFFSET: u32 = 3;
+    use crate::identity::Mode;
+    /// [`Mode::Llama`].
+    pub const LLAMA: u32 = Mode::Llama as u32;
+    /// [`Mode::Gemma`].
+    pub const GEMMA: u32 = Mode::Gemma as u32;
+    /// [`Mode::None`].
+    pub const NONE: u32 = Mode::None as u32;
+    /// [`Mode::LlamaOffset`].
+    pub const LLAMA_OFFSET: u32 = Mode::LlamaOffset as u32;
+
+    /// The mode whose const-generic parameter is `id`.
+    pub const fn of(id: u32) -> Mode {
+        match id {
+            LLAMA => Mode::Llama,
+            GEMMA => Mode::Gemma,
+            NONE => Mode::None,
+            _ => Mode::LlamaOffset,
+        }
+    }
 }
+
+/// The Rust type of an [`ElemType`] value (`elem_type!(Bf16)`), for the kernels' signatures.
+macro_rules! elem_type {
+    (F32) => {
+        f32
+    };
+    (F16) => {
+        f16
+    };
+    (Bf16) => {
+        $crate::Bf16
+    };
+}
+pub(crate) use elem_type;
 
 /// A unit of vectorised loads and stores: [`V16`] or [`V8`], whole 32-bit words, aligned to
 /// its size.
@@ -176,6 +200,8 @@ impl Vector for V8 {
 
 /// A storage element: widened to f32 for arithmetic, narrowed with round-to-nearest-even.
 pub trait Elem: Copy {
+    /// Its identity in entry names and in the rules of [`identity`].
+    const TYPE: ElemType;
     /// Elements per 32-bit word (1 or 2).
     const PER_WORD: usize;
     /// Elements per [`V16`].
@@ -208,6 +234,7 @@ fn words<V: Vector>(a: V, b: V, f: impl Fn(u32, u32) -> u32) -> V {
 }
 
 impl Elem for f32 {
+    const TYPE: ElemType = ElemType::F32;
     const PER_WORD: usize = 1;
     #[inline(always)]
     fn to_f32(self) -> f32 {
@@ -301,6 +328,7 @@ fn half_word<V: Vector>(v: &V, i: usize) -> u16 {
 }
 
 impl Elem for f16 {
+    const TYPE: ElemType = ElemType::F16;
     const PER_WORD: usize = 2;
     #[inline(always)]
     fn to_f32(self) -> f32 {
@@ -327,6 +355,7 @@ impl Elem for f16 {
 pub struct Bf16(pub u16);
 
 impl Elem for Bf16 {
+    const TYPE: ElemType = ElemType::Bf16;
     const PER_WORD: usize = 2;
     #[inline(always)]
     fn lane<V: Vector>(v: &V, i: usize) -> f32 {
@@ -536,7 +565,7 @@ fn warp_sum(mut v: f32) -> f32 {
 
 /// f32 slots of dynamic shared memory that [`block_sum2`] and [`block_sum`] use (from offset 0):
 /// two sets, each one value per warp for each of the two sums.
-pub const SUM_SLOTS: usize = 4 * 32;
+pub use identity::SUM_SLOTS;
 
 /// Sums of `a` and of `b` over the whole block, returned to every thread, in a fixed order
 /// (deterministic).

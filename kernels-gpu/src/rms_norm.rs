@@ -21,18 +21,17 @@
 //! read once with 16-byte loads. The `_v{K}` forward walks a resident grid and loads its next row
 //! before reducing the current one; the `_vr{K}` forward (K = 2, 4) runs one row per block over
 //! a grid of every row (no next-row registers, so more blocks fit per SM; the host picks it for
-//! many rows), and its `_vl4` twin loads the weight after the row's reduction instead of
-//! before it (the host picks it for long rows, see `forward_vec`). The vector backward is
-//! persistent: each block keeps its dW partial row in registers (`_v{K}`) or shared memory
+//! many rows). The vector backward is persistent: each block keeps its dW partial row in registers (`_v{K}`) or shared memory
 //! (`_vs{K}`, see `backward_vec`) across all its rows and writes it once at the end.
 //!
 //! The vector kernels form the weight product `D(x·r)·(offset + w)` as one packed 16-bit
 //! product (`fma.rn.bf16x2` / `fma.rn.f16x2`: half the instructions of widening each lane and
 //! fewer registers) wherever that gives the mode's bits (see `packed_weight`); 16-bit llama rows
 //! with an offset other than ±0 run the `_llama_offset` twins, which multiply lane by lane.
+use crate::identity::{ElemType, Mode, RmsNormLayout, has_shared_dw, kernel_name};
 use crate::{
-    Bf16, Elem, SUM_SLOTS, V16, Vector, allow_dependent_grids, block_dim, block_dim_y, block_idx,
-    block_sum, block_sum2, fma, grid_dim, lanes, mode, sqrt, sync_threads, thread_idx,
+    Elem, SUM_SLOTS, V16, Vector, allow_dependent_grids, block_dim, block_dim_y, block_idx,
+    block_sum, block_sum2, elem_type, fma, grid_dim, lanes, mode, sqrt, sync_threads, thread_idx,
     thread_idx_y, unroll, wait_for_prerequisite_grids,
 };
 #[cfg(target_feature = "sm_90")]
@@ -44,18 +43,25 @@ use crate::{cluster_blocks, cluster_rank, cluster_sync, load_from_cluster_block}
 /// 2¹¹) are below the last bit of a sum that large.
 const RESCALE: f32 = 1.0 / (1u128 << 80) as f32;
 
-/// Whether the weight product `D(x·r)·(offset + w)` (none mode: `D(D(x·r)·D(D(offset) + w))`)
-/// runs packed as `D(D(x·r)·w')` with `w' = D(offset + w)` ([`Elem::mul_rn`],
-/// [`Elem::add_rn`]), which gives the same bits: in none mode; in llama, whose 16-bit kernels
-/// require `offset = ±0` (`offset + w` exact in `T`; other offsets run `LLAMA_OFFSET`); in
-/// gemma, which does not round `x·r`, only in f32.
+/// Whether the vector kernels of `elem` in `mode` form the weight product
+/// `D(x·r)·(offset + w)` (none mode: `D(D(x·r)·D(D(offset) + w))`) as one packed product
+/// `D(D(x·r)·w')` with `w' = D(offset + w)`, holding `w'` in registers, which gives the same
+/// bits: in none mode; in llama, whose 16-bit kernels require `offset = ±0` (`offset + w`
+/// exact in the type; other offsets run [`Mode::LlamaOffset`]); in gemma, which does not round
+/// `x·r`, only in f32.
+const fn packs(elem: ElemType, mode: Mode) -> bool {
+    match mode {
+        Mode::None | Mode::Llama => true,
+        Mode::Gemma => matches!(elem, ElemType::F32),
+        Mode::LlamaOffset => false,
+    }
+}
+
+/// Whether the weight product runs packed ([`Elem::mul_rn`], [`Elem::add_rn`]; see
+/// [`packs`]).
 #[inline(always)]
 fn packed_weight<T: Elem, const MODE: u32>() -> bool {
-    match MODE {
-        mode::NONE | mode::LLAMA => true,
-        mode::GEMMA => T::LANES == 4,
-        _ => false,
-    }
+    const { packs(T::TYPE, mode::of(MODE)) }
 }
 
 /// Llama's cast points (`LLAMA`, or `LLAMA_OFFSET` in the vector kernels).
@@ -275,24 +281,10 @@ unsafe fn store_row<const K: usize>(row: *mut V16, vecs: usize, out: impl Fn(usi
     });
 }
 
-/// The vector forward: `ONE` runs one row per block (`_vr{K}`, `_vl4`), else a resident grid
-/// walks the rows (`_v{K}`). `LATE_W` (with `ONE`: `_vl4`) loads a packed weight after the
-/// row's reduction, where the grid-stride and `_vr{K}` kernels load it first and hold it across
-/// the row's barrier. On an H200, loading it late measured +2.1 % (bf16 16384×8192, 256
-/// threads per row), +1.0 % (f32 16384×8192, 512) and +0.3 % (f32 16384×4096, 256), but
-/// −0.9 % for rows of 128 threads (bf16 16384×4096), whose short blocks wait on the extra
-/// load; the host picks it from the block size (`LATE_WEIGHT_THREADS` in src/rms_norm.rs).
-/// Only the modes whose weight product is packed have a `_vl4`: in the others (16-bit gemma
-/// and llama with an offset) the weight is read after the reduction anyway, so `_vr4` already
-/// does what `_vl4` would.
+/// The vector forward: `ONE` runs one row per block (`_vr{K}`), else a resident grid walks the
+/// rows (`_v{K}`).
 #[inline(always)]
-unsafe fn forward_vec<
-    T: Elem,
-    const MODE: u32,
-    const K: usize,
-    const ONE: bool,
-    const LATE_W: bool,
->(
+unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize, const ONE: bool>(
     x: *const T,
     x_stride: usize,
     w: *const T,
@@ -310,9 +302,8 @@ unsafe fn forward_vec<
     // The packed product holds `w'` in registers; the per-lane one re-reads w each row (an L1
     // hit), so the grid-stride kernels do not hold its widened lanes across rows.
     let packed = has_w && packed_weight::<T, MODE>();
-    let late = ONE && LATE_W;
     let mut wv = [V16::ZERO; K];
-    if packed && !late {
+    if packed {
         wv = unsafe { load_row::<K>(w as *const V16, vecs) };
         offset_weight::<T, K>(&mut wv, offset);
     }
@@ -366,13 +357,7 @@ unsafe fn forward_vec<
         // One uniform branch per row, each arm straight-line code.
         match (has_w, packed) {
             (false, _) => unsafe { store_row::<K>(yr, vecs, normed) },
-            (true, true) => unsafe {
-                if late {
-                    wv = load_row::<K>(w as *const V16, vecs);
-                    offset_weight::<T, K>(&mut wv, offset);
-                }
-                store_row::<K>(yr, vecs, |k| T::mul_rn(normed(k), wv[k]))
-            },
+            (true, true) => unsafe { store_row::<K>(yr, vecs, |k| T::mul_rn(normed(k), wv[k])) },
             (true, false) => unsafe {
                 let wv = load_row::<K>(w as *const V16, vecs);
                 store_row::<K>(yr, vecs, |k| {
@@ -421,7 +406,8 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
 ) {
     // f32 with dW in registers (`_v2`, the f32 rows above 512 columns): the dW reduction may
     // be launched at once, its launch hidden behind this grid (16384×2048 on an H200: −2.6 µs;
-    // the 16-bit kernels lost up to 0.7 µs with it: PERFORMANCE.md, ninth and eleventh sessions).
+    // the 16-bit kernels lost up to 0.7 µs with it: PERFORMANCE.md, "sm_90: dependent launch and
+    // dW clusters").
     if T::LANES == 4 && K == 2 && !SMEM_DW {
         allow_dependent_grids();
     }
@@ -573,7 +559,8 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
 /// of the cluster sums column slice `r` over the blocks in rank order, so the row's bits depend
 /// only on the grid and the cluster size. Half the partial rows with clusters of two: they are
 /// written in one burst as the persistent grid ends, and the reduction reads every one (bf16
-/// 16384×2048: −1.3 µs per backward in a CUDA C stand-in, PERFORMANCE.md, thirteenth session).
+/// 16384×2048: −1.3 µs per backward in a CUDA C stand-in, PERFORMANCE.md, "sm_90: dependent
+/// launch and dW clusters").
 /// Every thread of the block calls it.
 #[cfg(target_feature = "sm_90")]
 #[inline(always)]
@@ -666,352 +653,184 @@ unsafe fn dw_reduce<T: Elem>(partial: *const f32, parts: usize, cols: usize, dw:
     }
 }
 
-/// One forward entry point: `$body` is the generic body (`forward::<T, MODE>` or
-/// `forward_vec::<T, MODE, K>`), `$doc` its summary, `$safety` what the caller guarantees.
+/// Whether a forward `layout` runs one row per block (`ONE` of [`forward_vec`]).
+const fn one_row(layout: RmsNormLayout) -> bool {
+    matches!(layout, RmsNormLayout::Row)
+}
+
+/// Whether a backward `layout` keeps dW in shared memory (`SMEM_DW` of [`backward_vec`]).
+const fn shared_dw(layout: RmsNormLayout) -> bool {
+    matches!(layout, RmsNormLayout::SharedDw)
+}
+
+/// One forward entry point named `$name`: `$body` is the generic body (`forward::<T, MODE>` or
+/// `forward_vec::<T, MODE, K, …>`), `$doc` its summary, `$safety` what the caller guarantees.
 macro_rules! fwd_entry {
-    ($name:ident, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
-        #[doc = $doc]
-        ///
-        /// # Safety
-        #[doc = $safety]
-        #[unsafe(no_mangle)]
-        pub unsafe extern "gpu-kernel" fn $name(
-            x: *const $ty,
-            x_stride: u64,
-            w: *const $ty,
-            y: *mut $ty,
-            y_stride: u64,
-            rstd: *mut f32,
-            rows: u64,
-            cols: u64,
-            eps: f32,
-            offset: f32,
-        ) {
-            let (x_stride, y_stride) = (x_stride as usize, y_stride as usize);
-            let (rows, cols) = (rows as usize, cols as usize);
-            unsafe { $body(x, x_stride, w, y, y_stride, rstd, rows, cols, eps, offset) }
-        }
+    ($name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
+        const _: () = {
+            #[doc = $doc]
+            ///
+            /// # Safety
+            #[doc = $safety]
+            #[unsafe(export_name = $name)]
+            pub unsafe extern "gpu-kernel" fn kernel(
+                x: *const $ty,
+                x_stride: u64,
+                w: *const $ty,
+                y: *mut $ty,
+                y_stride: u64,
+                rstd: *mut f32,
+                rows: u64,
+                cols: u64,
+                eps: f32,
+                offset: f32,
+            ) {
+                let (x_stride, y_stride) = (x_stride as usize, y_stride as usize);
+                let (rows, cols) = (rows as usize, cols as usize);
+                unsafe { $body(x, x_stride, w, y, y_stride, rstd, rows, cols, eps, offset) }
+            }
+        };
     };
 }
 
 /// One backward entry point (see [`fwd_entry`]).
 macro_rules! bwd_entry {
-    ($name:ident, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
-        #[doc = $doc]
-        ///
-        /// # Safety
-        #[doc = $safety]
-        #[unsafe(no_mangle)]
-        pub unsafe extern "gpu-kernel" fn $name(
-            dy: *const $ty,
-            dy_stride: u64,
-            x: *const $ty,
-            x_stride: u64,
-            w: *const $ty,
-            rstd: *const f32,
-            dx: *mut $ty,
-            dx_stride: u64,
-            dw_partial: *mut f32,
-            rows: u64,
-            cols: u64,
-            offset: f32,
-        ) {
-            let (dy_stride, x_stride, dx_stride) =
-                (dy_stride as usize, x_stride as usize, dx_stride as usize);
-            let (rows, cols) = (rows as usize, cols as usize);
-            unsafe {
-                $body(
-                    dy, dy_stride, x, x_stride, w, rstd, dx, dx_stride, dw_partial, rows, cols,
-                    offset,
-                )
+    ($name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
+        const _: () = {
+            #[doc = $doc]
+            ///
+            /// # Safety
+            #[doc = $safety]
+            #[unsafe(export_name = $name)]
+            pub unsafe extern "gpu-kernel" fn kernel(
+                dy: *const $ty,
+                dy_stride: u64,
+                x: *const $ty,
+                x_stride: u64,
+                w: *const $ty,
+                rstd: *const f32,
+                dx: *mut $ty,
+                dx_stride: u64,
+                dw_partial: *mut f32,
+                rows: u64,
+                cols: u64,
+                offset: f32,
+            ) {
+                let (dy_stride, x_stride, dx_stride) =
+                    (dy_stride as usize, x_stride as usize, dx_stride as usize);
+                let (rows, cols) = (rows as usize, cols as usize);
+                unsafe {
+                    $body(
+                        dy, dy_stride, x, x_stride, w, rstd, dx, dx_stride, dw_partial, rows, cols,
+                        offset,
+                    )
+                }
             }
-        }
+        };
     };
 }
 
-/// The scalar kernels of one dtype and casting mode.
+/// The scalar kernels of one element type and casting mode, and with [`Mode::Llama`] the
+/// element type's dW reduction.
 macro_rules! rms_norm_kernels {
-    ($ty:ty, $fwd:ident, $bwd:ident, $mode:expr) => {
-        fwd_entry!(
-            $fwd,
-            $ty,
-            forward::<$ty, { $mode }>,
-            "RMSNorm forward for one dtype and casting mode (see the module docs).",
-            "Pointers cover `rows` rows of their strides and `cols` columns; `w` may be null."
-        );
-        bwd_entry!(
-            $bwd,
-            $ty,
-            backward::<$ty, { $mode }>,
-            "RMSNorm backward for one dtype and casting mode (see the module docs).",
-            "As the forward; `dx` may equal `dy`; `dw_partial` holds `gridDim.x × cols` f32 when `w` is not null."
-        );
+    ($elem:ident: $($mode:ident),*) => {
+        $(
+            fwd_entry!(
+                kernel_name!(RmsNorm, Forward, Scalar, $elem, $mode),
+                elem_type!($elem),
+                forward::<elem_type!($elem), { Mode::$mode as u32 }>,
+                "RMSNorm forward for one dtype and casting mode (see the module docs).",
+                "Pointers cover `rows` rows of their strides and `cols` columns; `w` may be null."
+            );
+            bwd_entry!(
+                kernel_name!(RmsNorm, Backward, Scalar, $elem, $mode),
+                elem_type!($elem),
+                backward::<elem_type!($elem), { Mode::$mode as u32 }>,
+                "RMSNorm backward for one dtype and casting mode (see the module docs).",
+                "As the forward; `dx` may equal `dy`; `dw_partial` holds `gridDim.x × cols` f32 when `w` is not null."
+            );
+        )*
+        const _: () = {
+            /// Sums the per-block dW partial rows into `dw` (see the module docs).
+            ///
+            /// # Safety
+            /// `partial` holds `parts × cols` f32; `dw` holds `cols` elements.
+            #[unsafe(export_name = kernel_name!(RmsNorm, DwReduce, $elem))]
+            pub unsafe extern "gpu-kernel" fn kernel(
+                partial: *const f32,
+                parts: u64,
+                cols: u64,
+                dw: *mut elem_type!($elem),
+            ) {
+                wait_for_prerequisite_grids();
+                unsafe { dw_reduce(partial, parts as usize, cols as usize, dw) }
+            }
+        };
     };
 }
 
-rms_norm_kernels!(
-    f32,
-    rms_norm_fwd_f32_llama,
-    rms_norm_bwd_f32_llama,
-    mode::LLAMA
-);
-rms_norm_kernels!(
-    f32,
-    rms_norm_fwd_f32_gemma,
-    rms_norm_bwd_f32_gemma,
-    mode::GEMMA
-);
-rms_norm_kernels!(
-    f32,
-    rms_norm_fwd_f32_none,
-    rms_norm_bwd_f32_none,
-    mode::NONE
-);
-rms_norm_kernels!(
-    f16,
-    rms_norm_fwd_f16_llama,
-    rms_norm_bwd_f16_llama,
-    mode::LLAMA
-);
-rms_norm_kernels!(
-    f16,
-    rms_norm_fwd_f16_gemma,
-    rms_norm_bwd_f16_gemma,
-    mode::GEMMA
-);
-rms_norm_kernels!(
-    f16,
-    rms_norm_fwd_f16_none,
-    rms_norm_bwd_f16_none,
-    mode::NONE
-);
-rms_norm_kernels!(
-    Bf16,
-    rms_norm_fwd_bf16_llama,
-    rms_norm_bwd_bf16_llama,
-    mode::LLAMA
-);
-rms_norm_kernels!(
-    Bf16,
-    rms_norm_fwd_bf16_gemma,
-    rms_norm_bwd_bf16_gemma,
-    mode::GEMMA
-);
-rms_norm_kernels!(
-    Bf16,
-    rms_norm_fwd_bf16_none,
-    rms_norm_bwd_bf16_none,
-    mode::NONE
-);
+rms_norm_kernels!(F32: Llama, Gemma, None);
+rms_norm_kernels!(F16: Llama, Gemma, None);
+rms_norm_kernels!(Bf16: Llama, Gemma, None);
 
-macro_rules! dw_reduce_kernel {
-    ($ty:ty, $name:ident) => {
-        /// Sums the per-block dW partial rows into `dw` (see the module docs).
-        ///
-        /// # Safety
-        /// `partial` holds `parts × cols` f32; `dw` holds `cols` elements.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "gpu-kernel" fn $name(
-            partial: *const f32,
-            parts: u64,
-            cols: u64,
-            dw: *mut $ty,
-        ) {
-            wait_for_prerequisite_grids();
-            unsafe { dw_reduce::<$ty>(partial, parts as usize, cols as usize, dw) }
-        }
-    };
-}
-
-dw_reduce_kernel!(f32, rms_norm_dw_reduce_f32);
-dw_reduce_kernel!(f16, rms_norm_dw_reduce_f16);
-dw_reduce_kernel!(Bf16, rms_norm_dw_reduce_bf16);
-
-/// The vector kernels of one dtype and mode: forward with 1, 2, 4 vectors per thread (grid-stride
-/// `_v{K}`, one row per block `_vr{K}` for K = 2, 4, and after `late`, in modes whose weight
-/// product is packed, `_vl4`), backward with 1 and 2 (its dW accumulators need the registers),
-/// `_vs1` and, after `shared` (16-bit types), `_vs2`: f32 rows of two vectors per thread keep
-/// dW in registers (host: `has_shared_dw`).
+/// The vector kernels of one element type and mode: forward with 1, 2, 4 vectors per thread
+/// (grid-stride `_v{K}`, one row per block `_vr{K}` for K = 2, 4), backward with 1 and 2 (its
+/// dW accumulators need the registers), `_vs1` and where `shared` ([`has_shared_dw`]) `_vs2`.
 macro_rules! rms_norm_vec_family {
-    (
-        $ty:ty, $mode:expr, $f1:ident, $b1:ident, $s1:ident, $f2:ident, $b2:ident,
-        $f4:ident, $r2:ident, $r4:ident $(, late $l4:ident)? $(, shared $s2:ident)?
-    ) => {
-        rms_norm_vec_family!(@fwd $ty, $mode, $f1, 1, false, false);
-        rms_norm_vec_family!(@fwd $ty, $mode, $f2, 2, false, false);
-        rms_norm_vec_family!(@fwd $ty, $mode, $f4, 4, false, false);
-        rms_norm_vec_family!(@fwd $ty, $mode, $r2, 2, true, false);
-        rms_norm_vec_family!(@fwd $ty, $mode, $r4, 4, true, false);
-        $(rms_norm_vec_family!(@fwd $ty, $mode, $l4, 4, true, true);)?
-        rms_norm_vec_family!(@bwd $ty, $mode, $b1, 1, false);
-        rms_norm_vec_family!(@bwd $ty, $mode, $b2, 2, false);
-        rms_norm_vec_family!(@bwd $ty, $mode, $s1, 1, true);
-        $(rms_norm_vec_family!(@bwd $ty, $mode, $s2, 2, true);)?
+    ($elem:ident, $mode:ident, shared = $shared:tt) => {
+        const _: () = assert!(has_shared_dw(ElemType::$elem, 2) == $shared);
+        rms_norm_vec_family!(@fwd $elem, $mode, Grid 1);
+        rms_norm_vec_family!(@fwd $elem, $mode, Grid 2);
+        rms_norm_vec_family!(@fwd $elem, $mode, Grid 4);
+        rms_norm_vec_family!(@fwd $elem, $mode, Row 2);
+        rms_norm_vec_family!(@fwd $elem, $mode, Row 4);
+        rms_norm_vec_family!(@bwd $elem, $mode, Grid 1);
+        rms_norm_vec_family!(@bwd $elem, $mode, Grid 2);
+        rms_norm_vec_family!(@bwd $elem, $mode, SharedDw 1);
+        rms_norm_vec_family!(@if $shared, @bwd $elem, $mode, SharedDw 2);
     };
-    (@fwd $ty:ty, $mode:expr, $name:ident, $k:literal, $one:literal, $late:literal) => {
+    (@if true, $($rest:tt)*) => {
+        rms_norm_vec_family!($($rest)*);
+    };
+    (@if false, $($rest:tt)*) => {};
+    (@fwd $elem:ident, $mode:ident, $layout:ident $k:literal) => {
         fwd_entry!(
-            $name,
-            $ty,
-            forward_vec::<$ty, { $mode }, $k, $one, $late>,
-            "Vectorised RMSNorm forward (`K` vectors of 16 bytes per thread, see the module docs; `_vr`: one row per block, the grid covers every row; `_vl`: the same, the weight loaded after the reduction).",
+            kernel_name!(RmsNorm, Forward, $layout $k, $elem, $mode),
+            elem_type!($elem),
+            forward_vec::<
+                elem_type!($elem),
+                { Mode::$mode as u32 },
+                $k,
+                { one_row(RmsNormLayout::$layout) },
+            >,
+            "Vectorised RMSNorm forward (`K` vectors of 16 bytes per thread, see the module docs; `_vr`: one row per block, the grid covers every row).",
             "As the scalar forward, and every row of `x` and `y` and `w` start 16-byte aligned with `cols` a multiple of the lanes per vector."
         );
     };
-    (@bwd $ty:ty, $mode:expr, $name:ident, $k:literal, $smem:literal) => {
+    (@bwd $elem:ident, $mode:ident, $layout:ident $k:literal) => {
         bwd_entry!(
-            $name,
-            $ty,
-            backward_vec::<$ty, { $mode }, $k, $smem>,
+            kernel_name!(RmsNorm, Backward, $layout $k, $elem, $mode),
+            elem_type!($elem),
+            backward_vec::<
+                elem_type!($elem),
+                { Mode::$mode as u32 },
+                $k,
+                { shared_dw(RmsNormLayout::$layout) },
+            >,
             "Vectorised persistent RMSNorm backward (see `backward_vec`; `_vs`: dW in shared memory).",
             "As the scalar backward, with the forward's alignment rules for `dy`, `x`, `w`, `dx`."
         );
     };
 }
 
-rms_norm_vec_family!(
-    f32,
-    mode::LLAMA,
-    rms_norm_fwd_v1_f32_llama,
-    rms_norm_bwd_v1_f32_llama,
-    rms_norm_bwd_vs1_f32_llama,
-    rms_norm_fwd_v2_f32_llama,
-    rms_norm_bwd_v2_f32_llama,
-    rms_norm_fwd_v4_f32_llama,
-    rms_norm_fwd_vr2_f32_llama,
-    rms_norm_fwd_vr4_f32_llama,
-    late rms_norm_fwd_vl4_f32_llama
-);
-rms_norm_vec_family!(
-    f32,
-    mode::GEMMA,
-    rms_norm_fwd_v1_f32_gemma,
-    rms_norm_bwd_v1_f32_gemma,
-    rms_norm_bwd_vs1_f32_gemma,
-    rms_norm_fwd_v2_f32_gemma,
-    rms_norm_bwd_v2_f32_gemma,
-    rms_norm_fwd_v4_f32_gemma,
-    rms_norm_fwd_vr2_f32_gemma,
-    rms_norm_fwd_vr4_f32_gemma,
-    late rms_norm_fwd_vl4_f32_gemma
-);
-rms_norm_vec_family!(
-    f32,
-    mode::NONE,
-    rms_norm_fwd_v1_f32_none,
-    rms_norm_bwd_v1_f32_none,
-    rms_norm_bwd_vs1_f32_none,
-    rms_norm_fwd_v2_f32_none,
-    rms_norm_bwd_v2_f32_none,
-    rms_norm_fwd_v4_f32_none,
-    rms_norm_fwd_vr2_f32_none,
-    rms_norm_fwd_vr4_f32_none,
-    late rms_norm_fwd_vl4_f32_none
-);
-rms_norm_vec_family!(
-    f16,
-    mode::LLAMA,
-    rms_norm_fwd_v1_f16_llama,
-    rms_norm_bwd_v1_f16_llama,
-    rms_norm_bwd_vs1_f16_llama,
-    rms_norm_fwd_v2_f16_llama,
-    rms_norm_bwd_v2_f16_llama,
-    rms_norm_fwd_v4_f16_llama,
-    rms_norm_fwd_vr2_f16_llama,
-    rms_norm_fwd_vr4_f16_llama,
-    late rms_norm_fwd_vl4_f16_llama,
-    shared rms_norm_bwd_vs2_f16_llama
-);
-rms_norm_vec_family!(
-    f16,
-    mode::LLAMA_OFFSET,
-    rms_norm_fwd_v1_f16_llama_offset,
-    rms_norm_bwd_v1_f16_llama_offset,
-    rms_norm_bwd_vs1_f16_llama_offset,
-    rms_norm_fwd_v2_f16_llama_offset,
-    rms_norm_bwd_v2_f16_llama_offset,
-    rms_norm_fwd_v4_f16_llama_offset,
-    rms_norm_fwd_vr2_f16_llama_offset,
-    rms_norm_fwd_vr4_f16_llama_offset,
-    shared rms_norm_bwd_vs2_f16_llama_offset
-);
-rms_norm_vec_family!(
-    f16,
-    mode::GEMMA,
-    rms_norm_fwd_v1_f16_gemma,
-    rms_norm_bwd_v1_f16_gemma,
-    rms_norm_bwd_vs1_f16_gemma,
-    rms_norm_fwd_v2_f16_gemma,
-    rms_norm_bwd_v2_f16_gemma,
-    rms_norm_fwd_v4_f16_gemma,
-    rms_norm_fwd_vr2_f16_gemma,
-    rms_norm_fwd_vr4_f16_gemma,
-    shared rms_norm_bwd_vs2_f16_gemma
-);
-rms_norm_vec_family!(
-    f16,
-    mode::NONE,
-    rms_norm_fwd_v1_f16_none,
-    rms_norm_bwd_v1_f16_none,
-    rms_norm_bwd_vs1_f16_none,
-    rms_norm_fwd_v2_f16_none,
-    rms_norm_bwd_v2_f16_none,
-    rms_norm_fwd_v4_f16_none,
-    rms_norm_fwd_vr2_f16_none,
-    rms_norm_fwd_vr4_f16_none,
-    late rms_norm_fwd_vl4_f16_none,
-    shared rms_norm_bwd_vs2_f16_none
-);
-rms_norm_vec_family!(
-    Bf16,
-    mode::LLAMA,
-    rms_norm_fwd_v1_bf16_llama,
-    rms_norm_bwd_v1_bf16_llama,
-    rms_norm_bwd_vs1_bf16_llama,
-    rms_norm_fwd_v2_bf16_llama,
-    rms_norm_bwd_v2_bf16_llama,
-    rms_norm_fwd_v4_bf16_llama,
-    rms_norm_fwd_vr2_bf16_llama,
-    rms_norm_fwd_vr4_bf16_llama,
-    late rms_norm_fwd_vl4_bf16_llama,
-    shared rms_norm_bwd_vs2_bf16_llama
-);
-rms_norm_vec_family!(
-    Bf16,
-    mode::LLAMA_OFFSET,
-    rms_norm_fwd_v1_bf16_llama_offset,
-    rms_norm_bwd_v1_bf16_llama_offset,
-    rms_norm_bwd_vs1_bf16_llama_offset,
-    rms_norm_fwd_v2_bf16_llama_offset,
-    rms_norm_bwd_v2_bf16_llama_offset,
-    rms_norm_fwd_v4_bf16_llama_offset,
-    rms_norm_fwd_vr2_bf16_llama_offset,
-    rms_norm_fwd_vr4_bf16_llama_offset,
-    shared rms_norm_bwd_vs2_bf16_llama_offset
-);
-rms_norm_vec_family!(
-    Bf16,
-    mode::GEMMA,
-    rms_norm_fwd_v1_bf16_gemma,
-    rms_norm_bwd_v1_bf16_gemma,
-    rms_norm_bwd_vs1_bf16_gemma,
-    rms_norm_fwd_v2_bf16_gemma,
-    rms_norm_bwd_v2_bf16_gemma,
-    rms_norm_fwd_v4_bf16_gemma,
-    rms_norm_fwd_vr2_bf16_gemma,
-    rms_norm_fwd_vr4_bf16_gemma,
-    shared rms_norm_bwd_vs2_bf16_gemma
-);
-rms_norm_vec_family!(
-    Bf16,
-    mode::NONE,
-    rms_norm_fwd_v1_bf16_none,
-    rms_norm_bwd_v1_bf16_none,
-    rms_norm_bwd_vs1_bf16_none,
-    rms_norm_fwd_v2_bf16_none,
-    rms_norm_bwd_v2_bf16_none,
-    rms_norm_fwd_v4_bf16_none,
-    rms_norm_fwd_vr2_bf16_none,
-    rms_norm_fwd_vr4_bf16_none,
-    late rms_norm_fwd_vl4_bf16_none,
-    shared rms_norm_bwd_vs2_bf16_none
-);
+rms_norm_vec_family!(F32, Llama, shared = false);
+rms_norm_vec_family!(F32, Gemma, shared = false);
+rms_norm_vec_family!(F32, None, shared = false);
+rms_norm_vec_family!(F16, Llama, shared = true);
+rms_norm_vec_family!(F16, LlamaOffset, shared = true);
+rms_norm_vec_family!(F16, Gemma, shared = true);
+rms_norm_vec_family!(F16, None, shared = true);
+rms_norm_vec_family!(Bf16, Llama, shared = true);
+rms_norm_vec_family!(Bf16, LlamaOffset, shared = true);
+rms_norm_vec_family!(Bf16, Gemma, shared = true);
+rms_norm_vec_family!(Bf16, None, shared = true);

@@ -29,39 +29,23 @@
 //! Math in f32, one rounding to the element type per output, no FMA contraction:
 //! `o1 = T(x1·c − x2·s)`, `o2 = T(x2·c + x1·s)` with each product rounded to f32. The backward
 //! is the same with `s → −s` (exact), i.e. `g1 = dy1·c + dy2·s`, `g2 = dy2·c − dy1·s`.
+use crate::identity::{Direction, Rows, kernel_name, rope::form as flags};
 use crate::{
-    Bf16, Elem, V16, Vector, block_dim, block_dim_y, block_dim_z, block_idx, grid_dim, lanes,
+    Elem, V16, Vector, block_dim, block_dim_y, block_dim_z, block_idx, elem_type, grid_dim, lanes,
     thread_idx, thread_idx_y, thread_idx_z, unroll,
 };
 
-/// Where a token's cos/sin row comes from (the `ROWS` const parameter; the host's kernel-name
-/// suffixes `pos`, `batch`, `ids32`, `ids64` map to these in order).
+/// The cos/sin row sources of [`Rows`] as the `ROWS` const parameter.
 pub mod rows {
-    /// `[S, r]` tables shared by the batch: row = token mod seq_len.
-    pub const PER_POSITION: u32 = 0;
-    /// `[B, S, r]` tables: row = token.
-    pub const PER_BATCH: u32 = 1;
-    /// `[max_pos, r]` table gathered through i32 position ids `[B, S]` (clamped).
-    pub const IDS_I32: u32 = 2;
-    /// As [`IDS_I32`] with i64 ids.
-    pub const IDS_I64: u32 = 3;
-}
-
-/// Forms of the general kernels, a bit set (the `flags` argument; the host's `flags()` in
-/// `src/rope.rs` builds the same bits).
-pub mod flags {
-    /// Pair `i < rotary_dim/2` is `(x[2i], x[2i + 1])` (GPT-J, candle-nn's `rope_i`) instead
-    /// of the NeoX halves `(x[i], x[i + rotary_dim/2])`.
-    pub const INTERLEAVED: u32 = 1;
-    /// q is `[B, q_heads, S, head_dim]` and k `[B, k_heads, S, head_dim]` (heads before
-    /// positions) instead of `[B, S, heads, head_dim]`.
-    pub const HEAD_MAJOR: u32 = 2;
-    /// cos/sin rows hold `rotary_dim/2` values, one per pair, instead of `rotary_dim`, one per
-    /// rotary dim (where pair `i` reads the entry of its first dim: `i`, or `2i` interleaved).
-    pub const HALF_TABLES: u32 = 4;
-    /// The output is not the input and `rotary_dim < head_dim`: dims `rotary_dim..head_dim`
-    /// are copied from input to output.
-    pub const COPY_TAIL: u32 = 8;
+    use crate::identity::Rows;
+    /// [`Rows::PerPosition`].
+    pub const PER_POSITION: u32 = Rows::PerPosition as u32;
+    /// [`Rows::PerBatch`].
+    pub const PER_BATCH: u32 = Rows::PerBatch as u32;
+    /// [`Rows::IdsI32`].
+    pub const IDS_I32: u32 = Rows::IdsI32 as u32;
+    /// [`Rows::IdsI64`].
+    pub const IDS_I64: u32 = Rows::IdsI64 as u32;
 }
 
 /// A position id clamped into `[0, rows)` (`rows ≥ 1`).
@@ -255,18 +239,9 @@ unsafe fn rotate_any<T: Elem, const ROWS: u32, const BWD: bool>(
     }
 }
 
-/// Heads one thread of the vector path rotates per step, for elements of `lanes` per vector:
-/// their `2·vec_heads` 16-byte loads are all issued before the first result is stored (the host
-/// sizes `blockDim.y` so that one step usually covers every head of the token: `blockDim.y =
-/// ⌈heads / vec_heads⌉`). On an H200 (llama shape, 40 heads of 128): 16-bit types 2 (64
-/// registers, 6 blocks of 160 threads per SM) measured +0.5 % over 4 (96 registers, 4 blocks of
-/// 160), f32 4 measured +1 % over 2 (whose 16 vectors per half leave 2.5 heads per thread).
-pub const fn vec_heads(lanes: usize) -> usize {
-    match lanes {
-        8 => 2,
-        _ => 4,
-    }
-}
+/// Heads one thread of the vector path rotates per step (see
+/// [`crate::identity::rope::vec_heads`]).
+pub use crate::identity::rope::vec_heads;
 
 /// The most heads per step of any type (the length of the per-step arrays).
 const MAX_VEC_HEADS: usize = 4;
@@ -436,201 +411,142 @@ unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool>(
 }
 
 macro_rules! rope_kernel {
-    ($ty:ty, $name:ident, $body:ident, $rows:expr, $bwd:expr) => {
-        /// RoPE for one dtype, direction and cos/sin row source (see the module docs); the
-        /// `_v_` variants are the vector path ([`rotate_vec`]).
-        ///
-        /// # Safety
-        /// `q` holds `tokens × q_heads × head_dim` elements, `k` `tokens × k_heads × head_dim`,
-        /// disjoint; `cos`/`sin` hold every row the variant can select (`seq_len`, `tokens` or
-        /// `table_rows` rows of `rotary_dim`); `ids` holds `tokens` ids of the variant's
-        /// integer type (unused, may be null, for the per-position and per-batch variants).
-        /// `2 ≤ rotary_dim ≤ head_dim`, `(q_heads + k_heads)·rotary_dim/2 < 2³¹`. The `_v_`
-        /// variants also need the alignment and divisibility listed at [`rotate_vec`].
-        #[unsafe(no_mangle)]
-        pub unsafe extern "gpu-kernel" fn $name(
-            q: *mut $ty,
-            k: *mut $ty,
-            cos: *const $ty,
-            sin: *const $ty,
-            ids: *const u8,
-            tokens: u64,
-            seq_len: u64,
-            q_heads: u64,
-            k_heads: u64,
-            head_dim: u64,
-            rotary_dim: u64,
-            table_rows: u64,
-        ) {
-            unsafe {
-                $body::<$ty, { $rows }, { $bwd }>(
-                    q,
-                    k,
-                    cos,
-                    sin,
-                    ids,
-                    tokens as usize,
-                    seq_len as usize,
-                    q_heads as usize,
-                    k_heads as usize,
-                    head_dim as usize,
-                    rotary_dim as usize,
-                    table_rows as usize,
-                )
+    ($elem:ident, $path:ident, $body:ident, $rows:ident, $dir:ident) => {
+        const _: () = {
+            /// RoPE for one dtype, direction and cos/sin row source (see the module docs); the
+            /// `_v_` variants are the vector path ([`rotate_vec`]).
+            ///
+            /// # Safety
+            /// `q` holds `tokens × q_heads × head_dim` elements, `k` `tokens × k_heads ×
+            /// head_dim`, disjoint; `cos`/`sin` hold every row the variant can select
+            /// (`seq_len`, `tokens` or `table_rows` rows of `rotary_dim`); `ids` holds `tokens`
+            /// ids of the variant's integer type (unused, may be null, for the per-position and
+            /// per-batch variants). `2 ≤ rotary_dim ≤ head_dim`,
+            /// `(q_heads + k_heads)·rotary_dim/2 < 2³¹`. The `_v_` variants also need the
+            /// alignment and divisibility listed at [`rotate_vec`].
+            #[unsafe(export_name = kernel_name!(Rope, $dir, $path, $elem, $rows))]
+            pub unsafe extern "gpu-kernel" fn kernel(
+                q: *mut elem_type!($elem),
+                k: *mut elem_type!($elem),
+                cos: *const elem_type!($elem),
+                sin: *const elem_type!($elem),
+                ids: *const u8,
+                tokens: u64,
+                seq_len: u64,
+                q_heads: u64,
+                k_heads: u64,
+                head_dim: u64,
+                rotary_dim: u64,
+                table_rows: u64,
+            ) {
+                unsafe {
+                    $body::<elem_type!($elem), { Rows::$rows as u32 }, { backward(Direction::$dir) }>(
+                        q,
+                        k,
+                        cos,
+                        sin,
+                        ids,
+                        tokens as usize,
+                        seq_len as usize,
+                        q_heads as usize,
+                        k_heads as usize,
+                        head_dim as usize,
+                        rotary_dim as usize,
+                        table_rows as usize,
+                    )
+                }
             }
-        }
+        };
     };
 }
-
-macro_rules! rope_kernels {
-    ($ty:ty, $($name:ident: $body:ident, $rows:expr, $bwd:expr;)*) => {
-        $(rope_kernel!($ty, $name, $body, $rows, $bwd);)*
-    };
-}
-
-rope_kernels!(f32,
-    rope_fwd_f32_pos: rotate, rows::PER_POSITION, false;
-    rope_fwd_f32_batch: rotate, rows::PER_BATCH, false;
-    rope_fwd_f32_ids32: rotate, rows::IDS_I32, false;
-    rope_fwd_f32_ids64: rotate, rows::IDS_I64, false;
-    rope_bwd_f32_pos: rotate, rows::PER_POSITION, true;
-    rope_bwd_f32_batch: rotate, rows::PER_BATCH, true;
-    rope_bwd_f32_ids32: rotate, rows::IDS_I32, true;
-    rope_bwd_f32_ids64: rotate, rows::IDS_I64, true;
-    rope_fwd_v_f32_pos: rotate_vec, rows::PER_POSITION, false;
-    rope_fwd_v_f32_batch: rotate_vec, rows::PER_BATCH, false;
-    rope_fwd_v_f32_ids32: rotate_vec, rows::IDS_I32, false;
-    rope_fwd_v_f32_ids64: rotate_vec, rows::IDS_I64, false;
-    rope_bwd_v_f32_pos: rotate_vec, rows::PER_POSITION, true;
-    rope_bwd_v_f32_batch: rotate_vec, rows::PER_BATCH, true;
-    rope_bwd_v_f32_ids32: rotate_vec, rows::IDS_I32, true;
-    rope_bwd_v_f32_ids64: rotate_vec, rows::IDS_I64, true;
-);
-rope_kernels!(f16,
-    rope_fwd_f16_pos: rotate, rows::PER_POSITION, false;
-    rope_fwd_f16_batch: rotate, rows::PER_BATCH, false;
-    rope_fwd_f16_ids32: rotate, rows::IDS_I32, false;
-    rope_fwd_f16_ids64: rotate, rows::IDS_I64, false;
-    rope_bwd_f16_pos: rotate, rows::PER_POSITION, true;
-    rope_bwd_f16_batch: rotate, rows::PER_BATCH, true;
-    rope_bwd_f16_ids32: rotate, rows::IDS_I32, true;
-    rope_bwd_f16_ids64: rotate, rows::IDS_I64, true;
-    rope_fwd_v_f16_pos: rotate_vec, rows::PER_POSITION, false;
-    rope_fwd_v_f16_batch: rotate_vec, rows::PER_BATCH, false;
-    rope_fwd_v_f16_ids32: rotate_vec, rows::IDS_I32, false;
-    rope_fwd_v_f16_ids64: rotate_vec, rows::IDS_I64, false;
-    rope_bwd_v_f16_pos: rotate_vec, rows::PER_POSITION, true;
-    rope_bwd_v_f16_batch: rotate_vec, rows::PER_BATCH, true;
-    rope_bwd_v_f16_ids32: rotate_vec, rows::IDS_I32, true;
-    rope_bwd_v_f16_ids64: rotate_vec, rows::IDS_I64, true;
-);
-rope_kernels!(Bf16,
-    rope_fwd_bf16_pos: rotate, rows::PER_POSITION, false;
-    rope_fwd_bf16_batch: rotate, rows::PER_BATCH, false;
-    rope_fwd_bf16_ids32: rotate, rows::IDS_I32, false;
-    rope_fwd_bf16_ids64: rotate, rows::IDS_I64, false;
-    rope_bwd_bf16_pos: rotate, rows::PER_POSITION, true;
-    rope_bwd_bf16_batch: rotate, rows::PER_BATCH, true;
-    rope_bwd_bf16_ids32: rotate, rows::IDS_I32, true;
-    rope_bwd_bf16_ids64: rotate, rows::IDS_I64, true;
-    rope_fwd_v_bf16_pos: rotate_vec, rows::PER_POSITION, false;
-    rope_fwd_v_bf16_batch: rotate_vec, rows::PER_BATCH, false;
-    rope_fwd_v_bf16_ids32: rotate_vec, rows::IDS_I32, false;
-    rope_fwd_v_bf16_ids64: rotate_vec, rows::IDS_I64, false;
-    rope_bwd_v_bf16_pos: rotate_vec, rows::PER_POSITION, true;
-    rope_bwd_v_bf16_batch: rotate_vec, rows::PER_BATCH, true;
-    rope_bwd_v_bf16_ids32: rotate_vec, rows::IDS_I32, true;
-    rope_bwd_v_bf16_ids64: rotate_vec, rows::IDS_I64, true;
-);
 
 macro_rules! rope_general_kernel {
-    ($ty:ty, $name:ident, $rows:expr, $bwd:expr) => {
-        /// RoPE for one dtype, direction and cos/sin row source on the general path
-        /// ([`rotate_any`]): out of place or in place, in the forms `form` selects ([`flags`]).
-        ///
-        /// # Safety
-        /// `q`/`q_out` hold `tokens × q_heads × head_dim` elements and `k`/`k_out`
-        /// `tokens × k_heads × head_dim` (none and unused when `k_heads = 0`) in the layout
-        /// `form` names; each output is its input or disjoint from every buffer; the outputs
-        /// are disjoint. `cos`/`sin` hold every row the variant can select (`seq_len`,
-        /// `tokens` or `table_rows` rows of `rotary_dim`, or `rotary_dim/2` with
-        /// [`flags::HALF_TABLES`]); `ids` as for the other kernels. `2 ≤ rotary_dim ≤
-        /// head_dim`, both even, `seq_len ≥ 1`, `(q_heads + k_heads)·head_dim < 2³¹`;
-        /// [`flags::COPY_TAIL`] only out of place.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "gpu-kernel" fn $name(
-            q: *const $ty,
-            k: *const $ty,
-            q_out: *mut $ty,
-            k_out: *mut $ty,
-            cos: *const $ty,
-            sin: *const $ty,
-            ids: *const u8,
-            tokens: u64,
-            seq_len: u64,
-            q_heads: u64,
-            k_heads: u64,
-            head_dim: u64,
-            rotary_dim: u64,
-            table_rows: u64,
-            form: u32,
-        ) {
-            unsafe {
-                rotate_any::<$ty, { $rows }, { $bwd }>(
-                    q,
-                    k,
-                    q_out,
-                    k_out,
-                    cos,
-                    sin,
-                    ids,
-                    tokens as usize,
-                    seq_len as usize,
-                    q_heads as usize,
-                    k_heads as usize,
-                    head_dim as usize,
-                    rotary_dim as usize,
-                    table_rows as usize,
-                    form,
-                )
+    ($elem:ident, $rows:ident, $dir:ident) => {
+        const _: () = {
+            /// RoPE for one dtype, direction and cos/sin row source on the general path
+            /// ([`rotate_any`]): out of place or in place, in the forms `form` selects
+            /// ([`flags`]).
+            ///
+            /// # Safety
+            /// `q`/`q_out` hold `tokens × q_heads × head_dim` elements and `k`/`k_out`
+            /// `tokens × k_heads × head_dim` (none and unused when `k_heads = 0`) in the layout
+            /// `form` names; each output is its input or disjoint from every buffer; the
+            /// outputs are disjoint. `cos`/`sin` hold every row the variant can select
+            /// (`seq_len`, `tokens` or `table_rows` rows of `rotary_dim`, or `rotary_dim/2`
+            /// with [`flags::HALF_TABLES`]); `ids` as for the other kernels. `2 ≤ rotary_dim ≤
+            /// head_dim`, both even, `seq_len ≥ 1`, `(q_heads + k_heads)·head_dim < 2³¹`;
+            /// [`flags::COPY_TAIL`] only out of place.
+            #[unsafe(export_name = kernel_name!(Rope, $dir, General, $elem, $rows))]
+            pub unsafe extern "gpu-kernel" fn kernel(
+                q: *const elem_type!($elem),
+                k: *const elem_type!($elem),
+                q_out: *mut elem_type!($elem),
+                k_out: *mut elem_type!($elem),
+                cos: *const elem_type!($elem),
+                sin: *const elem_type!($elem),
+                ids: *const u8,
+                tokens: u64,
+                seq_len: u64,
+                q_heads: u64,
+                k_heads: u64,
+                head_dim: u64,
+                rotary_dim: u64,
+                table_rows: u64,
+                form: u32,
+            ) {
+                unsafe {
+                    rotate_any::<
+                        elem_type!($elem),
+                        { Rows::$rows as u32 },
+                        { backward(Direction::$dir) },
+                    >(
+                        q,
+                        k,
+                        q_out,
+                        k_out,
+                        cos,
+                        sin,
+                        ids,
+                        tokens as usize,
+                        seq_len as usize,
+                        q_heads as usize,
+                        k_heads as usize,
+                        head_dim as usize,
+                        rotary_dim as usize,
+                        table_rows as usize,
+                        form,
+                    )
+                }
             }
-        }
+        };
     };
 }
 
-macro_rules! rope_general_kernels {
-    ($ty:ty, $($name:ident: $rows:expr, $bwd:expr;)*) => {
-        $(rope_general_kernel!($ty, $name, $rows, $bwd);)*
+/// Whether `dir` is the backward (`BWD` of the kernel bodies: `s → −s`).
+const fn backward(dir: Direction) -> bool {
+    matches!(dir, Direction::Backward)
+}
+
+/// Every RoPE kernel of one element type: each direction and cos/sin row source on the scalar,
+/// vector and general paths.
+macro_rules! rope_kernels {
+    ($elem:ident) => {
+        rope_kernels!(@rows $elem, Forward);
+        rope_kernels!(@rows $elem, Backward);
+    };
+    (@rows $elem:ident, $dir:ident) => {
+        rope_kernels!(@paths $elem, $dir, PerPosition);
+        rope_kernels!(@paths $elem, $dir, PerBatch);
+        rope_kernels!(@paths $elem, $dir, IdsI32);
+        rope_kernels!(@paths $elem, $dir, IdsI64);
+    };
+    (@paths $elem:ident, $dir:ident, $rows:ident) => {
+        rope_kernel!($elem, Scalar, rotate, $rows, $dir);
+        rope_kernel!($elem, Vector, rotate_vec, $rows, $dir);
+        rope_general_kernel!($elem, $rows, $dir);
     };
 }
 
-rope_general_kernels!(f32,
-    rope_fwd_g_f32_pos: rows::PER_POSITION, false;
-    rope_fwd_g_f32_batch: rows::PER_BATCH, false;
-    rope_fwd_g_f32_ids32: rows::IDS_I32, false;
-    rope_fwd_g_f32_ids64: rows::IDS_I64, false;
-    rope_bwd_g_f32_pos: rows::PER_POSITION, true;
-    rope_bwd_g_f32_batch: rows::PER_BATCH, true;
-    rope_bwd_g_f32_ids32: rows::IDS_I32, true;
-    rope_bwd_g_f32_ids64: rows::IDS_I64, true;
-);
-rope_general_kernels!(f16,
-    rope_fwd_g_f16_pos: rows::PER_POSITION, false;
-    rope_fwd_g_f16_batch: rows::PER_BATCH, false;
-    rope_fwd_g_f16_ids32: rows::IDS_I32, false;
-    rope_fwd_g_f16_ids64: rows::IDS_I64, false;
-    rope_bwd_g_f16_pos: rows::PER_POSITION, true;
-    rope_bwd_g_f16_batch: rows::PER_BATCH, true;
-    rope_bwd_g_f16_ids32: rows::IDS_I32, true;
-    rope_bwd_g_f16_ids64: rows::IDS_I64, true;
-);
-rope_general_kernels!(Bf16,
-    rope_fwd_g_bf16_pos: rows::PER_POSITION, false;
-    rope_fwd_g_bf16_batch: rows::PER_BATCH, false;
-    rope_fwd_g_bf16_ids32: rows::IDS_I32, false;
-    rope_fwd_g_bf16_ids64: rows::IDS_I64, false;
-    rope_bwd_g_bf16_pos: rows::PER_POSITION, true;
-    rope_bwd_g_bf16_batch: rows::PER_BATCH, true;
-    rope_bwd_g_bf16_ids32: rows::IDS_I32, true;
-    rope_bwd_g_bf16_ids64: rows::IDS_I64, true;
-);
+rope_kernels!(F32);
+rope_kernels!(F16);
+rope_kernels!(Bf16);

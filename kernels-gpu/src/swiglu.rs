@@ -27,38 +27,23 @@
 //! ([`FWD_VECS`], [`BWD_VECS`]) 16-byte vectors ([`V16`]) per thread and load their next tile
 //! before computing the current one, so all `K` vectors of every operand are in flight at
 //! once. Their `_vt` twins, which the host picks for many waves of tiles, run one tile per
-//! block over a grid of every tile, with no next tile: the forward's take [`FWD_VECS_WHOLE`]
-//! (f32: [`FWD_VECS_WHOLE_F32`]) 16-byte vectors per thread, the backward's one 8-byte vector
-//! ([`V8`]) of each operand, which on an H200 gives the five-stream pattern its highest DRAM
-//! throughput of every width, vector count and block size measured (PERFORMANCE.md, twelfth
-//! session; the forward measured lower with it, its index arithmetic then a larger share). Each
+//! block over a grid of every tile, with no next tile: the forward's take [`FWD_VECS_TILE`]
+//! 16-byte vectors per thread, the backward's one 8-byte vector ([`V8`]) of each operand,
+//! which on an H200 gives the five-stream pattern its highest DRAM throughput of every width,
+//! vector count and block size measured (PERFORMANCE.md, "SwiGLU tile shapes"; the forward
+//! measured lower with it, its index arithmetic then a larger share). Each
 //! thread tracks the (row, column) of its vectors incrementally in 32 bits (three divisions
 //! per thread at start, none per vector), so row strides and the fused layout cost one wide
 //! multiply-add per pointer per vector. The f32 math per element is the scalar kernels' (same
 //! functions, same order), so every path gives the same bits.
+use crate::identity::swiglu::{
+    BWD_TILE_VECTOR_BYTES, BWD_VECS, BWD_VECS_TILE, FWD_VECS, FWD_VECS_TILE, ITEMS,
+};
+use crate::identity::{ElemType, kernel_name};
 use crate::{
-    Bf16, Elem, V8, V16, Vector, block_dim, block_idx, grid_dim, lanes, lanes_per, thread_idx,
+    Elem, V8, V16, Vector, block_dim, block_idx, elem_type, grid_dim, lanes, lanes_per, thread_idx,
     unroll,
 };
-
-/// Elements per thread per tile (scalar kernels).
-const ITEMS: usize = 4;
-
-/// 16-byte vectors of each operand per thread per tile in the forward `_v` kernels (the
-/// host's `FWD_VECS` must match).
-const FWD_VECS: usize = 3;
-/// The same for the backward `_v` kernels (`BWD_VECS` on the host).
-const BWD_VECS: usize = 3;
-/// 16-byte vectors of each operand per thread in the one-tile-per-block forward `_vt`
-/// kernels of 16-bit types (`FWD_VECS_WHOLE` on the host, through `fwd_whole`): with no next
-/// tile in registers they fit more.
-const FWD_VECS_WHOLE: usize = 4;
-/// The same for f32, whose vectors hold half the elements (`FWD_VECS_WHOLE_F32` on the host):
-/// 2 (H200 A/B, PERFORMANCE.md: +0.7 % over 4 for f32, −2 % for bf16/f16).
-const FWD_VECS_WHOLE_F32: usize = 2;
-/// 8-byte vectors of each operand per thread in the one-tile-per-block backward `_vt` kernels
-/// (`BWD_VECS_WHOLE` on the host).
-const BWD_VECS_WHOLE: usize = 1;
 
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
 
@@ -469,128 +454,106 @@ unsafe fn backward_vec<T: Elem, V: Vector, const K: usize, const ONE: bool>(
 }
 
 macro_rules! swiglu_fwd_kernel {
-    ($ty:ty, $name:ident, $body:ident $(:: $v:ident, $k:ident, $one:literal)?, $doc:literal) => {
-        /// SwiGLU forward `c = T(T(silu(a·gm)) · b)` for one dtype (see the module docs).
-        #[doc = $doc]
-        ///
-        /// # Safety
-        /// `a`, `b`, `c` must cover `rows` rows of their strides and `cols` columns; `c` must
-        /// not overlap `a` or `b`.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "gpu-kernel" fn $name(
-            a: *const $ty,
-            a_stride: u64,
-            b: *const $ty,
-            b_stride: u64,
-            c: *mut $ty,
-            c_stride: u64,
-            rows: u64,
-            cols: u64,
-            gm: f32,
-        ) {
-            unsafe {
-                $body::<$ty $(, $v, $k, $one)?>(
-                    a,
-                    a_stride as usize,
-                    b,
-                    b_stride as usize,
-                    c,
-                    c_stride as usize,
-                    rows as usize,
-                    cols as usize,
-                    gm,
-                )
+    ($elem:ident, $path:ident, $body:ident $(:: $v:ident, $k:expr, $one:literal)?, $doc:literal) => {
+        const _: () = {
+            /// SwiGLU forward `c = T(T(silu(a·gm)) · b)` for one dtype (see the module docs).
+            #[doc = $doc]
+            ///
+            /// # Safety
+            /// `a`, `b`, `c` must cover `rows` rows of their strides and `cols` columns; `c`
+            /// must not overlap `a` or `b`.
+            #[unsafe(export_name = kernel_name!(Swiglu, Forward, $path, $elem))]
+            pub unsafe extern "gpu-kernel" fn kernel(
+                a: *const elem_type!($elem),
+                a_stride: u64,
+                b: *const elem_type!($elem),
+                b_stride: u64,
+                c: *mut elem_type!($elem),
+                c_stride: u64,
+                rows: u64,
+                cols: u64,
+                gm: f32,
+            ) {
+                unsafe {
+                    $body::<elem_type!($elem) $(, $v, { $k }, $one)?>(
+                        a,
+                        a_stride as usize,
+                        b,
+                        b_stride as usize,
+                        c,
+                        c_stride as usize,
+                        rows as usize,
+                        cols as usize,
+                        gm,
+                    )
+                }
             }
-        }
+        };
     };
 }
 
 macro_rules! swiglu_bwd_kernel {
-    ($ty:ty, $name:ident, $body:ident $(:: $v:ident, $k:ident, $one:literal)?, $doc:literal) => {
-        /// SwiGLU backward for one dtype (see the module docs): with `g = dc·dm`,
-        /// `db = g·silu(z)`, `da = g·silu'(z)·gm·b`, `z = a·gm`.
-        #[doc = $doc]
-        ///
-        /// # Safety
-        /// Every pointer must cover `rows` rows of its stride (`da`: `a_stride`, `db`:
-        /// `b_stride`) and `cols` columns. `da` may equal `a` and `db` may equal `b`;
-        /// otherwise outputs must not overlap inputs or each other.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "gpu-kernel" fn $name(
-            dc: *const $ty,
-            dc_stride: u64,
-            a: *const $ty,
-            a_stride: u64,
-            b: *const $ty,
-            b_stride: u64,
-            da: *mut $ty,
-            db: *mut $ty,
-            rows: u64,
-            cols: u64,
-            gm: f32,
-            dm: f32,
-        ) {
-            unsafe {
-                $body::<$ty $(, $v, $k, $one)?>(
-                    dc,
-                    dc_stride as usize,
-                    a,
-                    a_stride as usize,
-                    b,
-                    b_stride as usize,
-                    da,
-                    db,
-                    rows as usize,
-                    cols as usize,
-                    gm,
-                    dm,
-                )
+    ($elem:ident, $path:ident, $body:ident $(:: $v:ident, $k:expr, $one:literal)?, $doc:literal) => {
+        const _: () = {
+            /// SwiGLU backward for one dtype (see the module docs): with `g = dc·dm`,
+            /// `db = g·silu(z)`, `da = g·silu'(z)·gm·b`, `z = a·gm`.
+            #[doc = $doc]
+            ///
+            /// # Safety
+            /// Every pointer must cover `rows` rows of its stride (`da`: `a_stride`, `db`:
+            /// `b_stride`) and `cols` columns. `da` may equal `a` and `db` may equal `b`;
+            /// otherwise outputs must not overlap inputs or each other.
+            #[unsafe(export_name = kernel_name!(Swiglu, Backward, $path, $elem))]
+            pub unsafe extern "gpu-kernel" fn kernel(
+                dc: *const elem_type!($elem),
+                dc_stride: u64,
+                a: *const elem_type!($elem),
+                a_stride: u64,
+                b: *const elem_type!($elem),
+                b_stride: u64,
+                da: *mut elem_type!($elem),
+                db: *mut elem_type!($elem),
+                rows: u64,
+                cols: u64,
+                gm: f32,
+                dm: f32,
+            ) {
+                unsafe {
+                    $body::<elem_type!($elem) $(, $v, { $k }, $one)?>(
+                        dc,
+                        dc_stride as usize,
+                        a,
+                        a_stride as usize,
+                        b,
+                        b_stride as usize,
+                        da,
+                        db,
+                        rows as usize,
+                        cols as usize,
+                        gm,
+                        dm,
+                    )
+                }
             }
-        }
+        };
     };
 }
 
+// The backward `_vt` kernels load `V8`s, the vectors the host sizes their tiles in.
+const _: () = assert!(size_of::<V8>() == BWD_TILE_VECTOR_BYTES);
+
+/// Every SwiGLU kernel of one element type: scalar, `_v` and `_vt`, each direction.
 macro_rules! swiglu_kernels {
-    (
-        $ty:ty, $kt:ident, $fwd:ident, $bwd:ident, $fwd_v:ident, $bwd_v:ident, $fwd_t:ident,
-        $bwd_t:ident
-    ) => {
-        swiglu_fwd_kernel!($ty, $fwd, forward, "Scalar kernel: any alignment, any `cols`.");
-        swiglu_bwd_kernel!($ty, $bwd, backward, "Scalar kernel: any alignment, any `cols`.");
-        swiglu_fwd_kernel!($ty, $fwd_v, forward_vec::V16, FWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per 16-byte vector.");
-        swiglu_bwd_kernel!($ty, $bwd_v, backward_vec::V16, BWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per 16-byte vector.");
-        swiglu_fwd_kernel!($ty, $fwd_t, forward_vec::V16, $kt, true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
-        swiglu_bwd_kernel!($ty, $bwd_t, backward_vec::V8, BWD_VECS_WHOLE, true, "8-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules; the host counts its tiles in 8-byte vectors.");
+    ($elem:ident) => {
+        swiglu_fwd_kernel!($elem, Scalar, forward, "Scalar kernel: any alignment, any `cols`.");
+        swiglu_bwd_kernel!($elem, Scalar, backward, "Scalar kernel: any alignment, any `cols`.");
+        swiglu_fwd_kernel!($elem, Vector, forward_vec::V16, FWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per 16-byte vector.");
+        swiglu_bwd_kernel!($elem, Vector, backward_vec::V16, BWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per 16-byte vector.");
+        swiglu_fwd_kernel!($elem, Tile, forward_vec::V16, FWD_VECS_TILE, true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
+        swiglu_bwd_kernel!($elem, Tile, backward_vec::V8, BWD_VECS_TILE, true, "8-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules; the host counts its tiles in 8-byte vectors.");
     };
 }
 
-swiglu_kernels!(
-    f32,
-    FWD_VECS_WHOLE_F32,
-    swiglu_fwd_f32,
-    swiglu_bwd_f32,
-    swiglu_fwd_v_f32,
-    swiglu_bwd_v_f32,
-    swiglu_fwd_vt_f32,
-    swiglu_bwd_vt_f32
-);
-swiglu_kernels!(
-    f16,
-    FWD_VECS_WHOLE,
-    swiglu_fwd_f16,
-    swiglu_bwd_f16,
-    swiglu_fwd_v_f16,
-    swiglu_bwd_v_f16,
-    swiglu_fwd_vt_f16,
-    swiglu_bwd_vt_f16
-);
-swiglu_kernels!(
-    Bf16,
-    FWD_VECS_WHOLE,
-    swiglu_fwd_bf16,
-    swiglu_bwd_bf16,
-    swiglu_fwd_v_bf16,
-    swiglu_bwd_v_bf16,
-    swiglu_fwd_vt_bf16,
-    swiglu_bwd_vt_bf16
-);
+swiglu_kernels!(F32);
+swiglu_kernels!(F16);
+swiglu_kernels!(Bf16);

@@ -78,10 +78,7 @@ pub mod ops {
                 alpha.shape()
             )));
         }
-        let cfg = RmsNormConfig {
-            eps,
-            ..RmsNormConfig::default()
-        };
+        let cfg = RmsNormConfig::default().with_eps(eps);
         crate::candle::rms_norm(xs, Some(alpha), &cfg)
     }
 

@@ -4,6 +4,7 @@ use super::{
     on, output, rows_cols, same_dtype, same_shape, tensor, view, wrap,
 };
 use crate::error::invalid;
+use crate::reference::Element;
 use crate::{CastingMode, RmsNormArgs};
 use candle_core::backend::BackendStorage;
 use candle_core::{
@@ -19,11 +20,12 @@ const RMS_NORM: &str = "liger-rs rms_norm";
 /// ```
 /// use liger_rs::{CastingMode, candle::RmsNormConfig};
 /// // Gemma: (1 + w) weights, f32 math throughout.
-/// let gemma = RmsNormConfig { eps: 1e-6, offset: 1.0, mode: CastingMode::Gemma };
+/// let gemma = RmsNormConfig::default().with_offset(1.0).with_mode(CastingMode::Gemma);
+/// assert_eq!((gemma.eps, gemma.offset), (1e-6, 1.0));
 /// assert_eq!(RmsNormConfig::default().mode, CastingMode::Llama);
-/// # let _ = gemma;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct RmsNormConfig {
     /// Added to the mean square before the inverse square root (finite, ≥ 0).
     pub eps: f32,
@@ -45,6 +47,35 @@ impl Default for RmsNormConfig {
 }
 
 impl RmsNormConfig {
+    /// Sets `eps`.
+    ///
+    /// ```
+    /// assert_eq!(liger_rs::candle::RmsNormConfig::default().with_eps(1e-5).eps, 1e-5);
+    /// ```
+    pub fn with_eps(self, eps: f32) -> Self {
+        RmsNormConfig { eps, ..self }
+    }
+
+    /// Sets the weight offset.
+    ///
+    /// ```
+    /// assert_eq!(liger_rs::candle::RmsNormConfig::default().with_offset(1.0).offset, 1.0);
+    /// ```
+    pub fn with_offset(self, offset: f32) -> Self {
+        RmsNormConfig { offset, ..self }
+    }
+
+    /// Sets the casting mode.
+    ///
+    /// ```
+    /// use liger_rs::{CastingMode, candle::RmsNormConfig};
+    /// let cfg = RmsNormConfig::default().with_mode(CastingMode::None);
+    /// assert_eq!(cfg.mode, CastingMode::None);
+    /// ```
+    pub fn with_mode(self, mode: CastingMode) -> Self {
+        RmsNormConfig { mode, ..self }
+    }
+
     fn args(&self, rows: usize, cols: usize) -> RmsNormArgs {
         RmsNormArgs::new(rows, cols)
             .with_eps(self.eps)
@@ -118,7 +149,7 @@ fn fwd_cuda(
             &stream,
             &cfg.args(rows, cols),
             &x_view,
-            w_view.as_ref(),
+            w_view.as_ref().map(|w| w as _),
             &mut y,
             &mut rstd,
         )
@@ -136,9 +167,9 @@ fn fwd_host<T: HostElem>(
     cols: usize,
 ) -> Result<(Vec<T>, Vec<f64>)> {
     cfg.check()?;
-    let out = crate::reference::rms_norm_forward(x, weight, cols, cfg.eps, cfg.offset, cfg.mode)
-        .map_err(crate_err)?;
-    Ok((out.y, out.rstd))
+    let args = cfg.args(x.len() / cols, cols);
+    let out = crate::reference::rms_norm_forward(&args, x, weight).map_err(crate_err)?;
+    Ok((out.y, out.rstd.into_iter().map(Element::to_f64).collect()))
 }
 
 /// Forward on CPU storages: `y` and `rstd` (f32, f64 for f64 tensors).
@@ -187,7 +218,7 @@ fn rstd_storage<T: HostElem>(rstd: Vec<f64>) -> CpuStorage {
 /// let dev = Device::new_cuda(0)?;
 /// let x = Var::randn(0f32, 1.0, (8, 4096), &dev)?;
 /// let w = Tensor::ones(4096, DType::F32, &dev)?;
-/// let y = rms_norm(x.as_tensor(), Some(&w), &RmsNormConfig { eps: 1e-5, ..Default::default() })?;
+/// let y = rms_norm(x.as_tensor(), Some(&w), &RmsNormConfig::default().with_eps(1e-5))?;
 /// let dx = y.sum_all()?.backward()?.get(&x).cloned();
 /// # let _ = dx;
 /// # Ok::<(), candle_core::Error>(())
@@ -317,17 +348,17 @@ pub fn rms_norm_backward(
             weight: Option<&Tensor>,
         ) -> Result<(Tensor, Option<Tensor>)> {
             cfg.check()?;
-            let cols = rows_cols(x.shape()).1;
+            let (rows, cols) = rows_cols(x.shape());
             let w = weight.map(host::<T>).transpose()?;
-            let rstd: Vec<f64> = host::<f64>(&rstd.to_dtype(DType::F64)?)?;
+            let rstd = host::<f64>(&rstd.to_dtype(DType::F64)?)?;
+            // Exact: the values are f32 (or f64 for f64 tensors), as the forward stored them.
+            let rstd: Vec<T::Rstd> = rstd.into_iter().map(T::Rstd::from_f64).collect();
             let g = crate::reference::rms_norm_backward(
+                &cfg.args(rows, cols),
                 &host::<T>(dy)?,
                 &host::<T>(x)?,
                 w.as_deref(),
                 &rstd,
-                cols,
-                cfg.offset,
-                cfg.mode,
             )
             .map_err(crate_err)?;
             let dw = g.dw.map(|dw| host_tensor(dw, cols)).transpose()?;
@@ -397,10 +428,10 @@ fn bwd_cuda(
             &cfg.args(rows, cols),
             &dy,
             &x,
-            w.as_ref(),
+            w.as_ref().map(|w| w as _),
             &rstd,
             &mut dx,
-            dw.as_mut().map(|d| d.as_view_mut()).as_mut(),
+            dw.as_mut().map(|d| d as _),
         )
         .map_err(crate_err)?;
         Ok((wrap(dx, device), dw.map(|dw| wrap(dw, device))))

@@ -31,12 +31,13 @@ const ROPE: &str = "liger-rs rope";
 /// ```
 /// use liger_rs::candle::RopeConfig;
 /// // candle-nn's / Meta's [S, d/2] tables, GPT-J's adjacent pairs.
-/// let gptj = RopeConfig { half_tables: true, interleaved: true, ..Default::default() };
+/// let gptj = RopeConfig::default().with_half_tables().with_interleaved();
 /// // Persimmon: half of each head of 64 rotates, HF's full-width [S, 32] tables.
-/// let partial = RopeConfig { rotary_dim: Some(32), ..Default::default() };
-/// # let _ = (gptj, partial);
+/// let partial = RopeConfig::default().with_rotary_dim(32);
+/// assert!(gptj.half_tables && gptj.interleaved && partial.rotary_dim == Some(32));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct RopeConfig {
     /// Leading dims of each head that rotate; `None`: the tables say (full-width rows: their
     /// length; half-width rows: twice it).
@@ -46,6 +47,47 @@ pub struct RopeConfig {
     pub half_tables: bool,
     /// Pair `i` is `(x[2i], x[2i + 1])` (GPT-J) instead of `(x[i], x[i + rotary_dim / 2])`.
     pub interleaved: bool,
+}
+
+impl RopeConfig {
+    /// Sets the rotary dim (partial rotary: only the first `rotary_dim` dims of each head
+    /// rotate), instead of reading it from the tables.
+    ///
+    /// ```
+    /// let cfg = liger_rs::candle::RopeConfig::default().with_rotary_dim(32);
+    /// assert_eq!(cfg.rotary_dim, Some(32));
+    /// ```
+    pub fn with_rotary_dim(self, rotary_dim: usize) -> Self {
+        RopeConfig {
+            rotary_dim: Some(rotary_dim),
+            ..self
+        }
+    }
+
+    /// Half-width cos/sin rows: `rotary_dim / 2` values, one per pair (candle-nn's and
+    /// Meta's `[S, d/2]` tables).
+    ///
+    /// ```
+    /// assert!(liger_rs::candle::RopeConfig::default().with_half_tables().half_tables);
+    /// ```
+    pub fn with_half_tables(self) -> Self {
+        RopeConfig {
+            half_tables: true,
+            ..self
+        }
+    }
+
+    /// Interleaved pairs: pair `i` is `(x[2i], x[2i + 1])` (GPT-J).
+    ///
+    /// ```
+    /// assert!(liger_rs::candle::RopeConfig::default().with_interleaved().interleaved);
+    /// ```
+    pub fn with_interleaved(self) -> Self {
+        RopeConfig {
+            interleaved: true,
+            ..self
+        }
+    }
 }
 
 /// Where each token's cos/sin row comes from.
@@ -338,9 +380,9 @@ impl Pair {
                 return bad(format!(
                     "cos/sin rows of {w} = head_dim / 2 are ambiguous: candle-nn's half-width \
                      table of a full rotation (liger_rs::candle::nn::rotary_emb::rope_thd takes \
-                     q in this layout, or RopeConfig {{ half_tables: true, .. }}), or HF's \
-                     full-width table of a partial rotary of rotary_dim = {w} (RopeConfig {{ \
-                     rotary_dim: Some({w}), .. }}); say which with rope_with"
+                     q in this layout, or RopeConfig::default().with_half_tables()), or HF's \
+                     full-width table of a partial rotary of rotary_dim = {w} \
+                     (RopeConfig::default().with_rotary_dim({w})); say which with rope_with"
                 ));
             }
             (None, false) => w,
@@ -370,7 +412,11 @@ impl Pair {
                 cos.dims()
             ));
         };
-        let mut args = RopeArgs::new(b, s, hq, hk, d).with_rotary_dim(r);
+        let mut args = RopeArgs::new(d)
+            .with_batch(b)
+            .with_seq_len(s)
+            .with_heads(hq, hk)
+            .with_rotary_dim(r);
         if cfg.half_tables {
             args = args.with_half_tables();
         }
@@ -463,7 +509,7 @@ pub fn rope(
 /// let k = Tensor::randn(0f32, 1.0, (b, s, hk, d), &dev)?;
 /// let cos = Tensor::ones((s, d / 2), DType::F32, &dev)?; // one value per pair
 /// let sin = Tensor::zeros((s, d / 2), DType::F32, &dev)?;
-/// let cfg = RopeConfig { half_tables: true, interleaved: true, ..Default::default() };
+/// let cfg = RopeConfig::default().with_half_tables().with_interleaved();
 /// let (q, k) = rope_with(&q, &k, &cos, &sin, None, &cfg)?;
 /// # let _ = (q, k);
 /// # Ok::<(), candle_core::Error>(())
@@ -520,7 +566,7 @@ pub fn rope_backward(
 /// let dq = Tensor::ones((b, s, h, d), DType::F32, &dev)?;
 /// let cos = Tensor::ones((s, d / 2), DType::F32, &dev)?;
 /// let sin = Tensor::zeros((s, d / 2), DType::F32, &dev)?;
-/// let cfg = RopeConfig { half_tables: true, ..Default::default() };
+/// let cfg = RopeConfig::default().with_half_tables();
 /// let (dq2, dk2) = rope_backward_with(&dq, &dq, &cos, &sin, None, &cfg)?;
 /// # let _ = (dq2, dk2);
 /// # Ok::<(), candle_core::Error>(())
@@ -715,7 +761,11 @@ pub(super) fn nn_rope(form: NnRope, xs: &Tensor, cos: &Tensor, sin: &Tensor) -> 
         }
     };
     on(ROPE, &[("xs", xs), ("cos", cos), ("sin", sin)])?;
-    let mut args = RopeArgs::new(b, t, h, 0, d).with_half_tables();
+    let mut args = RopeArgs::new(d)
+        .with_batch(b)
+        .with_seq_len(t)
+        .with_heads(h, 0)
+        .with_half_tables();
     if form != NnRope::RopeThd {
         args = args.with_head_major();
     }

@@ -24,10 +24,11 @@ const SWIGLU_FUSED: &str = "liger-rs swiglu_fused";
 /// backward stays the gradient of what the forward returned.
 ///
 /// ```
-/// let cfg = liger_rs::candle::SwigluConfig { gate_multiplier: 0.5, ..Default::default() };
-/// assert_eq!(cfg.down_multiplier, 1.0);
+/// let cfg = liger_rs::candle::SwigluConfig::default().with_gate_multiplier(0.5);
+/// assert_eq!((cfg.gate_multiplier, cfg.down_multiplier), (0.5, 1.0));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct SwigluConfig {
     /// `gm`: the gate is `z = a·gm` (finite).
     pub gate_multiplier: f32,
@@ -46,6 +47,32 @@ impl Default for SwigluConfig {
 }
 
 impl SwigluConfig {
+    /// Sets the gate multiplier `gm`.
+    ///
+    /// ```
+    /// let cfg = liger_rs::candle::SwigluConfig::default().with_gate_multiplier(0.5);
+    /// assert_eq!(cfg.gate_multiplier, 0.5);
+    /// ```
+    pub fn with_gate_multiplier(self, gate_multiplier: f32) -> Self {
+        SwigluConfig {
+            gate_multiplier,
+            ..self
+        }
+    }
+
+    /// Sets the down multiplier `dm`.
+    ///
+    /// ```
+    /// let cfg = liger_rs::candle::SwigluConfig::default().with_down_multiplier(2.0);
+    /// assert_eq!(cfg.down_multiplier, 2.0);
+    /// ```
+    pub fn with_down_multiplier(self, down_multiplier: f32) -> Self {
+        SwigluConfig {
+            down_multiplier,
+            ..self
+        }
+    }
+
     /// This config for tensors of `dtype`: `dm` rounded to it.
     fn for_dtype(&self, dtype: DType) -> SwigluConfig {
         let dm = self.down_multiplier;
@@ -156,13 +183,14 @@ fn fwd_cpu(
         b: Option<(&CpuStorage, &Layout)>,
     ) -> Result<CpuStorage> {
         cfg.check()?;
+        let a_shape = a.1.shape();
         let a = host_slice::<T>(a.0, a.1, SWIGLU)?;
         let (gate, up) = match b {
             Some((b, b_l)) => (a.to_vec(), host_slice::<T>(b, b_l, SWIGLU)?.to_vec()),
             None => split_gate_up(a, cols).map_err(crate_err)?,
         };
-        let c =
-            crate::reference::swiglu_forward(&gate, &up, cfg.gate_multiplier).map_err(crate_err)?;
+        let args = cfg.apply(SwigluArgs::new(rows_cols(a_shape).0, cols));
+        let c = crate::reference::swiglu_forward(&args, &gate, &up).map_err(crate_err)?;
         Ok(T::to_cpu_storage_owned(c))
     }
     by_host_dtype!(a.0.dtype(), SWIGLU, run(cfg, cols, a, b))
@@ -224,15 +252,15 @@ pub fn swiglu_backward(
     if on(SWIGLU, &[("dc", &dc), ("a", &a), ("b", &b)])? == On::Cpu {
         fn run<T: HostElem>(
             cfg: &SwigluConfig,
+            (rows, cols): (usize, usize),
             [dc, a, b]: [&Tensor; 3],
         ) -> Result<(Tensor, Tensor)> {
             cfg.check()?;
             let g = crate::reference::swiglu_backward(
+                &cfg.apply(SwigluArgs::new(rows, cols)),
                 &host::<T>(dc)?,
                 &host::<T>(a)?,
                 &host::<T>(b)?,
-                cfg.gate_multiplier,
-                cfg.down_multiplier,
             )
             .map_err(crate_err)?;
             Ok((
@@ -240,7 +268,7 @@ pub fn swiglu_backward(
                 host_tensor(g.db, a.shape().clone())?,
             ))
         }
-        return by_host_dtype!(a.dtype(), SWIGLU, run(&cfg, [&dc, &a, &b]));
+        return by_host_dtype!(a.dtype(), SWIGLU, run(&cfg, (rows, cols), [&dc, &a, &b]));
     }
     let (dc_s, dc_l) = dc.storage_and_layout();
     let (a_s, a_l) = a.storage_and_layout();
@@ -351,14 +379,9 @@ pub fn swiglu_fused_backward(dc: &Tensor, gate_up: &Tensor, cfg: &SwigluConfig) 
         ) -> Result<Tensor> {
             cfg.check()?;
             let (a, b) = split_gate_up(&host::<T>(gate_up)?, cols).map_err(crate_err)?;
-            let g = crate::reference::swiglu_backward(
-                &host::<T>(dc)?,
-                &a,
-                &b,
-                cfg.gate_multiplier,
-                cfg.down_multiplier,
-            )
-            .map_err(crate_err)?;
+            let args = cfg.apply(SwigluArgs::new(a.len() / cols, cols));
+            let g = crate::reference::swiglu_backward(&args, &host::<T>(dc)?, &a, &b)
+                .map_err(crate_err)?;
             let d = join_gate_up(&g.da, &g.db, cols).map_err(crate_err)?;
             host_tensor(d, gate_up.shape().clone())
         }

@@ -39,7 +39,8 @@
 //! [`split_gate_up`]: super::swiglu::split_gate_up
 //! [`join_gate_up`]: super::swiglu::join_gate_up
 use super::Element;
-use super::swiglu::{check_like, check_multiplier, gate, sigmoid};
+use super::swiglu::{check_multiplier, check_separate, gate, sigmoid};
+use crate::SwigluArgs;
 use crate::error::Result;
 
 /// `√(2/π)`.
@@ -52,8 +53,8 @@ const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
 /// Backward results: the gradients of the gate `a` and of the up projection `b`.
 ///
 /// ```
-/// use liger_rs::reference::geglu::geglu_backward;
-/// let g = geglu_backward(&[1.0f64; 3], &[0.0; 3], &[1.0; 3], 1.0, 1.0, true).unwrap();
+/// use liger_rs::{SwigluArgs, reference::geglu::geglu_backward};
+/// let g = geglu_backward(&SwigluArgs::new(1, 3), &[1.0f64; 3], &[0.0; 3], &[1.0; 3], true).unwrap();
 /// assert_eq!((g.da.len(), g.db.len()), (3, 3));
 /// ```
 #[derive(Debug, Clone, PartialEq)]
@@ -172,63 +173,59 @@ fn gelu_grad(z: f64, erf: bool) -> f64 {
     }
 }
 
-/// The GEGLU forward `c = D(D(gelu(F(a·gm))) · b)`, element by element (any layout; `a` and
-/// `b` have the same length); `erf` picks the exact GELU ([`gelu_erf`]) over the tanh
+/// The GEGLU forward `c = D(D(gelu(F(a·gm))) · b)` with `gm = args.gate_multiplier`, shaped
+/// as SwiGLU's ([`super::swiglu::swiglu_forward`]: `a`, `b` and `c` are `args.rows`
+/// contiguous rows of `args.cols`); `erf` picks the exact GELU ([`gelu_erf`]) over the tanh
 /// approximation ([`gelu_tanh`]).
 ///
 /// # Errors
-/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming `b` when its length differs
-/// from `a`'s, or `gate_multiplier` when it is not finite.
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming `args.cols` when it is 0,
+/// a stride of `args` other than `cols`, `a` or `b` when it is not `rows × cols` long, or
+/// `args.gate_multiplier` when it is not finite.
 ///
 /// ```
-/// use liger_rs::reference::geglu::{geglu_forward, gelu_erf, gelu_tanh};
-/// let c = geglu_forward(&[0.0f64, 1.0], &[3.0, 2.0], 1.0, false).unwrap();
+/// use liger_rs::{SwigluArgs, reference::geglu::{geglu_forward, gelu_erf, gelu_tanh}};
+/// let c = geglu_forward(&SwigluArgs::new(1, 2), &[0.0f64, 1.0], &[3.0, 2.0], false).unwrap();
 /// assert_eq!(c, vec![0.0, 2.0 * gelu_tanh(1.0)]);
-/// let c = geglu_forward(&[1.0f64], &[2.0], 0.5, true).unwrap();
+/// let half_gate = SwigluArgs::new(1, 1).with_gate_multiplier(0.5);
+/// let c = geglu_forward(&half_gate, &[1.0f64], &[2.0], true).unwrap();
 /// assert_eq!(c, vec![2.0 * gelu_erf(0.5)]);
 /// ```
-pub fn geglu_forward<T: Element>(
-    a: &[T],
-    b: &[T],
-    gate_multiplier: f32,
-    erf: bool,
-) -> Result<Vec<T>> {
-    check_like("b", b, a.len())?;
-    let gm = check_multiplier("gate_multiplier", gate_multiplier)?;
+pub fn geglu_forward<T: Element>(args: &SwigluArgs, a: &[T], b: &[T], erf: bool) -> Result<Vec<T>> {
+    check_separate(args, &[("a", a), ("b", b)])?;
+    let gm = check_multiplier("args.gate_multiplier", args.gate_multiplier)?;
     Ok(a.iter()
         .zip(b)
         .map(|(&a, &b)| T::from_f64(T::cast(gelu(gate(a, gm), erf)) * b.to_f64()))
         .collect())
 }
 
-/// The GEGLU backward: with `z = F(a·gm)` and `g = F(dc·dm)`, `db = D(g·gelu(z))` and
-/// `da = D(g·gelu'(z)·gm·b)`, element by element (`dc`, `a`, `b` of the same length); `erf`
-/// picks the exact GELU over the tanh approximation, as in [`geglu_forward`].
+/// The GEGLU backward: with `z = F(a·gm)` and `g = F(dc·dm)` (`gm`, `dm` the multipliers of
+/// `args`), `db = D(g·gelu(z))` and `da = D(g·gelu'(z)·gm·b)`; `dc`, `a`, `b` shaped as in
+/// [`geglu_forward`], and `erf` picks the GELU as there.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming `b` or `dc` when its
-/// length differs from `a`'s, or `gate_multiplier` or `down_multiplier` when it is not finite.
+/// As [`geglu_forward`], and naming `dc` when it is not `rows × cols` long, or
+/// `args.down_multiplier` when it is not finite.
 ///
 /// ```
-/// use liger_rs::reference::geglu::geglu_backward;
+/// use liger_rs::{SwigluArgs, reference::geglu::geglu_backward};
 /// // z = 0: gelu = 0, gelu' = ½ in both forms.
 /// for erf in [false, true] {
-///     let g = geglu_backward(&[1.0f64], &[0.0], &[4.0], 1.0, 1.0, erf).unwrap();
+///     let g = geglu_backward(&SwigluArgs::new(1, 1), &[1.0f64], &[0.0], &[4.0], erf).unwrap();
 ///     assert_eq!((g.da[0], g.db[0]), (2.0, 0.0));
 /// }
 /// ```
 pub fn geglu_backward<T: Element>(
+    args: &SwigluArgs,
     dc: &[T],
     a: &[T],
     b: &[T],
-    gate_multiplier: f32,
-    down_multiplier: f32,
     erf: bool,
 ) -> Result<GegluGrads<T>> {
-    check_like("b", b, a.len())?;
-    check_like("dc", dc, a.len())?;
-    let gm = check_multiplier("gate_multiplier", gate_multiplier)?;
-    let dm = check_multiplier("down_multiplier", down_multiplier)?;
+    check_separate(args, &[("dc", dc), ("a", a), ("b", b)])?;
+    let gm = check_multiplier("args.gate_multiplier", args.gate_multiplier)?;
+    let dm = check_multiplier("args.down_multiplier", args.down_multiplier)?;
     let mut da = Vec::with_capacity(a.len());
     let mut db = Vec::with_capacity(a.len());
     for ((&dc, &a), &b) in dc.iter().zip(a).zip(b) {
@@ -245,6 +242,32 @@ mod tests {
     use super::*;
     use crate::Error;
     use half::bf16;
+
+    /// The forward on `a`, `b` as one row: it is element-wise, so the values checked here
+    /// need no other shape.
+    fn fwd<T: Element>(a: &[T], b: &[T], gm: f32, erf: bool) -> Result<Vec<T>> {
+        geglu_forward(
+            &SwigluArgs::new(1, a.len()).with_gate_multiplier(gm),
+            a,
+            b,
+            erf,
+        )
+    }
+
+    /// The backward on one row, as [`fwd`].
+    fn bwd<T: Element>(
+        dc: &[T],
+        a: &[T],
+        b: &[T],
+        gm: f32,
+        dm: f32,
+        erf: bool,
+    ) -> Result<GegluGrads<T>> {
+        let args = SwigluArgs::new(1, a.len())
+            .with_gate_multiplier(gm)
+            .with_down_multiplier(dm);
+        geglu_backward(&args, dc, a, b, erf)
+    }
 
     /// Deterministic values in `[-scale, scale)` (64-bit LCG, top 53 bits).
     struct Lcg(u64);
@@ -418,10 +441,10 @@ mod tests {
         // after the multiplier.
         for erf in [false, true] {
             let a = [bf16::INFINITY, bf16::NEG_INFINITY, bf16::MAX, bf16::MIN];
-            let c = geglu_forward(&a, &[bf16::ONE; 4], 2.0, erf).unwrap();
+            let c = fwd(&a, &[bf16::ONE; 4], 2.0, erf).unwrap();
             let c: Vec<f64> = c.iter().map(|v| v.to_f64()).collect();
             assert_eq!(c, [f64::INFINITY, 0.0, f64::INFINITY, 0.0], "erf {erf}");
-            let g = geglu_backward(&[bf16::ONE; 4], &a, &[bf16::ONE; 4], 2.0, 1.0, erf).unwrap();
+            let g = bwd(&[bf16::ONE; 4], &a, &[bf16::ONE; 4], 2.0, 1.0, erf).unwrap();
             let da: Vec<f64> = g.da.iter().map(|v| v.to_f64()).collect();
             assert_eq!(da, [2.0, 0.0, 2.0, 0.0], "erf {erf}");
         }
@@ -429,7 +452,7 @@ mod tests {
 
     /// `Σ w·c` for the f64 forward (every cast point is the identity in f64).
     fn loss(a: &[f64], b: &[f64], w: &[f64], gm: f32, erf: bool) -> f64 {
-        let c = geglu_forward(a, b, gm, erf).unwrap();
+        let c = fwd(a, b, gm, erf).unwrap();
         c.iter().zip(w).map(|(c, w)| c * w).sum()
     }
 
@@ -452,7 +475,7 @@ mod tests {
                 a[2] = -0.752 / gm as f64; // near the zero of gelu'
                 let b = rng.vec(n, 1.0);
                 let w = rng.vec(n, 1.0);
-                let grads = geglu_backward(&w, &a, &b, gm, dm, erf).unwrap();
+                let grads = bwd(&w, &a, &b, gm, dm, erf).unwrap();
                 let case = format!("erf {erf}, seed {seed}, gm {gm}, dm {dm}");
                 let dm = dm as f64;
                 for i in 0..n {
@@ -489,7 +512,7 @@ mod tests {
             for i in 0..400 {
                 let a = bf16::from_f64(-6.0 + 0.03 * i as f64);
                 let b = bf16::from_f64(1.0 + 0.0137 * i as f64);
-                let c = geglu_forward(&[a], &[b], 1.0, erf).unwrap()[0];
+                let c = fwd(&[a], &[b], 1.0, erf).unwrap()[0];
                 let z = a.to_f64();
                 let want = bf16::from_f64(bf16::cast(gelu(z, erf)) * b.to_f64());
                 assert_eq!(c, want, "a = {a}, b = {b}, erf {erf}");
@@ -501,7 +524,7 @@ mod tests {
         let z = (a as f64 * gm as f64) as f32 as f64;
         assert_ne!(z, a as f64 * gm as f64);
         assert_eq!(
-            geglu_forward(&[a], &[1.0f32], gm, true).unwrap()[0],
+            fwd(&[a], &[1.0f32], gm, true).unwrap()[0],
             gelu_erf(z) as f32
         );
         // Backward: g = F(dc·dm), db = D(g·gelu(z)), da = D(g·gelu'(z)·gm·b).
@@ -509,15 +532,15 @@ mod tests {
         let z = (a as f64 * gm as f64) as f32 as f64;
         let g = (dc as f64 * dm as f64) as f32 as f64;
         for erf in [false, true] {
-            let r = geglu_backward(&[dc], &[a], &[b], gm, dm, erf).unwrap();
+            let r = bwd(&[dc], &[a], &[b], gm, dm, erf).unwrap();
             assert_eq!(r.db[0], (g * gelu(z, erf)) as f32);
             let da = g * gelu_grad(z, erf) * gm as f64 * b as f64;
             assert_eq!(r.da[0], da as f32);
         }
         // dm scales both gradients linearly.
         let (dc, a, b) = ([0.7f64, -1.3], [0.4f64, -2.2], [1.5f64, 0.8]);
-        let g1 = geglu_backward(&dc, &a, &b, 0.5, 1.0, true).unwrap();
-        let g2 = geglu_backward(&dc, &a, &b, 0.5, 2.0, true).unwrap();
+        let g1 = bwd(&dc, &a, &b, 0.5, 1.0, true).unwrap();
+        let g2 = bwd(&dc, &a, &b, 0.5, 2.0, true).unwrap();
         for i in 0..2 {
             assert_eq!((g2.da[i], g2.db[i]), (2.0 * g1.da[i], 2.0 * g1.db[i]));
         }
@@ -530,19 +553,31 @@ mod tests {
             Err(Error::InvalidArgument { arg: a, .. }) if a == arg => {}
             other => panic!("expected InvalidArgument for `{arg}`, got {other:?}"),
         };
+        let args = SwigluArgs::new(2, 3);
         for erf in [false, true] {
-            bad(geglu_forward(&v, &v[..5], 1.0, erf), "b");
-            bad(geglu_forward(&v, &v, f32::NAN, erf), "gate_multiplier");
-            let grads = |r: Result<GegluGrads<f64>>| r.map(|g| g.da);
-            bad(grads(geglu_backward(&v[..5], &v, &v, 1.0, 1.0, erf)), "dc");
-            bad(grads(geglu_backward(&v, &v, &v[..4], 1.0, 1.0, erf)), "b");
+            bad(geglu_forward(&args, &v, &v[..5], erf), "b");
             bad(
-                grads(geglu_backward(&v, &v, &v, f32::NEG_INFINITY, 1.0, erf)),
-                "gate_multiplier",
+                geglu_forward(&SwigluArgs::new(6, 0), &v, &v, erf),
+                "args.cols",
             );
             bad(
-                grads(geglu_backward(&v, &v, &v, 1.0, f32::INFINITY, erf)),
-                "down_multiplier",
+                geglu_forward(&SwigluArgs::fused(3, 2), &v, &v, erf),
+                "args.a_stride",
+            );
+            let nan_gm = args.with_gate_multiplier(f32::NAN);
+            bad(geglu_forward(&nan_gm, &v, &v, erf), "args.gate_multiplier");
+            let grads = |r: Result<GegluGrads<f64>>| r.map(|g| g.da);
+            bad(grads(geglu_backward(&args, &v[..5], &v, &v, erf)), "dc");
+            bad(grads(geglu_backward(&args, &v, &v, &v[..4], erf)), "b");
+            let inf_gm = args.with_gate_multiplier(f32::NEG_INFINITY);
+            bad(
+                grads(geglu_backward(&inf_gm, &v, &v, &v, erf)),
+                "args.gate_multiplier",
+            );
+            let inf_dm = args.with_down_multiplier(f32::INFINITY);
+            bad(
+                grads(geglu_backward(&inf_dm, &v, &v, &v, erf)),
+                "args.down_multiplier",
             );
         }
     }

@@ -4,6 +4,23 @@
 //! library's tests use. Every function is generic over [`Element`]: the tensor dtype `D`
 //! (`f32`, `f16`, `bf16`) decides where values are rounded; with `f64` every cast point is the
 //! identity, which gives the exact math (used for finite-difference gradient checks).
+//!
+//! The RMSNorm, RoPE and SwiGLU functions mirror their launchers (and GEGLU's take SwiGLU's
+//! arguments): the same argument struct first, then the buffers in the launcher's order (host
+//! slices, contiguous rows), results returned (RoPE rotates in place, as its launcher does),
+//! and RMSNorm's rstd in the type the GPU stores ([`Element::Rstd`]), so a launcher's inputs
+//! and outputs go to the reference as they are:
+//!
+//! ```
+//! use liger_rs::{RmsNormArgs, reference};
+//! let args = RmsNormArgs::new(2, 4).with_eps(1e-5);
+//! let x = [1.0f32, 2.0, 3.0, 4.0, -1.0, 0.5, 0.25, 2.0];
+//! let out = reference::rms_norm_forward(&args, &x, None)?;
+//! let rstd: &[f32] = &out.rstd; // what `liger_rs::rms_norm_forward` writes to `rstd`
+//! let grads = reference::rms_norm_backward(&args, &[1.0; 8], &x, None, rstd)?;
+//! assert_eq!((out.y.len(), grads.dx.len()), (8, 8));
+//! # Ok::<(), liger_rs::Error>(())
+//! ```
 pub mod geglu;
 pub mod rms_norm;
 pub mod rope;
@@ -32,6 +49,11 @@ pub trait Element: Copy + Debug + Default + PartialEq + Send + Sync + 'static {
     const NAME: &'static str;
     /// Bits of precision (significand, including the implicit bit).
     const MANTISSA_DIGITS: u32;
+    /// What RMSNorm's rstd is returned as: `f32` for the tensor dtypes (`f32`, `f16`, `bf16`),
+    /// as the kernels store it, so the GPU's rstd goes straight into the reference backward;
+    /// `f64` for `f64`, whose rstd must stay exact for finite-difference checks. Every value
+    /// the reference stores is exact in it (an f32 value, or a value of the dtype).
+    type Rstd: Element;
     /// Exact widening.
     fn to_f64(self) -> f64;
     /// Round-to-nearest-even from f64, correctly rounded (no double rounding).
@@ -48,6 +70,7 @@ pub trait Element: Copy + Debug + Default + PartialEq + Send + Sync + 'static {
 
 impl Element for f64 {
     const NAME: &'static str = "f64";
+    type Rstd = f64;
     const MANTISSA_DIGITS: u32 = f64::MANTISSA_DIGITS;
     fn to_f64(self) -> f64 {
         self
@@ -62,6 +85,7 @@ impl Element for f64 {
 
 impl Element for f32 {
     const NAME: &'static str = "f32";
+    type Rstd = f32;
     const MANTISSA_DIGITS: u32 = f32::MANTISSA_DIGITS;
     fn to_f64(self) -> f64 {
         self as f64
@@ -73,6 +97,7 @@ impl Element for f32 {
 
 impl Element for f16 {
     const NAME: &'static str = "f16";
+    type Rstd = f32;
     const MANTISSA_DIGITS: u32 = 11;
     fn to_f64(self) -> f64 {
         self.to_f64()
@@ -84,6 +109,7 @@ impl Element for f16 {
 
 impl Element for bf16 {
     const NAME: &'static str = "bf16";
+    type Rstd = f32;
     const MANTISSA_DIGITS: u32 = 8;
     fn to_f64(self) -> f64 {
         self.to_f64()

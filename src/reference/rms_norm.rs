@@ -15,29 +15,31 @@
 //! (none); `dx = D(r·m − r³/n·(Σ m·x)·x)`; `dw = D(Σ_rows dy·D(F(x·r)))` (llama) or
 //! `D(Σ_rows dy·x·r)` (gemma, none).
 use super::Element;
-use crate::CastingMode;
 use crate::error::{Result, invalid};
+use crate::{CastingMode, RmsNormArgs};
 
 /// Forward results: `y` (rows × cols, contiguous) and each row's stored rstd.
 ///
 /// ```
-/// use liger_rs::{CastingMode, reference::rms_norm_forward};
-/// let out = rms_norm_forward(&[3.0f64, 4.0], None, 2, 0.0, 0.0, CastingMode::Llama).unwrap();
+/// use liger_rs::{RmsNormArgs, reference::rms_norm_forward};
+/// let out = rms_norm_forward(&RmsNormArgs::new(1, 2).with_eps(0.0), &[3.0f64, 4.0], None).unwrap();
 /// assert_eq!((out.y.len(), out.rstd.len()), (2, 1));
 /// ```
 #[derive(Debug, Clone, PartialEq)]
-pub struct RmsNormOutput<T> {
+pub struct RmsNormOutput<T: Element> {
     /// Normalised (and weighted) rows.
     pub y: Vec<T>,
-    /// Per-row inverse RMS as the kernels store it (an f32 value, or a `D` value in none).
-    pub rstd: Vec<f64>,
+    /// Per-row inverse RMS as the kernels store it (an f32 value, or a `D` value in none), in
+    /// [`Element::Rstd`]: f32 as the GPU gives it, f64 for `f64` data.
+    pub rstd: Vec<T::Rstd>,
 }
 
 /// Backward results.
 ///
 /// ```
-/// use liger_rs::{CastingMode, reference::rms_norm_backward};
-/// let g = rms_norm_backward(&[1.0f64, 1.0], &[3.0, 4.0], Some(&[1.0, 1.0]), &[0.25], 2, 0.0, CastingMode::Gemma).unwrap();
+/// use liger_rs::{CastingMode, RmsNormArgs, reference::rms_norm_backward};
+/// let args = RmsNormArgs::new(1, 2).with_mode(CastingMode::Gemma);
+/// let g = rms_norm_backward(&args, &[1.0f64, 1.0], &[3.0, 4.0], Some(&[1.0, 1.0]), &[0.25]).unwrap();
 /// assert_eq!((g.dx.len(), g.dw.map(|d| d.len())), (2, Some(2)));
 /// ```
 #[derive(Debug, Clone, PartialEq)]
@@ -48,48 +50,69 @@ pub struct RmsNormGrads<T> {
     pub dw: Option<Vec<T>>,
 }
 
-fn check_shape<T>(name: &'static str, data: &[T], cols: usize) -> Result<usize> {
+/// Checks the shape of `args` for the reference, which takes contiguous rows: `cols ≥ 1`
+/// and both strides equal to `cols`. Returns `rows × cols`.
+fn check_args(args: &RmsNormArgs) -> Result<usize> {
+    let cols = args.cols;
     if cols == 0 {
-        return Err(invalid("cols", "at least 1", 0));
+        return Err(invalid("args.cols", "at least 1 column", cols));
     }
-    if !data.len().is_multiple_of(cols) {
-        return Err(invalid(
-            name,
-            format!("a multiple of cols = {cols} elements"),
-            data.len(),
-        ));
+    for (arg, stride) in [
+        ("args.x_stride", args.x_stride),
+        ("args.y_stride", args.y_stride),
+    ] {
+        if stride != cols {
+            let expected = format!("cols = {cols} (the reference takes contiguous rows)");
+            return Err(invalid(arg, expected, stride));
+        }
     }
-    Ok(data.len() / cols)
+    args.rows.checked_mul(cols).ok_or_else(|| {
+        invalid(
+            "args.rows",
+            "rows × cols within usize",
+            format!("{} × {cols}", args.rows),
+        )
+    })
+}
+
+/// Checks that `data` holds exactly `len` elements (`what` says what the count is).
+fn check_len<T>(arg: &'static str, data: &[T], len: usize, what: &str) -> Result<()> {
+    if data.len() != len {
+        return Err(invalid(arg, format!("length {len} ({what})"), data.len()));
+    }
+    Ok(())
 }
 
 fn check_weight<T>(weight: Option<&[T]>, cols: usize) -> Result<()> {
     match weight {
-        Some(w) if w.len() != cols => {
-            Err(invalid("weight", format!("length {cols} (cols)"), w.len()))
-        }
-        _ => Ok(()),
+        Some(w) => check_len("weight", w, cols, "cols"),
+        None => Ok(()),
     }
 }
 
-/// The RMSNorm forward of contiguous `rows × cols` data (`rows = x.len() / cols`).
+/// The RMSNorm forward of `args.rows` contiguous rows of `args.cols` elements, with
+/// `args.eps`, `args.offset` and `args.mode` (any values: the launchers' checks of eps and
+/// offset are not repeated), as [`crate::rms_norm_forward`] computes it: `x` holds exactly
+/// `rows × cols` elements, `weight` (if given) `cols`; strides other than `cols` are an
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument).
 ///
 /// ```
-/// use liger_rs::{CastingMode, reference::rms_norm_forward};
-/// let out = rms_norm_forward(&[3.0f64, 4.0], None, 2, 0.0, 0.0, CastingMode::Llama).unwrap();
+/// use liger_rs::{RmsNormArgs, reference::rms_norm_forward};
+/// let out = rms_norm_forward(&RmsNormArgs::new(1, 2).with_eps(0.0), &[3.0f64, 4.0], None).unwrap();
 /// let r = 1.0 / 12.5f64.sqrt();
 /// assert!((out.y[1] - 4.0 * r).abs() < 1e-15);
+/// assert_eq!(out.rstd, vec![r]); // f64 data: rstd in f64
 /// ```
 pub fn rms_norm_forward<T: Element>(
+    args: &RmsNormArgs,
     x: &[T],
     weight: Option<&[T]>,
-    cols: usize,
-    eps: f32,
-    offset: f32,
-    mode: CastingMode,
 ) -> Result<RmsNormOutput<T>> {
-    let rows = check_shape("x", x, cols)?;
+    let len = check_args(args)?;
+    check_len("x", x, len, "rows × cols")?;
+    let (rows, cols, mode) = (args.rows, args.cols, args.mode);
     check_weight(weight, cols)?;
-    let (eps, offset) = (eps as f64, offset as f64);
+    let (eps, offset) = (args.eps as f64, args.offset as f64);
     let mut y = Vec::with_capacity(x.len());
     let mut rstd = Vec::with_capacity(rows);
     for row in x.chunks(cols) {
@@ -102,7 +125,7 @@ pub fn rms_norm_forward<T: Element>(
             let s: f64 = row.iter().map(|v| v.to_f64() * v.to_f64()).sum();
             T::cast_f32(1.0 / (s / n + eps).sqrt())
         };
-        rstd.push(r);
+        rstd.push(T::Rstd::from_f64(r));
         for (c, v) in row.iter().enumerate() {
             let v = v.to_f64();
             let f = T::cast_f32;
@@ -121,37 +144,32 @@ pub fn rms_norm_forward<T: Element>(
     Ok(RmsNormOutput { y, rstd })
 }
 
-/// The RMSNorm backward: `dx` and, with a weight, `dw`, from `dy`, `x` and the forward's rstd.
+/// The RMSNorm backward: `dx` and, with a weight, `dw`, from `dy`, `x` and the forward's
+/// rstd, as [`crate::rms_norm_backward`] computes them (shapes as [`rms_norm_forward`];
+/// `dy` like `x`, `rstd` exactly `rows` long, as the GPU's rstd or [`RmsNormOutput::rstd`];
+/// `args.eps` is not used).
 ///
 /// ```
-/// use liger_rs::{CastingMode, reference::rms_norm_backward};
+/// use liger_rs::{RmsNormArgs, reference::rms_norm_backward};
 /// // x = [1, 1], r = 1, dy = [1, −1]: the dot product Σ dy·x is 0, so dx = r·dy.
-/// let g = rms_norm_backward(&[1.0f64, -1.0], &[1.0, 1.0], None, &[1.0], 2, 0.0, CastingMode::Llama).unwrap();
+/// let g = rms_norm_backward(&RmsNormArgs::new(1, 2), &[1.0f64, -1.0], &[1.0, 1.0], None, &[1.0]).unwrap();
 /// assert_eq!(g.dx, vec![1.0, -1.0]);
 /// assert!(g.dw.is_none());
 /// ```
 pub fn rms_norm_backward<T: Element>(
+    args: &RmsNormArgs,
     dy: &[T],
     x: &[T],
     weight: Option<&[T]>,
-    rstd: &[f64],
-    cols: usize,
-    offset: f32,
-    mode: CastingMode,
+    rstd: &[T::Rstd],
 ) -> Result<RmsNormGrads<T>> {
-    let rows = check_shape("x", x, cols)?;
+    let len = check_args(args)?;
+    check_len("dy", dy, len, "rows × cols")?;
+    check_len("x", x, len, "rows × cols")?;
+    let (rows, cols, mode) = (args.rows, args.cols, args.mode);
     check_weight(weight, cols)?;
-    if dy.len() != x.len() {
-        return Err(invalid(
-            "dy",
-            format!("length {} (like x)", x.len()),
-            dy.len(),
-        ));
-    }
-    if rstd.len() != rows {
-        return Err(invalid("rstd", format!("length {rows} (rows)"), rstd.len()));
-    }
-    let offset = offset as f64;
+    check_len("rstd", rstd, rows, "rows")?;
+    let offset = args.offset as f64;
     let wp: Option<Vec<f64>> = weight.map(|w| {
         w.iter()
             .map(|w| match mode {
@@ -168,7 +186,8 @@ pub fn rms_norm_backward<T: Element>(
     };
     let mut dx = Vec::with_capacity(x.len());
     let mut dw_acc = vec![0.0f64; cols];
-    for ((dyr, xr), &r) in dy.chunks(cols).zip(x.chunks(cols)).zip(rstd) {
+    for ((dyr, xr), r) in dy.chunks(cols).zip(x.chunks(cols)).zip(rstd) {
+        let r = r.to_f64();
         let dot: f64 = (0..cols)
             .map(|c| grad(dyr[c].to_f64(), c) * xr[c].to_f64())
             .sum();

@@ -33,6 +33,7 @@ use crate::error::{Result, invalid};
 /// assert_ne!(CosSinRows::Gathered(&ids), CosSinRows::PerPosition);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CosSinRows<'a> {
     /// cos, sin: `[seq_len, r]`; token `(b, s)` uses row `s`.
     PerPosition,
@@ -49,7 +50,7 @@ pub enum CosSinRows<'a> {
 /// use liger_rs::{RopeArgs, reference::rope::{CosSinRows, rope_forward}};
 /// // One token, one head of 2 dims, rotated by 90°: (x1, x2) → (−x2, x1).
 /// let (mut q, mut k) = (vec![1.0f64, 2.0], vec![3.0f64, 4.0]);
-/// let args = RopeArgs::new(1, 1, 1, 1, 2);
+/// let args = RopeArgs::new(2);
 /// rope_forward(&args, &mut q, &mut k, &[0.0, 0.0], &[1.0, 1.0], CosSinRows::PerPosition).unwrap();
 /// assert_eq!((q, k), (vec![-2.0, 1.0], vec![-4.0, 3.0]));
 /// ```
@@ -71,7 +72,7 @@ pub fn rope_forward<T: Element>(
 /// use liger_rs::{RopeArgs, reference::rope::{CosSinRows, rope_backward}};
 /// // The backward rotates by −θ: by −90° here, (x1, x2) → (x2, −x1).
 /// let (mut dq, mut dk) = (vec![1.0f64, 2.0], vec![3.0f64, 4.0]);
-/// let args = RopeArgs::new(1, 1, 1, 1, 2);
+/// let args = RopeArgs::new(2);
 /// rope_backward(&args, &mut dq, &mut dk, &[0.0, 0.0], &[1.0, 1.0], CosSinRows::PerPosition).unwrap();
 /// assert_eq!((dq, dk), (vec![2.0, -1.0], vec![4.0, -3.0]));
 /// ```

@@ -16,13 +16,14 @@
 //! infinite `z` takes the limits silu(−∞) = −0, silu(+∞) = +∞, silu'(−∞) = 0, silu'(+∞) = 1
 //! (the GPU kernels do the same). NaN propagates.
 use super::Element;
+use crate::SwigluArgs;
 use crate::error::{Result, invalid};
 
 /// Backward results: the gradients of the gate `a` and of the up projection `b`.
 ///
 /// ```
-/// use liger_rs::reference::swiglu::swiglu_backward;
-/// let g = swiglu_backward(&[1.0f64; 3], &[0.0; 3], &[1.0; 3], 1.0, 1.0).unwrap();
+/// use liger_rs::{SwigluArgs, reference::swiglu::swiglu_backward};
+/// let g = swiglu_backward(&SwigluArgs::new(1, 3), &[1.0f64; 3], &[0.0; 3], &[1.0; 3]).unwrap();
 /// assert_eq!((g.da.len(), g.db.len()), (3, 3));
 /// ```
 #[derive(Debug, Clone, PartialEq)]
@@ -91,9 +92,50 @@ pub(super) fn check_multiplier(arg: &'static str, m: f32) -> Result<f64> {
     }
 }
 
-pub(super) fn check_like<T>(arg: &'static str, v: &[T], like: usize) -> Result<()> {
+fn check_like<T>(arg: &'static str, v: &[T], like: usize) -> Result<()> {
     if v.len() != like {
         return Err(invalid(arg, format!("length {like} (like a)"), v.len()));
+    }
+    Ok(())
+}
+
+/// Checks the shape of `args` for the reference, which takes the separate layout with
+/// contiguous rows: `cols ≥ 1` and every stride equal to `cols`; then that each of `bufs`
+/// holds exactly `rows × cols` elements.
+pub(super) fn check_separate<T>(args: &SwigluArgs, bufs: &[(&'static str, &[T])]) -> Result<()> {
+    let cols = args.cols;
+    if cols == 0 {
+        return Err(invalid("args.cols", "at least 1 column", cols));
+    }
+    let strides = [
+        ("args.a_stride", args.a_stride),
+        ("args.b_stride", args.b_stride),
+        ("args.c_stride", args.c_stride),
+    ];
+    for (arg, stride) in strides {
+        if stride != cols {
+            let expected = format!(
+                "cols = {cols} (the reference takes separate contiguous rows: split_gate_up \
+                 splits a fused buffer)"
+            );
+            return Err(invalid(arg, expected, stride));
+        }
+    }
+    let len = args.rows.checked_mul(cols).ok_or_else(|| {
+        invalid(
+            "args.rows",
+            "rows × cols within usize",
+            format!("{} × {cols}", args.rows),
+        )
+    })?;
+    for &(arg, buf) in bufs {
+        if buf.len() != len {
+            return Err(invalid(
+                arg,
+                format!("length {len} (rows × cols)"),
+                buf.len(),
+            ));
+        }
     }
     Ok(())
 }
@@ -103,43 +145,45 @@ pub(super) fn gate<T: Element>(a: T, gm: f64) -> f64 {
     T::cast_f32(a.to_f64() * gm)
 }
 
-/// The SwiGLU forward `c = D(D(silu(F(a·gm))) · b)`, element by element (any layout; `a` and
-/// `b` have the same length).
+/// The SwiGLU forward `c = D(D(silu(F(a·gm))) · b)` with `gm = args.gate_multiplier`, as
+/// [`crate::swiglu_forward`] computes it: `a`, `b` (and the returned `c`) are `args.rows`
+/// contiguous rows of `args.cols` elements, exactly; strides other than `cols` are an
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) ([`split_gate_up`] turns a
+/// fused gate-up buffer into `a` and `b`).
 ///
 /// ```
-/// use liger_rs::reference::swiglu::{sigmoid, swiglu_forward};
-/// let c = swiglu_forward(&[0.0f64, 1.0], &[3.0, 2.0], 1.0).unwrap();
+/// use liger_rs::{SwigluArgs, reference::swiglu::{sigmoid, swiglu_forward}};
+/// let c = swiglu_forward(&SwigluArgs::new(1, 2), &[0.0f64, 1.0], &[3.0, 2.0]).unwrap();
 /// assert_eq!(c, vec![0.0, 2.0 * sigmoid(1.0)]);
 /// ```
-pub fn swiglu_forward<T: Element>(a: &[T], b: &[T], gate_multiplier: f32) -> Result<Vec<T>> {
-    check_like("b", b, a.len())?;
-    let gm = check_multiplier("gate_multiplier", gate_multiplier)?;
+pub fn swiglu_forward<T: Element>(args: &SwigluArgs, a: &[T], b: &[T]) -> Result<Vec<T>> {
+    check_separate(args, &[("a", a), ("b", b)])?;
+    let gm = check_multiplier("args.gate_multiplier", args.gate_multiplier)?;
     Ok(a.iter()
         .zip(b)
         .map(|(&a, &b)| T::from_f64(T::cast(silu(gate(a, gm))) * b.to_f64()))
         .collect())
 }
 
-/// The SwiGLU backward: with `z = F(a·gm)` and `g = F(dc·dm)`, `db = D(g·silu(z))` and
-/// `da = D(g·silu'(z)·gm·b)`, element by element (`dc`, `a`, `b` of the same length).
+/// The SwiGLU backward, as [`crate::swiglu_backward`] computes it: with `z = F(a·gm)` and
+/// `g = F(dc·dm)` (`gm`, `dm` the multipliers of `args`), `db = D(g·silu(z))` and
+/// `da = D(g·silu'(z)·gm·b)`; `dc`, `a`, `b` shaped as in [`swiglu_forward`].
 ///
 /// ```
-/// use liger_rs::reference::swiglu::swiglu_backward;
+/// use liger_rs::{SwigluArgs, reference::swiglu::swiglu_backward};
 /// // z = 0: σ = 1/2, silu = 0, silu' = 1/2.
-/// let g = swiglu_backward(&[1.0f64], &[0.0], &[4.0], 1.0, 1.0).unwrap();
+/// let g = swiglu_backward(&SwigluArgs::new(1, 1), &[1.0f64], &[0.0], &[4.0]).unwrap();
 /// assert_eq!((g.da[0], g.db[0]), (2.0, 0.0));
 /// ```
 pub fn swiglu_backward<T: Element>(
+    args: &SwigluArgs,
     dc: &[T],
     a: &[T],
     b: &[T],
-    gate_multiplier: f32,
-    down_multiplier: f32,
 ) -> Result<SwigluGrads<T>> {
-    check_like("b", b, a.len())?;
-    check_like("dc", dc, a.len())?;
-    let gm = check_multiplier("gate_multiplier", gate_multiplier)?;
-    let dm = check_multiplier("down_multiplier", down_multiplier)?;
+    check_separate(args, &[("dc", dc), ("a", a), ("b", b)])?;
+    let gm = check_multiplier("args.gate_multiplier", args.gate_multiplier)?;
+    let dm = check_multiplier("args.down_multiplier", args.down_multiplier)?;
     let mut da = Vec::with_capacity(a.len());
     let mut db = Vec::with_capacity(a.len());
     for ((&dc, &a), &b) in dc.iter().zip(a).zip(b) {

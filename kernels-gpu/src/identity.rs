@@ -1,0 +1,406 @@
+//! Every kernel's identity and the constants that the host and the kernels must agree on.
+//!
+//! This file is compiled twice: as `kernels_gpu::identity`, where each kernel's entry name is
+//! built at its instantiation from [`kernel_name!`] (`#[unsafe(export_name = …)]`), and by the
+//! host crate through `#[path]` (from `packaging/kernels-gpu/src/`, as the package ships it),
+//! whose launchers build the same names with [`Kernel::name`] and read the same constants. So
+//! it depends on nothing and builds for both targets; the host's tests check that every name
+//! its launchers can ask for is an entry of the PTX, and every entry one of those names.
+//!
+//! An entry name is its parts joined by `_`: the op, the direction, the variant (none for the
+//! scalar kernels), the element type, then the op's last part (RMSNorm: the casting mode,
+//! RoPE: the cos/sin rows), e.g. `rms_norm_fwd_vr2_bf16_llama`, `rope_bwd_g_f16_ids32`,
+//! `swiglu_fwd_vt_f32`; RMSNorm's dW reduction is `rms_norm_dw_reduce_{elem}`.
+
+/// An enum whose values name parts of entry names, and a macro `$lit!(Value)` that gives the
+/// same name as a literal for `concat!` (a value's name is spelt once, here).
+macro_rules! names {
+    (
+        $(#[$doc:meta])*
+        pub enum $name:ident / $lit:ident {
+            $($(#[$vdoc:meta])* $value:ident = $text:literal,)*
+        }
+    ) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vdoc])* $value,)*
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            // Only the host's tests enumerate identities, and not of every enum.
+            #[allow(dead_code)]
+            pub const ALL: &'static [$name] = &[$($name::$value,)*];
+
+            /// Its part of an entry name.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $($name::$value => $text,)*
+                }
+            }
+        }
+
+        /// The name of a value as a literal (see the enum of the same values).
+        // The device crate's `export_name`s use these; the host uses the enum.
+        #[allow(unused_macros)]
+        macro_rules! $lit {
+            $(($value) => { $text };)*
+        }
+        #[allow(unused_imports)]
+        pub(crate) use $lit;
+    };
+}
+
+names! {
+    /// The op: the first part of every entry name.
+    pub enum Op / op_name {
+        /// RMSNorm (`kernels-gpu/src/rms_norm.rs`).
+        RmsNorm = "rms_norm",
+        /// RoPE (`kernels-gpu/src/rope.rs`).
+        Rope = "rope",
+        /// SwiGLU (`kernels-gpu/src/swiglu.rs`).
+        Swiglu = "swiglu",
+    }
+}
+
+names! {
+    /// What a kernel computes: the second part of every entry name.
+    pub enum Direction / direction_name {
+        /// The forward.
+        Forward = "fwd",
+        /// The backward.
+        Backward = "bwd",
+        /// RMSNorm's reduction of the backward's dW partial rows.
+        DwReduce = "dw_reduce",
+    }
+}
+
+names! {
+    /// The element type the kernel reads and writes.
+    pub enum ElemType / elem_name {
+        /// `f32`.
+        F32 = "f32",
+        /// IEEE half precision.
+        F16 = "f16",
+        /// bfloat16.
+        Bf16 = "bf16",
+    }
+}
+
+impl ElemType {
+    /// Bytes per element.
+    pub const fn size(self) -> usize {
+        match self {
+            ElemType::F32 => 4,
+            ElemType::F16 | ElemType::Bf16 => 2,
+        }
+    }
+}
+
+names! {
+    /// RMSNorm's casting mode as the kernels see it: the host's three, and Llama's cast points
+    /// where `offset + w` is not exact in a 16-bit type (see [`packed_weight`]).
+    pub enum Mode / mode_name {
+        /// HF LlamaRMSNorm: f32 statistics, `D(x·r)` then the weight product.
+        Llama = "llama",
+        /// HF GemmaRMSNorm: everything in f32, one cast at the end.
+        Gemma = "gemma",
+        /// Everything in the tensor dtype.
+        None = "none",
+        /// Llama's cast points where the vector kernels form the weight product lane by lane in
+        /// f32 (16-bit types with an offset other than ±0); the scalar kernels take any offset
+        /// in [`Mode::Llama`].
+        LlamaOffset = "llama_offset",
+    }
+}
+
+names! {
+    /// How an RMSNorm vector kernel lays rows on blocks: the variant is this name followed by
+    /// the 16-byte vectors per thread (`vr2`).
+    pub enum RmsNormLayout / rms_norm_layout_name {
+        /// A resident grid walks the rows, each block loading its next row early.
+        Grid = "v",
+        /// Forward: one row per block over a grid of every row.
+        Row = "vr",
+        /// Backward: as [`RmsNormLayout::Grid`], each block's dW partial row in shared memory.
+        SharedDw = "vs",
+    }
+}
+
+names! {
+    /// A RoPE kernel's path: the variant part of its name.
+    pub enum RopePath / rope_path_name {
+        /// NeoX halves in place, one element pair per thread (no name part).
+        Scalar = "",
+        /// NeoX halves in place, 16-byte vectors.
+        Vector = "v",
+        /// Every form, in place or not (interleaved pairs, head-major, half-width tables).
+        General = "g",
+    }
+}
+
+names! {
+    /// Where a RoPE kernel takes a token's cos/sin row from: the last part of its name.
+    pub enum Rows / rows_name {
+        /// `[S, r]` tables shared by the batch: row = token mod seq_len.
+        PerPosition = "pos",
+        /// `[B, S, r]` tables: row = token.
+        PerBatch = "batch",
+        /// A `[max_pos, r]` table gathered through i32 position ids (clamped).
+        IdsI32 = "ids32",
+        /// As [`Rows::IdsI32`] with i64 ids.
+        IdsI64 = "ids64",
+    }
+}
+
+names! {
+    /// A SwiGLU kernel's path: the variant part of its name.
+    pub enum SwigluPath / swiglu_path_name {
+        /// Any alignment, any shape (no name part).
+        Scalar = "",
+        /// 16-byte vectors, grid-stride over tiles.
+        Vector = "v",
+        /// Vectors, one tile per block over a grid of every tile.
+        Tile = "vt",
+    }
+}
+
+/// The shape of an RMSNorm forward or backward kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RmsNormShape {
+    /// Scalar loads, any alignment and width (no name part).
+    Scalar,
+    /// `per_thread` 16-byte vectors per thread, rows laid on blocks as `layout` says.
+    Vector {
+        /// How rows are laid on blocks.
+        layout: RmsNormLayout,
+        /// 16-byte vectors of a row per thread.
+        per_thread: usize,
+    },
+}
+
+/// One kernel of the PTX.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// An RMSNorm forward or backward.
+    RmsNorm {
+        /// [`Direction::Forward`] or [`Direction::Backward`].
+        direction: Direction,
+        /// Scalar or vector.
+        shape: RmsNormShape,
+        /// The element type.
+        elem: ElemType,
+        /// The casting mode.
+        mode: Mode,
+    },
+    /// RMSNorm's dW reduction.
+    RmsNormDwReduce {
+        /// The element type of dW.
+        elem: ElemType,
+    },
+    /// A RoPE forward or backward.
+    Rope {
+        /// [`Direction::Forward`] or [`Direction::Backward`].
+        direction: Direction,
+        /// The path.
+        path: RopePath,
+        /// The element type.
+        elem: ElemType,
+        /// The cos/sin rows.
+        rows: Rows,
+    },
+    /// A SwiGLU forward or backward.
+    Swiglu {
+        /// [`Direction::Forward`] or [`Direction::Backward`].
+        direction: Direction,
+        /// The path.
+        path: SwigluPath,
+        /// The element type.
+        elem: ElemType,
+    },
+}
+
+/// A kernel's entry name from its parts, at compile time: the twin of [`Kernel::name`] for
+/// `export_name`. `kernel_name!(RmsNorm, Forward, Row 2, Bf16, Llama)`,
+/// `kernel_name!(RmsNorm, DwReduce, F32)`, `kernel_name!(Rope, Backward, General, F16, IdsI32)`,
+/// `kernel_name!(Swiglu, Forward, Scalar, F32)`; values as in the enums. Both crates mount
+/// this file as `crate::identity`.
+#[allow(unused_macros)]
+macro_rules! kernel_name {
+    (RmsNorm, DwReduce, $elem:ident) => {
+        $crate::identity::kernel_name!(@join
+            op_name(RmsNorm), direction_name(DwReduce), elem_name($elem))
+    };
+    (RmsNorm, $dir:ident, Scalar, $elem:ident, $mode:ident) => {
+        $crate::identity::kernel_name!(@join
+            op_name(RmsNorm), direction_name($dir), elem_name($elem), mode_name($mode))
+    };
+    (RmsNorm, $dir:ident, $layout:ident $k:literal, $elem:ident, $mode:ident) => {
+        $crate::identity::kernel_name!(@join
+            op_name(RmsNorm), direction_name($dir), kernel_name(@vector $layout $k),
+            elem_name($elem), mode_name($mode))
+    };
+    (Rope, $dir:ident, Scalar, $elem:ident, $rows:ident) => {
+        $crate::identity::kernel_name!(@join
+            op_name(Rope), direction_name($dir), elem_name($elem), rows_name($rows))
+    };
+    (Rope, $dir:ident, $path:ident, $elem:ident, $rows:ident) => {
+        $crate::identity::kernel_name!(@join
+            op_name(Rope), direction_name($dir), rope_path_name($path), elem_name($elem),
+            rows_name($rows))
+    };
+    (Swiglu, $dir:ident, Scalar, $elem:ident) => {
+        $crate::identity::kernel_name!(@join
+            op_name(Swiglu), direction_name($dir), elem_name($elem))
+    };
+    (Swiglu, $dir:ident, $path:ident, $elem:ident) => {
+        $crate::identity::kernel_name!(@join
+            op_name(Swiglu), direction_name($dir), swiglu_path_name($path), elem_name($elem))
+    };
+    // An RMSNorm vector kernel's variant: its layout's name, then its vectors per thread.
+    (@vector $layout:ident $k:literal) => {
+        concat!($crate::identity::rms_norm_layout_name!($layout), $k)
+    };
+    // The parts, each a name macro of this file and its argument, joined by `_`.
+    (@join $first:ident($($arg:tt)*) $(, $part:ident($($args:tt)*))*) => {
+        concat!(
+            $crate::identity::$first!($($arg)*)
+            $(, "_", $crate::identity::$part!($($args)*))*
+        )
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use kernel_name;
+
+// The device needs names only at compile time (`kernel_name!`); formatting stays off its PTX.
+#[cfg(not(target_arch = "nvptx64"))]
+impl Kernel {
+    /// The entry name: the parts that [`kernel_name!`] joins, in the same order.
+    pub fn name(&self) -> String {
+        let variant;
+        let parts: [&str; 5] = match *self {
+            Kernel::RmsNorm {
+                direction,
+                shape,
+                elem,
+                mode,
+            } => {
+                variant = match shape {
+                    RmsNormShape::Scalar => String::new(),
+                    RmsNormShape::Vector { layout, per_thread } => {
+                        format!("{}{per_thread}", layout.name())
+                    }
+                };
+                [
+                    Op::RmsNorm.name(),
+                    direction.name(),
+                    &variant,
+                    elem.name(),
+                    mode.name(),
+                ]
+            }
+            Kernel::RmsNormDwReduce { elem } => [
+                Op::RmsNorm.name(),
+                Direction::DwReduce.name(),
+                "",
+                elem.name(),
+                "",
+            ],
+            Kernel::Rope {
+                direction,
+                path,
+                elem,
+                rows,
+            } => [
+                Op::Rope.name(),
+                direction.name(),
+                path.name(),
+                elem.name(),
+                rows.name(),
+            ],
+            Kernel::Swiglu {
+                direction,
+                path,
+                elem,
+            } => [
+                Op::Swiglu.name(),
+                direction.name(),
+                path.name(),
+                elem.name(),
+                "",
+            ],
+        };
+        let parts: Vec<&str> = parts.into_iter().filter(|p| !p.is_empty()).collect();
+        parts.join("_")
+    }
+}
+
+/// Whether RMSNorm has a [`RmsNormLayout::SharedDw`] backward of `elem` with `per_thread`
+/// vectors per thread: f32 rows of two vectors per thread keep dW in registers (at 16384×2048
+/// on an H200 `_v2`, 4 blocks per SM, measured +4 % over `_vs2`, 5).
+pub const fn has_shared_dw(elem: ElemType, per_thread: usize) -> bool {
+    elem.size() == 2 || per_thread == 1
+}
+
+/// f32 slots of dynamic shared memory that the RMSNorm kernels' block reductions use from
+/// offset 0: one value per warp for each of two sums, in two sets that consecutive rows
+/// alternate (one barrier per row). The `_vs` backward keeps its dW row after them.
+pub const SUM_SLOTS: usize = 4 * 32;
+
+/// Constants of the RoPE kernels.
+pub mod rope {
+    /// Bits of the general kernels' `form` argument.
+    pub mod form {
+        /// Pair `i < rotary_dim/2` is `(x[2i], x[2i + 1])` (GPT-J, candle-nn's `rope_i`)
+        /// instead of the NeoX halves `(x[i], x[i + rotary_dim/2])`.
+        pub const INTERLEAVED: u32 = 1;
+        /// q is `[B, q_heads, S, head_dim]` and k `[B, k_heads, S, head_dim]` (heads before
+        /// positions) instead of `[B, S, heads, head_dim]`.
+        pub const HEAD_MAJOR: u32 = 2;
+        /// cos/sin rows hold `rotary_dim/2` values, one per pair, instead of `rotary_dim`, one
+        /// per rotary dim (where pair `i` reads the entry of its first dim: `i`, or `2i`
+        /// interleaved).
+        pub const HALF_TABLES: u32 = 4;
+        /// The output is not the input and `rotary_dim < head_dim`: dims
+        /// `rotary_dim..head_dim` are copied from input to output.
+        pub const COPY_TAIL: u32 = 8;
+    }
+
+    /// Heads one thread of the vector kernels rotates per step, for elements of `lanes` per
+    /// 16-byte vector: their `2·vec_heads` loads are all issued before the first result is
+    /// stored, and the host sizes `blockDim.y = ⌈heads / vec_heads⌉` so that one step usually
+    /// covers every head of the token. On an H200 (llama shape, 40 heads of 128): 16-bit types
+    /// 2 (64 registers, 6 blocks of 160 threads per SM) measured +0.5 % over 4 (96 registers,
+    /// 4 blocks of 160), f32 4 measured +1 % over 2 (whose 16 vectors per half leave 2.5 heads
+    /// per thread).
+    pub const fn vec_heads(lanes: usize) -> usize {
+        match lanes {
+            8 => 2,
+            _ => 4,
+        }
+    }
+}
+
+/// Constants of the SwiGLU kernels.
+pub mod swiglu {
+    /// Elements per thread per tile of the scalar kernels.
+    pub const ITEMS: usize = 4;
+    /// 16-byte vectors of each operand per thread per tile of the forward `_v` kernels.
+    pub const FWD_VECS: usize = 3;
+    /// The same for the backward `_v` kernels.
+    pub const BWD_VECS: usize = 3;
+    /// 16-byte vectors of each operand per thread of the forward `_vt` kernels: with no next
+    /// tile in registers they fit more than the `_v` kernels' [`FWD_VECS`].
+    pub const FWD_VECS_TILE: usize = 4;
+    /// Bytes of each vector of the backward `_vt` kernels (every element type). On an H200,
+    /// 8 bytes per thread per operand measured the highest DRAM throughput for this
+    /// five-stream pattern of every width (4, 8, 16 bytes), vector count (1, 2, 4) and block
+    /// size (128, 256) tried: +0.9 % (f32 16384×8192) and +1.5 % (bf16 2048×14336) over two
+    /// 16-byte vectors, level for 16-bit 16384×14336. The forward measured 1–6 % lower with
+    /// it and keeps 16 bytes.
+    pub const BWD_TILE_VECTOR_BYTES: usize = 8;
+    /// Vectors of [`BWD_TILE_VECTOR_BYTES`] of each operand per thread of the backward `_vt`
+    /// kernels.
+    pub const BWD_VECS_TILE: usize = 1;
+}
