@@ -1,14 +1,13 @@
-//! GEGLU (GELU-mul) device math: GELU in its tanh and exact (erf) forms and their derivatives,
-//! in f32 (semantics: the cast points in `src/reference/geglu.rs`, which are SwiGLU's).
+//! GEGLU (GELU-mul) forward and backward: SwiGLU's kernels (`swiglu.rs`: every path, layout,
+//! multiplier and in-place mode) with GELU as the gate, in its tanh or exact (erf) form, and
+//! that GELU's f32 math (semantics: the cast points in `src/reference/geglu.rs`, which are
+//! SwiGLU's; host: `src/geglu.rs`).
 //!
-//! This file holds the element-wise math only. The kernel entry points come with the host
-//! launchers (same layouts, multipliers, fused gate-up buffer and in-place modes as SwiGLU,
-//! `swiglu.rs`), built on the shared kernel identity (`identity.rs`); until then nothing calls
-//! these functions and the module is not declared in `lib.rs`. A kernel uses them where
-//! SwiGLU's uses `sigmoid_pair`/`silu_of`/`silu_grad_of`, in the same order of operations: forward
-//! `c = T(T::round(gelu(z))·b)` with `z = a·gm`; backward `g = dc·dm`, `db = g·gelu(z)`,
+//! The kernels' bodies are `swiglu.rs`'s (its `glu_bodies!`): where SwiGLU's evaluate
+//! `sigmoid_pair`/`silu_of`/`silu_grad_of`, these evaluate [`gelu_and_grad`], in the same order
+//! of operations: forward `c = T(T::round(gelu(z))·b)` with `z = a·gm`; backward `g = dc·dm`, `db = g·gelu(z)`,
 //! `da = g·(gelu'(z)·gm)·b` (gelu' multiplies in before `b`, so where it vanishes `da` is 0, not
-//! `∞·0`). [`gelu`] and [`gelu_and_grad`] pick the form by a const generic for such kernels.
+//! `∞·0`). The forward's unused gelu' compiles away.
 //!
 //! # Functions
 //!
@@ -80,7 +79,7 @@
 //! bounds grows with `|z|`, unlike SwiGLU's (there the f32 exponent `−|z|·log2 e` costs
 //! ≈ `|z|` ulps).
 use crate::fma;
-use crate::swiglu::recip_1_2;
+use crate::swiglu::{glu_kernels, recip_1_2};
 use core::intrinsics::exp2f32;
 
 /// `2·√(2/π)·log2 e` as `hi + lo`: the tanh form's `u·log2 e = z·B + z³·A`.
@@ -218,12 +217,6 @@ pub(crate) fn gelu_tanh_and_grad(z: f32) -> (f32, f32) {
     (z * sig * scale, sig * fma(zdu, one_minus, 1.0) * scale)
 }
 
-/// The tanh form's `gelu(z) = z·σ(2·√(2/π)·(z + 0.044715·z³))`.
-#[inline(always)]
-pub(crate) fn gelu_tanh(z: f32) -> f32 {
-    gelu_tanh_and_grad(z).0
-}
-
 /// The exact form: `(gelu(z), gelu'(z)) = (z·Φ(z), Φ(z) + z·φ(z))` (module docs).
 #[inline(always)]
 pub(crate) fn gelu_erf_and_grad(z: f32) -> (f32, f32) {
@@ -266,19 +259,6 @@ pub(crate) fn gelu_erf_and_grad(z: f32) -> (f32, f32) {
     }
 }
 
-/// The exact form's `gelu(z) = z·Φ(z)`.
-#[inline(always)]
-pub(crate) fn gelu_erf(z: f32) -> f32 {
-    gelu_erf_and_grad(z).0
-}
-
-/// `gelu(z)` in the form `ERF` picks (`true`: exact, `false`: tanh), for kernels generic over
-/// the form.
-#[inline(always)]
-pub(crate) fn gelu<const ERF: bool>(z: f32) -> f32 {
-    if ERF { gelu_erf(z) } else { gelu_tanh(z) }
-}
-
 /// `(gelu(z), gelu'(z))` in the form `ERF` picks.
 #[inline(always)]
 pub(crate) fn gelu_and_grad<const ERF: bool>(z: f32) -> (f32, f32) {
@@ -288,3 +268,22 @@ pub(crate) fn gelu_and_grad<const ERF: bool>(z: f32) -> (f32, f32) {
         gelu_tanh_and_grad(z)
     }
 }
+
+/// `gelu(z)` from [`gelu_and_grad`]'s first value: the kernels' `act`.
+#[inline(always)]
+pub(crate) fn gelu_of(_: f32, gelu: f32) -> f32 {
+    gelu
+}
+
+/// `gelu'(z)` from [`gelu_and_grad`]'s second value: the kernels' `act'`.
+#[inline(always)]
+pub(crate) fn gelu_grad_of(_: f32, _: f32, grad: f32) -> f32 {
+    grad
+}
+
+glu_kernels!(gelu_tanh, Geglu[Tanh], F32);
+glu_kernels!(gelu_tanh, Geglu[Tanh], F16);
+glu_kernels!(gelu_tanh, Geglu[Tanh], Bf16);
+glu_kernels!(gelu_erf, Geglu[Erf], F32);
+glu_kernels!(gelu_erf, Geglu[Erf], F16);
+glu_kernels!(gelu_erf, Geglu[Erf], Bf16);

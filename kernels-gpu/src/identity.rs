@@ -9,7 +9,8 @@
 //!
 //! An entry name is its parts joined by `_`: the op, the direction, the variant (none for the
 //! scalar kernels), the element type, then the op's last part (RMSNorm: the casting mode,
-//! RoPE: the cos/sin rows), e.g. `rms_norm_fwd_vr2_bf16_llama`, `rope_bwd_g_f16_ids32`,
+//! RoPE: the cos/sin rows, GEGLU: the form of GELU), e.g. `rms_norm_fwd_vr2_bf16_llama`,
+//! `rope_bwd_g_f16_ids32`, `geglu_bwd_v_bf16_erf`,
 //! `swiglu_fwd_vt_f32`; RMSNorm's dW reduction is `rms_norm_dw_reduce_{elem}`.
 
 /// An enum whose values name parts of entry names, and a macro `$lit!(Value)` that gives the
@@ -61,6 +62,8 @@ names! {
         Rope = "rope",
         /// SwiGLU (`kernels-gpu/src/swiglu.rs`).
         Swiglu = "swiglu",
+        /// GEGLU (`kernels-gpu/src/geglu.rs`), on SwiGLU's kernels with GELU as the gate.
+        Geglu = "geglu",
     }
 }
 
@@ -166,6 +169,16 @@ names! {
     }
 }
 
+names! {
+    /// A GEGLU kernel's form of GELU: the last part of its name.
+    pub enum GeluForm / gelu_form_name {
+        /// The tanh approximation (PyTorch's `approximate="tanh"`).
+        Tanh = "tanh",
+        /// The exact GELU through the normal CDF (PyTorch's `approximate="none"`).
+        Erf = "erf",
+    }
+}
+
 /// The shape of an RMSNorm forward or backward kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RmsNormShape {
@@ -219,12 +232,24 @@ pub enum Kernel {
         /// The element type.
         elem: ElemType,
     },
+    /// A GEGLU forward or backward: SwiGLU's paths with GELU in place of SiLU.
+    Geglu {
+        /// [`Direction::Forward`] or [`Direction::Backward`].
+        direction: Direction,
+        /// The path.
+        path: SwigluPath,
+        /// The element type.
+        elem: ElemType,
+        /// The form of GELU.
+        form: GeluForm,
+    },
 }
 
 /// A kernel's entry name from its parts, at compile time: the twin of [`Kernel::name`] for
 /// `export_name`. `kernel_name!(RmsNorm, Forward, Row 2, Bf16, Llama)`,
 /// `kernel_name!(RmsNorm, DwReduce, F32)`, `kernel_name!(Rope, Backward, General, F16, IdsI32)`,
-/// `kernel_name!(Swiglu, Forward, Scalar, F32)`; values as in the enums. Both crates mount
+/// `kernel_name!(Swiglu, Forward, Scalar, F32)`, `kernel_name!(Geglu, Backward, Tile, Bf16, Erf)`;
+/// values as in the enums. Both crates mount
 /// this file as `crate::identity`.
 #[allow(unused_macros)]
 macro_rules! kernel_name {
@@ -257,6 +282,15 @@ macro_rules! kernel_name {
     (Swiglu, $dir:ident, $path:ident, $elem:ident) => {
         $crate::identity::kernel_name!(@join
             op_name(Swiglu), direction_name($dir), swiglu_path_name($path), elem_name($elem))
+    };
+    (Geglu, $dir:ident, Scalar, $elem:ident, $form:ident) => {
+        $crate::identity::kernel_name!(@join
+            op_name(Geglu), direction_name($dir), elem_name($elem), gelu_form_name($form))
+    };
+    (Geglu, $dir:ident, $path:ident, $elem:ident, $form:ident) => {
+        $crate::identity::kernel_name!(@join
+            op_name(Geglu), direction_name($dir), swiglu_path_name($path), elem_name($elem),
+            gelu_form_name($form))
     };
     // An RMSNorm vector kernel's variant: its layout's name, then its vectors per thread.
     (@vector $layout:ident $k:literal) => {
@@ -330,6 +364,18 @@ impl Kernel {
                 elem.name(),
                 "",
             ],
+            Kernel::Geglu {
+                direction,
+                path,
+                elem,
+                form,
+            } => [
+                Op::Geglu.name(),
+                direction.name(),
+                path.name(),
+                elem.name(),
+                form.name(),
+            ],
         };
         let parts: Vec<&str> = parts.into_iter().filter(|p| !p.is_empty()).collect();
         parts.join("_")
@@ -382,7 +428,7 @@ pub mod rope {
     }
 }
 
-/// Constants of the SwiGLU kernels.
+/// Constants of the SwiGLU kernels (and GEGLU's, which are SwiGLU's with another gate).
 pub mod swiglu {
     /// Elements per thread per tile of the scalar kernels.
     pub const ITEMS: usize = 4;

@@ -1,4 +1,6 @@
-//! SwiGLU (SiLU-mul) forward and backward (semantics: the cast points in `src/reference/swiglu.rs`, host: `src/swiglu.rs`).
+//! SwiGLU (SiLU-mul) forward and backward (semantics: the cast points in `src/reference/swiglu.rs`, host: `src/swiglu.rs`),
+//! and the kernels' code for every GLU: GEGLU (`geglu.rs`) instantiates the same paths with
+//! GELU as the gate ([`glu_bodies!`]). The numerics below are SiLU's; GELU's are in `geglu.rs`.
 //!
 //! Element-wise over `rows × cols`: `a` (gate) and `b` (up) are read through row strides, so
 //! the fused gate-up layout (`[rows, 2·cols]`, gate first) is the same kernel with
@@ -24,10 +26,10 @@
 //! `rows × cols/lanes` vectors form one flat range (a vector never crosses a row) walked
 //! grid-stride in tiles of `K · blockDim.x` vectors. Thread `t` of a tile takes vectors
 //! `t, t + blockDim.x, …` (coalesced vector loads and stores). The `_v` kernels take `K`
-//! ([`FWD_VECS`], [`BWD_VECS`]) 16-byte vectors ([`V16`]) per thread and load their next tile
+//! (`FWD_VECS`, `BWD_VECS`) 16-byte vectors (`V16`) per thread and load their next tile
 //! before computing the current one, so all `K` vectors of every operand are in flight at
 //! once. Their `_vt` twins, which the host picks for many waves of tiles, run one tile per
-//! block over a grid of every tile, with no next tile: the forward's take [`FWD_VECS_TILE`]
+//! block over a grid of every tile, with no next tile: the forward's take `FWD_VECS_TILE`
 //! 16-byte vectors per thread, the backward's one 8-byte vector ([`V8`]) of each operand,
 //! which on an H200 gives the five-stream pattern its highest DRAM throughput of every width,
 //! vector count and block size measured (PERFORMANCE.md, "SwiGLU tile shapes"; the forward
@@ -36,13 +38,9 @@
 //! per thread at start, none per vector), so row strides and the fused layout cost one wide
 //! multiply-add per pointer per vector. The f32 math per element is the scalar kernels' (same
 //! functions, same order), so every path gives the same bits.
-use crate::identity::swiglu::{
-    BWD_TILE_VECTOR_BYTES, BWD_VECS, BWD_VECS_TILE, FWD_VECS, FWD_VECS_TILE, ITEMS,
-};
-use crate::identity::{ElemType, kernel_name};
+use crate::identity::swiglu::{BWD_TILE_VECTOR_BYTES, ITEMS};
 use crate::{
-    Elem, V8, V16, Vector, block_dim, block_idx, elem_type, grid_dim, lanes, lanes_per, thread_idx,
-    unroll,
+    Elem, V8, Vector, block_dim, block_idx, grid_dim, lanes, lanes_per, thread_idx, unroll,
 };
 
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
@@ -92,6 +90,28 @@ fn silu_grad_of(z: f32, sig: f32, one_minus: f32) -> f32 {
     }
 }
 
+/// `each_item!(k => { … })` runs the block for `k = 0, …, ITEMS − 1` in a loop, which LLVM
+/// unrolls for SiLU's small body (the loop SwiGLU's scalar kernels were measured with).
+/// GELU's body is past its unroll threshold, so GEGLU's scalar kernels take
+/// [`unroll_items!`]: a loop left rolled indexes their arrays dynamically, which puts them in
+/// local memory.
+macro_rules! each_item {
+    ($k:ident => $body:block) => {
+        let mut $k = 0;
+        while $k < ITEMS {
+            $body
+            $k += 1;
+        }
+    };
+}
+
+/// `unroll_items!(k => { … })`: the block for `k = 0, …, ITEMS − 1` as straight-line code.
+macro_rules! unroll_items {
+    ($k:ident => $body:block) => {
+        unroll::<ITEMS>(|$k| $body)
+    };
+}
+
 /// Tiles per row and columns per tile for this launch's block size.
 #[inline(always)]
 fn tiling(cols: usize) -> (usize, usize) {
@@ -99,117 +119,6 @@ fn tiling(cols: usize) -> (usize, usize) {
     // At least one tile per row (the host never launches cols = 0): keeps the division by
     // `per_row` free of its divide-by-zero trap.
     (cols.div_ceil(tile).max(1), tile)
-}
-
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn forward<T: Elem>(
-    a: *const T,
-    a_stride: usize,
-    b: *const T,
-    b_stride: usize,
-    c: *mut T,
-    c_stride: usize,
-    rows: usize,
-    cols: usize,
-    gm: f32,
-) {
-    let (tid, nt) = (thread_idx(), block_dim());
-    let (per_row, tile) = tiling(cols);
-    let tiles = rows * per_row;
-    let mut t = block_idx();
-    while t < tiles {
-        let row = t / per_row;
-        let col0 = (t - row * per_row) * tile + tid;
-        let ar = unsafe { a.add(row * a_stride) };
-        let br = unsafe { b.add(row * b_stride) };
-        let cr = unsafe { c.add(row * c_stride) };
-        let mut av = [0.0f32; ITEMS];
-        let mut bv = [0.0f32; ITEMS];
-        let mut k = 0;
-        while k < ITEMS {
-            let col = col0 + k * nt;
-            if col < cols {
-                av[k] = unsafe { *ar.add(col) }.to_f32();
-                bv[k] = unsafe { *br.add(col) }.to_f32();
-            }
-            k += 1;
-        }
-        let mut k = 0;
-        while k < ITEMS {
-            let col = col0 + k * nt;
-            if col < cols {
-                let z = av[k] * gm;
-                let (sig, _) = sigmoid_pair(z);
-                // Liger ≥ 0.6: silu in f32, rounded to T, then the product of two T values.
-                let s = T::round(silu_of(z, sig));
-                unsafe { *cr.add(col) = T::from_f32(s * bv[k]) };
-            }
-            k += 1;
-        }
-        t += grid_dim();
-    }
-}
-
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn backward<T: Elem>(
-    dc: *const T,
-    dc_stride: usize,
-    a: *const T,
-    a_stride: usize,
-    b: *const T,
-    b_stride: usize,
-    da: *mut T,
-    db: *mut T,
-    rows: usize,
-    cols: usize,
-    gm: f32,
-    dm: f32,
-) {
-    let (tid, nt) = (thread_idx(), block_dim());
-    let (per_row, tile) = tiling(cols);
-    let tiles = rows * per_row;
-    let mut t = block_idx();
-    while t < tiles {
-        let row = t / per_row;
-        let col0 = (t - row * per_row) * tile + tid;
-        let dcr = unsafe { dc.add(row * dc_stride) };
-        let ar = unsafe { a.add(row * a_stride) };
-        let br = unsafe { b.add(row * b_stride) };
-        let dar = unsafe { da.add(row * a_stride) };
-        let dbr = unsafe { db.add(row * b_stride) };
-        let mut gv = [0.0f32; ITEMS];
-        let mut av = [0.0f32; ITEMS];
-        let mut bv = [0.0f32; ITEMS];
-        let mut k = 0;
-        while k < ITEMS {
-            let col = col0 + k * nt;
-            if col < cols {
-                gv[k] = unsafe { *dcr.add(col) }.to_f32();
-                av[k] = unsafe { *ar.add(col) }.to_f32();
-                bv[k] = unsafe { *br.add(col) }.to_f32();
-            }
-            k += 1;
-        }
-        let mut k = 0;
-        while k < ITEMS {
-            let col = col0 + k * nt;
-            if col < cols {
-                let g = gv[k] * dm;
-                let z = av[k] * gm;
-                let (sig, one_minus) = sigmoid_pair(z);
-                let db_v = g * silu_of(z, sig);
-                // silu' (|silu'| ≤ 1.1) multiplies in before b: where it vanishes (z → −∞)
-                // da is 0, not ∞·0, even when g·b alone would overflow f32.
-                let da_v = g * (silu_grad_of(z, sig, one_minus) * gm) * bv[k];
-                unsafe { *dar.add(col) = T::from_f32(da_v) };
-                unsafe { *dbr.add(col) = T::from_f32(db_v) };
-            }
-            k += 1;
-        }
-        t += grid_dim();
-    }
 }
 
 /// A vector's place in the `rows × per_row` grid of vectors (32-bit: the host takes this
@@ -321,161 +230,302 @@ impl<const K: usize> Walk<K> {
     }
 }
 
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn forward_vec<T: Elem, V: Vector, const K: usize, const ONE: bool>(
-    a: *const T,
-    a_stride: usize,
-    b: *const T,
-    b_stride: usize,
-    c: *mut T,
-    c_stride: usize,
-    rows: usize,
-    cols: usize,
-    gm: f32,
-) {
-    let (a, b, c) = (a as *const V, b as *const V, c as *mut V);
-    let lanes_per = lanes_per::<T, V>();
-    let (sa, sb, sc) = (
-        (a_stride / lanes_per) as u32,
-        (b_stride / lanes_per) as u32,
-        (c_stride / lanes_per) as u32,
-    );
-    let walk = Walk::<K>::new(rows as u32, (cols / lanes_per) as u32);
-    let load = |pos: &[Pos; K]| {
-        let (mut av, mut bv) = ([V::ZERO; K], [V::ZERO; K]);
-        unroll::<K>(|k| {
-            av[k] = unsafe { V::load(a.add(pos[k].at(sa))) };
-            bv[k] = unsafe { V::load(b.add(pos[k].at(sb))) };
-        });
-        (av, bv)
-    };
-    let mut p = walk.first();
-    if !walk.inside(p) {
-        return;
-    }
-    let mut pos = walk.tile(p);
-    let (mut av, mut bv) = load(&pos);
-    loop {
-        // The next tile's loads are issued before this tile's math (double buffering): their
-        // uses are past the back edge, so ptxas keeps them together (loads in the same block
-        // as their uses get sunk next to each use, one round trip per vector). Without a next
-        // tile they re-read this one (L1 hits), keeping the code straight-line.
-        let pn = walk.next(p);
-        let more = !ONE && walk.inside(pn);
-        let pos_n = if more { walk.tile(pn) } else { pos };
-        let (an, bn) = if ONE { (av, bv) } else { load(&pos_n) };
-        unroll::<K>(|k| {
-            let mut s = [0.0f32; 8];
-            lanes::<T, V>(|i| {
-                let z = T::lane(&av[k], i) * gm;
-                let (sig, _) = sigmoid_pair(z);
-                s[i] = silu_of(z, sig);
-            });
-            // T(silu) per lane (the packing conversion rounds each lane like `T::round`),
-            // then the product of two T values, rounded once more: one packed product.
-            let out = T::mul_rn(T::pack(&s), bv[k]);
-            unsafe { out.store(c.add(pos[k].at(sc))) };
-        });
-        if !more {
-            return;
+/// The kernel bodies of a GLU whose gate activation `act` is given by three functions, each
+/// called once per element: `$parts(z)`, the two values `act(z)` and `act'(z)` are formed from
+/// (SiLU: `σ(z)`, `1 − σ(z)`); `$act(z, first)`; `$grad(z, first, second)` (the forward's
+/// unused part compiles away). The scalar kernels compute their `ITEMS` elements through
+/// `$items!`: [`each_item!`] or [`unroll_items!`]. A macro rather than a trait or a const generic: the gate stays
+/// plain function calls, which rustc inlines as before GEGLU joined, so SwiGLU's PTX is what it
+/// was (either generic form gave SwiGLU's forward another instruction order).
+macro_rules! glu_bodies {
+    ($parts:path, $act:path, $grad:path, $items:ident) => {
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) unsafe fn forward<T: Elem>(
+            a: *const T,
+            a_stride: usize,
+            b: *const T,
+            b_stride: usize,
+            c: *mut T,
+            c_stride: usize,
+            rows: usize,
+            cols: usize,
+            gm: f32,
+        ) {
+            let (tid, nt) = (thread_idx(), block_dim());
+            let (per_row, tile) = tiling(cols);
+            let tiles = rows * per_row;
+            let mut t = block_idx();
+            while t < tiles {
+                let row = t / per_row;
+                let col0 = (t - row * per_row) * tile + tid;
+                let ar = unsafe { a.add(row * a_stride) };
+                let br = unsafe { b.add(row * b_stride) };
+                let cr = unsafe { c.add(row * c_stride) };
+                let mut av = [0.0f32; ITEMS];
+                let mut bv = [0.0f32; ITEMS];
+                let mut k = 0;
+                while k < ITEMS {
+                    let col = col0 + k * nt;
+                    if col < cols {
+                        av[k] = unsafe { *ar.add(col) }.to_f32();
+                        bv[k] = unsafe { *br.add(col) }.to_f32();
+                    }
+                    k += 1;
+                }
+                $items!(k => {
+                    let col = col0 + k * nt;
+                    if col < cols {
+                        let z = av[k] * gm;
+                        // Liger ≥ 0.6: silu in f32, rounded to T, then the product of two T values.
+                        let (first, _) = $parts(z);
+                        let s = T::round($act(z, first));
+                        unsafe { *cr.add(col) = T::from_f32(s * bv[k]) };
+                    }
+                });
+                t += grid_dim();
+            }
         }
-        (p, pos, av, bv) = (pn, pos_n, an, bn);
-    }
+
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) unsafe fn backward<T: Elem>(
+            dc: *const T,
+            dc_stride: usize,
+            a: *const T,
+            a_stride: usize,
+            b: *const T,
+            b_stride: usize,
+            da: *mut T,
+            db: *mut T,
+            rows: usize,
+            cols: usize,
+            gm: f32,
+            dm: f32,
+        ) {
+            let (tid, nt) = (thread_idx(), block_dim());
+            let (per_row, tile) = tiling(cols);
+            let tiles = rows * per_row;
+            let mut t = block_idx();
+            while t < tiles {
+                let row = t / per_row;
+                let col0 = (t - row * per_row) * tile + tid;
+                let dcr = unsafe { dc.add(row * dc_stride) };
+                let ar = unsafe { a.add(row * a_stride) };
+                let br = unsafe { b.add(row * b_stride) };
+                let dar = unsafe { da.add(row * a_stride) };
+                let dbr = unsafe { db.add(row * b_stride) };
+                let mut gv = [0.0f32; ITEMS];
+                let mut av = [0.0f32; ITEMS];
+                let mut bv = [0.0f32; ITEMS];
+                let mut k = 0;
+                while k < ITEMS {
+                    let col = col0 + k * nt;
+                    if col < cols {
+                        gv[k] = unsafe { *dcr.add(col) }.to_f32();
+                        av[k] = unsafe { *ar.add(col) }.to_f32();
+                        bv[k] = unsafe { *br.add(col) }.to_f32();
+                    }
+                    k += 1;
+                }
+                $items!(k => {
+                    let col = col0 + k * nt;
+                    if col < cols {
+                        let g = gv[k] * dm;
+                        let z = av[k] * gm;
+                        let (first, second) = $parts(z);
+                        let db_v = g * $act(z, first);
+                        // act' (|silu'| ≤ 1.1, |gelu'| ≤ 1.13) multiplies in before b: where it vanishes
+                        // (z → −∞) da is 0, not ∞·0, even when g·b alone would overflow f32.
+                        let da_v = g * ($grad(z, first, second) * gm) * bv[k];
+                        unsafe { *dar.add(col) = T::from_f32(da_v) };
+                        unsafe { *dbr.add(col) = T::from_f32(db_v) };
+                    }
+                });
+                t += grid_dim();
+            }
+        }
+
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) unsafe fn forward_vec<T: Elem, V: Vector, const K: usize, const ONE: bool>(
+            a: *const T,
+            a_stride: usize,
+            b: *const T,
+            b_stride: usize,
+            c: *mut T,
+            c_stride: usize,
+            rows: usize,
+            cols: usize,
+            gm: f32,
+        ) {
+            let (a, b, c) = (a as *const V, b as *const V, c as *mut V);
+            let lanes_per = lanes_per::<T, V>();
+            let (sa, sb, sc) = (
+                (a_stride / lanes_per) as u32,
+                (b_stride / lanes_per) as u32,
+                (c_stride / lanes_per) as u32,
+            );
+            let walk = Walk::<K>::new(rows as u32, (cols / lanes_per) as u32);
+            let load = |pos: &[Pos; K]| {
+                let (mut av, mut bv) = ([V::ZERO; K], [V::ZERO; K]);
+                unroll::<K>(|k| {
+                    av[k] = unsafe { V::load(a.add(pos[k].at(sa))) };
+                    bv[k] = unsafe { V::load(b.add(pos[k].at(sb))) };
+                });
+                (av, bv)
+            };
+            let mut p = walk.first();
+            if !walk.inside(p) {
+                return;
+            }
+            let mut pos = walk.tile(p);
+            let (mut av, mut bv) = load(&pos);
+            loop {
+                // The next tile's loads are issued before this tile's math (double buffering): their
+                // uses are past the back edge, so ptxas keeps them together (loads in the same block
+                // as their uses get sunk next to each use, one round trip per vector). Without a next
+                // tile they re-read this one (L1 hits), keeping the code straight-line.
+                let pn = walk.next(p);
+                let more = !ONE && walk.inside(pn);
+                let pos_n = if more { walk.tile(pn) } else { pos };
+                let (an, bn) = if ONE { (av, bv) } else { load(&pos_n) };
+                unroll::<K>(|k| {
+                    let mut s = [0.0f32; 8];
+                    lanes::<T, V>(|i| {
+                        let z = T::lane(&av[k], i) * gm;
+                        let (first, _) = $parts(z);
+                        s[i] = $act(z, first);
+                    });
+                    // T(act) per lane (the packing conversion rounds each lane like `T::round`),
+                    // then the product of two T values, rounded once more: one packed product.
+                    let out = T::mul_rn(T::pack(&s), bv[k]);
+                    unsafe { out.store(c.add(pos[k].at(sc))) };
+                });
+                if !more {
+                    return;
+                }
+                (p, pos, av, bv) = (pn, pos_n, an, bn);
+            }
+        }
+
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) unsafe fn backward_vec<T: Elem, V: Vector, const K: usize, const ONE: bool>(
+            dc: *const T,
+            dc_stride: usize,
+            a: *const T,
+            a_stride: usize,
+            b: *const T,
+            b_stride: usize,
+            da: *mut T,
+            db: *mut T,
+            rows: usize,
+            cols: usize,
+            gm: f32,
+            dm: f32,
+        ) {
+            let (dc, a, b) = (dc as *const V, a as *const V, b as *const V);
+            let (da, db) = (da as *mut V, db as *mut V);
+            let lanes_per = lanes_per::<T, V>();
+            let (sc, sa, sb) = (
+                (dc_stride / lanes_per) as u32,
+                (a_stride / lanes_per) as u32,
+                (b_stride / lanes_per) as u32,
+            );
+            let walk = Walk::<K>::new(rows as u32, (cols / lanes_per) as u32);
+            let load = |pos: &[Pos; K]| {
+                let (mut gv, mut av, mut bv) = ([V::ZERO; K], [V::ZERO; K], [V::ZERO; K]);
+                unroll::<K>(|k| {
+                    gv[k] = unsafe { V::load(dc.add(pos[k].at(sc))) };
+                    av[k] = unsafe { V::load(a.add(pos[k].at(sa))) };
+                    bv[k] = unsafe { V::load(b.add(pos[k].at(sb))) };
+                });
+                (gv, av, bv)
+            };
+            let mut p = walk.first();
+            if !walk.inside(p) {
+                return;
+            }
+            let mut pos = walk.tile(p);
+            let (mut gv, mut av, mut bv) = load(&pos);
+            loop {
+                // Double buffered as in the forward. In place, the next tile's loads come before this
+                // tile's stores, and the tiles are disjoint (or the same tile, re-read before its stores).
+                let pn = walk.next(p);
+                let more = !ONE && walk.inside(pn);
+                let pos_n = if more { walk.tile(pn) } else { pos };
+                let (gn, an, bn) = if ONE { (gv, av, bv) } else { load(&pos_n) };
+                unroll::<K>(|k| {
+                    let mut da_v = [0.0f32; 8];
+                    let mut db_v = [0.0f32; 8];
+                    lanes::<T, V>(|i| {
+                        let g = T::lane(&gv[k], i) * dm;
+                        let z = T::lane(&av[k], i) * gm;
+                        let (first, second) = $parts(z);
+                        db_v[i] = g * $act(z, first);
+                        da_v[i] = g * ($grad(z, first, second) * gm) * T::lane(&bv[k], i);
+                    });
+                    // In place (da = a, db = b) each vector is loaded above, by this thread,
+                    // before these stores.
+                    unsafe { T::pack::<V>(&da_v).store(da.add(pos[k].at(sa))) };
+                    unsafe { T::pack::<V>(&db_v).store(db.add(pos[k].at(sb))) };
+                });
+                if !more {
+                    return;
+                }
+                (p, pos, gv, av, bv) = (pn, pos_n, gn, an, bn);
+            }
+        }
+    };
 }
 
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn backward_vec<T: Elem, V: Vector, const K: usize, const ONE: bool>(
-    dc: *const T,
-    dc_stride: usize,
-    a: *const T,
-    a_stride: usize,
-    b: *const T,
-    b_stride: usize,
-    da: *mut T,
-    db: *mut T,
-    rows: usize,
-    cols: usize,
-    gm: f32,
-    dm: f32,
-) {
-    let (dc, a, b) = (dc as *const V, a as *const V, b as *const V);
-    let (da, db) = (da as *mut V, db as *mut V);
-    let lanes_per = lanes_per::<T, V>();
-    let (sc, sa, sb) = (
-        (dc_stride / lanes_per) as u32,
-        (a_stride / lanes_per) as u32,
-        (b_stride / lanes_per) as u32,
-    );
-    let walk = Walk::<K>::new(rows as u32, (cols / lanes_per) as u32);
-    let load = |pos: &[Pos; K]| {
-        let (mut gv, mut av, mut bv) = ([V::ZERO; K], [V::ZERO; K], [V::ZERO; K]);
-        unroll::<K>(|k| {
-            gv[k] = unsafe { V::load(dc.add(pos[k].at(sc))) };
-            av[k] = unsafe { V::load(a.add(pos[k].at(sa))) };
-            bv[k] = unsafe { V::load(b.add(pos[k].at(sb))) };
-        });
-        (gv, av, bv)
-    };
-    let mut p = walk.first();
-    if !walk.inside(p) {
-        return;
-    }
-    let mut pos = walk.tile(p);
-    let (mut gv, mut av, mut bv) = load(&pos);
-    loop {
-        // Double buffered as in the forward. In place, the next tile's loads come before this
-        // tile's stores, and the tiles are disjoint (or the same tile, re-read before its stores).
-        let pn = walk.next(p);
-        let more = !ONE && walk.inside(pn);
-        let pos_n = if more { walk.tile(pn) } else { pos };
-        let (gn, an, bn) = if ONE { (gv, av, bv) } else { load(&pos_n) };
-        unroll::<K>(|k| {
-            let mut da_v = [0.0f32; 8];
-            let mut db_v = [0.0f32; 8];
-            lanes::<T, V>(|i| {
-                let g = T::lane(&gv[k], i) * dm;
-                let z = T::lane(&av[k], i) * gm;
-                let (sig, one_minus) = sigmoid_pair(z);
-                db_v[i] = g * silu_of(z, sig);
-                da_v[i] = g * (silu_grad_of(z, sig, one_minus) * gm) * T::lane(&bv[k], i);
-            });
-            // In place (da = a, db = b) each vector is loaded above, by this thread,
-            // before these stores.
-            unsafe { T::pack::<V>(&da_v).store(da.add(pos[k].at(sa))) };
-            unsafe { T::pack::<V>(&db_v).store(db.add(pos[k].at(sb))) };
-        });
-        if !more {
-            return;
-        }
-        (p, pos, gv, av, bv) = (pn, pos_n, gn, an, bn);
-    }
+/// SwiGLU's kernel bodies.
+pub(crate) mod silu {
+    use super::*;
+    glu_bodies!(sigmoid_pair, silu_of, silu_grad_of, each_item);
 }
 
-macro_rules! swiglu_fwd_kernel {
-    ($elem:ident, $path:ident, $body:ident $(:: $v:ident, $k:expr, $one:literal)?, $doc:literal) => {
+/// GEGLU's kernel bodies, GELU's tanh form (`geglu.rs`).
+pub(crate) mod gelu_tanh {
+    use super::*;
+    use crate::geglu::{gelu_and_grad, gelu_grad_of, gelu_of};
+    glu_bodies!(gelu_and_grad::<false>, gelu_of, gelu_grad_of, unroll_items);
+}
+
+/// GEGLU's kernel bodies, GELU's exact form (`geglu.rs`).
+pub(crate) mod gelu_erf {
+    use super::*;
+    use crate::geglu::{gelu_and_grad, gelu_grad_of, gelu_of};
+    glu_bodies!(gelu_and_grad::<true>, gelu_of, gelu_grad_of, unroll_items);
+}
+
+/// One forward kernel: gate `$gate`, entry named by `kernel_name!($op, Forward, $path, $elem,
+/// $form)` (no `$form` for SwiGLU), body `$body` with its vector type, count and one-tile flag.
+macro_rules! glu_fwd_kernel {
+    ($gate:ident, $op:ident [$($form:ident)?], $elem:ident, $path:ident, $body:ident $(:: $v:ident, $k:ident, $one:literal)?, $doc:literal) => {
         const _: () = {
-            /// SwiGLU forward `c = T(T(silu(a·gm)) · b)` for one dtype (see the module docs).
+            /// GLU forward `c = T(T(act(a·gm)) · b)` for one dtype, `act` the op's gate
+            /// (`kernels-gpu/src/swiglu.rs`'s module docs).
             #[doc = $doc]
             ///
             /// # Safety
             /// `a`, `b`, `c` must cover `rows` rows of their strides and `cols` columns; `c`
             /// must not overlap `a` or `b`.
-            #[unsafe(export_name = kernel_name!(Swiglu, Forward, $path, $elem))]
+            #[unsafe(export_name = $crate::identity::kernel_name!($op, Forward, $path, $elem $(, $form)?))]
             pub unsafe extern "gpu-kernel" fn kernel(
-                a: *const elem_type!($elem),
+                a: *const $crate::elem_type!($elem),
                 a_stride: u64,
-                b: *const elem_type!($elem),
+                b: *const $crate::elem_type!($elem),
                 b_stride: u64,
-                c: *mut elem_type!($elem),
+                c: *mut $crate::elem_type!($elem),
                 c_stride: u64,
                 rows: u64,
                 cols: u64,
                 gm: f32,
             ) {
                 unsafe {
-                    $body::<elem_type!($elem) $(, $v, { $k }, $one)?>(
+                    $crate::swiglu::$gate::$body::<$crate::elem_type!($elem) $(, $crate::$v, { $crate::identity::swiglu::$k }, $one)?>(
                         a,
                         a_stride as usize,
                         b,
@@ -491,35 +541,38 @@ macro_rules! swiglu_fwd_kernel {
         };
     };
 }
+pub(crate) use glu_fwd_kernel;
 
-macro_rules! swiglu_bwd_kernel {
-    ($elem:ident, $path:ident, $body:ident $(:: $v:ident, $k:expr, $one:literal)?, $doc:literal) => {
+/// One backward kernel, named and built as [`glu_fwd_kernel!`]'s.
+macro_rules! glu_bwd_kernel {
+    ($gate:ident, $op:ident [$($form:ident)?], $elem:ident, $path:ident, $body:ident $(:: $v:ident, $k:ident, $one:literal)?, $doc:literal) => {
         const _: () = {
-            /// SwiGLU backward for one dtype (see the module docs): with `g = dc·dm`,
-            /// `db = g·silu(z)`, `da = g·silu'(z)·gm·b`, `z = a·gm`.
+            /// GLU backward for one dtype, `act` the op's gate (`kernels-gpu/src/swiglu.rs`'s
+            /// module docs): with `g = dc·dm`, `db = g·act(z)`, `da = g·act'(z)·gm·b`,
+            /// `z = a·gm`.
             #[doc = $doc]
             ///
             /// # Safety
             /// Every pointer must cover `rows` rows of its stride (`da`: `a_stride`, `db`:
             /// `b_stride`) and `cols` columns. `da` may equal `a` and `db` may equal `b`;
             /// otherwise outputs must not overlap inputs or each other.
-            #[unsafe(export_name = kernel_name!(Swiglu, Backward, $path, $elem))]
+            #[unsafe(export_name = $crate::identity::kernel_name!($op, Backward, $path, $elem $(, $form)?))]
             pub unsafe extern "gpu-kernel" fn kernel(
-                dc: *const elem_type!($elem),
+                dc: *const $crate::elem_type!($elem),
                 dc_stride: u64,
-                a: *const elem_type!($elem),
+                a: *const $crate::elem_type!($elem),
                 a_stride: u64,
-                b: *const elem_type!($elem),
+                b: *const $crate::elem_type!($elem),
                 b_stride: u64,
-                da: *mut elem_type!($elem),
-                db: *mut elem_type!($elem),
+                da: *mut $crate::elem_type!($elem),
+                db: *mut $crate::elem_type!($elem),
                 rows: u64,
                 cols: u64,
                 gm: f32,
                 dm: f32,
             ) {
                 unsafe {
-                    $body::<elem_type!($elem) $(, $v, { $k }, $one)?>(
+                    $crate::swiglu::$gate::$body::<$crate::elem_type!($elem) $(, $crate::$v, { $crate::identity::swiglu::$k }, $one)?>(
                         dc,
                         dc_stride as usize,
                         a,
@@ -538,22 +591,25 @@ macro_rules! swiglu_bwd_kernel {
         };
     };
 }
+pub(crate) use glu_bwd_kernel;
 
 // The backward `_vt` kernels load `V8`s, the vectors the host sizes their tiles in.
 const _: () = assert!(size_of::<V8>() == BWD_TILE_VECTOR_BYTES);
 
-/// Every SwiGLU kernel of one element type: scalar, `_v` and `_vt`, each direction.
-macro_rules! swiglu_kernels {
-    ($elem:ident) => {
-        swiglu_fwd_kernel!($elem, Scalar, forward, "Scalar kernel: any alignment, any `cols`.");
-        swiglu_bwd_kernel!($elem, Scalar, backward, "Scalar kernel: any alignment, any `cols`.");
-        swiglu_fwd_kernel!($elem, Vector, forward_vec::V16, FWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per 16-byte vector.");
-        swiglu_bwd_kernel!($elem, Vector, backward_vec::V16, BWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per 16-byte vector.");
-        swiglu_fwd_kernel!($elem, Tile, forward_vec::V16, FWD_VECS_TILE, true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
-        swiglu_bwd_kernel!($elem, Tile, backward_vec::V8, BWD_VECS_TILE, true, "8-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules; the host counts its tiles in 8-byte vectors.");
+/// Every kernel of one GLU op and element type: scalar, `_v` and `_vt`, each direction, with
+/// gate `$gate` ([`glu_bodies!`]), named `$op` (and `$form`, GEGLU's last name part).
+macro_rules! glu_kernels {
+    ($gate:ident, $op:ident [$($form:ident)?], $elem:ident) => {
+        $crate::swiglu::glu_fwd_kernel!($gate, $op [$($form)?], $elem, Scalar, forward, "Scalar kernel: any alignment, any `cols`.");
+        $crate::swiglu::glu_bwd_kernel!($gate, $op [$($form)?], $elem, Scalar, backward, "Scalar kernel: any alignment, any `cols`.");
+        $crate::swiglu::glu_fwd_kernel!($gate, $op [$($form)?], $elem, Vector, forward_vec::V16, FWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per 16-byte vector.");
+        $crate::swiglu::glu_bwd_kernel!($gate, $op [$($form)?], $elem, Vector, backward_vec::V16, BWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per 16-byte vector.");
+        $crate::swiglu::glu_fwd_kernel!($gate, $op [$($form)?], $elem, Tile, forward_vec::V16, FWD_VECS_TILE, true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
+        $crate::swiglu::glu_bwd_kernel!($gate, $op [$($form)?], $elem, Tile, backward_vec::V8, BWD_VECS_TILE, true, "8-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules; the host counts its tiles in 8-byte vectors.");
     };
 }
+pub(crate) use glu_kernels;
 
-swiglu_kernels!(F32);
-swiglu_kernels!(F16);
-swiglu_kernels!(Bf16);
+glu_kernels!(silu, Swiglu [], F32);
+glu_kernels!(silu, Swiglu [], F16);
+glu_kernels!(silu, Swiglu [], Bf16);
