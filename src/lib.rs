@@ -100,6 +100,7 @@ mod bad_input;
 pub mod candle;
 mod dtype;
 mod error;
+mod geglu;
 // The device crate's file, as the package ships it (`packaging/kernels-gpu/` links to
 // `kernels-gpu/` in a checkout): the kernels' identities and shared constants, defined once.
 #[path = "../packaging/kernels-gpu/src/identity.rs"]
@@ -128,6 +129,10 @@ pub use candle_core;
 pub use cudarc;
 pub use dtype::Dtype;
 pub use error::{Error, Result};
+pub use geglu::{
+    Gelu, geglu_backward, geglu_backward_fused, geglu_backward_fused_inplace,
+    geglu_backward_inplace, geglu_forward, geglu_forward_fused,
+};
 pub use half;
 pub use mode::CastingMode;
 pub use module::{BASELINE_PTX_ENV, PTX, PTX_SM90, cuda_context, release_scratch};

@@ -15,12 +15,14 @@ use crate::error::{Result, invalid};
 use crate::identity::swiglu::{
     BWD_TILE_VECTOR_BYTES, BWD_VECS, BWD_VECS_TILE, FWD_VECS, FWD_VECS_TILE, ITEMS,
 };
-use crate::identity::{Direction, Kernel, SwigluPath};
+use crate::identity::{Direction, GeluForm, Kernel, SwigluPath};
 use crate::launch::whole_grid;
 use crate::module::{Kernels, kernels};
 use crate::validate::Role::{self, InPlace, Read, Written};
 use crate::validate::{Need, Spec, Table, read, span, validate, write};
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
 use std::sync::Arc;
 
 /// Most threads per block.
@@ -323,6 +325,14 @@ fn threads_for(cols: usize) -> usize {
         .clamp(32, MAX_THREADS)
 }
 
+/// The op a launch runs: SwiGLU, or GEGLU with its form of GELU (`src/geglu.rs`); both take
+/// every launcher, layout and kernel path of this file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Glu {
+    Swiglu,
+    Geglu(GeluForm),
+}
+
 /// Which kernels a launch uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Path {
@@ -361,17 +371,26 @@ impl Path {
         }
     }
 
-    /// The kernel; `whole_grid`: the vector path's one-tile-per-block twin.
-    fn kernel<T: Dtype>(self, direction: Direction, whole_grid: bool) -> Kernel {
+    /// The kernel of `glu`; `whole_grid`: the vector path's one-tile-per-block twin.
+    fn kernel<T: Dtype>(self, glu: Glu, direction: Direction, whole_grid: bool) -> Kernel {
         let path = match (self, whole_grid) {
             (Path::Scalar, _) => SwigluPath::Scalar,
             (Path::Vector { .. }, false) => SwigluPath::Vector,
             (Path::Vector { .. }, true) => SwigluPath::Tile,
         };
-        Kernel::Swiglu {
-            direction,
-            path,
-            elem: T::ELEM,
+        let elem = T::ELEM;
+        match glu {
+            Glu::Swiglu => Kernel::Swiglu {
+                direction,
+                path,
+                elem,
+            },
+            Glu::Geglu(form) => Kernel::Geglu {
+                direction,
+                path,
+                elem,
+                form,
+            },
         }
     }
 }
@@ -379,13 +398,14 @@ impl Path {
 /// Kernel and launch shape (see [`launch_shape`]).
 fn config<T: Dtype>(
     kernels: &Kernels,
+    glu: Glu,
     path: Path,
     direction: Direction,
     whole: Whole,
     rows: usize,
     cols: usize,
 ) -> Result<(Kernel, LaunchConfig)> {
-    let func = kernels.function(path.kernel::<T>(direction, false))?;
+    let func = kernels.function(path.kernel::<T>(glu, direction, false))?;
     let shape = launch_shape::<T>(path, whole, rows, cols, |threads| {
         kernels.resident_blocks(&func, threads, 0)
     })?;
@@ -394,7 +414,7 @@ fn config<T: Dtype>(
         block_dim: (shape.threads, 1, 1),
         shared_mem_bytes: 0,
     };
-    Ok((path.kernel::<T>(direction, shape.whole), cfg))
+    Ok((path.kernel::<T>(glu, direction, shape.whole), cfg))
 }
 
 /// A launch's shape: the kernel variant, blocks and threads per block.
@@ -496,26 +516,36 @@ impl Forward {
     }
 }
 
-fn launch_forward<T: Dtype>(stream: &Arc<CudaStream>, args: &SwigluArgs, p: Forward) -> Result<()> {
-    let path = Path::choose::<T>(
-        args.rows,
-        args.cols,
-        &[p.a, p.b, p.c],
-        &[p.a_stride, p.b_stride, args.c_stride],
-        FWD_VECS,
-    );
+/// The function and launch shape of `glu`'s kernel in `direction` for a launch with these
+/// pointers and row strides (see [`Path::choose`] and [`config`]).
+fn prepare<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &SwigluArgs,
+    glu: Glu,
+    direction: Direction,
+    ptrs: &[u64],
+    strides: &[usize],
+) -> Result<(CudaFunction, LaunchConfig)> {
+    let (per_thread, whole) = match direction {
+        Direction::Forward => (FWD_VECS, FWD_WHOLE),
+        _ => (BWD_VECS, BWD_WHOLE),
+    };
+    let path = Path::choose::<T>(args.rows, args.cols, ptrs, strides, per_thread);
     let kernels = kernels(stream.context())?;
-    let (kernel, cfg) = config::<T>(
-        &kernels,
-        path,
-        Direction::Forward,
-        FWD_WHOLE,
-        args.rows,
-        args.cols,
-    )?;
-    let func = kernels.function(kernel)?;
-    let (a_stride, b_stride, c_stride) =
-        (p.a_stride as u64, p.b_stride as u64, args.c_stride as u64);
+    let (kernel, cfg) = config::<T>(&kernels, glu, path, direction, whole, args.rows, args.cols)?;
+    Ok((kernels.function(kernel)?, cfg))
+}
+
+fn launch_forward<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &SwigluArgs,
+    glu: Glu,
+    p: Forward,
+) -> Result<()> {
+    let strides = [p.a_stride, p.b_stride, args.c_stride];
+    let ptrs = [p.a, p.b, p.c];
+    let (func, cfg) = prepare::<T>(stream, args, glu, Direction::Forward, &ptrs, &strides)?;
+    let [a_stride, b_stride, c_stride] = strides.map(|s| s as u64);
     let (rows, cols) = (args.rows as u64, args.cols as u64);
     let mut launch = stream.launch_builder(&func);
     launch
@@ -528,7 +558,7 @@ fn launch_forward<T: Dtype>(stream: &Arc<CudaStream>, args: &SwigluArgs, p: Forw
         .arg(&rows)
         .arg(&cols)
         .arg(&args.gate_multiplier);
-    // SAFETY: argument order and types match `swiglu_fwd_kernel!` in kernels-gpu (scalar and
+    // SAFETY: argument order and types match `glu_fwd_kernel!` in kernels-gpu (scalar and
     // vector kernels alike; the vector kernel only where `Path::choose` found every pointer
     // and stride aligned and the shape within 32 bits, with `config`'s grid); the caller
     // checked that each pointer covers `rows` rows of its stride and `cols` columns and that
@@ -580,21 +610,13 @@ impl Backward {
 fn launch_backward<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &SwigluArgs,
+    glu: Glu,
     p: Backward,
 ) -> Result<()> {
-    let path = Path::choose::<T>(
-        args.rows,
-        args.cols,
-        &[p.dc, p.a, p.b, p.da, p.db],
-        &[args.c_stride, p.a_stride, p.b_stride],
-        BWD_VECS,
-    );
-    let kernels = kernels(stream.context())?;
-    let direction = Direction::Backward;
-    let (kernel, cfg) = config::<T>(&kernels, path, direction, BWD_WHOLE, args.rows, args.cols)?;
-    let func = kernels.function(kernel)?;
-    let (a_stride, b_stride, c_stride) =
-        (p.a_stride as u64, p.b_stride as u64, args.c_stride as u64);
+    let strides = [p.a_stride, p.b_stride, args.c_stride];
+    let ptrs = [p.dc, p.a, p.b, p.da, p.db];
+    let (func, cfg) = prepare::<T>(stream, args, glu, Direction::Backward, &ptrs, &strides)?;
+    let [a_stride, b_stride, c_stride] = strides.map(|s| s as u64);
     let (rows, cols) = (args.rows as u64, args.cols as u64);
     let mut launch = stream.launch_builder(&func);
     launch
@@ -610,13 +632,139 @@ fn launch_backward<T: Dtype>(
         .arg(&cols)
         .arg(&args.gate_multiplier)
         .arg(&args.down_multiplier);
-    // SAFETY: argument order and types match `swiglu_bwd_kernel!` in kernels-gpu (scalar and
+    // SAFETY: argument order and types match `glu_bwd_kernel!` in kernels-gpu (scalar and
     // vector kernels alike, chosen as in the forward); the caller checked every pointer
     // against its stride and length, and that outputs overlap no input (in place, `da = a`
     // and `db = b` exactly: each element is read, then written, by the same thread); the
     // guards of every pointer outlive this call.
     unsafe { launch.launch(cfg) }?;
     Ok(())
+}
+
+/// The forward, separate layout: validates, then one launch of `glu`'s kernel ([`swiglu_forward`] and
+/// GEGLU's share it).
+pub(crate) fn forward<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &SwigluArgs,
+    glu: Glu,
+    a: &impl DevicePtr<T>,
+    b: &impl DevicePtr<T>,
+    c: &mut impl DevicePtrMut<T>,
+) -> Result<()> {
+    let table = args.table(&FORWARD)?;
+    let Some(call) = validate(stream, &table, [read(a), read(b), write(c)])? else {
+        return Ok(());
+    };
+    let [a, b, c] = call.ptrs;
+    launch_forward::<T>(stream, args, glu, Forward::separate(args, a, b, c))
+}
+
+/// The forward, fused layout (as [`forward`]).
+pub(crate) fn forward_fused<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &SwigluArgs,
+    glu: Glu,
+    gate_up: &impl DevicePtr<T>,
+    c: &mut impl DevicePtrMut<T>,
+) -> Result<()> {
+    let table = args.table(&FORWARD_FUSED)?;
+    let Some(call) = validate(stream, &table, [read(gate_up), write(c)])? else {
+        return Ok(());
+    };
+    let [gate_up, c] = call.ptrs;
+    launch_forward::<T>(stream, args, glu, Forward::fused::<T>(args, gate_up, c))
+}
+
+/// The backward into separate buffers (as [`forward`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &SwigluArgs,
+    glu: Glu,
+    dc: &impl DevicePtr<T>,
+    a: &impl DevicePtr<T>,
+    b: &impl DevicePtr<T>,
+    da: &mut impl DevicePtrMut<T>,
+    db: &mut impl DevicePtrMut<T>,
+) -> Result<()> {
+    let table = args.table(&BACKWARD)?;
+    let bufs = [read(dc), read(a), read(b), write(da), write(db)];
+    let Some(call) = validate(stream, &table, bufs)? else {
+        return Ok(());
+    };
+    let [dc, a, b, da, db] = call.ptrs;
+    launch_backward::<T>(
+        stream,
+        args,
+        glu,
+        Backward::separate(args, dc, [a, b], [da, db]),
+    )
+}
+
+/// The backward over `a` and `b` (as [`forward`]).
+pub(crate) fn backward_inplace<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &SwigluArgs,
+    glu: Glu,
+    dc: &impl DevicePtr<T>,
+    a: &mut impl DevicePtrMut<T>,
+    b: &mut impl DevicePtrMut<T>,
+) -> Result<()> {
+    let table = args.table(&BACKWARD_INPLACE)?;
+    let Some(call) = validate(stream, &table, [read(dc), write(a), write(b)])? else {
+        return Ok(());
+    };
+    let [dc, a, b] = call.ptrs;
+    launch_backward::<T>(
+        stream,
+        args,
+        glu,
+        Backward::separate(args, dc, [a, b], [a, b]),
+    )
+}
+
+/// The backward, fused layout, into `d_gate_up` (as [`forward`]).
+pub(crate) fn backward_fused<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &SwigluArgs,
+    glu: Glu,
+    dc: &impl DevicePtr<T>,
+    gate_up: &impl DevicePtr<T>,
+    d_gate_up: &mut impl DevicePtrMut<T>,
+) -> Result<()> {
+    let table = args.table(&BACKWARD_FUSED)?;
+    let bufs = [read(dc), read(gate_up), write(d_gate_up)];
+    let Some(call) = validate(stream, &table, bufs)? else {
+        return Ok(());
+    };
+    let [dc, gate_up, d_gate_up] = call.ptrs;
+    launch_backward::<T>(
+        stream,
+        args,
+        glu,
+        Backward::fused::<T>(args, dc, gate_up, d_gate_up),
+    )
+}
+
+/// The backward, fused layout, over `gate_up` (as [`forward`]).
+pub(crate) fn backward_fused_inplace<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &SwigluArgs,
+    glu: Glu,
+    dc: &impl DevicePtr<T>,
+    gate_up: &mut impl DevicePtrMut<T>,
+) -> Result<()> {
+    let table = args.table(&BACKWARD_FUSED_INPLACE)?;
+    let Some(call) = validate(stream, &table, [read(dc), write(gate_up)])? else {
+        return Ok(());
+    };
+    let [dc, gate_up] = call.ptrs;
+    launch_backward::<T>(
+        stream,
+        args,
+        glu,
+        Backward::fused::<T>(args, dc, gate_up, gate_up),
+    )
 }
 
 /// SwiGLU forward, separate gate and up: `c = T(T(silu(a·gm)) · b)`, element-wise over
@@ -667,12 +815,7 @@ pub fn swiglu_forward<T: Dtype>(
     b: &impl DevicePtr<T>,
     c: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let table = args.table(&FORWARD)?;
-    let Some(call) = validate(stream, &table, [read(a), read(b), write(c)])? else {
-        return Ok(());
-    };
-    let [a, b, c] = call.ptrs;
-    launch_forward::<T>(stream, args, Forward::separate(args, a, b, c))
+    forward::<T>(stream, args, Glu::Swiglu, a, b, c)
 }
 
 /// SwiGLU forward from a fused gate-up buffer `[rows, 2·cols]` (gate first in each row, rows
@@ -718,12 +861,7 @@ pub fn swiglu_forward_fused<T: Dtype>(
     gate_up: &impl DevicePtr<T>,
     c: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let table = args.table(&FORWARD_FUSED)?;
-    let Some(call) = validate(stream, &table, [read(gate_up), write(c)])? else {
-        return Ok(());
-    };
-    let [gate_up, c] = call.ptrs;
-    launch_forward::<T>(stream, args, Forward::fused::<T>(args, gate_up, c))
+    forward_fused::<T>(stream, args, Glu::Swiglu, gate_up, c)
 }
 
 /// SwiGLU backward into separate buffers: `da` (rows at `args.a_stride`) and `db` (rows at
@@ -779,13 +917,7 @@ pub fn swiglu_backward<T: Dtype>(
     da: &mut impl DevicePtrMut<T>,
     db: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let table = args.table(&BACKWARD)?;
-    let bufs = [read(dc), read(a), read(b), write(da), write(db)];
-    let Some(call) = validate(stream, &table, bufs)? else {
-        return Ok(());
-    };
-    let [dc, a, b, da, db] = call.ptrs;
-    launch_backward::<T>(stream, args, Backward::separate(args, dc, [a, b], [da, db]))
+    backward::<T>(stream, args, Glu::Swiglu, dc, a, b, da, db)
 }
 
 /// SwiGLU backward writing `da` over `a` and `db` over `b` (the memory-saving mode of
@@ -836,12 +968,7 @@ pub fn swiglu_backward_inplace<T: Dtype>(
     a: &mut impl DevicePtrMut<T>,
     b: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let table = args.table(&BACKWARD_INPLACE)?;
-    let Some(call) = validate(stream, &table, [read(dc), write(a), write(b)])? else {
-        return Ok(());
-    };
-    let [dc, a, b] = call.ptrs;
-    launch_backward::<T>(stream, args, Backward::separate(args, dc, [a, b], [a, b]))
+    backward_inplace::<T>(stream, args, Glu::Swiglu, dc, a, b)
 }
 
 /// SwiGLU backward from a fused gate-up buffer into a separate fused gradient buffer
@@ -891,17 +1018,7 @@ pub fn swiglu_backward_fused<T: Dtype>(
     gate_up: &impl DevicePtr<T>,
     d_gate_up: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let table = args.table(&BACKWARD_FUSED)?;
-    let bufs = [read(dc), read(gate_up), write(d_gate_up)];
-    let Some(call) = validate(stream, &table, bufs)? else {
-        return Ok(());
-    };
-    let [dc, gate_up, d_gate_up] = call.ptrs;
-    launch_backward::<T>(
-        stream,
-        args,
-        Backward::fused::<T>(args, dc, gate_up, d_gate_up),
-    )
+    backward_fused::<T>(stream, args, Glu::Swiglu, dc, gate_up, d_gate_up)
 }
 
 /// SwiGLU backward writing the fused gradient over the fused gate-up buffer (`da` over the
@@ -949,16 +1066,7 @@ pub fn swiglu_backward_fused_inplace<T: Dtype>(
     dc: &impl DevicePtr<T>,
     gate_up: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    let table = args.table(&BACKWARD_FUSED_INPLACE)?;
-    let Some(call) = validate(stream, &table, [read(dc), write(gate_up)])? else {
-        return Ok(());
-    };
-    let [dc, gate_up] = call.ptrs;
-    launch_backward::<T>(
-        stream,
-        args,
-        Backward::fused::<T>(args, dc, gate_up, gate_up),
-    )
+    backward_fused_inplace::<T>(stream, args, Glu::Swiglu, dc, gate_up)
 }
 
 #[cfg(test)]
@@ -1078,22 +1186,28 @@ pub(crate) mod tests {
         assert_eq!((s.whole, s.grid, s.threads), (true, 229376, 256));
     }
 
-    /// Every kernel the launchers can ask for: each path and twin of each element type and
-    /// direction.
+    /// Every kernel the launchers can ask for: each path and twin of each op (SwiGLU, both
+    /// GEGLU forms), element type and direction.
     pub(crate) fn launchable_kernels() -> Vec<Kernel> {
-        fn of<T: Dtype>(out: &mut Vec<Kernel>) {
+        fn of<T: Dtype>(out: &mut Vec<Kernel>, glu: Glu) {
             for direction in [Direction::Forward, Direction::Backward] {
                 for path in [Path::Scalar, Path::Vector { per_thread: 1 }] {
                     for whole in [false, true] {
-                        out.push(path.kernel::<T>(direction, whole));
+                        out.push(path.kernel::<T>(glu, direction, whole));
                     }
                 }
             }
         }
         let mut out = Vec::new();
-        of::<f32>(&mut out);
-        of::<f16>(&mut out);
-        of::<bf16>(&mut out);
+        for glu in [
+            Glu::Swiglu,
+            Glu::Geglu(GeluForm::Tanh),
+            Glu::Geglu(GeluForm::Erf),
+        ] {
+            of::<f32>(&mut out, glu);
+            of::<f16>(&mut out, glu);
+            of::<bf16>(&mut out, glu);
+        }
         out
     }
 
@@ -1102,16 +1216,28 @@ pub(crate) mod tests {
         let v = Path::Vector { per_thread: 2 };
         let name = |k: Kernel| k.name();
         let (fwd, bwd) = (Direction::Forward, Direction::Backward);
-        assert_eq!(name(v.kernel::<bf16>(fwd, false)), "swiglu_fwd_v_bf16");
-        assert_eq!(name(v.kernel::<f32>(bwd, false)), "swiglu_bwd_v_f32");
-        assert_eq!(name(v.kernel::<f16>(bwd, true)), "swiglu_bwd_vt_f16");
+        let (s, tanh, erf) = (
+            Glu::Swiglu,
+            Glu::Geglu(GeluForm::Tanh),
+            Glu::Geglu(GeluForm::Erf),
+        );
+        assert_eq!(name(v.kernel::<bf16>(s, fwd, false)), "swiglu_fwd_v_bf16");
+        assert_eq!(name(v.kernel::<f32>(s, bwd, false)), "swiglu_bwd_v_f32");
+        assert_eq!(name(v.kernel::<f16>(s, bwd, true)), "swiglu_bwd_vt_f16");
+        let scalar = Path::Scalar;
+        assert_eq!(name(scalar.kernel::<f16>(s, fwd, false)), "swiglu_fwd_f16");
+        assert_eq!(name(scalar.kernel::<f16>(s, fwd, true)), "swiglu_fwd_f16");
         assert_eq!(
-            name(Path::Scalar.kernel::<f16>(fwd, false)),
-            "swiglu_fwd_f16"
+            name(v.kernel::<bf16>(tanh, fwd, true)),
+            "geglu_fwd_vt_bf16_tanh"
         );
         assert_eq!(
-            name(Path::Scalar.kernel::<f16>(fwd, true)),
-            "swiglu_fwd_f16"
+            name(v.kernel::<f32>(erf, bwd, false)),
+            "geglu_bwd_v_f32_erf"
+        );
+        assert_eq!(
+            name(scalar.kernel::<f16>(erf, bwd, true)),
+            "geglu_bwd_f16_erf"
         );
     }
 
@@ -1165,8 +1291,9 @@ pub(crate) mod tests {
                     (Direction::Backward, BWD_VECS, BWD_WHOLE),
                 ] {
                     let path = Path::Vector { per_thread };
-                    let (got, _) = config::<T>(k, path, direction, whole, rows, cols).unwrap();
-                    let want = path.kernel::<T>(direction, twin);
+                    let glu = Glu::Swiglu;
+                    let (got, _) = config::<T>(k, glu, path, direction, whole, rows, cols).unwrap();
+                    let want = path.kernel::<T>(glu, direction, twin);
                     assert_eq!(got.name(), want.name(), "{rows}×{cols}");
                 }
             }
