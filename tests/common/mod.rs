@@ -3,6 +3,7 @@
 //! reference.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod glu;
 pub mod skip;
 
 use liger_rs::cudarc::driver::result::memset_d8_async;
