@@ -123,6 +123,13 @@ impl Check for Swiglu {
     }
 }
 
+impl Check for Geglu {
+    fn check(self, call: &Call<crate::SwigluArgs>, t_size: usize) -> Result<()> {
+        // GEGLU's launchers are SwiGLU's with another kernel: the same tables and checks.
+        self.0.check(call, t_size)
+    }
+}
+
 /// Every row of every op in `ops`, for 2- and 4-byte `T`; returns the number of cases.
 fn walk<O: Check>(ops: &[O]) -> usize {
     let mut failures = Vec::new();
@@ -167,4 +174,9 @@ fn rope_bad_input_is_rejected_by_the_checks_alone() {
 #[test]
 fn swiglu_bad_input_is_rejected_by_the_checks_alone() {
     println!("{} cases", walk(&SWIGLU));
+}
+
+#[test]
+fn geglu_bad_input_is_rejected_by_the_checks_alone() {
+    println!("{} cases", walk(&GEGLU));
 }

@@ -24,14 +24,14 @@ mod common;
 #[path = "bad_input/tables.rs"]
 mod tables;
 
+use common::glu::Op as Glu;
 use common::{Failures, Need, Rng, gpu, skip};
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use liger_rs::{
     CosSinLayout, Dtype, Error, PositionIds, RmsNormArgs, SwigluArgs, rms_norm_backward,
     rms_norm_backward_inplace, rms_norm_forward, rope_backward, rope_backward_into, rope_forward,
-    rope_forward_into, swiglu_backward, swiglu_backward_fused, swiglu_backward_fused_inplace,
-    swiglu_backward_inplace, swiglu_forward, swiglu_forward_fused,
+    rope_forward_into,
 };
 use std::collections::BTreeSet;
 use std::ops::{Deref, DerefMut};
@@ -127,6 +127,44 @@ impl Launch for Rope {
     }
 }
 
+/// The SwiGLU-shaped launcher `launcher` of `glu` (SwiGLU's, or GEGLU's in one form).
+fn launch_glu<T: Dtype>(
+    launcher: Swiglu,
+    glu: Glu,
+    stream: &Stream,
+    args: &SwigluArgs,
+    live: &mut Live<T>,
+) -> liger_rs::Result<()> {
+    match launcher {
+        Swiglu::Forward => {
+            let (a, b, mut c) = (live.t("a"), live.t("b"), live.t("c"));
+            glu.forward(stream, args, &*a, &*b, &mut *c)
+        }
+        Swiglu::ForwardFused => {
+            let (gate_up, mut c) = (live.t("gate_up"), live.t("c"));
+            glu.forward_fused(stream, args, &*gate_up, &mut *c)
+        }
+        Swiglu::Backward => {
+            let (dc, a, b) = (live.t("dc"), live.t("a"), live.t("b"));
+            let (mut da, mut db) = (live.t("da"), live.t("db"));
+            glu.backward(stream, args, &*dc, &*a, &*b, &mut *da, &mut *db)
+        }
+        Swiglu::BackwardInplace => {
+            let (dc, mut a, mut b) = (live.t("dc"), live.t("a"), live.t("b"));
+            glu.backward_inplace(stream, args, &*dc, &mut *a, &mut *b)
+        }
+        Swiglu::BackwardFused => {
+            let (dc, gate_up) = (live.t("dc"), live.t("gate_up"));
+            let mut d_gate_up = live.t("d_gate_up");
+            glu.backward_fused(stream, args, &*dc, &*gate_up, &mut *d_gate_up)
+        }
+        Swiglu::BackwardFusedInplace => {
+            let (dc, mut gate_up) = (live.t("dc"), live.t("gate_up"));
+            glu.backward_fused_inplace(stream, args, &*dc, &mut *gate_up)
+        }
+    }
+}
+
 impl Launch for Swiglu {
     fn launch<T: Dtype>(
         self,
@@ -134,34 +172,18 @@ impl Launch for Swiglu {
         args: &SwigluArgs,
         live: &mut Live<T>,
     ) -> liger_rs::Result<()> {
-        match self {
-            Swiglu::Forward => {
-                let (a, b, mut c) = (live.t("a"), live.t("b"), live.t("c"));
-                swiglu_forward(stream, args, &*a, &*b, &mut *c)
-            }
-            Swiglu::ForwardFused => {
-                let (gate_up, mut c) = (live.t("gate_up"), live.t("c"));
-                swiglu_forward_fused(stream, args, &*gate_up, &mut *c)
-            }
-            Swiglu::Backward => {
-                let (dc, a, b) = (live.t("dc"), live.t("a"), live.t("b"));
-                let (mut da, mut db) = (live.t("da"), live.t("db"));
-                swiglu_backward(stream, args, &*dc, &*a, &*b, &mut *da, &mut *db)
-            }
-            Swiglu::BackwardInplace => {
-                let (dc, mut a, mut b) = (live.t("dc"), live.t("a"), live.t("b"));
-                swiglu_backward_inplace(stream, args, &*dc, &mut *a, &mut *b)
-            }
-            Swiglu::BackwardFused => {
-                let (dc, gate_up) = (live.t("dc"), live.t("gate_up"));
-                let mut d_gate_up = live.t("d_gate_up");
-                swiglu_backward_fused(stream, args, &*dc, &*gate_up, &mut *d_gate_up)
-            }
-            Swiglu::BackwardFusedInplace => {
-                let (dc, mut gate_up) = (live.t("dc"), live.t("gate_up"));
-                swiglu_backward_fused_inplace(stream, args, &*dc, &mut *gate_up)
-            }
-        }
+        launch_glu(self, Glu::Swiglu, stream, args, live)
+    }
+}
+
+impl Launch for Geglu {
+    fn launch<T: Dtype>(
+        self,
+        stream: &Stream,
+        args: &SwigluArgs,
+        live: &mut Live<T>,
+    ) -> liger_rs::Result<()> {
+        launch_glu(self.0, Glu::Geglu(self.1), stream, args, live)
     }
 }
 
@@ -447,6 +469,11 @@ fn gpu_swiglu_bad_input_never_reaches_a_kernel() {
     gpu_walk("gpu_swiglu_bad_input_never_reaches_a_kernel", &SWIGLU);
 }
 
+#[test]
+fn gpu_geglu_bad_input_never_reaches_a_kernel() {
+    gpu_walk("gpu_geglu_bad_input_never_reaches_a_kernel", &GEGLU);
+}
+
 // ---------------------------------------------------------------- the tables themselves
 
 /// `field: value` pairs of a struct's `Debug` (flat structs only).
@@ -580,6 +607,6 @@ fn audit<O: Op>(ops: &[O]) -> usize {
 
 #[test]
 fn the_tables_walk_every_argument() {
-    let rows = audit(&RMS) + audit(&ROPE) + audit(&SWIGLU);
+    let rows = audit(&RMS) + audit(&ROPE) + audit(&SWIGLU) + audit(&GEGLU);
     println!("{rows} rows in all");
 }

@@ -4,7 +4,7 @@
 //! what a table is.
 #![allow(dead_code)] // each includer uses its own part: the GPU walk, or the checks alone
 
-use liger_rs::{CastingMode, Error, RmsNormArgs, RopeArgs, SwigluArgs};
+use liger_rs::{CastingMode, Error, Gelu, RmsNormArgs, RopeArgs, SwigluArgs};
 use std::collections::BTreeSet;
 
 // ---------------------------------------------------------------- calls and rows
@@ -1014,6 +1014,47 @@ pub(crate) fn rejected_as(got: &liger_rs::Result<()>, want: Want) -> bool {
     }
 }
 
+// ---------------------------------------------------------------- GEGLU
+
+/// A GEGLU launcher: the SwiGLU launcher of the same layout and mode with a form of GELU. Its
+/// buffers and checks are SwiGLU's (one validation path), so its rows are too; the form is an
+/// enum, valid in every value, so no row changes it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Geglu(pub(crate) Swiglu, pub(crate) Gelu);
+
+impl Op for Geglu {
+    type Args = SwigluArgs;
+
+    fn name(self) -> &'static str {
+        match (self.0, self.1) {
+            (Swiglu::Forward, Gelu::Tanh) => "geglu_forward (tanh)",
+            (Swiglu::ForwardFused, Gelu::Tanh) => "geglu_forward_fused (tanh)",
+            (Swiglu::Backward, Gelu::Tanh) => "geglu_backward (tanh)",
+            (Swiglu::BackwardInplace, Gelu::Tanh) => "geglu_backward_inplace (tanh)",
+            (Swiglu::BackwardFused, Gelu::Tanh) => "geglu_backward_fused (tanh)",
+            (Swiglu::BackwardFusedInplace, Gelu::Tanh) => "geglu_backward_fused_inplace (tanh)",
+            (Swiglu::Forward, _) => "geglu_forward (erf)",
+            (Swiglu::ForwardFused, _) => "geglu_forward_fused (erf)",
+            (Swiglu::Backward, _) => "geglu_backward (erf)",
+            (Swiglu::BackwardInplace, _) => "geglu_backward_inplace (erf)",
+            (Swiglu::BackwardFused, _) => "geglu_backward_fused (erf)",
+            (Swiglu::BackwardFusedInplace, _) => "geglu_backward_fused_inplace (erf)",
+        }
+    }
+
+    fn base(self) -> Call<SwigluArgs> {
+        self.0.base()
+    }
+
+    fn rows(self, t: &mut Rows<SwigluArgs>) {
+        self.0.rows(t)
+    }
+
+    fn fields(args: &SwigluArgs) -> String {
+        Swiglu::fields(args)
+    }
+}
+
 /// Every public launcher, by op.
 pub(crate) const RMS: [Rms; 3] = [Rms::Forward, Rms::Backward, Rms::BackwardInplace];
 pub(crate) const ROPE: [Rope; 4] = [
@@ -1029,4 +1070,18 @@ pub(crate) const SWIGLU: [Swiglu; 6] = [
     Swiglu::BackwardInplace,
     Swiglu::BackwardFused,
     Swiglu::BackwardFusedInplace,
+];
+pub(crate) const GEGLU: [Geglu; 12] = [
+    Geglu(Swiglu::Forward, Gelu::Tanh),
+    Geglu(Swiglu::ForwardFused, Gelu::Tanh),
+    Geglu(Swiglu::Backward, Gelu::Tanh),
+    Geglu(Swiglu::BackwardInplace, Gelu::Tanh),
+    Geglu(Swiglu::BackwardFused, Gelu::Tanh),
+    Geglu(Swiglu::BackwardFusedInplace, Gelu::Tanh),
+    Geglu(Swiglu::Forward, Gelu::Erf),
+    Geglu(Swiglu::ForwardFused, Gelu::Erf),
+    Geglu(Swiglu::Backward, Gelu::Erf),
+    Geglu(Swiglu::BackwardInplace, Gelu::Erf),
+    Geglu(Swiglu::BackwardFused, Gelu::Erf),
+    Geglu(Swiglu::BackwardFusedInplace, Gelu::Erf),
 ];
