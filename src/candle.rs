@@ -89,7 +89,10 @@ mod swiglu;
 
 pub use rms_norm::{RmsNormConfig, rms_norm, rms_norm_backward, rms_norm_forward};
 pub use rope::{RopeConfig, rope, rope_backward, rope_backward_with, rope_with};
-pub use swiglu::{SwigluConfig, swiglu, swiglu_backward, swiglu_fused, swiglu_fused_backward};
+pub use swiglu::{
+    SwigluConfig, geglu, geglu_backward, geglu_fused, geglu_fused_backward, swiglu,
+    swiglu_backward, swiglu_fused, swiglu_fused_backward,
+};
 
 /// Runs `$f::<T>(args)` for the element type of `$dtype` (f32, f16 or bf16), or returns
 /// candle's unsupported-dtype error for `$op`.

@@ -8,16 +8,19 @@ mod common;
 
 use candle_core::{D, DType, Device, Tensor, Var, WithDType};
 use common::Rng;
+use common::glu::Op as Glu;
 use half::{bf16, f16};
 use liger_rs::candle::{
-    RmsNormConfig, RopeConfig, SwigluConfig, nn, rms_norm, rms_norm_backward, rms_norm_forward,
-    rope, rope_backward, rope_backward_with, rope_with, swiglu, swiglu_backward, swiglu_fused,
-    swiglu_fused_backward,
+    RmsNormConfig, RopeConfig, SwigluConfig, geglu, geglu_backward, geglu_fused,
+    geglu_fused_backward, nn, rms_norm, rms_norm_backward, rms_norm_forward, rope, rope_backward,
+    rope_backward_with, rope_with, swiglu, swiglu_backward, swiglu_fused, swiglu_fused_backward,
 };
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 use liger_rs::reference::Element;
 use liger_rs::reference::rope::CosSinRows;
-use liger_rs::{CastingMode, CosSinLayout, Dtype, PositionIds, RmsNormArgs, RopeArgs, SwigluArgs};
+use liger_rs::{
+    CastingMode, CosSinLayout, Dtype, Gelu, PositionIds, RmsNormArgs, RopeArgs, SwigluArgs,
+};
 use std::sync::{Arc, Mutex};
 
 type Stream = Arc<CudaStream>;
@@ -276,78 +279,8 @@ fn cpu_case<T: Element + WithDType>(seed: u64) {
         );
     }
 
-    let (rows, cols) = (7, 10);
-    let a: Vec<T> = rng.vec(rows * cols, 0.0, 2.0);
-    let b: Vec<T> = rng.vec(rows * cols, 0.0, 1.0);
-    let dc: Vec<T> = rng.vec(rows * cols, 0.0, 1.0);
-    let rc = [rows, cols];
-    for cfg in [
-        SwigluConfig::default(),
-        SwigluConfig::default()
-            .with_gate_multiplier(0.75)
-            .with_down_multiplier(1.5),
-        SwigluConfig::default()
-            .with_gate_multiplier(-1.25)
-            .with_down_multiplier(0.3),
-    ] {
-        let case = format!("{name} {cfg:?}");
-        let (gm, dm) = (cfg.gate_multiplier, T::cast(cfg.down_multiplier as f64));
-        // The ops return c·dm with dm rounded to the dtype; the backward is its gradient.
-        let args = SwigluArgs::new(rows, cols)
-            .with_gate_multiplier(gm)
-            .with_down_multiplier(dm as f32);
-        let c: Vec<f64> = liger_rs::reference::swiglu_forward(&args, &a, &b)
-            .unwrap()
-            .iter()
-            .map(|&c| T::cast(Element::to_f64(c) * dm))
-            .collect();
-        let g = liger_rs::reference::swiglu_backward(&args, &dc, &a, &b).unwrap();
-        let (da, db) = swiglu_backward(&t(&dc, &rc), &t(&a, &rc), &t(&b, &rc), &cfg).unwrap();
-        assert_eq!(
-            (cpu_vals::<T>(&da), cpu_vals::<T>(&db)),
-            (wide(&g.da), wide(&g.db)),
-            "explicit, {case}"
-        );
-        let (av, bv) = (var(&a, &rc), var(&b, &rc));
-        let y = swiglu(av.as_tensor(), bv.as_tensor(), &cfg).unwrap();
-        assert_eq!(cpu_vals::<T>(&y), c, "c·dm, {case}");
-        let grads = (y * t(&dc, &rc))
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        assert_eq!(
-            cpu_vals::<T>(grads.get(&av).unwrap()),
-            wide(&g.da),
-            "autograd da, {case}"
-        );
-        assert_eq!(
-            cpu_vals::<T>(grads.get(&bv).unwrap()),
-            wide(&g.db),
-            "autograd db, {case}"
-        );
-
-        let join =
-            |p: &[T], q: &[T]| liger_rs::reference::swiglu::join_gate_up(p, q, cols).unwrap();
-        let (gu, dgu) = (join(&a, &b), join(&g.da, &g.db));
-        let fused = [rows, 2 * cols];
-        let d = swiglu_fused_backward(&t(&dc, &rc), &t(&gu, &fused), &cfg).unwrap();
-        assert_eq!(cpu_vals::<T>(&d), wide(&dgu), "explicit fused, {case}");
-        let gv = var(&gu, &fused);
-        let y = swiglu_fused(gv.as_tensor(), &cfg).unwrap();
-        assert_eq!(cpu_vals::<T>(&y), c, "fused c·dm, {case}");
-        let grads = (y * t(&dc, &rc))
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        assert_eq!(
-            cpu_vals::<T>(grads.get(&gv).unwrap()),
-            wide(&dgu),
-            "autograd fused, {case}"
-        );
+    for glu in GLUS {
+        cpu_glu_case::<T>(glu, &mut rng);
     }
 
     let (bs, s, hq, hk, d) = (2, 5, 3, 1, 8);
@@ -431,6 +364,136 @@ fn cpu_case<T: Element + WithDType>(seed: u64) {
                 "autograd dk, {case}"
             );
         }
+    }
+}
+
+/// The GLU ops: SwiGLU and GEGLU in both forms.
+const GLUS: [Glu; 3] = [Glu::Swiglu, Glu::Geglu(Gelu::Tanh), Glu::Geglu(Gelu::Erf)];
+
+/// candle's autograd op for `glu`, separate gate and up.
+fn candle_glu(glu: Glu, a: &Tensor, b: &Tensor, cfg: &SwigluConfig) -> candle_core::Result<Tensor> {
+    match glu {
+        Glu::Swiglu => swiglu(a, b, cfg),
+        Glu::Geglu(gelu) => geglu(a, b, gelu, cfg),
+    }
+}
+
+/// candle's explicit backward for `glu`, separate.
+fn candle_glu_backward(
+    glu: Glu,
+    dc: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    cfg: &SwigluConfig,
+) -> candle_core::Result<(Tensor, Tensor)> {
+    match glu {
+        Glu::Swiglu => swiglu_backward(dc, a, b, cfg),
+        Glu::Geglu(gelu) => geglu_backward(dc, a, b, gelu, cfg),
+    }
+}
+
+/// candle's autograd op for `glu`, fused gate-up.
+fn candle_glu_fused(glu: Glu, gate_up: &Tensor, cfg: &SwigluConfig) -> candle_core::Result<Tensor> {
+    match glu {
+        Glu::Swiglu => swiglu_fused(gate_up, cfg),
+        Glu::Geglu(gelu) => geglu_fused(gate_up, gelu, cfg),
+    }
+}
+
+/// candle's explicit backward for `glu`, fused.
+fn candle_glu_fused_backward(
+    glu: Glu,
+    dc: &Tensor,
+    gate_up: &Tensor,
+    cfg: &SwigluConfig,
+) -> candle_core::Result<Tensor> {
+    match glu {
+        Glu::Swiglu => swiglu_fused_backward(dc, gate_up, cfg),
+        Glu::Geglu(gelu) => geglu_fused_backward(dc, gate_up, gelu, cfg),
+    }
+}
+
+/// [`cpu_case`]'s GLU part: the explicit calls and autograd of `glu`, separate and fused, with
+/// multipliers, equal to the reference.
+fn cpu_glu_case<T: Element + WithDType>(glu: Glu, rng: &mut Rng) {
+    let cpu = Device::Cpu;
+    let t = |data: &[T], shape: &[usize]| Tensor::from_slice(data, shape, &cpu).unwrap();
+    let var = |data: &[T], shape: &[usize]| Var::from_tensor(&t(data, shape)).unwrap();
+    let name = T::NAME;
+    let (rows, cols) = (7, 10);
+    let a: Vec<T> = rng.vec(rows * cols, 0.0, 2.0);
+    let b: Vec<T> = rng.vec(rows * cols, 0.0, 1.0);
+    let dc: Vec<T> = rng.vec(rows * cols, 0.0, 1.0);
+    let rc = [rows, cols];
+    for cfg in [
+        SwigluConfig::default(),
+        SwigluConfig::default()
+            .with_gate_multiplier(0.75)
+            .with_down_multiplier(1.5),
+        SwigluConfig::default()
+            .with_gate_multiplier(-1.25)
+            .with_down_multiplier(0.3),
+    ] {
+        let case = format!("{name} {glu:?} {cfg:?}");
+        let (gm, dm) = (cfg.gate_multiplier, T::cast(cfg.down_multiplier as f64));
+        // The ops return c·dm with dm rounded to the dtype; the backward is its gradient.
+        let args = SwigluArgs::new(rows, cols)
+            .with_gate_multiplier(gm)
+            .with_down_multiplier(dm as f32);
+        let c: Vec<f64> = glu
+            .ref_forward(&args, &a, &b)
+            .unwrap()
+            .iter()
+            .map(|&c| T::cast(Element::to_f64(c) * dm))
+            .collect();
+        let g = glu.ref_backward(&args, &dc, &a, &b).unwrap();
+        let (da, db) =
+            candle_glu_backward(glu, &t(&dc, &rc), &t(&a, &rc), &t(&b, &rc), &cfg).unwrap();
+        assert_eq!(
+            (cpu_vals::<T>(&da), cpu_vals::<T>(&db)),
+            (wide(&g.da), wide(&g.db)),
+            "explicit, {case}"
+        );
+        let (av, bv) = (var(&a, &rc), var(&b, &rc));
+        let y = candle_glu(glu, av.as_tensor(), bv.as_tensor(), &cfg).unwrap();
+        assert_eq!(cpu_vals::<T>(&y), c, "c·dm, {case}");
+        let grads = (y * t(&dc, &rc))
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        assert_eq!(
+            cpu_vals::<T>(grads.get(&av).unwrap()),
+            wide(&g.da),
+            "autograd da, {case}"
+        );
+        assert_eq!(
+            cpu_vals::<T>(grads.get(&bv).unwrap()),
+            wide(&g.db),
+            "autograd db, {case}"
+        );
+
+        let join =
+            |p: &[T], q: &[T]| liger_rs::reference::swiglu::join_gate_up(p, q, cols).unwrap();
+        let (gu, dgu) = (join(&a, &b), join(&g.da, &g.db));
+        let fused = [rows, 2 * cols];
+        let d = candle_glu_fused_backward(glu, &t(&dc, &rc), &t(&gu, &fused), &cfg).unwrap();
+        assert_eq!(cpu_vals::<T>(&d), wide(&dgu), "explicit fused, {case}");
+        let gv = var(&gu, &fused);
+        let y = candle_glu_fused(glu, gv.as_tensor(), &cfg).unwrap();
+        assert_eq!(cpu_vals::<T>(&y), c, "fused c·dm, {case}");
+        let grads = (y * t(&dc, &rc))
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        assert_eq!(
+            cpu_vals::<T>(grads.get(&gv).unwrap()),
+            wide(&dgu),
+            "autograd fused, {case}"
+        );
     }
 }
 
@@ -902,10 +965,20 @@ fn gpu_rope_matches_plain_api_bf16() {
 
 // ---------------------------------------------------------------- GPU: SwiGLU
 
-fn swiglu_case<T: El>(dev: &Device, rng: &mut Rng, form: Form, fused: bool, cfg: SwigluConfig) {
+fn glu_case<T: El>(
+    glu: Glu,
+    dev: &Device,
+    rng: &mut Rng,
+    form: Form,
+    fused: bool,
+    cfg: SwigluConfig,
+) {
     let stream = stream_of(dev);
     let (rows, cols) = (29, 64 + (rng.next_u64() % 4) as usize * 8 + form as usize);
-    let case = format!("{} {rows}×{cols} {form:?} fused={fused} {cfg:?}", T::NAME);
+    let case = format!(
+        "{glu:?} {} {rows}×{cols} {form:?} fused={fused} {cfg:?}",
+        T::NAME
+    );
     let (a_h, b_h, dc_h): (Vec<T>, Vec<T>, Vec<T>) = (
         rng.vec(rows * cols, 0.0, 2.0),
         rng.vec(rows * cols, 0.0, 1.0),
@@ -938,17 +1011,19 @@ fn swiglu_case<T: El>(dev: &Device, rng: &mut Rng, form: Form, fused: bool, cfg:
             })
             .collect();
         let gu_d = upload(&stream, &gu_h);
-        liger_rs::swiglu_forward_fused(&stream, &f_args, &gu_d, &mut c_d).unwrap();
+        glu.forward_fused(&stream, &f_args, &gu_d, &mut c_d)
+            .unwrap();
         let mut d_d = alloc::<T>(&stream, 2 * n);
-        liger_rs::swiglu_backward_fused(&stream, &f_args, &dc_d, &gu_d, &mut d_d).unwrap();
+        glu.backward_fused(&stream, &f_args, &dc_d, &gu_d, &mut d_d)
+            .unwrap();
 
         let gu = form.tensor(&gu_h, rows, 2 * cols, dev, rng);
         let dc = form.tensor(&dc_h, rows, cols, dev, rng);
         let (gv, gu_var) = form.var(&gu_h, rows, 2 * cols, dev, rng);
-        let c = swiglu_fused(&gu_var, &cfg).unwrap();
+        let c = candle_glu_fused(glu, &gu_var, &cfg).unwrap();
         assert_eq!(c.dims(), &[rows, cols]);
         assert_same(&format!("c·dm, {case}"), &host::<T>(&c), &times_dm(&c_d));
-        let d = swiglu_fused_backward(&dc, &gu, &cfg).unwrap();
+        let d = candle_glu_fused_backward(glu, &dc, &gu, &cfg).unwrap();
         assert_same(
             &format!("d_gate_up, {case}"),
             &host::<T>(&d),
@@ -962,9 +1037,9 @@ fn swiglu_case<T: El>(dev: &Device, rng: &mut Rng, form: Form, fused: bool, cfg:
         );
     } else {
         let (a_d, b_d) = (upload(&stream, &a_h), upload(&stream, &b_h));
-        liger_rs::swiglu_forward(&stream, &s_args, &a_d, &b_d, &mut c_d).unwrap();
+        glu.forward(&stream, &s_args, &a_d, &b_d, &mut c_d).unwrap();
         let (mut da_d, mut db_d) = (alloc::<T>(&stream, n), alloc::<T>(&stream, n));
-        liger_rs::swiglu_backward(&stream, &s_args, &dc_d, &a_d, &b_d, &mut da_d, &mut db_d)
+        glu.backward(&stream, &s_args, &dc_d, &a_d, &b_d, &mut da_d, &mut db_d)
             .unwrap();
 
         let a = form.tensor(&a_h, rows, cols, dev, rng);
@@ -972,9 +1047,9 @@ fn swiglu_case<T: El>(dev: &Device, rng: &mut Rng, form: Form, fused: bool, cfg:
         let dc = form.tensor(&dc_h, rows, cols, dev, rng);
         let (av, a_var) = form.var(&a_h, rows, cols, dev, rng);
         let (bv, b_var) = form.var(&b_h, rows, cols, dev, rng);
-        let c = swiglu(&a_var, &b_var, &cfg).unwrap();
+        let c = candle_glu(glu, &a_var, &b_var, &cfg).unwrap();
         assert_same(&format!("c·dm, {case}"), &host::<T>(&c), &times_dm(&c_d));
-        let (da, db) = swiglu_backward(&dc, &a, &b, &cfg).unwrap();
+        let (da, db) = candle_glu_backward(glu, &dc, &a, &b, &cfg).unwrap();
         assert_same(
             &format!("da, {case}"),
             &host::<T>(&da),
@@ -999,11 +1074,12 @@ fn swiglu_case<T: El>(dev: &Device, rng: &mut Rng, form: Form, fused: bool, cfg:
     }
 }
 
-fn swiglu_sweep<T: El>(test: &str, seed: u64) {
+/// Every layout form, separate and fused, default and other multipliers, of each op in `glus`.
+fn glu_sweep<T: El>(glus: &[Glu], test: &str, seed: u64) {
     let Some(dev) = candle_gpu(test) else { return };
     let mut rng = Rng::new(seed);
     let mut n = 0;
-    for form in FORMS {
+    for (&glu, form) in glus.iter().flat_map(|g| FORMS.map(|f| (g, f))) {
         for fused in [false, true] {
             for cfg in [
                 SwigluConfig::default(),
@@ -1011,7 +1087,7 @@ fn swiglu_sweep<T: El>(test: &str, seed: u64) {
                     .with_gate_multiplier(0.75)
                     .with_down_multiplier(1.5),
             ] {
-                swiglu_case::<T>(&dev, &mut rng, form, fused, cfg);
+                glu_case::<T>(glu, &dev, &mut rng, form, fused, cfg);
                 n += 1;
             }
         }
@@ -1021,17 +1097,32 @@ fn swiglu_sweep<T: El>(test: &str, seed: u64) {
 
 #[test]
 fn gpu_swiglu_matches_plain_api_f32() {
-    swiglu_sweep::<f32>("gpu_swiglu_matches_plain_api_f32", 21);
+    glu_sweep::<f32>(&[Glu::Swiglu], "gpu_swiglu_matches_plain_api_f32", 21);
 }
 
 #[test]
 fn gpu_swiglu_matches_plain_api_f16() {
-    swiglu_sweep::<f16>("gpu_swiglu_matches_plain_api_f16", 22);
+    glu_sweep::<f16>(&[Glu::Swiglu], "gpu_swiglu_matches_plain_api_f16", 22);
 }
 
 #[test]
 fn gpu_swiglu_matches_plain_api_bf16() {
-    swiglu_sweep::<bf16>("gpu_swiglu_matches_plain_api_bf16", 23);
+    glu_sweep::<bf16>(&[Glu::Swiglu], "gpu_swiglu_matches_plain_api_bf16", 23);
+}
+
+#[test]
+fn gpu_geglu_matches_plain_api_f32() {
+    glu_sweep::<f32>(&GLUS[1..], "gpu_geglu_matches_plain_api_f32", 24);
+}
+
+#[test]
+fn gpu_geglu_matches_plain_api_f16() {
+    glu_sweep::<f16>(&GLUS[1..], "gpu_geglu_matches_plain_api_f16", 25);
+}
+
+#[test]
+fn gpu_geglu_matches_plain_api_bf16() {
+    glu_sweep::<bf16>(&GLUS[1..], "gpu_geglu_matches_plain_api_bf16", 26);
 }
 
 // ---------------------------------------------------------------- GPU: composition, errors
@@ -1336,16 +1427,18 @@ fn fd_sweep(dtype: DType, h: f64, tol: f64) {
         let cfg = SwigluConfig::default()
             .with_gate_multiplier(gm)
             .with_down_multiplier(dm);
-        check(
-            format!("swiglu {cfg:?}"),
-            vec![a.clone(), b.clone()],
-            Box::new(move |t| swiglu(&t[0], &t[1], &cfg)),
-        );
-        check(
-            format!("swiglu_fused {cfg:?}"),
-            vec![gu.clone()],
-            Box::new(move |t| swiglu_fused(&t[0], &cfg)),
-        );
+        for glu in GLUS {
+            check(
+                format!("{glu:?} {cfg:?}"),
+                vec![a.clone(), b.clone()],
+                Box::new(move |t| candle_glu(glu, &t[0], &t[1], &cfg)),
+            );
+            check(
+                format!("{glu:?} fused {cfg:?}"),
+                vec![gu.clone()],
+                Box::new(move |t| candle_glu_fused(glu, &t[0], &cfg)),
+            );
+        }
     }
 
     let (bs, s, hq, hk, d) = (2, 3, 2, 1, 8);

@@ -1,20 +1,53 @@
-//! SwiGLU on candle tensors: the autograd ops (separate and fused gate-up), the explicit
-//! backwards.
+//! SwiGLU and GEGLU on candle tensors: the autograd ops (separate and fused gate-up), the
+//! explicit backwards. GEGLU takes every path of SwiGLU's (one op, [`Glu`], picks the kernels
+//! and the reference).
 use super::{
     Elem, HostElem, On, by_dtype, by_host_dtype, crate_err, cuda, host, host_slice, host_tensor,
     on, output, rows_cols, same_dtype, same_shape, scaled, tensor, view, wrap,
 };
-use crate::SwigluArgs;
 use crate::error::invalid;
+use crate::identity::GeluForm;
 use crate::reference::swiglu::{join_gate_up, split_gate_up};
+use crate::reference::{Element, geglu, swiglu as ref_swiglu};
+use crate::swiglu::Glu;
+use crate::{Gelu, SwigluArgs};
 use candle_core::backend::BackendStorage;
 use candle_core::{
     CpuStorage, CudaStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor,
 };
 use half::{bf16, f16};
 
-const SWIGLU: &str = "liger-rs swiglu";
-const SWIGLU_FUSED: &str = "liger-rs swiglu_fused";
+/// The op's name in errors: separate and fused.
+fn names(glu: Glu) -> (&'static str, &'static str) {
+    match glu {
+        Glu::Swiglu => ("liger-rs swiglu", "liger-rs swiglu_fused"),
+        Glu::Geglu(_) => ("liger-rs geglu", "liger-rs geglu_fused"),
+    }
+}
+
+/// The reference forward of `glu` (contiguous separate rows).
+fn ref_forward<T: Element>(glu: Glu, args: &SwigluArgs, a: &[T], b: &[T]) -> Result<Vec<T>> {
+    match glu {
+        Glu::Swiglu => ref_swiglu::swiglu_forward(args, a, b),
+        Glu::Geglu(form) => geglu::geglu_forward(args, a, b, form == GeluForm::Erf),
+    }
+    .map_err(crate_err)
+}
+
+/// The reference backward of `glu`: `(da, db)`.
+fn ref_backward<T: Element>(
+    glu: Glu,
+    args: &SwigluArgs,
+    [dc, a, b]: [&[T]; 3],
+) -> Result<(Vec<T>, Vec<T>)> {
+    match glu {
+        Glu::Swiglu => ref_swiglu::swiglu_backward(args, dc, a, b).map(|g| (g.da, g.db)),
+        Glu::Geglu(form) => {
+            geglu::geglu_backward(args, dc, a, b, form == GeluForm::Erf).map(|g| (g.da, g.db))
+        }
+    }
+    .map_err(crate_err)
+}
 
 /// SwiGLU multipliers (both 1 by default; see [`SwigluArgs`]): the gate is `a·gm`, and the
 /// ops return `c·dm` (`c = silu(a·gm)·b`), whose gradient their backward is.
@@ -107,11 +140,11 @@ impl SwigluConfig {
 }
 
 /// The `(rows, cols)` of the fused gate-up tensor `[..., 2·cols]`.
-pub(super) fn fused_rows_cols(gate_up: &Tensor) -> Result<(usize, usize)> {
+pub(super) fn fused_rows_cols(gate_up: &Tensor, name: &str) -> Result<(usize, usize)> {
     let (rows, width) = rows_cols(gate_up.shape());
     if gate_up.rank() == 0 || !width.is_multiple_of(2) || width == 0 {
         return Err(candle_core::Error::Msg(format!(
-            "{SWIGLU_FUSED}: `gate_up` must be [..., 2·cols] (an even last dim ≥ 2: gate, then \
+            "{name}: `gate_up` must be [..., 2·cols] (an even last dim ≥ 2: gate, then \
              up), got {:?}",
             gate_up.dims()
         )));
@@ -128,37 +161,40 @@ fn fused_out_shape(gate_up: &Shape) -> Shape {
     Shape::from(dims)
 }
 
-/// SwiGLU forward on CUDA storages: separate `a`, `b` (`Some(b)`) or fused `a = [gate | up]`
+/// Forward on CUDA storages: separate `a`, `b` (`Some(b)`) or fused `a = [gate | up]`
 /// (`None`), into a new `c` of `rows × cols` (without `dm`).
 fn fwd_cuda(
+    glu: Glu,
     cfg: &SwigluConfig,
-    rows: usize,
-    cols: usize,
+    (rows, cols): (usize, usize),
     a: (&CudaStorage, &Layout),
     b: Option<(&CudaStorage, &Layout)>,
 ) -> Result<CudaStorage> {
     fn run<T: Elem>(
+        glu: Glu,
         cfg: &SwigluConfig,
-        rows: usize,
-        cols: usize,
+        (rows, cols): (usize, usize),
         a: (&CudaStorage, &Layout),
         b: Option<(&CudaStorage, &Layout)>,
     ) -> Result<CudaStorage> {
+        let name = names(glu).0;
         let device = &a.0.device;
         let stream = device.cuda_stream();
-        let a_view = view::<T>(a.0, a.1, SWIGLU)?;
-        let mut c = output::<T>(&stream, rows * cols, SWIGLU)?;
+        let a_view = view::<T>(a.0, a.1, name)?;
+        let mut c = output::<T>(&stream, rows * cols, name)?;
         match b {
-            Some((b, b_l)) => crate::swiglu_forward(
+            Some((b, b_l)) => crate::swiglu::forward(
                 &stream,
                 &cfg.apply(SwigluArgs::new(rows, cols)),
+                glu,
                 &a_view,
-                &view::<T>(b, b_l, SWIGLU)?,
+                &view::<T>(b, b_l, name)?,
                 &mut c,
             ),
-            None => crate::swiglu_forward_fused(
+            None => crate::swiglu::forward_fused(
                 &stream,
                 &cfg.apply(SwigluArgs::fused(rows, cols)),
+                glu,
                 &a_view,
                 &mut c,
             ),
@@ -166,34 +202,37 @@ fn fwd_cuda(
         .map_err(crate_err)?;
         Ok(wrap(c, device))
     }
-    by_dtype!(a.0.dtype(), SWIGLU, run(cfg, rows, cols, a, b))
+    by_dtype!(a.0.dtype(), names(glu).0, run(glu, cfg, (rows, cols), a, b))
 }
 
-/// SwiGLU forward on CPU storages (as [`fwd_cuda`]), by the reference.
+/// Forward on CPU storages (as [`fwd_cuda`]), by the reference.
 fn fwd_cpu(
+    glu: Glu,
     cfg: &SwigluConfig,
     cols: usize,
     a: (&CpuStorage, &Layout),
     b: Option<(&CpuStorage, &Layout)>,
 ) -> Result<CpuStorage> {
     fn run<T: HostElem>(
+        glu: Glu,
         cfg: &SwigluConfig,
         cols: usize,
         a: (&CpuStorage, &Layout),
         b: Option<(&CpuStorage, &Layout)>,
     ) -> Result<CpuStorage> {
         cfg.check()?;
+        let name = names(glu).0;
         let a_shape = a.1.shape();
-        let a = host_slice::<T>(a.0, a.1, SWIGLU)?;
+        let a = host_slice::<T>(a.0, a.1, name)?;
         let (gate, up) = match b {
-            Some((b, b_l)) => (a.to_vec(), host_slice::<T>(b, b_l, SWIGLU)?.to_vec()),
+            Some((b, b_l)) => (a.to_vec(), host_slice::<T>(b, b_l, name)?.to_vec()),
             None => split_gate_up(a, cols).map_err(crate_err)?,
         };
         let args = cfg.apply(SwigluArgs::new(rows_cols(a_shape).0, cols));
-        let c = crate::reference::swiglu_forward(&args, &gate, &up).map_err(crate_err)?;
+        let c = ref_forward(glu, &args, &gate, &up)?;
         Ok(T::to_cpu_storage_owned(c))
     }
-    by_host_dtype!(a.0.dtype(), SWIGLU, run(cfg, cols, a, b))
+    by_host_dtype!(a.0.dtype(), names(glu).0, run(glu, cfg, cols, a, b))
 }
 
 /// SwiGLU with candle autograd: returns `c·dm` with `c = silu(a·gm)·b` element-wise (gate
@@ -213,12 +252,36 @@ fn fwd_cpu(
 /// # Ok::<(), candle_core::Error>(())
 /// ```
 pub fn swiglu(a: &Tensor, b: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
-    same_shape(SWIGLU, a, b)?;
-    same_dtype(SWIGLU, a, b)?;
-    on(SWIGLU, &[("a", a), ("b", b)])?;
+    glu_op(Glu::Swiglu, a, b, cfg)
+}
+
+/// GEGLU with candle autograd: returns `c·dm` with `c = gelu(a·gm)·b` element-wise, GELU in
+/// the form `gelu`; otherwise as [`swiglu`] (rounding as [`crate::geglu_forward`]).
+///
+/// ```no_run
+/// use candle_core::{DType, Device, Tensor};
+/// use liger_rs::Gelu;
+/// use liger_rs::candle::{SwigluConfig, geglu};
+/// let dev = Device::new_cuda(0)?;
+/// let gate = Tensor::randn(0f32, 1.0, (8, 16384), &dev)?.to_dtype(DType::BF16)?;
+/// let up = Tensor::randn(0f32, 1.0, (8, 16384), &dev)?.to_dtype(DType::BF16)?;
+/// let c = geglu(&gate, &up, Gelu::Tanh, &SwigluConfig::default())?;
+/// # let _ = c;
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn geglu(a: &Tensor, b: &Tensor, gelu: Gelu, cfg: &SwigluConfig) -> Result<Tensor> {
+    glu_op(gelu.glu(), a, b, cfg)
+}
+
+/// [`swiglu`] or [`geglu`].
+fn glu_op(glu: Glu, a: &Tensor, b: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
+    let name = names(glu).0;
+    same_shape(name, a, b)?;
+    same_dtype(name, a, b)?;
+    on(name, &[("a", a), ("b", b)])?;
     let cfg = cfg.for_dtype(a.dtype());
     a.contiguous()?
-        .apply_op2(&b.contiguous()?, SwigluOp { cfg })
+        .apply_op2(&b.contiguous()?, GluOp { glu, cfg })
 }
 
 /// SwiGLU backward without autograd: returns `(da, db)`, the gradients of `c·dm` (what
@@ -242,83 +305,121 @@ pub fn swiglu_backward(
     b: &Tensor,
     cfg: &SwigluConfig,
 ) -> Result<(Tensor, Tensor)> {
-    same_shape(SWIGLU, a, b)?;
-    same_shape(SWIGLU, dc, a)?;
-    same_dtype(SWIGLU, a, b)?;
-    same_dtype(SWIGLU, dc, a)?;
+    glu_backward(Glu::Swiglu, [dc, a, b], cfg)
+}
+
+/// GEGLU backward without autograd: `(da, db)`, the gradients of what [`geglu`] returns, as
+/// [`crate::geglu_backward`] computes them; otherwise as [`swiglu_backward`].
+///
+/// ```no_run
+/// use candle_core::{Device, Tensor};
+/// use liger_rs::Gelu;
+/// use liger_rs::candle::{SwigluConfig, geglu_backward};
+/// let dev = Device::new_cuda(0)?;
+/// let a = Tensor::randn(0f32, 1.0, (8, 16384), &dev)?;
+/// let b = Tensor::randn(0f32, 1.0, (8, 16384), &dev)?;
+/// let (da, db) = geglu_backward(&a.ones_like()?, &a, &b, Gelu::Erf, &SwigluConfig::default())?;
+/// # let _ = (da, db);
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn geglu_backward(
+    dc: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    gelu: Gelu,
+    cfg: &SwigluConfig,
+) -> Result<(Tensor, Tensor)> {
+    glu_backward(gelu.glu(), [dc, a, b], cfg)
+}
+
+/// [`swiglu_backward`] or [`geglu_backward`].
+fn glu_backward(
+    glu: Glu,
+    [dc, a, b]: [&Tensor; 3],
+    cfg: &SwigluConfig,
+) -> Result<(Tensor, Tensor)> {
+    let name = names(glu).0;
+    same_shape(name, a, b)?;
+    same_shape(name, dc, a)?;
+    same_dtype(name, a, b)?;
+    same_dtype(name, dc, a)?;
     let cfg = cfg.for_dtype(a.dtype());
     let (dc, a, b) = (dc.contiguous()?, a.contiguous()?, b.contiguous()?);
     let (rows, cols) = rows_cols(a.shape());
-    if on(SWIGLU, &[("dc", &dc), ("a", &a), ("b", &b)])? == On::Cpu {
+    if on(name, &[("dc", &dc), ("a", &a), ("b", &b)])? == On::Cpu {
         fn run<T: HostElem>(
+            glu: Glu,
             cfg: &SwigluConfig,
             (rows, cols): (usize, usize),
             [dc, a, b]: [&Tensor; 3],
         ) -> Result<(Tensor, Tensor)> {
             cfg.check()?;
-            let g = crate::reference::swiglu_backward(
-                &cfg.apply(SwigluArgs::new(rows, cols)),
-                &host::<T>(dc)?,
-                &host::<T>(a)?,
-                &host::<T>(b)?,
-            )
-            .map_err(crate_err)?;
+            let args = cfg.apply(SwigluArgs::new(rows, cols));
+            let data = [host::<T>(dc)?, host::<T>(a)?, host::<T>(b)?];
+            let [dc_h, a_h, b_h] = &data;
+            let (da, db) = ref_backward(glu, &args, [dc_h, a_h, b_h])?;
             Ok((
-                host_tensor(g.da, a.shape().clone())?,
-                host_tensor(g.db, a.shape().clone())?,
+                host_tensor(da, a.shape().clone())?,
+                host_tensor(db, a.shape().clone())?,
             ))
         }
-        return by_host_dtype!(a.dtype(), SWIGLU, run(&cfg, (rows, cols), [&dc, &a, &b]));
+        return by_host_dtype!(a.dtype(), name, run(glu, &cfg, (rows, cols), [&dc, &a, &b]));
     }
     let (dc_s, dc_l) = dc.storage_and_layout();
     let (a_s, a_l) = a.storage_and_layout();
     let (b_s, b_l) = b.storage_and_layout();
     let (da, db) = bwd_cuda(
+        glu,
         &cfg,
-        rows,
-        cols,
+        (rows, cols),
         [
-            (cuda(&dc_s, SWIGLU, "dc")?, dc_l),
-            (cuda(&a_s, SWIGLU, "a")?, a_l),
-            (cuda(&b_s, SWIGLU, "b")?, b_l),
+            (cuda(&dc_s, name, "dc")?, dc_l),
+            (cuda(&a_s, name, "a")?, a_l),
+            (cuda(&b_s, name, "b")?, b_l),
         ],
     )?;
     Ok((tensor(da, a.shape().clone()), tensor(db, a.shape().clone())))
 }
 
-/// SwiGLU backward on CUDA storages, separate layout: `(da, db)`.
+/// Backward on CUDA storages, separate layout: `(da, db)`.
 fn bwd_cuda(
+    glu: Glu,
     cfg: &SwigluConfig,
-    rows: usize,
-    cols: usize,
+    (rows, cols): (usize, usize),
     [dc, a, b]: [(&CudaStorage, &Layout); 3],
 ) -> Result<(CudaStorage, CudaStorage)> {
     fn run<T: Elem>(
+        glu: Glu,
         cfg: &SwigluConfig,
-        rows: usize,
-        cols: usize,
+        (rows, cols): (usize, usize),
         [dc, a, b]: [(&CudaStorage, &Layout); 3],
     ) -> Result<(CudaStorage, CudaStorage)> {
+        let name = names(glu).0;
         let device = &a.0.device;
         let stream = device.cuda_stream();
         let n = rows * cols;
         let (mut da, mut db) = (
-            output::<T>(&stream, n, SWIGLU)?,
-            output::<T>(&stream, n, SWIGLU)?,
+            output::<T>(&stream, n, name)?,
+            output::<T>(&stream, n, name)?,
         );
-        crate::swiglu_backward(
+        crate::swiglu::backward(
             &stream,
             &cfg.apply(SwigluArgs::new(rows, cols)),
-            &view::<T>(dc.0, dc.1, SWIGLU)?,
-            &view::<T>(a.0, a.1, SWIGLU)?,
-            &view::<T>(b.0, b.1, SWIGLU)?,
+            glu,
+            &view::<T>(dc.0, dc.1, name)?,
+            &view::<T>(a.0, a.1, name)?,
+            &view::<T>(b.0, b.1, name)?,
             &mut da,
             &mut db,
         )
         .map_err(crate_err)?;
         Ok((wrap(da, device), wrap(db, device)))
     }
-    by_dtype!(a.0.dtype(), SWIGLU, run(cfg, rows, cols, [dc, a, b]))
+    by_dtype!(
+        a.0.dtype(),
+        names(glu).0,
+        run(glu, cfg, (rows, cols), [dc, a, b])
+    )
 }
 
 /// SwiGLU with candle autograd from a fused gate-up tensor `[..., 2·cols]` (gate in the first
@@ -335,10 +436,33 @@ fn bwd_cuda(
 /// # Ok::<(), candle_core::Error>(())
 /// ```
 pub fn swiglu_fused(gate_up: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
-    fused_rows_cols(gate_up)?;
-    on(SWIGLU_FUSED, &[("gate_up", gate_up)])?;
+    glu_fused(Glu::Swiglu, gate_up, cfg)
+}
+
+/// GEGLU with candle autograd from a fused gate-up tensor `[..., 2·cols]`, GELU in the form
+/// `gelu`; otherwise as [`swiglu_fused`].
+///
+/// ```no_run
+/// use candle_core::{Device, Tensor};
+/// use liger_rs::Gelu;
+/// use liger_rs::candle::{SwigluConfig, geglu_fused};
+/// let dev = Device::new_cuda(0)?;
+/// let gate_up = Tensor::randn(0f32, 1.0, (4, 32, 2 * 16384), &dev)?;
+/// let c = geglu_fused(&gate_up, Gelu::Tanh, &SwigluConfig::default())?; // [4, 32, 16384]
+/// # let _ = c;
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn geglu_fused(gate_up: &Tensor, gelu: Gelu, cfg: &SwigluConfig) -> Result<Tensor> {
+    glu_fused(gelu.glu(), gate_up, cfg)
+}
+
+/// [`swiglu_fused`] or [`geglu_fused`].
+fn glu_fused(glu: Glu, gate_up: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
+    let name = names(glu).1;
+    fused_rows_cols(gate_up, name)?;
+    on(name, &[("gate_up", gate_up)])?;
     let cfg = cfg.for_dtype(gate_up.dtype());
-    gate_up.contiguous()?.apply_op1(SwigluOp { cfg })
+    gate_up.contiguous()?.apply_op1(GluOp { glu, cfg })
 }
 
 /// Fused SwiGLU backward without autograd: returns `d_gate_up` (shaped like `gate_up`), the
@@ -358,11 +482,47 @@ pub fn swiglu_fused(gate_up: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
 /// # Ok::<(), candle_core::Error>(())
 /// ```
 pub fn swiglu_fused_backward(dc: &Tensor, gate_up: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
-    let (rows, cols) = fused_rows_cols(gate_up)?;
-    same_dtype(SWIGLU_FUSED, dc, gate_up)?;
+    glu_fused_backward(Glu::Swiglu, dc, gate_up, cfg)
+}
+
+/// Fused GEGLU backward without autograd: `d_gate_up`, the gradient of what [`geglu_fused`]
+/// returns, as [`crate::geglu_backward_fused`] computes it; otherwise as
+/// [`swiglu_fused_backward`].
+///
+/// ```no_run
+/// use candle_core::{Device, Tensor};
+/// use liger_rs::Gelu;
+/// use liger_rs::candle::{SwigluConfig, geglu_fused, geglu_fused_backward};
+/// let dev = Device::new_cuda(0)?;
+/// let gate_up = Tensor::randn(0f32, 1.0, (8, 2 * 16384), &dev)?;
+/// let cfg = SwigluConfig::default();
+/// let c = geglu_fused(&gate_up, Gelu::Erf, &cfg)?;
+/// let d_gate_up = geglu_fused_backward(&c.ones_like()?, &gate_up, Gelu::Erf, &cfg)?;
+/// # let _ = d_gate_up;
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn geglu_fused_backward(
+    dc: &Tensor,
+    gate_up: &Tensor,
+    gelu: Gelu,
+    cfg: &SwigluConfig,
+) -> Result<Tensor> {
+    glu_fused_backward(gelu.glu(), dc, gate_up, cfg)
+}
+
+/// [`swiglu_fused_backward`] or [`geglu_fused_backward`].
+fn glu_fused_backward(
+    glu: Glu,
+    dc: &Tensor,
+    gate_up: &Tensor,
+    cfg: &SwigluConfig,
+) -> Result<Tensor> {
+    let name = names(glu).1;
+    let (rows, cols) = fused_rows_cols(gate_up, name)?;
+    same_dtype(name, dc, gate_up)?;
     if dc.shape() != &fused_out_shape(gate_up.shape()) {
         return Err(candle_core::Error::Msg(format!(
-            "{SWIGLU_FUSED}: `dc` must be {:?} for `gate_up` {:?}, got {:?}",
+            "{name}: `dc` must be {:?} for `gate_up` {:?}, got {:?}",
             fused_out_shape(gate_up.shape()).dims(),
             gate_up.dims(),
             dc.dims()
@@ -370,8 +530,9 @@ pub fn swiglu_fused_backward(dc: &Tensor, gate_up: &Tensor, cfg: &SwigluConfig) 
     }
     let cfg = cfg.for_dtype(gate_up.dtype());
     let (dc, gate_up) = (dc.contiguous()?, gate_up.contiguous()?);
-    if on(SWIGLU_FUSED, &[("dc", &dc), ("gate_up", &gate_up)])? == On::Cpu {
+    if on(name, &[("dc", &dc), ("gate_up", &gate_up)])? == On::Cpu {
         fn run<T: HostElem>(
+            glu: Glu,
             cfg: &SwigluConfig,
             cols: usize,
             dc: &Tensor,
@@ -380,96 +541,95 @@ pub fn swiglu_fused_backward(dc: &Tensor, gate_up: &Tensor, cfg: &SwigluConfig) 
             cfg.check()?;
             let (a, b) = split_gate_up(&host::<T>(gate_up)?, cols).map_err(crate_err)?;
             let args = cfg.apply(SwigluArgs::new(a.len() / cols, cols));
-            let g = crate::reference::swiglu_backward(&args, &host::<T>(dc)?, &a, &b)
-                .map_err(crate_err)?;
-            let d = join_gate_up(&g.da, &g.db, cols).map_err(crate_err)?;
+            let (da, db) = ref_backward(glu, &args, [&host::<T>(dc)?, &a, &b])?;
+            let d = join_gate_up(&da, &db, cols).map_err(crate_err)?;
             host_tensor(d, gate_up.shape().clone())
         }
-        return by_host_dtype!(
-            gate_up.dtype(),
-            SWIGLU_FUSED,
-            run(&cfg, cols, &dc, &gate_up)
-        );
+        return by_host_dtype!(gate_up.dtype(), name, run(glu, &cfg, cols, &dc, &gate_up));
     }
     let (dc_s, dc_l) = dc.storage_and_layout();
     let (g_s, g_l) = gate_up.storage_and_layout();
     let d = fused_bwd_cuda(
+        glu,
         &cfg,
-        rows,
-        cols,
+        (rows, cols),
         [
-            (cuda(&dc_s, SWIGLU_FUSED, "dc")?, dc_l),
-            (cuda(&g_s, SWIGLU_FUSED, "gate_up")?, g_l),
+            (cuda(&dc_s, name, "dc")?, dc_l),
+            (cuda(&g_s, name, "gate_up")?, g_l),
         ],
     )?;
     Ok(tensor(d, gate_up.shape().clone()))
 }
 
-/// SwiGLU backward on CUDA storages, fused layout: `d_gate_up`.
+/// Backward on CUDA storages, fused layout: `d_gate_up`.
 fn fused_bwd_cuda(
+    glu: Glu,
     cfg: &SwigluConfig,
-    rows: usize,
-    cols: usize,
+    (rows, cols): (usize, usize),
     [dc, gate_up]: [(&CudaStorage, &Layout); 2],
 ) -> Result<CudaStorage> {
     fn run<T: Elem>(
+        glu: Glu,
         cfg: &SwigluConfig,
-        rows: usize,
-        cols: usize,
+        (rows, cols): (usize, usize),
         [dc, gate_up]: [(&CudaStorage, &Layout); 2],
     ) -> Result<CudaStorage> {
+        let name = names(glu).1;
         let device = &gate_up.0.device;
         let stream = device.cuda_stream();
-        let mut d = output::<T>(&stream, 2 * rows * cols, SWIGLU_FUSED)?;
-        crate::swiglu_backward_fused(
+        let mut d = output::<T>(&stream, 2 * rows * cols, name)?;
+        crate::swiglu::backward_fused(
             &stream,
             &cfg.apply(SwigluArgs::fused(rows, cols)),
-            &view::<T>(dc.0, dc.1, SWIGLU_FUSED)?,
-            &view::<T>(gate_up.0, gate_up.1, SWIGLU_FUSED)?,
+            glu,
+            &view::<T>(dc.0, dc.1, name)?,
+            &view::<T>(gate_up.0, gate_up.1, name)?,
             &mut d,
         )
         .map_err(crate_err)?;
         Ok(wrap(d, device))
     }
+    let name = names(glu).1;
     by_dtype!(
         gate_up.0.dtype(),
-        SWIGLU_FUSED,
-        run(cfg, rows, cols, [dc, gate_up])
+        name,
+        run(glu, cfg, (rows, cols), [dc, gate_up])
     )
 }
 
-/// The autograd op of [`swiglu`] (two inputs) and [`swiglu_fused`] (one input); `cfg`'s
-/// `dm` is already rounded to the tensors' dtype.
-struct SwigluOp {
+/// The autograd op of [`swiglu`]/[`geglu`] (two inputs) and [`swiglu_fused`]/[`geglu_fused`]
+/// (one input); `cfg`'s `dm` is already rounded to the tensors' dtype.
+struct GluOp {
+    glu: Glu,
     cfg: SwigluConfig,
 }
 
-impl CustomOp1 for SwigluOp {
+impl CustomOp1 for GluOp {
     fn name(&self) -> &'static str {
-        SWIGLU_FUSED
+        names(self.glu).1
     }
 
     fn cpu_fwd(&self, g: &CpuStorage, g_l: &Layout) -> Result<(CpuStorage, Shape)> {
         let shape = fused_out_shape(g_l.shape());
-        let c = fwd_cpu(&self.cfg, rows_cols(&shape).1, (g, g_l), None)?;
+        let c = fwd_cpu(self.glu, &self.cfg, rows_cols(&shape).1, (g, g_l), None)?;
         Ok((scaled(c, &shape, self.cfg.down_multiplier)?, shape))
     }
 
     fn cuda_fwd(&self, g: &CudaStorage, g_l: &Layout) -> Result<(CudaStorage, Shape)> {
         let shape = fused_out_shape(g_l.shape());
-        let (rows, cols) = rows_cols(&shape);
-        let c = fwd_cuda(&self.cfg, rows, cols, (g, g_l), None)?;
+        let c = fwd_cuda(self.glu, &self.cfg, rows_cols(&shape), (g, g_l), None)?;
         Ok((scaled(c, &shape, self.cfg.down_multiplier)?, shape))
     }
 
     fn bwd(&self, gate_up: &Tensor, _c: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(swiglu_fused_backward(grad, gate_up, &self.cfg)?))
+        let d = glu_fused_backward(self.glu, grad, gate_up, &self.cfg)?;
+        Ok(Some(d))
     }
 }
 
-impl CustomOp2 for SwigluOp {
+impl CustomOp2 for GluOp {
     fn name(&self) -> &'static str {
-        SWIGLU
+        names(self.glu).0
     }
 
     fn cpu_fwd(
@@ -480,7 +640,8 @@ impl CustomOp2 for SwigluOp {
         b_l: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let shape = a_l.shape().clone();
-        let c = fwd_cpu(&self.cfg, rows_cols(&shape).1, (a, a_l), Some((b, b_l)))?;
+        let cols = rows_cols(&shape).1;
+        let c = fwd_cpu(self.glu, &self.cfg, cols, (a, a_l), Some((b, b_l)))?;
         Ok((scaled(c, &shape, self.cfg.down_multiplier)?, shape))
     }
 
@@ -492,8 +653,13 @@ impl CustomOp2 for SwigluOp {
         b_l: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         let shape = a_l.shape().clone();
-        let (rows, cols) = rows_cols(&shape);
-        let c = fwd_cuda(&self.cfg, rows, cols, (a, a_l), Some((b, b_l)))?;
+        let c = fwd_cuda(
+            self.glu,
+            &self.cfg,
+            rows_cols(&shape),
+            (a, a_l),
+            Some((b, b_l)),
+        )?;
         Ok((scaled(c, &shape, self.cfg.down_multiplier)?, shape))
     }
 
@@ -504,7 +670,7 @@ impl CustomOp2 for SwigluOp {
         _c: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (da, db) = swiglu_backward(grad, a, b, &self.cfg)?;
+        let (da, db) = glu_backward(self.glu, [grad, a, b], &self.cfg)?;
         Ok((Some(da), Some(db)))
     }
 }
