@@ -4,13 +4,14 @@
 //! share of a copy of the op's own byte count (the "same-size" copy: what the bytes of a small
 //! op cost as a copy, launch and tail included).
 //! `LIGER_BENCH_CSV=path` also writes the rows as CSV; `LIGER_BENCH_OPS=rms_norm,swiglu` (any
-//! of rms_norm, rope, swiglu) limits the run to those ops (e.g. to profile one kernel).
+//! of rms_norm, rope, swiglu, geglu) limits the run to those ops (e.g. to profile one kernel).
 //! Without a GPU it prints one line and exits 0.
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, sys::CUevent_flags};
 use liger_rs::{
-    CosSinLayout, Dtype, RmsNormArgs, RopeArgs, SwigluArgs, rms_norm_backward_inplace,
-    rms_norm_forward, rope_backward, rope_forward, swiglu_backward, swiglu_forward,
+    CosSinLayout, Dtype, Gelu, RmsNormArgs, RopeArgs, SwigluArgs, geglu_backward, geglu_forward,
+    rms_norm_backward_inplace, rms_norm_forward, rope_backward, rope_forward, swiglu_backward,
+    swiglu_forward,
 };
 use std::sync::Arc;
 
@@ -170,8 +171,15 @@ fn rope<T: Dtype>(stream: &Arc<CudaStream>, shape: [usize; 5], out: &mut Vec<Row
     });
 }
 
-/// SwiGLU forward and out-of-place backward on separate gate/up buffers.
-fn swiglu<T: Dtype>(stream: &Arc<CudaStream>, rows: usize, cols: usize, out: &mut Vec<Row>) {
+/// SwiGLU (`gelu` None) or GEGLU forward and out-of-place backward on separate gate/up
+/// buffers.
+fn glu<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    gelu: Option<Gelu>,
+    rows: usize,
+    cols: usize,
+    out: &mut Vec<Row>,
+) {
     let args = SwigluArgs::new(rows, cols);
     let n = rows * cols;
     let a = random::<T>(stream, n, 8);
@@ -180,22 +188,35 @@ fn swiglu<T: Dtype>(stream: &Arc<CudaStream>, rows: usize, cols: usize, out: &mu
     let mut c = stream.alloc_zeros::<T>(n).expect("alloc");
     let mut da = stream.alloc_zeros::<T>(n).expect("alloc");
     let mut db = stream.alloc_zeros::<T>(n).expect("alloc");
+    let (fwd_op, bwd_op) = match gelu {
+        None => ("swiglu_fwd", "swiglu_bwd"),
+        Some(Gelu::Tanh) => ("geglu_fwd", "geglu_bwd"),
+        Some(_) => ("geglu_erf_fwd", "geglu_erf_bwd"),
+    };
     let fwd = time_us(stream, || {
-        swiglu_forward(stream, &args, &a, &b, &mut c).expect("swiglu fwd")
+        match gelu {
+            None => swiglu_forward(stream, &args, &a, &b, &mut c),
+            Some(g) => geglu_forward(stream, &args, g, &a, &b, &mut c),
+        }
+        .expect(fwd_op)
     });
     let bwd = time_us(stream, || {
-        swiglu_backward(stream, &args, &dc, &a, &b, &mut da, &mut db).expect("swiglu bwd")
+        match gelu {
+            None => swiglu_backward(stream, &args, &dc, &a, &b, &mut da, &mut db),
+            Some(g) => geglu_backward(stream, &args, g, &dc, &a, &b, &mut da, &mut db),
+        }
+        .expect(bwd_op)
     });
     let (shape, s) = (format!("{rows}x{cols}"), std::mem::size_of::<T>() as f64);
     out.push(Row {
-        op: "swiglu_fwd",
+        op: fwd_op,
         shape: shape.clone(),
         dtype: T::NAME,
         us: fwd,
         bytes: 3.0 * n as f64 * s,
     });
     out.push(Row {
-        op: "swiglu_bwd",
+        op: bwd_op,
         shape,
         dtype: T::NAME,
         us: bwd,
@@ -236,10 +257,17 @@ fn main() {
         rope::<bf16>(&stream, [1, 1024, 32, 8, 128], &mut rows);
     }
     if run("swiglu") {
-        swiglu::<bf16>(&stream, 16384, 14336, &mut rows);
-        swiglu::<f32>(&stream, 16384, 8192, &mut rows);
-        swiglu::<f16>(&stream, 16384, 14336, &mut rows);
-        swiglu::<bf16>(&stream, 2048, 14336, &mut rows);
+        glu::<bf16>(&stream, None, 16384, 14336, &mut rows);
+        glu::<f32>(&stream, None, 16384, 8192, &mut rows);
+        glu::<f16>(&stream, None, 16384, 14336, &mut rows);
+        glu::<bf16>(&stream, None, 2048, 14336, &mut rows);
+    }
+    if run("geglu") {
+        // The tanh form (Liger's); the exact form, which Liger lacks, on the same shapes.
+        for gelu in [Gelu::Tanh, Gelu::Erf] {
+            glu::<bf16>(&stream, Some(gelu), 16384, 14336, &mut rows);
+            glu::<f32>(&stream, Some(gelu), 16384, 8192, &mut rows);
+        }
     }
 
     let same = same_size_copies(&stream, &rows);

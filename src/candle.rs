@@ -15,7 +15,8 @@
 //! ordered with candle's own work on that device without any synchronisation.
 //!
 //! **Two ways in.**
-//! * Autograd: [`rms_norm`], [`rope`] ([`rope_with`]), [`swiglu`] and [`swiglu_fused`] are
+//! * Autograd: [`rms_norm`], [`rope`] ([`rope_with`]), [`swiglu`], [`swiglu_fused`], [`geglu`]
+//!   and [`geglu_fused`] are
 //!   [`CustomOp1`](candle_core::CustomOp1)/[`CustomOp2`](candle_core::CustomOp2)
 //!   implementations (private types behind these functions) with a backward, so
 //!   `loss.backward()` runs this crate's backward. Each op's backward is the gradient of the
@@ -27,8 +28,8 @@
 //!   output, so [`rope`] writes q and k rotated into one `[q | k]` buffer (reading q and k
 //!   where they are) and returns two views of it.
 //! * Explicit: [`rms_norm_forward`] (which also returns `rstd`), [`rms_norm_backward`],
-//!   [`rope_backward`] ([`rope_backward_with`]), [`swiglu_backward`] and
-//!   [`swiglu_fused_backward`] return new tensors and build no graph, for code that keeps its
+//!   [`rope_backward`] ([`rope_backward_with`]), [`swiglu_backward`],
+//!   [`swiglu_fused_backward`], [`geglu_backward`] and [`geglu_fused_backward`] return new tensors and build no graph, for code that keeps its
 //!   own gradients.
 //!
 //! **Devices.** CUDA tensors run this crate's kernels. CPU tensors run the f64 reference with
