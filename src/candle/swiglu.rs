@@ -8,7 +8,7 @@ use super::{
 use crate::error::invalid;
 use crate::identity::GeluForm;
 use crate::reference::swiglu::{join_gate_up, split_gate_up};
-use crate::reference::{Element, geglu, swiglu as ref_swiglu};
+use crate::reference::{Element, geglu as ref_geglu, swiglu as ref_swiglu};
 use crate::swiglu::Glu;
 use crate::{Gelu, SwigluArgs};
 use candle_core::backend::BackendStorage;
@@ -29,7 +29,7 @@ fn names(glu: Glu) -> (&'static str, &'static str) {
 fn ref_forward<T: Element>(glu: Glu, args: &SwigluArgs, a: &[T], b: &[T]) -> Result<Vec<T>> {
     match glu {
         Glu::Swiglu => ref_swiglu::swiglu_forward(args, a, b),
-        Glu::Geglu(form) => geglu::geglu_forward(args, a, b, form == GeluForm::Erf),
+        Glu::Geglu(form) => ref_geglu::geglu_forward(args, a, b, form == GeluForm::Erf),
     }
     .map_err(crate_err)
 }
@@ -43,7 +43,7 @@ fn ref_backward<T: Element>(
     match glu {
         Glu::Swiglu => ref_swiglu::swiglu_backward(args, dc, a, b).map(|g| (g.da, g.db)),
         Glu::Geglu(form) => {
-            geglu::geglu_backward(args, dc, a, b, form == GeluForm::Erf).map(|g| (g.da, g.db))
+            ref_geglu::geglu_backward(args, dc, a, b, form == GeluForm::Erf).map(|g| (g.da, g.db))
         }
     }
     .map_err(crate_err)
