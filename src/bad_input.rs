@@ -108,9 +108,10 @@ impl Check for Swiglu {
         fn with<const N: usize>(
             call: &Call<crate::SwigluArgs>,
             t_size: usize,
-            buffers: &swiglu::Buffers<N>,
+            launcher: &swiglu::Launcher<N>,
         ) -> Result<()> {
-            run(call.args.table(buffers)?, call, t_size, |n| n, None).map(drop)
+            let table = call.args.table(&launcher.buffers)?;
+            run(table, call, t_size, |n| n, None).map(drop)
         }
         match self {
             Swiglu::Forward => with(call, t_size, &swiglu::FORWARD),

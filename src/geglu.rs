@@ -33,6 +33,7 @@ use crate::dtype::Dtype;
 use crate::error::Result;
 use crate::identity::GeluForm;
 use crate::swiglu::{self, Glu};
+use crate::validate::{read, write};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use std::sync::Arc;
 
@@ -103,7 +104,13 @@ pub fn geglu_forward<T: Dtype>(
     b: &impl DevicePtr<T>,
     c: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    swiglu::forward::<T>(stream, args, gelu.glu(), a, b, c)
+    swiglu::run(
+        stream,
+        args,
+        gelu.glu(),
+        &swiglu::FORWARD,
+        [read(a), read(b), write(c)],
+    )
 }
 
 /// GEGLU forward from a fused gate-up buffer `[rows, 2·cols]` (gate first in each row, rows
@@ -139,7 +146,8 @@ pub fn geglu_forward_fused<T: Dtype>(
     gate_up: &impl DevicePtr<T>,
     c: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    swiglu::forward_fused::<T>(stream, args, gelu.glu(), gate_up, c)
+    let bufs = [read(gate_up), write(c)];
+    swiglu::run(stream, args, gelu.glu(), &swiglu::FORWARD_FUSED, bufs)
 }
 
 /// GEGLU backward into separate buffers: `da` (rows at `args.a_stride`) and `db` (rows at
@@ -186,7 +194,8 @@ pub fn geglu_backward<T: Dtype>(
     da: &mut impl DevicePtrMut<T>,
     db: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    swiglu::backward::<T>(stream, args, gelu.glu(), dc, a, b, da, db)
+    let bufs = [read(dc), read(a), read(b), write(da), write(db)];
+    swiglu::run(stream, args, gelu.glu(), &swiglu::BACKWARD, bufs)
 }
 
 /// GEGLU backward writing `da` over `a` and `db` over `b`; otherwise as [`geglu_backward`].
@@ -226,7 +235,8 @@ pub fn geglu_backward_inplace<T: Dtype>(
     a: &mut impl DevicePtrMut<T>,
     b: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    swiglu::backward_inplace::<T>(stream, args, gelu.glu(), dc, a, b)
+    let bufs = [read(dc), write(a), write(b)];
+    swiglu::run(stream, args, gelu.glu(), &swiglu::BACKWARD_INPLACE, bufs)
 }
 
 /// GEGLU backward from a fused gate-up buffer into a separate fused gradient buffer
@@ -268,7 +278,8 @@ pub fn geglu_backward_fused<T: Dtype>(
     gate_up: &impl DevicePtr<T>,
     d_gate_up: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    swiglu::backward_fused::<T>(stream, args, gelu.glu(), dc, gate_up, d_gate_up)
+    let bufs = [read(dc), read(gate_up), write(d_gate_up)];
+    swiglu::run(stream, args, gelu.glu(), &swiglu::BACKWARD_FUSED, bufs)
 }
 
 /// GEGLU backward writing the fused gradient over the fused gate-up buffer (`da` over the
@@ -307,5 +318,12 @@ pub fn geglu_backward_fused_inplace<T: Dtype>(
     dc: &impl DevicePtr<T>,
     gate_up: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    swiglu::backward_fused_inplace::<T>(stream, args, gelu.glu(), dc, gate_up)
+    let bufs = [read(dc), write(gate_up)];
+    swiglu::run(
+        stream,
+        args,
+        gelu.glu(),
+        &swiglu::BACKWARD_FUSED_INPLACE,
+        bufs,
+    )
 }

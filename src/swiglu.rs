@@ -19,7 +19,7 @@ use crate::identity::{Direction, GeluForm, Kernel, SwigluPath};
 use crate::launch::whole_grid;
 use crate::module::{Kernels, kernels};
 use crate::validate::Role::{self, InPlace, Read, Written};
-use crate::validate::{Need, Spec, Table, read, span, validate, write};
+use crate::validate::{Buf, Need, Spec, Table, read, span, validate, write};
 use cudarc::driver::{
     CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
@@ -276,46 +276,104 @@ pub(crate) enum Of {
 /// A launcher's buffers in signature order: name, role and span.
 pub(crate) type Buffers<const N: usize> = [(&'static str, Role, Of); N];
 
-/// The buffers of [`swiglu_forward`].
-pub(crate) const FORWARD: Buffers<3> = [
-    ("a", Read, Of::A),
-    ("b", Read, Of::B),
-    ("c", Written, Of::C),
-];
-/// The buffers of [`swiglu_forward_fused`].
-pub(crate) const FORWARD_FUSED: Buffers<2> = [("gate_up", Read, Of::Fused), ("c", Written, Of::C)];
-/// The buffers of [`swiglu_backward`].
-pub(crate) const BACKWARD: Buffers<5> = [
-    ("dc", Read, Of::C),
-    ("a", Read, Of::A),
-    ("b", Read, Of::B),
-    ("da", Written, Of::A),
-    ("db", Written, Of::B),
-];
-/// The buffers of [`swiglu_backward_inplace`].
-pub(crate) const BACKWARD_INPLACE: Buffers<3> = [
-    ("dc", Read, Of::C),
-    ("a", InPlace, Of::A),
-    ("b", InPlace, Of::B),
-];
-/// The buffers of [`swiglu_backward_fused`].
-pub(crate) const BACKWARD_FUSED: Buffers<3> = [
-    ("dc", Read, Of::C),
-    ("gate_up", Read, Of::Fused),
-    ("d_gate_up", Written, Of::Fused),
-];
-/// The buffers of [`swiglu_backward_fused_inplace`].
-pub(crate) const BACKWARD_FUSED_INPLACE: Buffers<2> =
-    [("dc", Read, Of::C), ("gate_up", InPlace, Of::Fused)];
+/// A launcher of both ops (`swiglu_*` and `geglu_*` of one layout and mode): its buffers in
+/// signature order, and the launch their validated pointers make (with the element size in
+/// bytes, which places a fused row's up half).
+pub(crate) struct Launcher<const N: usize> {
+    pub(crate) buffers: Buffers<N>,
+    launch: fn(&SwigluArgs, [u64; N], u64) -> Launch,
+}
+
+/// The pointers of a forward or a backward launch.
+enum Launch {
+    Forward(Forward),
+    Backward(Backward),
+}
+
+/// [`swiglu_forward`], [`crate::geglu_forward`].
+pub(crate) const FORWARD: Launcher<3> = Launcher {
+    buffers: [
+        ("a", Read, Of::A),
+        ("b", Read, Of::B),
+        ("c", Written, Of::C),
+    ],
+    launch: |args, [a, b, c], _| Launch::Forward(Forward::separate(args, a, b, c)),
+};
+/// [`swiglu_forward_fused`], [`crate::geglu_forward_fused`].
+pub(crate) const FORWARD_FUSED: Launcher<2> = Launcher {
+    buffers: [("gate_up", Read, Of::Fused), ("c", Written, Of::C)],
+    launch: |args, [gate_up, c], size| Launch::Forward(Forward::fused(args, gate_up, c, size)),
+};
+/// [`swiglu_backward`], [`crate::geglu_backward`].
+pub(crate) const BACKWARD: Launcher<5> = Launcher {
+    buffers: [
+        ("dc", Read, Of::C),
+        ("a", Read, Of::A),
+        ("b", Read, Of::B),
+        ("da", Written, Of::A),
+        ("db", Written, Of::B),
+    ],
+    launch: |args, [dc, a, b, da, db], _| {
+        Launch::Backward(Backward::separate(args, dc, [a, b], [da, db]))
+    },
+};
+/// [`swiglu_backward_inplace`], [`crate::geglu_backward_inplace`].
+pub(crate) const BACKWARD_INPLACE: Launcher<3> = Launcher {
+    buffers: [
+        ("dc", Read, Of::C),
+        ("a", InPlace, Of::A),
+        ("b", InPlace, Of::B),
+    ],
+    launch: |args, [dc, a, b], _| Launch::Backward(Backward::separate(args, dc, [a, b], [a, b])),
+};
+/// [`swiglu_backward_fused`], [`crate::geglu_backward_fused`].
+pub(crate) const BACKWARD_FUSED: Launcher<3> = Launcher {
+    buffers: [
+        ("dc", Read, Of::C),
+        ("gate_up", Read, Of::Fused),
+        ("d_gate_up", Written, Of::Fused),
+    ],
+    launch: |args, [dc, gate_up, d_gate_up], size| {
+        Launch::Backward(Backward::fused(args, dc, gate_up, d_gate_up, size))
+    },
+};
+/// [`swiglu_backward_fused_inplace`], [`crate::geglu_backward_fused_inplace`].
+pub(crate) const BACKWARD_FUSED_INPLACE: Launcher<2> = Launcher {
+    buffers: [("dc", Read, Of::C), ("gate_up", InPlace, Of::Fused)],
+    launch: |args, [dc, gate_up], size| {
+        Launch::Backward(Backward::fused(args, dc, gate_up, gate_up, size))
+    },
+};
+
+/// Validates `bufs` against `launcher`'s table, then launches `glu`'s kernel on their pointers
+/// (nothing without rows): every public SwiGLU and GEGLU launcher is one call of this.
+pub(crate) fn run<'b, T: Dtype, const N: usize>(
+    stream: &'b Arc<CudaStream>,
+    args: &SwigluArgs,
+    glu: Glu,
+    launcher: &Launcher<N>,
+    bufs: [Option<Buf<'b, T>>; N],
+) -> Result<()> {
+    let table = args.table(&launcher.buffers)?;
+    let Some(call) = validate(stream, &table, bufs)? else {
+        return Ok(());
+    };
+    let size = std::mem::size_of::<T>() as u64;
+    // `call` holds the buffers' guards until the launch is queued.
+    match (launcher.launch)(args, call.ptrs, size) {
+        Launch::Forward(p) => launch_forward::<T>(stream, args, glu, p),
+        Launch::Backward(p) => launch_backward::<T>(stream, args, glu, p),
+    }
+}
 
 const SPAN_A: &str = "(rows − 1) × a_stride + cols";
 const SPAN_B: &str = "(rows − 1) × b_stride + cols";
 const SPAN_C: &str = "(rows − 1) × c_stride + cols";
 const SPAN_FUSED: &str = "(rows − 1) × a_stride + 2 × cols";
 
-/// Byte offset of the up half in a fused row.
-fn up_offset<T>(cols: usize) -> u64 {
-    (cols * std::mem::size_of::<T>()) as u64
+/// Byte offset of the up half in a fused row of `size`-byte elements.
+fn up_offset(cols: usize, size: u64) -> u64 {
+    cols as u64 * size
 }
 
 /// Threads per block: enough for `cols` at `ITEMS` per thread, 32 ..= 256.
@@ -505,11 +563,11 @@ impl Forward {
     }
 
     /// Gate and up halves of each fused row, rows `a_stride` apart.
-    fn fused<T>(args: &SwigluArgs, gate_up: u64, c: u64) -> Self {
+    fn fused(args: &SwigluArgs, gate_up: u64, c: u64, size: u64) -> Self {
         Forward {
             a: gate_up,
             a_stride: args.a_stride,
-            b: gate_up + up_offset::<T>(args.cols),
+            b: gate_up + up_offset(args.cols, size),
             b_stride: args.a_stride,
             c,
         }
@@ -593,8 +651,8 @@ impl Backward {
     }
 
     /// Gate and up halves of each fused row of the input and of the gradient.
-    fn fused<T>(args: &SwigluArgs, dc: u64, gate_up: u64, d_gate_up: u64) -> Self {
-        let up = up_offset::<T>(args.cols);
+    fn fused(args: &SwigluArgs, dc: u64, gate_up: u64, d_gate_up: u64, size: u64) -> Self {
+        let up = up_offset(args.cols, size);
         Backward {
             dc,
             a: gate_up,
@@ -639,132 +697,6 @@ fn launch_backward<T: Dtype>(
     // guards of every pointer outlive this call.
     unsafe { launch.launch(cfg) }?;
     Ok(())
-}
-
-/// The forward, separate layout: validates, then one launch of `glu`'s kernel ([`swiglu_forward`] and
-/// GEGLU's share it).
-pub(crate) fn forward<T: Dtype>(
-    stream: &Arc<CudaStream>,
-    args: &SwigluArgs,
-    glu: Glu,
-    a: &impl DevicePtr<T>,
-    b: &impl DevicePtr<T>,
-    c: &mut impl DevicePtrMut<T>,
-) -> Result<()> {
-    let table = args.table(&FORWARD)?;
-    let Some(call) = validate(stream, &table, [read(a), read(b), write(c)])? else {
-        return Ok(());
-    };
-    let [a, b, c] = call.ptrs;
-    launch_forward::<T>(stream, args, glu, Forward::separate(args, a, b, c))
-}
-
-/// The forward, fused layout (as [`forward`]).
-pub(crate) fn forward_fused<T: Dtype>(
-    stream: &Arc<CudaStream>,
-    args: &SwigluArgs,
-    glu: Glu,
-    gate_up: &impl DevicePtr<T>,
-    c: &mut impl DevicePtrMut<T>,
-) -> Result<()> {
-    let table = args.table(&FORWARD_FUSED)?;
-    let Some(call) = validate(stream, &table, [read(gate_up), write(c)])? else {
-        return Ok(());
-    };
-    let [gate_up, c] = call.ptrs;
-    launch_forward::<T>(stream, args, glu, Forward::fused::<T>(args, gate_up, c))
-}
-
-/// The backward into separate buffers (as [`forward`]).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn backward<T: Dtype>(
-    stream: &Arc<CudaStream>,
-    args: &SwigluArgs,
-    glu: Glu,
-    dc: &impl DevicePtr<T>,
-    a: &impl DevicePtr<T>,
-    b: &impl DevicePtr<T>,
-    da: &mut impl DevicePtrMut<T>,
-    db: &mut impl DevicePtrMut<T>,
-) -> Result<()> {
-    let table = args.table(&BACKWARD)?;
-    let bufs = [read(dc), read(a), read(b), write(da), write(db)];
-    let Some(call) = validate(stream, &table, bufs)? else {
-        return Ok(());
-    };
-    let [dc, a, b, da, db] = call.ptrs;
-    launch_backward::<T>(
-        stream,
-        args,
-        glu,
-        Backward::separate(args, dc, [a, b], [da, db]),
-    )
-}
-
-/// The backward over `a` and `b` (as [`forward`]).
-pub(crate) fn backward_inplace<T: Dtype>(
-    stream: &Arc<CudaStream>,
-    args: &SwigluArgs,
-    glu: Glu,
-    dc: &impl DevicePtr<T>,
-    a: &mut impl DevicePtrMut<T>,
-    b: &mut impl DevicePtrMut<T>,
-) -> Result<()> {
-    let table = args.table(&BACKWARD_INPLACE)?;
-    let Some(call) = validate(stream, &table, [read(dc), write(a), write(b)])? else {
-        return Ok(());
-    };
-    let [dc, a, b] = call.ptrs;
-    launch_backward::<T>(
-        stream,
-        args,
-        glu,
-        Backward::separate(args, dc, [a, b], [a, b]),
-    )
-}
-
-/// The backward, fused layout, into `d_gate_up` (as [`forward`]).
-pub(crate) fn backward_fused<T: Dtype>(
-    stream: &Arc<CudaStream>,
-    args: &SwigluArgs,
-    glu: Glu,
-    dc: &impl DevicePtr<T>,
-    gate_up: &impl DevicePtr<T>,
-    d_gate_up: &mut impl DevicePtrMut<T>,
-) -> Result<()> {
-    let table = args.table(&BACKWARD_FUSED)?;
-    let bufs = [read(dc), read(gate_up), write(d_gate_up)];
-    let Some(call) = validate(stream, &table, bufs)? else {
-        return Ok(());
-    };
-    let [dc, gate_up, d_gate_up] = call.ptrs;
-    launch_backward::<T>(
-        stream,
-        args,
-        glu,
-        Backward::fused::<T>(args, dc, gate_up, d_gate_up),
-    )
-}
-
-/// The backward, fused layout, over `gate_up` (as [`forward`]).
-pub(crate) fn backward_fused_inplace<T: Dtype>(
-    stream: &Arc<CudaStream>,
-    args: &SwigluArgs,
-    glu: Glu,
-    dc: &impl DevicePtr<T>,
-    gate_up: &mut impl DevicePtrMut<T>,
-) -> Result<()> {
-    let table = args.table(&BACKWARD_FUSED_INPLACE)?;
-    let Some(call) = validate(stream, &table, [read(dc), write(gate_up)])? else {
-        return Ok(());
-    };
-    let [dc, gate_up] = call.ptrs;
-    launch_backward::<T>(
-        stream,
-        args,
-        glu,
-        Backward::fused::<T>(args, dc, gate_up, gate_up),
-    )
 }
 
 /// SwiGLU forward, separate gate and up: `c = T(T(silu(a·gm)) · b)`, element-wise over
@@ -815,7 +747,13 @@ pub fn swiglu_forward<T: Dtype>(
     b: &impl DevicePtr<T>,
     c: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    forward::<T>(stream, args, Glu::Swiglu, a, b, c)
+    run(
+        stream,
+        args,
+        Glu::Swiglu,
+        &FORWARD,
+        [read(a), read(b), write(c)],
+    )
 }
 
 /// SwiGLU forward from a fused gate-up buffer `[rows, 2·cols]` (gate first in each row, rows
@@ -861,7 +799,13 @@ pub fn swiglu_forward_fused<T: Dtype>(
     gate_up: &impl DevicePtr<T>,
     c: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    forward_fused::<T>(stream, args, Glu::Swiglu, gate_up, c)
+    run(
+        stream,
+        args,
+        Glu::Swiglu,
+        &FORWARD_FUSED,
+        [read(gate_up), write(c)],
+    )
 }
 
 /// SwiGLU backward into separate buffers: `da` (rows at `args.a_stride`) and `db` (rows at
@@ -917,7 +861,8 @@ pub fn swiglu_backward<T: Dtype>(
     da: &mut impl DevicePtrMut<T>,
     db: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    backward::<T>(stream, args, Glu::Swiglu, dc, a, b, da, db)
+    let bufs = [read(dc), read(a), read(b), write(da), write(db)];
+    run(stream, args, Glu::Swiglu, &BACKWARD, bufs)
 }
 
 /// SwiGLU backward writing `da` over `a` and `db` over `b` (the memory-saving mode of
@@ -968,7 +913,8 @@ pub fn swiglu_backward_inplace<T: Dtype>(
     a: &mut impl DevicePtrMut<T>,
     b: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    backward_inplace::<T>(stream, args, Glu::Swiglu, dc, a, b)
+    let bufs = [read(dc), write(a), write(b)];
+    run(stream, args, Glu::Swiglu, &BACKWARD_INPLACE, bufs)
 }
 
 /// SwiGLU backward from a fused gate-up buffer into a separate fused gradient buffer
@@ -1018,7 +964,8 @@ pub fn swiglu_backward_fused<T: Dtype>(
     gate_up: &impl DevicePtr<T>,
     d_gate_up: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    backward_fused::<T>(stream, args, Glu::Swiglu, dc, gate_up, d_gate_up)
+    let bufs = [read(dc), read(gate_up), write(d_gate_up)];
+    run(stream, args, Glu::Swiglu, &BACKWARD_FUSED, bufs)
 }
 
 /// SwiGLU backward writing the fused gradient over the fused gate-up buffer (`da` over the
@@ -1066,7 +1013,8 @@ pub fn swiglu_backward_fused_inplace<T: Dtype>(
     dc: &impl DevicePtr<T>,
     gate_up: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    backward_fused_inplace::<T>(stream, args, Glu::Swiglu, dc, gate_up)
+    let bufs = [read(dc), write(gate_up)];
+    run(stream, args, Glu::Swiglu, &BACKWARD_FUSED_INPLACE, bufs)
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@ use crate::error::invalid;
 use crate::identity::GeluForm;
 use crate::reference::swiglu::{join_gate_up, split_gate_up};
 use crate::reference::{Element, geglu as ref_geglu, swiglu as ref_swiglu};
-use crate::swiglu::Glu;
+use crate::swiglu::{self, Glu};
+use crate::validate::{read, write};
 use crate::{Gelu, SwigluArgs};
 use candle_core::backend::BackendStorage;
 use candle_core::{
@@ -183,21 +184,17 @@ fn fwd_cuda(
         let a_view = view::<T>(a.0, a.1, name)?;
         let mut c = output::<T>(&stream, rows * cols, name)?;
         match b {
-            Some((b, b_l)) => crate::swiglu::forward(
-                &stream,
-                &cfg.apply(SwigluArgs::new(rows, cols)),
-                glu,
-                &a_view,
-                &view::<T>(b, b_l, name)?,
-                &mut c,
-            ),
-            None => crate::swiglu::forward_fused(
-                &stream,
-                &cfg.apply(SwigluArgs::fused(rows, cols)),
-                glu,
-                &a_view,
-                &mut c,
-            ),
+            Some((b, b_l)) => {
+                let args = cfg.apply(SwigluArgs::new(rows, cols));
+                let b_view = view::<T>(b, b_l, name)?;
+                let bufs = [read(&a_view), read(&b_view), write(&mut c)];
+                swiglu::run(&stream, &args, glu, &swiglu::FORWARD, bufs)
+            }
+            None => {
+                let args = cfg.apply(SwigluArgs::fused(rows, cols));
+                let bufs = [read(&a_view), write(&mut c)];
+                swiglu::run(&stream, &args, glu, &swiglu::FORWARD_FUSED, bufs)
+            }
         }
         .map_err(crate_err)?;
         Ok(wrap(c, device))
@@ -402,17 +399,17 @@ fn bwd_cuda(
             output::<T>(&stream, n, name)?,
             output::<T>(&stream, n, name)?,
         );
-        crate::swiglu::backward(
-            &stream,
-            &cfg.apply(SwigluArgs::new(rows, cols)),
-            glu,
-            &view::<T>(dc.0, dc.1, name)?,
-            &view::<T>(a.0, a.1, name)?,
-            &view::<T>(b.0, b.1, name)?,
-            &mut da,
-            &mut db,
-        )
-        .map_err(crate_err)?;
+        let args = cfg.apply(SwigluArgs::new(rows, cols));
+        let [dc, a, b] = [dc, a, b].map(|(s, l)| view::<T>(s, l, name));
+        let (dc, a, b) = (dc?, a?, b?);
+        let bufs = [
+            read(&dc),
+            read(&a),
+            read(&b),
+            write(&mut da),
+            write(&mut db),
+        ];
+        swiglu::run(&stream, &args, glu, &swiglu::BACKWARD, bufs).map_err(crate_err)?;
         Ok((wrap(da, device), wrap(db, device)))
     }
     by_dtype!(
@@ -578,15 +575,13 @@ fn fused_bwd_cuda(
         let device = &gate_up.0.device;
         let stream = device.cuda_stream();
         let mut d = output::<T>(&stream, 2 * rows * cols, name)?;
-        crate::swiglu::backward_fused(
-            &stream,
-            &cfg.apply(SwigluArgs::fused(rows, cols)),
-            glu,
-            &view::<T>(dc.0, dc.1, name)?,
-            &view::<T>(gate_up.0, gate_up.1, name)?,
-            &mut d,
-        )
-        .map_err(crate_err)?;
+        let args = cfg.apply(SwigluArgs::fused(rows, cols));
+        let (dc, gate_up) = (
+            view::<T>(dc.0, dc.1, name)?,
+            view::<T>(gate_up.0, gate_up.1, name)?,
+        );
+        let bufs = [read(&dc), read(&gate_up), write(&mut d)];
+        swiglu::run(&stream, &args, glu, &swiglu::BACKWARD_FUSED, bufs).map_err(crate_err)?;
         Ok(wrap(d, device))
     }
     let name = names(glu).1;
