@@ -230,6 +230,54 @@ impl<const K: usize> Walk<K> {
     }
 }
 
+/// `each_tile!(rows, cols, nt, row, col0 => { … })`: the scalar kernels' grid-stride walk over
+/// tiles, the block run once per tile of this block with `row` its row, `col0` this thread's
+/// first column in it and `nt` the threads per block (the thread's columns are `col0 + k·nt`).
+macro_rules! each_tile {
+    ($rows:ident, $cols:ident, $nt:ident, $row:ident, $col0:ident => $body:block) => {
+        let (tid, $nt) = (thread_idx(), block_dim());
+        let (per_row, tile) = tiling($cols);
+        let tiles = $rows * per_row;
+        let mut t = block_idx();
+        while t < tiles {
+            let $row = t / per_row;
+            let $col0 = (t - $row * per_row) * tile + tid;
+            $body
+            t += grid_dim();
+        }
+    };
+}
+
+/// `each_vec_tile!(walk, load, pos, (x, …), (x_next, …) => { … })`: the vector kernels' walk,
+/// the block run once per tile of this thread with `pos` its vectors' places and `x, …` the
+/// operands `load(&pos)` gave.
+///
+/// The next tile's loads are issued before this tile's math (double buffering): their uses
+/// are past the back edge, so ptxas keeps them together (loads in the same block as their uses
+/// get sunk next to each use, one round trip per vector). Without a next tile (`ONE`, or past
+/// the end) they re-read this one (L1 hits), keeping the code straight-line.
+macro_rules! each_vec_tile {
+    ($walk:ident, $load:ident, $pos:ident, ($($v:ident),+), ($($n:ident),+) => $body:block) => {
+        let mut p = $walk.first();
+        if !$walk.inside(p) {
+            return;
+        }
+        let mut $pos = $walk.tile(p);
+        let ($(mut $v),+) = $load(&$pos);
+        loop {
+            let pn = $walk.next(p);
+            let more = !ONE && $walk.inside(pn);
+            let pos_n = if more { $walk.tile(pn) } else { $pos };
+            let ($($n),+) = if ONE { ($($v),+) } else { $load(&pos_n) };
+            $body
+            if !more {
+                return;
+            }
+            (p, $pos, $($v),+) = (pn, pos_n, $($n),+);
+        }
+    };
+}
+
 /// The kernel bodies of a GLU whose gate activation `act` is given by three functions, each
 /// called once per element: `$parts(z)`, the two values `act(z)` and `act'(z)` are formed from
 /// (SiLU: `σ(z)`, `1 − σ(z)`); `$act(z, first)`; `$grad(z, first, second)` (the forward's
@@ -252,27 +300,19 @@ macro_rules! glu_bodies {
             cols: usize,
             gm: f32,
         ) {
-            let (tid, nt) = (thread_idx(), block_dim());
-            let (per_row, tile) = tiling(cols);
-            let tiles = rows * per_row;
-            let mut t = block_idx();
-            while t < tiles {
-                let row = t / per_row;
-                let col0 = (t - row * per_row) * tile + tid;
+            each_tile!(rows, cols, nt, row, col0 => {
                 let ar = unsafe { a.add(row * a_stride) };
                 let br = unsafe { b.add(row * b_stride) };
                 let cr = unsafe { c.add(row * c_stride) };
                 let mut av = [0.0f32; ITEMS];
                 let mut bv = [0.0f32; ITEMS];
-                let mut k = 0;
-                while k < ITEMS {
+                each_item!(k => {
                     let col = col0 + k * nt;
                     if col < cols {
                         av[k] = unsafe { *ar.add(col) }.to_f32();
                         bv[k] = unsafe { *br.add(col) }.to_f32();
                     }
-                    k += 1;
-                }
+                });
                 $items!(k => {
                     let col = col0 + k * nt;
                     if col < cols {
@@ -283,8 +323,7 @@ macro_rules! glu_bodies {
                         unsafe { *cr.add(col) = T::from_f32(s * bv[k]) };
                     }
                 });
-                t += grid_dim();
-            }
+            });
         }
 
         #[inline(always)]
@@ -303,13 +342,7 @@ macro_rules! glu_bodies {
             gm: f32,
             dm: f32,
         ) {
-            let (tid, nt) = (thread_idx(), block_dim());
-            let (per_row, tile) = tiling(cols);
-            let tiles = rows * per_row;
-            let mut t = block_idx();
-            while t < tiles {
-                let row = t / per_row;
-                let col0 = (t - row * per_row) * tile + tid;
+            each_tile!(rows, cols, nt, row, col0 => {
                 let dcr = unsafe { dc.add(row * dc_stride) };
                 let ar = unsafe { a.add(row * a_stride) };
                 let br = unsafe { b.add(row * b_stride) };
@@ -318,16 +351,14 @@ macro_rules! glu_bodies {
                 let mut gv = [0.0f32; ITEMS];
                 let mut av = [0.0f32; ITEMS];
                 let mut bv = [0.0f32; ITEMS];
-                let mut k = 0;
-                while k < ITEMS {
+                each_item!(k => {
                     let col = col0 + k * nt;
                     if col < cols {
                         gv[k] = unsafe { *dcr.add(col) }.to_f32();
                         av[k] = unsafe { *ar.add(col) }.to_f32();
                         bv[k] = unsafe { *br.add(col) }.to_f32();
                     }
-                    k += 1;
-                }
+                });
                 $items!(k => {
                     let col = col0 + k * nt;
                     if col < cols {
@@ -342,8 +373,7 @@ macro_rules! glu_bodies {
                         unsafe { *dbr.add(col) = T::from_f32(db_v) };
                     }
                 });
-                t += grid_dim();
-            }
+            });
         }
 
         #[inline(always)]
@@ -375,21 +405,7 @@ macro_rules! glu_bodies {
                 });
                 (av, bv)
             };
-            let mut p = walk.first();
-            if !walk.inside(p) {
-                return;
-            }
-            let mut pos = walk.tile(p);
-            let (mut av, mut bv) = load(&pos);
-            loop {
-                // The next tile's loads are issued before this tile's math (double buffering): their
-                // uses are past the back edge, so ptxas keeps them together (loads in the same block
-                // as their uses get sunk next to each use, one round trip per vector). Without a next
-                // tile they re-read this one (L1 hits), keeping the code straight-line.
-                let pn = walk.next(p);
-                let more = !ONE && walk.inside(pn);
-                let pos_n = if more { walk.tile(pn) } else { pos };
-                let (an, bn) = if ONE { (av, bv) } else { load(&pos_n) };
+            each_vec_tile!(walk, load, pos, (av, bv), (an, bn) => {
                 unroll::<K>(|k| {
                     let mut s = [0.0f32; 8];
                     lanes::<T, V>(|i| {
@@ -402,11 +418,7 @@ macro_rules! glu_bodies {
                     let out = T::mul_rn(T::pack(&s), bv[k]);
                     unsafe { out.store(c.add(pos[k].at(sc))) };
                 });
-                if !more {
-                    return;
-                }
-                (p, pos, av, bv) = (pn, pos_n, an, bn);
-            }
+            });
         }
 
         #[inline(always)]
@@ -443,19 +455,9 @@ macro_rules! glu_bodies {
                 });
                 (gv, av, bv)
             };
-            let mut p = walk.first();
-            if !walk.inside(p) {
-                return;
-            }
-            let mut pos = walk.tile(p);
-            let (mut gv, mut av, mut bv) = load(&pos);
-            loop {
-                // Double buffered as in the forward. In place, the next tile's loads come before this
-                // tile's stores, and the tiles are disjoint (or the same tile, re-read before its stores).
-                let pn = walk.next(p);
-                let more = !ONE && walk.inside(pn);
-                let pos_n = if more { walk.tile(pn) } else { pos };
-                let (gn, an, bn) = if ONE { (gv, av, bv) } else { load(&pos_n) };
+            // In place, the next tile's loads come before this tile's stores, and the tiles are
+            // disjoint (or the same tile, re-read before its stores).
+            each_vec_tile!(walk, load, pos, (gv, av, bv), (gn, an, bn) => {
                 unroll::<K>(|k| {
                     let mut da_v = [0.0f32; 8];
                     let mut db_v = [0.0f32; 8];
@@ -471,11 +473,7 @@ macro_rules! glu_bodies {
                     unsafe { T::pack::<V>(&da_v).store(da.add(pos[k].at(sa))) };
                     unsafe { T::pack::<V>(&db_v).store(db.add(pos[k].at(sb))) };
                 });
-                if !more {
-                    return;
-                }
-                (p, pos, gv, av, bv) = (pn, pos_n, gn, an, bn);
-            }
+            });
         }
     };
 }
