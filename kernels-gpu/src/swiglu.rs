@@ -248,6 +248,20 @@ macro_rules! each_tile {
     };
 }
 
+/// `each_col!(items, k, col0, nt, col < cols => { … })`: inside [`each_tile!`], the block for
+/// each of this thread's columns `col = col0 + k·nt` of the tile that lies before `cols`,
+/// through the item loop `items!` ([`each_item!`] or [`unroll_items!`]).
+macro_rules! each_col {
+    ($items:tt, $k:ident, $col0:ident, $nt:ident, $col:ident < $cols:ident => { $($body:tt)* }) => {
+        $items!($k => {
+            let $col = $col0 + $k * $nt;
+            if $col < $cols {
+                $($body)*
+            }
+        })
+    };
+}
+
 /// `each_vec_tile!(walk, load, pos, (x, …), (x_next, …) => { … })`: the vector kernels' walk,
 /// the block run once per tile of this thread with `pos` its vectors' places and `x, …` the
 /// operands `load(&pos)` gave.
@@ -306,22 +320,16 @@ macro_rules! glu_bodies {
                 let cr = unsafe { c.add(row * c_stride) };
                 let mut av = [0.0f32; ITEMS];
                 let mut bv = [0.0f32; ITEMS];
-                each_item!(k => {
-                    let col = col0 + k * nt;
-                    if col < cols {
-                        av[k] = unsafe { *ar.add(col) }.to_f32();
-                        bv[k] = unsafe { *br.add(col) }.to_f32();
-                    }
+                each_col!(each_item, k, col0, nt, col < cols => {
+                    av[k] = unsafe { *ar.add(col) }.to_f32();
+                    bv[k] = unsafe { *br.add(col) }.to_f32();
                 });
-                $items!(k => {
-                    let col = col0 + k * nt;
-                    if col < cols {
-                        let z = av[k] * gm;
-                        // Liger ≥ 0.6: silu in f32, rounded to T, then the product of two T values.
-                        let (first, _) = $parts(z);
-                        let s = T::round($act(z, first));
-                        unsafe { *cr.add(col) = T::from_f32(s * bv[k]) };
-                    }
+                each_col!($items, k, col0, nt, col < cols => {
+                    let z = av[k] * gm;
+                    // Liger ≥ 0.6: silu in f32, rounded to T, then the product of two T values.
+                    let (first, _) = $parts(z);
+                    let s = T::round($act(z, first));
+                    unsafe { *cr.add(col) = T::from_f32(s * bv[k]) };
                 });
             });
         }
@@ -351,27 +359,21 @@ macro_rules! glu_bodies {
                 let mut gv = [0.0f32; ITEMS];
                 let mut av = [0.0f32; ITEMS];
                 let mut bv = [0.0f32; ITEMS];
-                each_item!(k => {
-                    let col = col0 + k * nt;
-                    if col < cols {
-                        gv[k] = unsafe { *dcr.add(col) }.to_f32();
-                        av[k] = unsafe { *ar.add(col) }.to_f32();
-                        bv[k] = unsafe { *br.add(col) }.to_f32();
-                    }
+                each_col!(each_item, k, col0, nt, col < cols => {
+                    gv[k] = unsafe { *dcr.add(col) }.to_f32();
+                    av[k] = unsafe { *ar.add(col) }.to_f32();
+                    bv[k] = unsafe { *br.add(col) }.to_f32();
                 });
-                $items!(k => {
-                    let col = col0 + k * nt;
-                    if col < cols {
-                        let g = gv[k] * dm;
-                        let z = av[k] * gm;
-                        let (first, second) = $parts(z);
-                        let db_v = g * $act(z, first);
-                        // act' (|silu'| ≤ 1.1, |gelu'| ≤ 1.13) multiplies in before b: where it vanishes
-                        // (z → −∞) da is 0, not ∞·0, even when g·b alone would overflow f32.
-                        let da_v = g * ($grad(z, first, second) * gm) * bv[k];
-                        unsafe { *dar.add(col) = T::from_f32(da_v) };
-                        unsafe { *dbr.add(col) = T::from_f32(db_v) };
-                    }
+                each_col!($items, k, col0, nt, col < cols => {
+                    let g = gv[k] * dm;
+                    let z = av[k] * gm;
+                    let (first, second) = $parts(z);
+                    let db_v = g * $act(z, first);
+                    // act' (|silu'| ≤ 1.1, |gelu'| ≤ 1.13) multiplies in before b: where it vanishes
+                    // (z → −∞) da is 0, not ∞·0, even when g·b alone would overflow f32.
+                    let da_v = g * ($grad(z, first, second) * gm) * bv[k];
+                    unsafe { *dar.add(col) = T::from_f32(da_v) };
+                    unsafe { *dbr.add(col) = T::from_f32(db_v) };
                 });
             });
         }
