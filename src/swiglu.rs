@@ -616,7 +616,7 @@ fn launch_forward<T: Dtype>(
         .arg(&rows)
         .arg(&cols)
         .arg(&args.gate_multiplier);
-    // SAFETY: argument order and types match `glu_fwd_kernel!` in kernels-gpu (scalar and
+    // SAFETY: argument order and types match `glu_kernel!`'s forward in kernels-gpu (scalar and
     // vector kernels alike; the vector kernel only where `Path::choose` found every pointer
     // and stride aligned and the shape within 32 bits, with `config`'s grid); the caller
     // checked that each pointer covers `rows` rows of its stride and `cols` columns and that
@@ -690,7 +690,7 @@ fn launch_backward<T: Dtype>(
         .arg(&cols)
         .arg(&args.gate_multiplier)
         .arg(&args.down_multiplier);
-    // SAFETY: argument order and types match `glu_bwd_kernel!` in kernels-gpu (scalar and
+    // SAFETY: argument order and types match `glu_kernel!`'s backward in kernels-gpu (scalar and
     // vector kernels alike, chosen as in the forward); the caller checked every pointer
     // against its stride and length, and that outputs overlap no input (in place, `da = a`
     // and `db = b` exactly: each element is read, then written, by the same thread); the

@@ -500,98 +500,58 @@ pub(crate) mod gelu_erf {
     glu_bodies!(gelu_and_grad::<true>, gelu_of, gelu_grad_of, unroll_items);
 }
 
-/// One forward kernel: gate `$gate`, entry named by `kernel_name!($op, Forward, $path, $elem,
-/// $form)` (no `$form` for SwiGLU), body `$body` with its vector type, count and one-tile flag.
-macro_rules! glu_fwd_kernel {
-    ($gate:ident, $op:ident [$($form:ident)?], $elem:ident, $path:ident, $body:ident $(:: $v:ident, $k:ident, $one:literal)?, $doc:literal) => {
+/// One kernel: gate `$gate` (its [`glu_bodies!`] module), entry named by
+/// `kernel_name!($op, $dir, $path, $elem, $form)` (no `$form` for SwiGLU), body `$body` with its
+/// vector type, count and one-tile flag. The direction picks the signature: its pointers in
+/// order (each with its row stride, if it has its own) and its `f32` multipliers.
+macro_rules! glu_kernel {
+    ($gate:ident, $op:ident [$($form:ident)?], $elem:ident, Forward, $($rest:tt)*) => {
+        $crate::swiglu::glu_kernel!(@entry $gate, $op [$($form)?], $elem, Forward, $($rest)*;
+            [a: const, a_stride; b: const, b_stride; c: mut, c_stride] [gm]
+            "GLU forward `c = T(T(act(a·gm)) · b)` for one dtype, `act` the op's gate \
+             (`kernels-gpu/src/swiglu.rs`'s module docs)."
+            "`a`, `b`, `c` must cover `rows` rows of their strides and `cols` columns; `c` must \
+             not overlap `a` or `b`.");
+    };
+    ($gate:ident, $op:ident [$($form:ident)?], $elem:ident, Backward, $($rest:tt)*) => {
+        $crate::swiglu::glu_kernel!(@entry $gate, $op [$($form)?], $elem, Backward, $($rest)*;
+            [dc: const, dc_stride; a: const, a_stride; b: const, b_stride; da: mut; db: mut] [gm, dm]
+            "GLU backward for one dtype, `act` the op's gate (`kernels-gpu/src/swiglu.rs`'s \
+             module docs): with `g = dc·dm`, `db = g·act(z)`, `da = g·act'(z)·gm·b`, `z = a·gm`."
+            "Every pointer must cover `rows` rows of its stride (`da`: `a_stride`, `db`: \
+             `b_stride`) and `cols` columns. `da` may equal `a` and `db` may equal `b`; otherwise \
+             outputs must not overlap inputs or each other.");
+    };
+    (@entry $gate:ident, $op:ident [$($form:ident)?], $elem:ident, $dir:ident, $path:ident,
+     $body:ident $(:: $v:ident, $k:ident, $one:literal)?, $doc:literal;
+     [$($p:ident: $m:tt $(, $s:ident)?);*] [$($f:ident),*] $what:literal $safety:literal) => {
         const _: () = {
-            /// GLU forward `c = T(T(act(a·gm)) · b)` for one dtype, `act` the op's gate
-            /// (`kernels-gpu/src/swiglu.rs`'s module docs).
+            #[doc = $what]
+            #[doc = ""]
             #[doc = $doc]
-            ///
-            /// # Safety
-            /// `a`, `b`, `c` must cover `rows` rows of their strides and `cols` columns; `c`
-            /// must not overlap `a` or `b`.
-            #[unsafe(export_name = $crate::identity::kernel_name!($op, Forward, $path, $elem $(, $form)?))]
+            #[doc = ""]
+            #[doc = "# Safety"]
+            #[doc = $safety]
+            #[unsafe(export_name = $crate::identity::kernel_name!($op, $dir, $path, $elem $(, $form)?))]
             pub unsafe extern "gpu-kernel" fn kernel(
-                a: *const $crate::elem_type!($elem),
-                a_stride: u64,
-                b: *const $crate::elem_type!($elem),
-                b_stride: u64,
-                c: *mut $crate::elem_type!($elem),
-                c_stride: u64,
+                $($p: *$m $crate::elem_type!($elem), $($s: u64,)?)*
                 rows: u64,
                 cols: u64,
-                gm: f32,
+                $($f: f32),*
             ) {
                 unsafe {
                     $crate::swiglu::$gate::$body::<$crate::elem_type!($elem) $(, $crate::$v, { $crate::identity::swiglu::$k }, $one)?>(
-                        a,
-                        a_stride as usize,
-                        b,
-                        b_stride as usize,
-                        c,
-                        c_stride as usize,
+                        $($p, $($s as usize,)?)*
                         rows as usize,
                         cols as usize,
-                        gm,
+                        $($f),*
                     )
                 }
             }
         };
     };
 }
-pub(crate) use glu_fwd_kernel;
-
-/// One backward kernel, named and built as [`glu_fwd_kernel!`]'s.
-macro_rules! glu_bwd_kernel {
-    ($gate:ident, $op:ident [$($form:ident)?], $elem:ident, $path:ident, $body:ident $(:: $v:ident, $k:ident, $one:literal)?, $doc:literal) => {
-        const _: () = {
-            /// GLU backward for one dtype, `act` the op's gate (`kernels-gpu/src/swiglu.rs`'s
-            /// module docs): with `g = dc·dm`, `db = g·act(z)`, `da = g·act'(z)·gm·b`,
-            /// `z = a·gm`.
-            #[doc = $doc]
-            ///
-            /// # Safety
-            /// Every pointer must cover `rows` rows of its stride (`da`: `a_stride`, `db`:
-            /// `b_stride`) and `cols` columns. `da` may equal `a` and `db` may equal `b`;
-            /// otherwise outputs must not overlap inputs or each other.
-            #[unsafe(export_name = $crate::identity::kernel_name!($op, Backward, $path, $elem $(, $form)?))]
-            pub unsafe extern "gpu-kernel" fn kernel(
-                dc: *const $crate::elem_type!($elem),
-                dc_stride: u64,
-                a: *const $crate::elem_type!($elem),
-                a_stride: u64,
-                b: *const $crate::elem_type!($elem),
-                b_stride: u64,
-                da: *mut $crate::elem_type!($elem),
-                db: *mut $crate::elem_type!($elem),
-                rows: u64,
-                cols: u64,
-                gm: f32,
-                dm: f32,
-            ) {
-                unsafe {
-                    $crate::swiglu::$gate::$body::<$crate::elem_type!($elem) $(, $crate::$v, { $crate::identity::swiglu::$k }, $one)?>(
-                        dc,
-                        dc_stride as usize,
-                        a,
-                        a_stride as usize,
-                        b,
-                        b_stride as usize,
-                        da,
-                        db,
-                        rows as usize,
-                        cols as usize,
-                        gm,
-                        dm,
-                    )
-                }
-            }
-        };
-    };
-}
-pub(crate) use glu_bwd_kernel;
+pub(crate) use glu_kernel;
 
 // The backward `_vt` kernels load `V8`s, the vectors the host sizes their tiles in.
 const _: () = assert!(size_of::<V8>() == BWD_TILE_VECTOR_BYTES);
@@ -600,12 +560,12 @@ const _: () = assert!(size_of::<V8>() == BWD_TILE_VECTOR_BYTES);
 /// gate `$gate` ([`glu_bodies!`]), named `$op` (and `$form`, GEGLU's last name part).
 macro_rules! glu_kernels {
     ($gate:ident, $op:ident [$($form:ident)?], $elem:ident) => {
-        $crate::swiglu::glu_fwd_kernel!($gate, $op [$($form)?], $elem, Scalar, forward, "Scalar kernel: any alignment, any `cols`.");
-        $crate::swiglu::glu_bwd_kernel!($gate, $op [$($form)?], $elem, Scalar, backward, "Scalar kernel: any alignment, any `cols`.");
-        $crate::swiglu::glu_fwd_kernel!($gate, $op [$($form)?], $elem, Vector, forward_vec::V16, FWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per 16-byte vector.");
-        $crate::swiglu::glu_bwd_kernel!($gate, $op [$($form)?], $elem, Vector, backward_vec::V16, BWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per 16-byte vector.");
-        $crate::swiglu::glu_fwd_kernel!($gate, $op [$($form)?], $elem, Tile, forward_vec::V16, FWD_VECS_TILE, true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
-        $crate::swiglu::glu_bwd_kernel!($gate, $op [$($form)?], $elem, Tile, backward_vec::V8, BWD_VECS_TILE, true, "8-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules; the host counts its tiles in 8-byte vectors.");
+        $crate::swiglu::glu_kernel!($gate, $op [$($form)?], $elem, Forward, Scalar, forward, "Scalar kernel: any alignment, any `cols`.");
+        $crate::swiglu::glu_kernel!($gate, $op [$($form)?], $elem, Backward, Scalar, backward, "Scalar kernel: any alignment, any `cols`.");
+        $crate::swiglu::glu_kernel!($gate, $op [$($form)?], $elem, Forward, Vector, forward_vec::V16, FWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per 16-byte vector.");
+        $crate::swiglu::glu_kernel!($gate, $op [$($form)?], $elem, Backward, Vector, backward_vec::V16, BWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per 16-byte vector.");
+        $crate::swiglu::glu_kernel!($gate, $op [$($form)?], $elem, Forward, Tile, forward_vec::V16, FWD_VECS_TILE, true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
+        $crate::swiglu::glu_kernel!($gate, $op [$($form)?], $elem, Backward, Tile, backward_vec::V8, BWD_VECS_TILE, true, "8-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules; the host counts its tiles in 8-byte vectors.");
     };
 }
 pub(crate) use glu_kernels;
