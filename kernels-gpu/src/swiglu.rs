@@ -230,6 +230,38 @@ impl<const K: usize> Walk<K> {
     }
 }
 
+/// A forward kernel's arguments, as the bodies take them (strides and sizes as `usize`).
+#[derive(Clone, Copy)]
+pub(crate) struct Fwd<T> {
+    pub(crate) a: *const T,
+    pub(crate) a_stride: usize,
+    pub(crate) b: *const T,
+    pub(crate) b_stride: usize,
+    pub(crate) c: *mut T,
+    pub(crate) c_stride: usize,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) gm: f32,
+}
+
+/// A backward kernel's arguments, as [`Fwd`]'s (`da` in rows of `a_stride`, `db` of
+/// `b_stride`).
+#[derive(Clone, Copy)]
+pub(crate) struct Bwd<T> {
+    pub(crate) dc: *const T,
+    pub(crate) dc_stride: usize,
+    pub(crate) a: *const T,
+    pub(crate) a_stride: usize,
+    pub(crate) b: *const T,
+    pub(crate) b_stride: usize,
+    pub(crate) da: *mut T,
+    pub(crate) db: *mut T,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) gm: f32,
+    pub(crate) dm: f32,
+}
+
 /// `each_tile!(rows, cols, nt, row, col0 => { … })`: the scalar kernels' grid-stride walk over
 /// tiles, the block run once per tile of this block with `row` its row, `col0` this thread's
 /// first column in it and `nt` the threads per block (the thread's columns are `col0 + k·nt`).
@@ -302,18 +334,8 @@ macro_rules! each_vec_tile {
 macro_rules! glu_bodies {
     ($parts:path, $act:path, $grad:path, $items:ident) => {
         #[inline(always)]
-        #[allow(clippy::too_many_arguments)]
-        pub(crate) unsafe fn forward<T: Elem>(
-            a: *const T,
-            a_stride: usize,
-            b: *const T,
-            b_stride: usize,
-            c: *mut T,
-            c_stride: usize,
-            rows: usize,
-            cols: usize,
-            gm: f32,
-        ) {
+        pub(crate) unsafe fn forward<T: Elem>(args: Fwd<T>) {
+            let Fwd { a, a_stride, b, b_stride, c, c_stride, rows, cols, gm } = args;
             each_tile!(rows, cols, nt, row, col0 => {
                 let ar = unsafe { a.add(row * a_stride) };
                 let br = unsafe { b.add(row * b_stride) };
@@ -335,21 +357,8 @@ macro_rules! glu_bodies {
         }
 
         #[inline(always)]
-        #[allow(clippy::too_many_arguments)]
-        pub(crate) unsafe fn backward<T: Elem>(
-            dc: *const T,
-            dc_stride: usize,
-            a: *const T,
-            a_stride: usize,
-            b: *const T,
-            b_stride: usize,
-            da: *mut T,
-            db: *mut T,
-            rows: usize,
-            cols: usize,
-            gm: f32,
-            dm: f32,
-        ) {
+        pub(crate) unsafe fn backward<T: Elem>(args: Bwd<T>) {
+            let Bwd { dc, dc_stride, a, a_stride, b, b_stride, da, db, rows, cols, gm, dm } = args;
             each_tile!(rows, cols, nt, row, col0 => {
                 let dcr = unsafe { dc.add(row * dc_stride) };
                 let ar = unsafe { a.add(row * a_stride) };
@@ -379,18 +388,10 @@ macro_rules! glu_bodies {
         }
 
         #[inline(always)]
-        #[allow(clippy::too_many_arguments)]
         pub(crate) unsafe fn forward_vec<T: Elem, V: Vector, const K: usize, const ONE: bool>(
-            a: *const T,
-            a_stride: usize,
-            b: *const T,
-            b_stride: usize,
-            c: *mut T,
-            c_stride: usize,
-            rows: usize,
-            cols: usize,
-            gm: f32,
+            args: Fwd<T>,
         ) {
+            let Fwd { a, a_stride, b, b_stride, c, c_stride, rows, cols, gm } = args;
             let (a, b, c) = (a as *const V, b as *const V, c as *mut V);
             let lanes_per = lanes_per::<T, V>();
             let (sa, sb, sc) = (
@@ -424,21 +425,10 @@ macro_rules! glu_bodies {
         }
 
         #[inline(always)]
-        #[allow(clippy::too_many_arguments)]
         pub(crate) unsafe fn backward_vec<T: Elem, V: Vector, const K: usize, const ONE: bool>(
-            dc: *const T,
-            dc_stride: usize,
-            a: *const T,
-            a_stride: usize,
-            b: *const T,
-            b_stride: usize,
-            da: *mut T,
-            db: *mut T,
-            rows: usize,
-            cols: usize,
-            gm: f32,
-            dm: f32,
+            args: Bwd<T>,
         ) {
+            let Bwd { dc, dc_stride, a, a_stride, b, b_stride, da, db, rows, cols, gm, dm } = args;
             let (dc, a, b) = (dc as *const V, a as *const V, b as *const V);
             let (da, db) = (da as *mut V, db as *mut V);
             let lanes_per = lanes_per::<T, V>();
@@ -506,7 +496,7 @@ pub(crate) mod gelu_erf {
 /// order (each with its row stride, if it has its own) and its `f32` multipliers.
 macro_rules! glu_kernel {
     ($gate:ident, $op:ident [$($form:ident)?], $elem:ident, Forward, $($rest:tt)*) => {
-        $crate::swiglu::glu_kernel!(@entry $gate, $op [$($form)?], $elem, Forward, $($rest)*;
+        $crate::swiglu::glu_kernel!(@entry $gate, $op [$($form)?], $elem, Forward, $($rest)*; Fwd
             [a: const, a_stride; b: const, b_stride; c: mut, c_stride] [gm]
             "GLU forward `c = T(T(act(a·gm)) · b)` for one dtype, `act` the op's gate \
              (`kernels-gpu/src/swiglu.rs`'s module docs)."
@@ -514,7 +504,7 @@ macro_rules! glu_kernel {
              not overlap `a` or `b`.");
     };
     ($gate:ident, $op:ident [$($form:ident)?], $elem:ident, Backward, $($rest:tt)*) => {
-        $crate::swiglu::glu_kernel!(@entry $gate, $op [$($form)?], $elem, Backward, $($rest)*;
+        $crate::swiglu::glu_kernel!(@entry $gate, $op [$($form)?], $elem, Backward, $($rest)*; Bwd
             [dc: const, dc_stride; a: const, a_stride; b: const, b_stride; da: mut; db: mut] [gm, dm]
             "GLU backward for one dtype, `act` the op's gate (`kernels-gpu/src/swiglu.rs`'s \
              module docs): with `g = dc·dm`, `db = g·act(z)`, `da = g·act'(z)·gm·b`, `z = a·gm`."
@@ -523,7 +513,7 @@ macro_rules! glu_kernel {
              outputs must not overlap inputs or each other.");
     };
     (@entry $gate:ident, $op:ident [$($form:ident)?], $elem:ident, $dir:ident, $path:ident,
-     $body:ident $(:: $v:ident, $k:ident, $one:literal)?, $doc:literal;
+     $body:ident $(:: $v:ident, $k:ident, $one:literal)?, $doc:literal; $args:ident
      [$($p:ident: $m:tt $(, $s:ident)?);*] [$($f:ident),*] $what:literal $safety:literal) => {
         const _: () = {
             #[doc = $what]
@@ -541,10 +531,12 @@ macro_rules! glu_kernel {
             ) {
                 unsafe {
                     $crate::swiglu::$gate::$body::<$crate::elem_type!($elem) $(, $crate::$v, { $crate::identity::swiglu::$k }, $one)?>(
-                        $($p, $($s as usize,)?)*
-                        rows as usize,
-                        cols as usize,
-                        $($f),*
+                        $crate::swiglu::$args {
+                            $($p, $($s: $s as usize,)?)*
+                            rows: rows as usize,
+                            cols: cols as usize,
+                            $($f),*
+                        }
                     )
                 }
             }
