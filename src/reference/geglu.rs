@@ -39,7 +39,7 @@
 //! [`split_gate_up`]: super::swiglu::split_gate_up
 //! [`join_gate_up`]: super::swiglu::join_gate_up
 use super::Element;
-use super::swiglu::{check_multiplier, check_separate, gate, sigmoid};
+use super::swiglu::{glu_backward, glu_forward, sigmoid};
 use crate::SwigluArgs;
 use crate::error::Result;
 
@@ -192,12 +192,7 @@ fn gelu_grad(z: f64, erf: bool) -> f64 {
 /// assert_eq!(c, vec![2.0 * gelu_erf(0.5)]);
 /// ```
 pub fn geglu_forward<T: Element>(args: &SwigluArgs, a: &[T], b: &[T], erf: bool) -> Result<Vec<T>> {
-    check_separate(args, &[("a", a), ("b", b)])?;
-    let gm = check_multiplier("args.gate_multiplier", args.gate_multiplier)?;
-    Ok(a.iter()
-        .zip(b)
-        .map(|(&a, &b)| T::from_f64(T::cast(gelu(gate(a, gm), erf)) * b.to_f64()))
-        .collect())
+    glu_forward(args, a, b, |z| gelu(z, erf))
 }
 
 /// The GEGLU backward: with `z = F(a·gm)` and `g = F(dc·dm)` (`gm`, `dm` the multipliers of
@@ -223,17 +218,7 @@ pub fn geglu_backward<T: Element>(
     b: &[T],
     erf: bool,
 ) -> Result<GegluGrads<T>> {
-    check_separate(args, &[("dc", dc), ("a", a), ("b", b)])?;
-    let gm = check_multiplier("args.gate_multiplier", args.gate_multiplier)?;
-    let dm = check_multiplier("args.down_multiplier", args.down_multiplier)?;
-    let mut da = Vec::with_capacity(a.len());
-    let mut db = Vec::with_capacity(a.len());
-    for ((&dc, &a), &b) in dc.iter().zip(a).zip(b) {
-        let z = gate(a, gm);
-        let g = T::cast_f32(dc.to_f64() * dm);
-        db.push(T::from_f64(g * gelu(z, erf)));
-        da.push(T::from_f64(g * gelu_grad(z, erf) * gm * b.to_f64()));
-    }
+    let (da, db) = glu_backward(args, [dc, a, b], |z| gelu(z, erf), |z| gelu_grad(z, erf))?;
     Ok(GegluGrads { da, db })
 }
 

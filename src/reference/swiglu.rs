@@ -84,7 +84,7 @@ pub fn silu_grad(z: f64) -> f64 {
     sig * (1.0 + z_one_minus)
 }
 
-pub(super) fn check_multiplier(arg: &'static str, m: f32) -> Result<f64> {
+fn check_multiplier(arg: &'static str, m: f32) -> Result<f64> {
     if m.is_finite() {
         Ok(m as f64)
     } else {
@@ -102,7 +102,7 @@ fn check_like<T>(arg: &'static str, v: &[T], like: usize) -> Result<()> {
 /// Checks the shape of `args` for the reference, which takes the separate layout with
 /// contiguous rows: `cols ≥ 1` and every stride equal to `cols`; then that each of `bufs`
 /// holds exactly `rows × cols` elements.
-pub(super) fn check_separate<T>(args: &SwigluArgs, bufs: &[(&'static str, &[T])]) -> Result<()> {
+fn check_separate<T>(args: &SwigluArgs, bufs: &[(&'static str, &[T])]) -> Result<()> {
     let cols = args.cols;
     if cols == 0 {
         return Err(invalid("args.cols", "at least 1 column", cols));
@@ -141,7 +141,7 @@ pub(super) fn check_separate<T>(args: &SwigluArgs, bufs: &[(&'static str, &[T])]
 }
 
 /// The gate `z = F(a·gm)`.
-pub(super) fn gate<T: Element>(a: T, gm: f64) -> f64 {
+fn gate<T: Element>(a: T, gm: f64) -> f64 {
     T::cast_f32(a.to_f64() * gm)
 }
 
@@ -157,11 +157,22 @@ pub(super) fn gate<T: Element>(a: T, gm: f64) -> f64 {
 /// assert_eq!(c, vec![0.0, 2.0 * sigmoid(1.0)]);
 /// ```
 pub fn swiglu_forward<T: Element>(args: &SwigluArgs, a: &[T], b: &[T]) -> Result<Vec<T>> {
+    glu_forward(args, a, b, silu)
+}
+
+/// The forward `c = D(D(act(F(a·gm))) · b)` of a GLU whose gate activation is `act` (in f64),
+/// after checking `args`, `a` and `b` as [`swiglu_forward`] does: SwiGLU's and GEGLU's.
+pub(super) fn glu_forward<T: Element>(
+    args: &SwigluArgs,
+    a: &[T],
+    b: &[T],
+    act: impl Fn(f64) -> f64,
+) -> Result<Vec<T>> {
     check_separate(args, &[("a", a), ("b", b)])?;
     let gm = check_multiplier("args.gate_multiplier", args.gate_multiplier)?;
     Ok(a.iter()
         .zip(b)
-        .map(|(&a, &b)| T::from_f64(T::cast(silu(gate(a, gm))) * b.to_f64()))
+        .map(|(&a, &b)| T::from_f64(T::cast(act(gate(a, gm))) * b.to_f64()))
         .collect())
 }
 
@@ -181,6 +192,19 @@ pub fn swiglu_backward<T: Element>(
     a: &[T],
     b: &[T],
 ) -> Result<SwigluGrads<T>> {
+    let (da, db) = glu_backward(args, [dc, a, b], silu, silu_grad)?;
+    Ok(SwigluGrads { da, db })
+}
+
+/// The backward `(da, db)` of a GLU whose gate activation is `act` with derivative `grad`
+/// (in f64): `db = D(g·act(z))`, `da = D(g·act'(z)·gm·b)` with `z = F(a·gm)`, `g = F(dc·dm)`,
+/// after checking `args` and the buffers as [`swiglu_backward`] does: SwiGLU's and GEGLU's.
+pub(super) fn glu_backward<T: Element>(
+    args: &SwigluArgs,
+    [dc, a, b]: [&[T]; 3],
+    act: impl Fn(f64) -> f64,
+    grad: impl Fn(f64) -> f64,
+) -> Result<(Vec<T>, Vec<T>)> {
     check_separate(args, &[("dc", dc), ("a", a), ("b", b)])?;
     let gm = check_multiplier("args.gate_multiplier", args.gate_multiplier)?;
     let dm = check_multiplier("args.down_multiplier", args.down_multiplier)?;
@@ -189,10 +213,10 @@ pub fn swiglu_backward<T: Element>(
     for ((&dc, &a), &b) in dc.iter().zip(a).zip(b) {
         let z = gate(a, gm);
         let g = T::cast_f32(dc.to_f64() * dm);
-        db.push(T::from_f64(g * silu(z)));
-        da.push(T::from_f64(g * silu_grad(z) * gm * b.to_f64()));
+        db.push(T::from_f64(g * act(z)));
+        da.push(T::from_f64(g * grad(z) * gm * b.to_f64()));
     }
-    Ok(SwigluGrads { da, db })
+    Ok((da, db))
 }
 
 fn check_fused<T>(arg: &'static str, v: &[T], cols: usize) -> Result<usize> {
