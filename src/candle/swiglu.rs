@@ -164,72 +164,54 @@ fn fused_out_shape(gate_up: &Shape) -> Shape {
 
 /// Forward on CUDA storages: separate `a`, `b` (`Some(b)`) or fused `a = [gate | up]`
 /// (`None`), into a new `c` of `rows × cols` (without `dm`).
-fn fwd_cuda(
+fn fwd_cuda<T: Elem>(
     glu: Glu,
     cfg: &SwigluConfig,
     (rows, cols): (usize, usize),
     a: (&CudaStorage, &Layout),
     b: Option<(&CudaStorage, &Layout)>,
 ) -> Result<CudaStorage> {
-    fn run<T: Elem>(
-        glu: Glu,
-        cfg: &SwigluConfig,
-        (rows, cols): (usize, usize),
-        a: (&CudaStorage, &Layout),
-        b: Option<(&CudaStorage, &Layout)>,
-    ) -> Result<CudaStorage> {
-        let name = names(glu).0;
-        let device = &a.0.device;
-        let stream = device.cuda_stream();
-        let a_view = view::<T>(a.0, a.1, name)?;
-        let mut c = output::<T>(&stream, rows * cols, name)?;
-        match b {
-            Some((b, b_l)) => {
-                let args = cfg.apply(SwigluArgs::new(rows, cols));
-                let b_view = view::<T>(b, b_l, name)?;
-                let bufs = [read(&a_view), read(&b_view), write(&mut c)];
-                swiglu::run(&stream, &args, glu, &swiglu::FORWARD, bufs)
-            }
-            None => {
-                let args = cfg.apply(SwigluArgs::fused(rows, cols));
-                let bufs = [read(&a_view), write(&mut c)];
-                swiglu::run(&stream, &args, glu, &swiglu::FORWARD_FUSED, bufs)
-            }
+    let name = names(glu).0;
+    let device = &a.0.device;
+    let stream = device.cuda_stream();
+    let a_view = view::<T>(a.0, a.1, name)?;
+    let mut c = output::<T>(&stream, rows * cols, name)?;
+    match b {
+        Some((b, b_l)) => {
+            let args = cfg.apply(SwigluArgs::new(rows, cols));
+            let b_view = view::<T>(b, b_l, name)?;
+            let bufs = [read(&a_view), read(&b_view), write(&mut c)];
+            swiglu::run(&stream, &args, glu, &swiglu::FORWARD, bufs)
         }
-        .map_err(crate_err)?;
-        Ok(wrap(c, device))
+        None => {
+            let args = cfg.apply(SwigluArgs::fused(rows, cols));
+            let bufs = [read(&a_view), write(&mut c)];
+            swiglu::run(&stream, &args, glu, &swiglu::FORWARD_FUSED, bufs)
+        }
     }
-    by_dtype!(a.0.dtype(), names(glu).0, run(glu, cfg, (rows, cols), a, b))
+    .map_err(crate_err)?;
+    Ok(wrap(c, device))
 }
 
 /// Forward on CPU storages (as [`fwd_cuda`]), by the reference.
-fn fwd_cpu(
+fn fwd_cpu<T: HostElem>(
     glu: Glu,
     cfg: &SwigluConfig,
     cols: usize,
     a: (&CpuStorage, &Layout),
     b: Option<(&CpuStorage, &Layout)>,
 ) -> Result<CpuStorage> {
-    fn run<T: HostElem>(
-        glu: Glu,
-        cfg: &SwigluConfig,
-        cols: usize,
-        a: (&CpuStorage, &Layout),
-        b: Option<(&CpuStorage, &Layout)>,
-    ) -> Result<CpuStorage> {
-        cfg.check()?;
-        let name = names(glu).0;
-        let a_shape = a.1.shape();
-        let a = host_slice::<T>(a.0, a.1, name)?;
-        let (gate, up) = match b {
-            Some((b, b_l)) => (a.to_vec(), host_slice::<T>(b, b_l, name)?.to_vec()),
-            None => split_gate_up(a, cols).map_err(crate_err)?,
-        };
-        let args = cfg.apply(SwigluArgs::new(rows_cols(a_shape).0, cols));
-        let c = ref_forward(glu, &args, &gate, &up)?;
-        Ok(T::to_cpu_storage_owned(c))
-    }
-    by_host_dtype!(a.0.dtype(), names(glu).0, run(glu, cfg, cols, a, b))
+    cfg.check()?;
+    let name = names(glu).0;
+    let a_shape = a.1.shape();
+    let a = host_slice::<T>(a.0, a.1, name)?;
+    let (gate, up) = match b {
+        Some((b, b_l)) => (a.to_vec(), host_slice::<T>(b, b_l, name)?.to_vec()),
+        None => split_gate_up(a, cols).map_err(crate_err)?,
+    };
+    let args = cfg.apply(SwigluArgs::new(rows_cols(a_shape).0, cols));
+    let c = ref_forward(glu, &args, &gate, &up)?;
+    Ok(T::to_cpu_storage_owned(c))
 }
 
 /// SwiGLU with candle autograd: returns `c·dm` with `c = silu(a·gm)·b` element-wise (gate
@@ -365,58 +347,43 @@ fn glu_backward(
     let (dc_s, dc_l) = dc.storage_and_layout();
     let (a_s, a_l) = a.storage_and_layout();
     let (b_s, b_l) = b.storage_and_layout();
-    let (da, db) = bwd_cuda(
-        glu,
-        &cfg,
-        (rows, cols),
-        [
-            (cuda(&dc_s, name, "dc")?, dc_l),
-            (cuda(&a_s, name, "a")?, a_l),
-            (cuda(&b_s, name, "b")?, b_l),
-        ],
-    )?;
+    let storages = [
+        (cuda(&dc_s, name, "dc")?, dc_l),
+        (cuda(&a_s, name, "a")?, a_l),
+        (cuda(&b_s, name, "b")?, b_l),
+    ];
+    let rc = (rows, cols);
+    let (da, db) = by_dtype!(a.dtype(), name, bwd_cuda(glu, &cfg, rc, storages))?;
     Ok((tensor(da, a.shape().clone()), tensor(db, a.shape().clone())))
 }
 
 /// Backward on CUDA storages, separate layout: `(da, db)`.
-fn bwd_cuda(
+fn bwd_cuda<T: Elem>(
     glu: Glu,
     cfg: &SwigluConfig,
     (rows, cols): (usize, usize),
     [dc, a, b]: [(&CudaStorage, &Layout); 3],
 ) -> Result<(CudaStorage, CudaStorage)> {
-    fn run<T: Elem>(
-        glu: Glu,
-        cfg: &SwigluConfig,
-        (rows, cols): (usize, usize),
-        [dc, a, b]: [(&CudaStorage, &Layout); 3],
-    ) -> Result<(CudaStorage, CudaStorage)> {
-        let name = names(glu).0;
-        let device = &a.0.device;
-        let stream = device.cuda_stream();
-        let n = rows * cols;
-        let (mut da, mut db) = (
-            output::<T>(&stream, n, name)?,
-            output::<T>(&stream, n, name)?,
-        );
-        let args = cfg.apply(SwigluArgs::new(rows, cols));
-        let [dc, a, b] = [dc, a, b].map(|(s, l)| view::<T>(s, l, name));
-        let (dc, a, b) = (dc?, a?, b?);
-        let bufs = [
-            read(&dc),
-            read(&a),
-            read(&b),
-            write(&mut da),
-            write(&mut db),
-        ];
-        swiglu::run(&stream, &args, glu, &swiglu::BACKWARD, bufs).map_err(crate_err)?;
-        Ok((wrap(da, device), wrap(db, device)))
-    }
-    by_dtype!(
-        a.0.dtype(),
-        names(glu).0,
-        run(glu, cfg, (rows, cols), [dc, a, b])
-    )
+    let name = names(glu).0;
+    let device = &a.0.device;
+    let stream = device.cuda_stream();
+    let n = rows * cols;
+    let (mut da, mut db) = (
+        output::<T>(&stream, n, name)?,
+        output::<T>(&stream, n, name)?,
+    );
+    let args = cfg.apply(SwigluArgs::new(rows, cols));
+    let [dc, a, b] = [dc, a, b].map(|(s, l)| view::<T>(s, l, name));
+    let (dc, a, b) = (dc?, a?, b?);
+    let bufs = [
+        read(&dc),
+        read(&a),
+        read(&b),
+        write(&mut da),
+        write(&mut db),
+    ];
+    swiglu::run(&stream, &args, glu, &swiglu::BACKWARD, bufs).map_err(crate_err)?;
+    Ok((wrap(da, device), wrap(db, device)))
 }
 
 /// SwiGLU with candle autograd from a fused gate-up tensor `[..., 2·cols]` (gate in the first
@@ -546,50 +513,38 @@ fn glu_fused_backward(
     }
     let (dc_s, dc_l) = dc.storage_and_layout();
     let (g_s, g_l) = gate_up.storage_and_layout();
-    let d = fused_bwd_cuda(
-        glu,
-        &cfg,
-        (rows, cols),
-        [
-            (cuda(&dc_s, name, "dc")?, dc_l),
-            (cuda(&g_s, name, "gate_up")?, g_l),
-        ],
+    let storages = [
+        (cuda(&dc_s, name, "dc")?, dc_l),
+        (cuda(&g_s, name, "gate_up")?, g_l),
+    ];
+    let rc = (rows, cols);
+    let d = by_dtype!(
+        gate_up.dtype(),
+        name,
+        fused_bwd_cuda(glu, &cfg, rc, storages)
     )?;
     Ok(tensor(d, gate_up.shape().clone()))
 }
 
 /// Backward on CUDA storages, fused layout: `d_gate_up`.
-fn fused_bwd_cuda(
+fn fused_bwd_cuda<T: Elem>(
     glu: Glu,
     cfg: &SwigluConfig,
     (rows, cols): (usize, usize),
     [dc, gate_up]: [(&CudaStorage, &Layout); 2],
 ) -> Result<CudaStorage> {
-    fn run<T: Elem>(
-        glu: Glu,
-        cfg: &SwigluConfig,
-        (rows, cols): (usize, usize),
-        [dc, gate_up]: [(&CudaStorage, &Layout); 2],
-    ) -> Result<CudaStorage> {
-        let name = names(glu).1;
-        let device = &gate_up.0.device;
-        let stream = device.cuda_stream();
-        let mut d = output::<T>(&stream, 2 * rows * cols, name)?;
-        let args = cfg.apply(SwigluArgs::fused(rows, cols));
-        let (dc, gate_up) = (
-            view::<T>(dc.0, dc.1, name)?,
-            view::<T>(gate_up.0, gate_up.1, name)?,
-        );
-        let bufs = [read(&dc), read(&gate_up), write(&mut d)];
-        swiglu::run(&stream, &args, glu, &swiglu::BACKWARD_FUSED, bufs).map_err(crate_err)?;
-        Ok(wrap(d, device))
-    }
     let name = names(glu).1;
-    by_dtype!(
-        gate_up.0.dtype(),
-        name,
-        run(glu, cfg, (rows, cols), [dc, gate_up])
-    )
+    let device = &gate_up.0.device;
+    let stream = device.cuda_stream();
+    let mut d = output::<T>(&stream, 2 * rows * cols, name)?;
+    let args = cfg.apply(SwigluArgs::fused(rows, cols));
+    let (dc, gate_up) = (
+        view::<T>(dc.0, dc.1, name)?,
+        view::<T>(gate_up.0, gate_up.1, name)?,
+    );
+    let bufs = [read(&dc), read(&gate_up), write(&mut d)];
+    swiglu::run(&stream, &args, glu, &swiglu::BACKWARD_FUSED, bufs).map_err(crate_err)?;
+    Ok(wrap(d, device))
 }
 
 /// The autograd op of [`swiglu`]/[`geglu`] (two inputs) and [`swiglu_fused`]/[`geglu_fused`]
@@ -606,13 +561,23 @@ impl CustomOp1 for GluOp {
 
     fn cpu_fwd(&self, g: &CpuStorage, g_l: &Layout) -> Result<(CpuStorage, Shape)> {
         let shape = fused_out_shape(g_l.shape());
-        let c = fwd_cpu(self.glu, &self.cfg, rows_cols(&shape).1, (g, g_l), None)?;
+        let (glu, cfg, cols) = (self.glu, &self.cfg, rows_cols(&shape).1);
+        let c = by_host_dtype!(
+            g.dtype(),
+            names(self.glu).1,
+            fwd_cpu(glu, cfg, cols, (g, g_l), None)
+        )?;
         Ok((scaled(c, &shape, self.cfg.down_multiplier)?, shape))
     }
 
     fn cuda_fwd(&self, g: &CudaStorage, g_l: &Layout) -> Result<(CudaStorage, Shape)> {
         let shape = fused_out_shape(g_l.shape());
-        let c = fwd_cuda(self.glu, &self.cfg, rows_cols(&shape), (g, g_l), None)?;
+        let (glu, cfg, rc) = (self.glu, &self.cfg, rows_cols(&shape));
+        let c = by_dtype!(
+            g.dtype(),
+            names(self.glu).1,
+            fwd_cuda(glu, cfg, rc, (g, g_l), None)
+        )?;
         Ok((scaled(c, &shape, self.cfg.down_multiplier)?, shape))
     }
 
@@ -636,7 +601,12 @@ impl CustomOp2 for GluOp {
     ) -> Result<(CpuStorage, Shape)> {
         let shape = a_l.shape().clone();
         let cols = rows_cols(&shape).1;
-        let c = fwd_cpu(self.glu, &self.cfg, cols, (a, a_l), Some((b, b_l)))?;
+        let (glu, cfg, b) = (self.glu, &self.cfg, Some((b, b_l)));
+        let c = by_host_dtype!(
+            a.dtype(),
+            names(self.glu).0,
+            fwd_cpu(glu, cfg, cols, (a, a_l), b)
+        )?;
         Ok((scaled(c, &shape, self.cfg.down_multiplier)?, shape))
     }
 
@@ -648,12 +618,11 @@ impl CustomOp2 for GluOp {
         b_l: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         let shape = a_l.shape().clone();
-        let c = fwd_cuda(
-            self.glu,
-            &self.cfg,
-            rows_cols(&shape),
-            (a, a_l),
-            Some((b, b_l)),
+        let (glu, cfg, rc, b) = (self.glu, &self.cfg, rows_cols(&shape), Some((b, b_l)));
+        let c = by_dtype!(
+            a.dtype(),
+            names(self.glu).0,
+            fwd_cuda(glu, cfg, rc, (a, a_l), b)
         )?;
         Ok((scaled(c, &shape, self.cfg.down_multiplier)?, shape))
     }
