@@ -24,7 +24,7 @@ mod common;
 #[path = "bad_input/tables.rs"]
 mod tables;
 
-use common::glu::Op as Glu;
+use common::glu::{Op as Glu, glu_call};
 use common::{Failures, Need, Rng, gpu, skip};
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
@@ -138,29 +138,50 @@ fn launch_glu<T: Dtype>(
     match launcher {
         Swiglu::Forward => {
             let (a, b, mut c) = (live.t("a"), live.t("b"), live.t("c"));
-            glu.forward(stream, args, &*a, &*b, &mut *c)
+            glu_call!(
+                glu,
+                swiglu_forward / geglu_forward(stream, args, &*a, &*b, &mut *c)
+            )
         }
         Swiglu::ForwardFused => {
             let (gate_up, mut c) = (live.t("gate_up"), live.t("c"));
-            glu.forward_fused(stream, args, &*gate_up, &mut *c)
+            glu_call!(
+                glu,
+                swiglu_forward_fused / geglu_forward_fused(stream, args, &*gate_up, &mut *c)
+            )
         }
         Swiglu::Backward => {
             let (dc, a, b) = (live.t("dc"), live.t("a"), live.t("b"));
             let (mut da, mut db) = (live.t("da"), live.t("db"));
-            glu.backward(stream, args, &*dc, &*a, &*b, &mut *da, &mut *db)
+            glu_call!(
+                glu,
+                swiglu_backward / geglu_backward(stream, args, &*dc, &*a, &*b, &mut *da, &mut *db)
+            )
         }
         Swiglu::BackwardInplace => {
             let (dc, mut a, mut b) = (live.t("dc"), live.t("a"), live.t("b"));
-            glu.backward_inplace(stream, args, &*dc, &mut *a, &mut *b)
+            glu_call!(
+                glu,
+                swiglu_backward_inplace
+                    / geglu_backward_inplace(stream, args, &*dc, &mut *a, &mut *b)
+            )
         }
         Swiglu::BackwardFused => {
             let (dc, gate_up) = (live.t("dc"), live.t("gate_up"));
             let mut d_gate_up = live.t("d_gate_up");
-            glu.backward_fused(stream, args, &*dc, &*gate_up, &mut *d_gate_up)
+            glu_call!(
+                glu,
+                swiglu_backward_fused
+                    / geglu_backward_fused(stream, args, &*dc, &*gate_up, &mut *d_gate_up)
+            )
         }
         Swiglu::BackwardFusedInplace => {
             let (dc, mut gate_up) = (live.t("dc"), live.t("gate_up"));
-            glu.backward_fused_inplace(stream, args, &*dc, &mut *gate_up)
+            glu_call!(
+                glu,
+                swiglu_backward_fused_inplace
+                    / geglu_backward_fused_inplace(stream, args, &*dc, &mut *gate_up)
+            )
         }
     }
 }

@@ -8,7 +8,7 @@ mod common;
 
 use candle_core::{D, DType, Device, Tensor, Var, WithDType};
 use common::Rng;
-use common::glu::Op as Glu;
+use common::glu::{Op as Glu, glu_call};
 use half::{bf16, f16};
 use liger_rs::candle::{
     RmsNormConfig, RopeConfig, SwigluConfig, geglu, geglu_backward, geglu_fused,
@@ -1011,11 +1011,17 @@ fn glu_case<T: El>(
             })
             .collect();
         let gu_d = upload(&stream, &gu_h);
-        glu.forward_fused(&stream, &f_args, &gu_d, &mut c_d)
-            .unwrap();
+        glu_call!(
+            glu,
+            swiglu_forward_fused / geglu_forward_fused(&stream, &f_args, &gu_d, &mut c_d)
+        )
+        .unwrap();
         let mut d_d = alloc::<T>(&stream, 2 * n);
-        glu.backward_fused(&stream, &f_args, &dc_d, &gu_d, &mut d_d)
-            .unwrap();
+        glu_call!(
+            glu,
+            swiglu_backward_fused / geglu_backward_fused(&stream, &f_args, &dc_d, &gu_d, &mut d_d)
+        )
+        .unwrap();
 
         let gu = form.tensor(&gu_h, rows, 2 * cols, dev, rng);
         let dc = form.tensor(&dc_h, rows, cols, dev, rng);
@@ -1037,10 +1043,18 @@ fn glu_case<T: El>(
         );
     } else {
         let (a_d, b_d) = (upload(&stream, &a_h), upload(&stream, &b_h));
-        glu.forward(&stream, &s_args, &a_d, &b_d, &mut c_d).unwrap();
+        glu_call!(
+            glu,
+            swiglu_forward / geglu_forward(&stream, &s_args, &a_d, &b_d, &mut c_d)
+        )
+        .unwrap();
         let (mut da_d, mut db_d) = (alloc::<T>(&stream, n), alloc::<T>(&stream, n));
-        glu.backward(&stream, &s_args, &dc_d, &a_d, &b_d, &mut da_d, &mut db_d)
-            .unwrap();
+        glu_call!(
+            glu,
+            swiglu_backward
+                / geglu_backward(&stream, &s_args, &dc_d, &a_d, &b_d, &mut da_d, &mut db_d)
+        )
+        .unwrap();
 
         let a = form.tensor(&a_h, rows, cols, dev, rng);
         let b = form.tensor(&b_h, rows, cols, dev, rng);

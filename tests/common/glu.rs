@@ -11,7 +11,7 @@ use super::{
     skip_when_small, ulp, upload, widen,
 };
 use half::{bf16, f16};
-use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use liger_rs::cudarc::driver::{CudaSlice, CudaStream};
 use liger_rs::reference::Element;
 use liger_rs::reference::geglu::{gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad};
 use liger_rs::reference::swiglu::{join_gate_up, sigmoid, silu, silu_grad, split_gate_up};
@@ -120,92 +120,24 @@ impl Op {
                 .map(|g| Grads { da: g.da, db: g.db }),
         }
     }
-
-    pub fn forward<T: Dtype>(
-        self,
-        stream: &Stream,
-        args: &SwigluArgs,
-        a: &impl DevicePtr<T>,
-        b: &impl DevicePtr<T>,
-        c: &mut impl DevicePtrMut<T>,
-    ) -> liger_rs::Result<()> {
-        match self {
-            Op::Swiglu => liger_rs::swiglu_forward(stream, args, a, b, c),
-            Op::Geglu(g) => liger_rs::geglu_forward(stream, args, g, a, b, c),
-        }
-    }
-
-    pub fn forward_fused<T: Dtype>(
-        self,
-        stream: &Stream,
-        args: &SwigluArgs,
-        gate_up: &impl DevicePtr<T>,
-        c: &mut impl DevicePtrMut<T>,
-    ) -> liger_rs::Result<()> {
-        match self {
-            Op::Swiglu => liger_rs::swiglu_forward_fused(stream, args, gate_up, c),
-            Op::Geglu(g) => liger_rs::geglu_forward_fused(stream, args, g, gate_up, c),
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward<T: Dtype>(
-        self,
-        stream: &Stream,
-        args: &SwigluArgs,
-        dc: &impl DevicePtr<T>,
-        a: &impl DevicePtr<T>,
-        b: &impl DevicePtr<T>,
-        da: &mut impl DevicePtrMut<T>,
-        db: &mut impl DevicePtrMut<T>,
-    ) -> liger_rs::Result<()> {
-        match self {
-            Op::Swiglu => liger_rs::swiglu_backward(stream, args, dc, a, b, da, db),
-            Op::Geglu(g) => liger_rs::geglu_backward(stream, args, g, dc, a, b, da, db),
-        }
-    }
-
-    pub fn backward_inplace<T: Dtype>(
-        self,
-        stream: &Stream,
-        args: &SwigluArgs,
-        dc: &impl DevicePtr<T>,
-        a: &mut impl DevicePtrMut<T>,
-        b: &mut impl DevicePtrMut<T>,
-    ) -> liger_rs::Result<()> {
-        match self {
-            Op::Swiglu => liger_rs::swiglu_backward_inplace(stream, args, dc, a, b),
-            Op::Geglu(g) => liger_rs::geglu_backward_inplace(stream, args, g, dc, a, b),
-        }
-    }
-
-    pub fn backward_fused<T: Dtype>(
-        self,
-        stream: &Stream,
-        args: &SwigluArgs,
-        dc: &impl DevicePtr<T>,
-        gate_up: &impl DevicePtr<T>,
-        d_gate_up: &mut impl DevicePtrMut<T>,
-    ) -> liger_rs::Result<()> {
-        match self {
-            Op::Swiglu => liger_rs::swiglu_backward_fused(stream, args, dc, gate_up, d_gate_up),
-            Op::Geglu(g) => liger_rs::geglu_backward_fused(stream, args, g, dc, gate_up, d_gate_up),
-        }
-    }
-
-    pub fn backward_fused_inplace<T: Dtype>(
-        self,
-        stream: &Stream,
-        args: &SwigluArgs,
-        dc: &impl DevicePtr<T>,
-        gate_up: &mut impl DevicePtrMut<T>,
-    ) -> liger_rs::Result<()> {
-        match self {
-            Op::Swiglu => liger_rs::swiglu_backward_fused_inplace(stream, args, dc, gate_up),
-            Op::Geglu(g) => liger_rs::geglu_backward_fused_inplace(stream, args, g, dc, gate_up),
-        }
-    }
 }
+
+/// `glu_call!(op, swiglu_x / geglu_x(stream, args, buffers…))`: the launcher of `op` —
+/// `liger_rs::swiglu_x(stream, args, buffers…)`, or `liger_rs::geglu_x(stream, args, gelu,
+/// buffers…)` in `op`'s form of GELU.
+macro_rules! glu_call {
+    ($op:expr, $swiglu:ident / $geglu:ident($stream:expr, $args:expr, $($buf:expr),+ $(,)?)) => {
+        match $op {
+            $crate::common::glu::Op::Swiglu => liger_rs::$swiglu($stream, $args, $($buf),+),
+            $crate::common::glu::Op::Geglu(gelu) => {
+                liger_rs::$geglu($stream, $args, gelu, $($buf),+)
+            }
+        }
+    };
+}
+// Only the GLU test binaries call it by path; the others compile this module unused.
+#[allow(unused_imports)]
+pub(crate) use glu_call;
 
 /// The reference's gradients, either op.
 pub struct Grads<T> {
@@ -478,11 +410,17 @@ fn run_case<T: Dtype>(stream: &Stream, op: Op, c: &Case) {
     // Forward into a NaN-poisoned c.
     let mut c_d = poisoned::<T>(stream, c_span);
     if c.fused {
-        op.forward_fused(stream, &args, &a_d, &mut c_d)
-            .expect(&desc);
+        glu_call!(
+            op,
+            swiglu_forward_fused / geglu_forward_fused(stream, &args, &a_d, &mut c_d)
+        )
+        .expect(&desc);
     } else {
-        op.forward(stream, &args, &a_d, &b_d, &mut c_d)
-            .expect(&desc);
+        glu_call!(
+            op,
+            swiglu_forward / geglu_forward(stream, &args, &a_d, &b_d, &mut c_d)
+        )
+        .expect(&desc);
     }
     let c_got = download(stream, &c_d);
     check_gaps("c", &desc, &c_got, cols, sc, None);
@@ -502,8 +440,12 @@ fn run_case<T: Dtype>(stream: &Stream, op: Op, c: &Case) {
         (false, false) => {
             let mut da_d = poisoned::<T>(stream, a_h.len());
             let mut db_d = poisoned::<T>(stream, b_h.len());
-            op.backward(stream, &args, &dc_d, &a_d, &b_d, &mut da_d, &mut db_d)
-                .expect(&desc);
+            glu_call!(
+                op,
+                swiglu_backward
+                    / geglu_backward(stream, &args, &dc_d, &a_d, &b_d, &mut da_d, &mut db_d)
+            )
+            .expect(&desc);
             let (da_h, db_h) = (download(stream, &da_d), download(stream, &db_d));
             check_gaps("da", &desc, &da_h, cols, sa, None);
             check_gaps("db", &desc, &db_h, cols, sb, None);
@@ -514,8 +456,12 @@ fn run_case<T: Dtype>(stream: &Stream, op: Op, c: &Case) {
             (compact(&da_h, sa, 0), compact(&db_h, sb, 0))
         }
         (false, true) => {
-            op.backward_inplace(stream, &args, &dc_d, &mut a_d, &mut b_d)
-                .expect(&desc);
+            glu_call!(
+                op,
+                swiglu_backward_inplace
+                    / geglu_backward_inplace(stream, &args, &dc_d, &mut a_d, &mut b_d)
+            )
+            .expect(&desc);
             let (da_h, db_h) = (download(stream, &a_d), download(stream, &b_d));
             check_gaps("da", &desc, &da_h, cols, sa, Some(&a_h));
             check_gaps("db", &desc, &db_h, cols, sb, Some(&b_h));
@@ -525,8 +471,11 @@ fn run_case<T: Dtype>(stream: &Stream, op: Op, c: &Case) {
         }
         (true, false) => {
             let mut g_d = poisoned::<T>(stream, a_h.len());
-            op.backward_fused(stream, &args, &dc_d, &a_d, &mut g_d)
-                .expect(&desc);
+            glu_call!(
+                op,
+                swiglu_backward_fused / geglu_backward_fused(stream, &args, &dc_d, &a_d, &mut g_d)
+            )
+            .expect(&desc);
             let g_h = download(stream, &g_d);
             check_gaps("d_gate_up", &desc, &g_h, 2 * cols, sa, None);
             zero_rows("d_gate_up", &g_h, 2 * cols, sa);
@@ -537,8 +486,12 @@ fn run_case<T: Dtype>(stream: &Stream, op: Op, c: &Case) {
             (compact(&g_h, sa, 0), compact(&g_h, sa, cols))
         }
         (true, true) => {
-            op.backward_fused_inplace(stream, &args, &dc_d, &mut a_d)
-                .expect(&desc);
+            glu_call!(
+                op,
+                swiglu_backward_fused_inplace
+                    / geglu_backward_fused_inplace(stream, &args, &dc_d, &mut a_d)
+            )
+            .expect(&desc);
             let g_h = download(stream, &a_d);
             check_gaps("d_gate_up", &desc, &g_h, 2 * cols, sa, Some(&a_h));
             zero_rows("d_gate_up", &g_h, 2 * cols, sa);
@@ -606,10 +559,17 @@ fn extremes<T: Dtype>(stream: &Stream, op: Op, a: Vec<T>) {
         let (a_d, b_d, dc_d) = (upload(stream, &a), upload(stream, &b), upload(stream, &dc));
         let mut c_d = poisoned::<T>(stream, n);
         let (mut da_d, mut db_d) = (poisoned::<T>(stream, n), poisoned::<T>(stream, n));
-        op.forward(stream, &args, &a_d, &b_d, &mut c_d)
-            .expect(&desc);
-        op.backward(stream, &args, &dc_d, &a_d, &b_d, &mut da_d, &mut db_d)
-            .expect(&desc);
+        glu_call!(
+            op,
+            swiglu_forward / geglu_forward(stream, &args, &a_d, &b_d, &mut c_d)
+        )
+        .expect(&desc);
+        glu_call!(
+            op,
+            swiglu_backward
+                / geglu_backward(stream, &args, &dc_d, &a_d, &b_d, &mut da_d, &mut db_d)
+        )
+        .expect(&desc);
         let (c, da, db) = (
             widen(&download(stream, &c_d)),
             widen(&download(stream, &da_d)),
@@ -709,10 +669,16 @@ fn non_finite<T: Dtype>(stream: &Stream, op: Op) {
     let (a_d, b_d, dc_d) = (upload(stream, &a), upload(stream, &b), upload(stream, &dc));
     let mut c_d = poisoned::<T>(stream, n);
     let (mut da_d, mut db_d) = (poisoned::<T>(stream, n), poisoned::<T>(stream, n));
-    op.forward(stream, &args, &a_d, &b_d, &mut c_d)
-        .expect(&desc);
-    op.backward(stream, &args, &dc_d, &a_d, &b_d, &mut da_d, &mut db_d)
-        .expect(&desc);
+    glu_call!(
+        op,
+        swiglu_forward / geglu_forward(stream, &args, &a_d, &b_d, &mut c_d)
+    )
+    .expect(&desc);
+    glu_call!(
+        op,
+        swiglu_backward / geglu_backward(stream, &args, &dc_d, &a_d, &b_d, &mut da_d, &mut db_d)
+    )
+    .expect(&desc);
     let want_c = op.ref_forward(&args, &a, &b).unwrap();
     let grads = op.ref_backward(&args, &dc, &a, &b).unwrap();
     let [sc, sda, sdb] = slacks(op, &a, &b, &dc, 1.0, 1.0);
@@ -793,15 +759,22 @@ fn huge_case(stream: &Stream, op: Op, cols: usize) {
     let [slack_c, slack_da, slack_db] = slacks(op, &a, &b, &dc, 1.0, 1.0);
 
     let mut c_d = poisoned_on_device::<bf16>(stream, rows * cols);
-    op.forward_fused(stream, &args, &gate_up_d, &mut c_d)
-        .expect(&desc);
+    glu_call!(
+        op,
+        swiglu_forward_fused / geglu_forward_fused(stream, &args, &gate_up_d, &mut c_d)
+    )
+    .expect(&desc);
     let ref_args = SwigluArgs::new(a.len() / cols, cols);
     let want_c = widen(&op.ref_forward(&ref_args, &a, &b).unwrap());
     let got_c = widen(&windows(&c_d, cols));
     assert_close::<bf16>("c", &desc, &got_c, &want_c, ULPS, &slack_c);
 
-    op.backward_fused_inplace(stream, &args, &dc_d, &mut gate_up_d)
-        .expect(&desc);
+    glu_call!(
+        op,
+        swiglu_backward_fused_inplace
+            / geglu_backward_fused_inplace(stream, &args, &dc_d, &mut gate_up_d)
+    )
+    .expect(&desc);
     let (da, db) = split_gate_up(&windows(&gate_up_d, width), cols).unwrap();
     let grads = op.ref_backward(&ref_args, &dc, &a, &b).unwrap();
     assert_close::<bf16>("da", &desc, &widen(&da), &widen(&grads.da), ULPS, &slack_da);
