@@ -186,25 +186,32 @@ fn launch_glu<T: Dtype>(
     }
 }
 
-impl Launch for Swiglu {
-    fn launch<T: Dtype>(
-        self,
-        stream: &Stream,
-        args: &SwigluArgs,
-        live: &mut Live<T>,
-    ) -> liger_rs::Result<()> {
-        launch_glu(self, Glu::Swiglu, stream, args, live)
+/// A SwiGLU-shaped launcher: its shape and its op.
+trait GluLauncher: Op<Args = SwigluArgs> {
+    fn parts(self) -> (Swiglu, Glu);
+}
+
+impl GluLauncher for Swiglu {
+    fn parts(self) -> (Swiglu, Glu) {
+        (self, Glu::Swiglu)
     }
 }
 
-impl Launch for Geglu {
+impl GluLauncher for Geglu {
+    fn parts(self) -> (Swiglu, Glu) {
+        (self.0, Glu::Geglu(self.1))
+    }
+}
+
+impl<O: GluLauncher> Launch for O {
     fn launch<T: Dtype>(
         self,
         stream: &Stream,
         args: &SwigluArgs,
         live: &mut Live<T>,
     ) -> liger_rs::Result<()> {
-        launch_glu(self.0, Glu::Geglu(self.1), stream, args, live)
+        let (launcher, glu) = self.parts();
+        launch_glu(launcher, glu, stream, args, live)
     }
 }
 

@@ -537,6 +537,41 @@ pub fn sweep<T: Dtype>(op: Op, test: &str, seed_base: u64) {
     });
 }
 
+/// One row of `a`, `b`, `dc` (`args` for `rows = 1`) through the forward and the backward
+/// into NaN-poisoned buffers: `c`, `da`, `db`, each checked against the reference within the
+/// sweep's tolerance, widened.
+fn one_row<T: Dtype>(
+    stream: &Stream,
+    op: Op,
+    args: &SwigluArgs,
+    [a, b, dc]: [&[T]; 3],
+    desc: &str,
+) -> [Vec<f64>; 3] {
+    let n = a.len();
+    let (a_d, b_d, dc_d) = (upload(stream, a), upload(stream, b), upload(stream, dc));
+    let mut c_d = poisoned::<T>(stream, n);
+    let (mut da_d, mut db_d) = (poisoned::<T>(stream, n), poisoned::<T>(stream, n));
+    glu_call!(
+        op,
+        swiglu_forward / geglu_forward(stream, args, &a_d, &b_d, &mut c_d)
+    )
+    .expect(desc);
+    glu_call!(
+        op,
+        swiglu_backward / geglu_backward(stream, args, &dc_d, &a_d, &b_d, &mut da_d, &mut db_d)
+    )
+    .expect(desc);
+    let got = [c_d, da_d, db_d].map(|d| widen(&download(stream, &d)));
+    let want_c = op.ref_forward(args, a, b).unwrap();
+    let grads = op.ref_backward(args, dc, a, b).unwrap();
+    let (gm, dm) = (args.gate_multiplier, args.down_multiplier);
+    let [sc, sda, sdb] = slacks(op, a, b, dc, gm, dm);
+    assert_close::<T>("c", desc, &got[0], &widen(&want_c), ULPS, &sc);
+    assert_close::<T>("da", desc, &got[1], &widen(&grads.da), ULPS, &sda);
+    assert_close::<T>("db", desc, &got[2], &widen(&grads.db), ULPS, &sdb);
+    got
+}
+
 /// Pins the numerics at extreme gates: every listed `a` (f32: ±1e4, the tails where σ is
 /// 0/1/subnormal, a sweep of [−120, 120], up to ±f32::MAX; f16/bf16: every finite value).
 /// Pass 1 (b = dc = 1, gm = dm = 1): c, da, db finite; for |a| ≥ 200 exactly the limits
@@ -556,26 +591,8 @@ fn extremes<T: Dtype>(stream: &Stream, op: Op, a: Vec<T>) {
         let args = SwigluArgs::new(1, n)
             .with_gate_multiplier(gm)
             .with_down_multiplier(dm);
-        let (a_d, b_d, dc_d) = (upload(stream, &a), upload(stream, &b), upload(stream, &dc));
-        let mut c_d = poisoned::<T>(stream, n);
-        let (mut da_d, mut db_d) = (poisoned::<T>(stream, n), poisoned::<T>(stream, n));
-        glu_call!(
-            op,
-            swiglu_forward / geglu_forward(stream, &args, &a_d, &b_d, &mut c_d)
-        )
-        .expect(&desc);
-        glu_call!(
-            op,
-            swiglu_backward
-                / geglu_backward(stream, &args, &dc_d, &a_d, &b_d, &mut da_d, &mut db_d)
-        )
-        .expect(&desc);
-        let (c, da, db) = (
-            widen(&download(stream, &c_d)),
-            widen(&download(stream, &da_d)),
-            widen(&download(stream, &db_d)),
-        );
         let case = format!("{desc}, pass {pass}");
+        let [c, da, db] = one_row(stream, op, &args, [&a, &b, &dc], &case);
         if pass == 1 {
             for i in 0..n {
                 let x = a[i].to_f64();
@@ -596,12 +613,6 @@ fn extremes<T: Dtype>(stream: &Stream, op: Op, a: Vec<T>) {
                 }
             }
         }
-        let want_c = op.ref_forward(&args, &a, &b).unwrap();
-        let grads = op.ref_backward(&args, &dc, &a, &b).unwrap();
-        let [sc, sda, sdb] = slacks(op, &a, &b, &dc, gm, dm);
-        assert_close::<T>("c", &case, &c, &widen(&want_c), ULPS, &sc);
-        assert_close::<T>("da", &case, &da, &widen(&grads.da), ULPS, &sda);
-        assert_close::<T>("db", &case, &db, &widen(&grads.db), ULPS, &sdb);
     }
 }
 
@@ -666,26 +677,7 @@ fn non_finite<T: Dtype>(stream: &Stream, op: Op) {
     let n = a.len();
     let args = SwigluArgs::new(1, n);
     let desc = format!("{op:?} non-finite inputs {}", T::NAME);
-    let (a_d, b_d, dc_d) = (upload(stream, &a), upload(stream, &b), upload(stream, &dc));
-    let mut c_d = poisoned::<T>(stream, n);
-    let (mut da_d, mut db_d) = (poisoned::<T>(stream, n), poisoned::<T>(stream, n));
-    glu_call!(
-        op,
-        swiglu_forward / geglu_forward(stream, &args, &a_d, &b_d, &mut c_d)
-    )
-    .expect(&desc);
-    glu_call!(
-        op,
-        swiglu_backward / geglu_backward(stream, &args, &dc_d, &a_d, &b_d, &mut da_d, &mut db_d)
-    )
-    .expect(&desc);
-    let want_c = op.ref_forward(&args, &a, &b).unwrap();
-    let grads = op.ref_backward(&args, &dc, &a, &b).unwrap();
-    let [sc, sda, sdb] = slacks(op, &a, &b, &dc, 1.0, 1.0);
-    let got = |d: &CudaSlice<T>| widen(&download(stream, d));
-    assert_close::<T>("c", &desc, &got(&c_d), &widen(&want_c), ULPS, &sc);
-    assert_close::<T>("da", &desc, &got(&da_d), &widen(&grads.da), ULPS, &sda);
-    assert_close::<T>("db", &desc, &got(&db_d), &widen(&grads.db), ULPS, &sdb);
+    one_row(stream, op, &args, [&a, &b, &dc], &desc);
 }
 
 /// [`non_finite`] for each dtype.
