@@ -212,6 +212,11 @@ fn wide<T: Element>(v: &[T]) -> Vec<f64> {
     v.iter().map(|x| x.to_f64()).collect()
 }
 
+/// The gradients of `Σ y·dy`: with `dy` the incoming gradient, each input's gradient.
+fn grads_of(y: Tensor, dy: &Tensor) -> candle_core::backprop::GradStore {
+    (y * dy).unwrap().sum_all().unwrap().backward().unwrap()
+}
+
 /// On the CPU every op runs `liger_rs::reference`: each explicit call's result and each
 /// autograd value and gradient is the reference's, exactly (f32, f16, bf16 and f64).
 fn cpu_case<T: Element + WithDType>(seed: u64) {
@@ -261,12 +266,7 @@ fn cpu_case<T: Element + WithDType>(seed: u64) {
         let (xv, wv) = (var(&x, &rc), var(&w, &[cols]));
         let y = rms_norm(xv.as_tensor(), Some(wv.as_tensor()), &cfg).unwrap();
         assert_eq!(cpu_vals::<T>(&y), wide(&want.y), "autograd y, {case}");
-        let g = (y * t(&dy, &rc))
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
+        let g = grads_of(y, &t(&dy, &rc));
         assert_eq!(
             cpu_vals::<T>(g.get(&xv).unwrap()),
             wide(&grads.dx),
@@ -457,12 +457,7 @@ fn cpu_glu_case<T: Element + WithDType>(glu: Glu, rng: &mut Rng) {
         let (av, bv) = (var(&a, &rc), var(&b, &rc));
         let y = candle_glu(glu, av.as_tensor(), bv.as_tensor(), &cfg).unwrap();
         assert_eq!(cpu_vals::<T>(&y), c, "c·dm, {case}");
-        let grads = (y * t(&dc, &rc))
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
+        let grads = grads_of(y, &t(&dc, &rc));
         assert_eq!(
             cpu_vals::<T>(grads.get(&av).unwrap()),
             wide(&g.da),
@@ -483,12 +478,7 @@ fn cpu_glu_case<T: Element + WithDType>(glu: Glu, rng: &mut Rng) {
         let gv = var(&gu, &fused);
         let y = candle_glu_fused(glu, gv.as_tensor(), &cfg).unwrap();
         assert_eq!(cpu_vals::<T>(&y), c, "fused c·dm, {case}");
-        let grads = (y * t(&dc, &rc))
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
+        let grads = grads_of(y, &t(&dc, &rc));
         assert_eq!(
             cpu_vals::<T>(grads.get(&gv).unwrap()),
             wide(&dgu),
