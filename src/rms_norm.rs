@@ -601,8 +601,8 @@ fn capacity(kernels: &Kernels, kernel: Kernel) -> Result<usize> {
 ///
 /// From the driver:
 ///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
-///   the stream's context (the first call there) or the launch, which also fails once an earlier
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into the
+///   stream's context (at its first launch there) or the launch, which also fails once an earlier
 ///   kernel has faulted in the context.
 pub fn rms_norm_forward<T: Dtype>(
     stream: &Arc<CudaStream>,
@@ -719,8 +719,8 @@ pub fn rms_norm_forward<T: Dtype>(
 ///
 /// From the driver:
 ///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
-///   the stream's context (the first call there), the stream-ordered allocation of the dW scratch
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into the
+///   stream's context (at its first launch there), the stream-ordered allocation of the dW scratch
 ///   (the first call on a stream that needs more than it keeps, and every call during a graph
 ///   capture), or a launch, which also fails once an earlier kernel has faulted in the context.
 ///   With a weight the backward and then the dW reduction are launched: where the second fails,
@@ -761,9 +761,9 @@ pub fn rms_norm_backward<T: Dtype>(
 /// # Outputs
 ///
 /// Overwritten, never accumulated into: `dy_dx` (dX written over dY: the `cols` elements of each
-/// row) (the `cols` elements of each row) and `dw`, which receives this call's dW alone (zeros when
-/// `rows` is 0). Training code that accumulates weight gradients over micro-batches adds `dw` into
-/// its own accumulator after each call.
+/// row) and `dw`, which receives this call's dW alone (zeros when `rows` is 0). Training code that
+/// accumulates weight gradients over micro-batches adds `dw` into its own accumulator after each
+/// call.
 ///
 /// # Errors
 ///
@@ -781,8 +781,8 @@ pub fn rms_norm_backward<T: Dtype>(
 ///
 /// From the driver:
 ///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
-///   the stream's context (the first call there), the stream-ordered allocation of the dW scratch
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into the
+///   stream's context (at its first launch there), the stream-ordered allocation of the dW scratch
 ///   (the first call on a stream that needs more than it keeps, and every call during a graph
 ///   capture), or a launch, which also fails once an earlier kernel has faulted in the context.
 ///   With a weight the backward and then the dW reduction are launched: where the second fails,

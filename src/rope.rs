@@ -385,8 +385,8 @@ pub enum PositionIds<'a> {
 ///
 /// From the driver:
 ///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
-///   the stream's context (the first call there), uploading host position ids (a stream-ordered
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into the
+///   stream's context (at its first launch there), uploading host position ids (a stream-ordered
 ///   allocation and a copy), or the launch, which also fails once an earlier kernel has faulted in
 ///   the context.
 pub fn rope_forward<T: Dtype>(
@@ -451,8 +451,8 @@ pub fn rope_forward<T: Dtype>(
 ///
 /// From the driver:
 ///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
-///   the stream's context (the first call there), uploading host position ids (a stream-ordered
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into the
+///   stream's context (at its first launch there), uploading host position ids (a stream-ordered
 ///   allocation and a copy), or the launch, which also fails once an earlier kernel has faulted in
 ///   the context.
 pub fn rope_backward<T: Dtype>(
@@ -602,8 +602,8 @@ fn rope<T: Dtype>(
 ///
 /// From the driver:
 ///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
-///   the stream's context (the first call there), uploading host position ids (a stream-ordered
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into the
+///   stream's context (at its first launch there), uploading host position ids (a stream-ordered
 ///   allocation and a copy), or the launch, which also fails once an earlier kernel has faulted in
 ///   the context.
 #[allow(clippy::too_many_arguments)]
@@ -666,8 +666,8 @@ pub fn rope_forward_into<T: Dtype>(
 ///
 /// From the driver:
 ///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
-///   the stream's context (the first call there), uploading host position ids (a stream-ordered
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into the
+///   stream's context (at its first launch there), uploading host position ids (a stream-ordered
 ///   allocation and a copy), or the launch, which also fails once an earlier kernel has faulted in
 ///   the context.
 #[allow(clippy::too_many_arguments)]
