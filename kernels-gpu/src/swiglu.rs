@@ -57,7 +57,7 @@ unsafe extern "C" {
 /// and so the same bits as `1.0 / x`, without its range check, branch and slow-path call
 /// (never needed here: no subnormal, huge or infinite `x`).
 #[inline(always)]
-fn recip_1_2(x: f32) -> f32 {
+pub(crate) fn recip_1_2(x: f32) -> f32 {
     // SAFETY: a pure register operation.
     let r0 = unsafe { rcp_approx_ftz(x) };
     let e = core::intrinsics::fmaf32(x, r0, -1.0);
