@@ -982,41 +982,8 @@ fn launch<T: Dtype>(
         table_rows,
     ]
     .map(|v| v as u64);
-    if path == RopePath::General {
-        let (form, items) = general_form(args, io.out.is_some());
-        let (tx, ty) = block_shape(items);
-        let blocks = sizes.tokens.div_ceil(ty as usize).min(i32::MAX as usize);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, 1, 1),
-            block_dim: (tx, ty, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut launch = stream.launch_builder(&func);
-        launch
-            .arg(&io.q)
-            .arg(&io.k)
-            .arg(&q_write)
-            .arg(&k_write)
-            .arg(&cos_ptr)
-            .arg(&sin_ptr)
-            .arg(&ids_ptr);
-        for v in &dims {
-            launch.arg(v);
-        }
-        launch.arg(&form);
-        // SAFETY: argument order and types match `rope_general_kernel!` in kernels-gpu (7
-        // pointers, the 7 sizes as u64, the form bits as u32). q/k and their outputs were
-        // checked to hold exactly tokens × heads × head_dim elements (k absent, null and
-        // unused, when k_heads = 0), every output to be its input (in place) or disjoint from
-        // every other buffer, and cos/sin to hold every row the variant selects in rows of
-        // `table_row_len` elements, as `form` tells the kernel; ids as for the other
-        // kernels. `rotary_dim` is even, 2 ..= head_dim, `tokens > 0` implies `seq_len ≥ 1`,
-        // and a token's items (pairs, plus tail dims out of place: `RopeArgs::table` checked
-        // heads × head_dim < 2^31) are below 2^31.
-        unsafe { launch.launch(cfg) }?;
-        return Ok(());
-    }
-
+    // The general kernels' form bits and work items per token.
+    let general = (path == RopePath::General).then(|| general_form(args, io.out.is_some()));
     let cfg = if path == RopePath::Vector {
         let lanes = 16 / elem_bytes;
         let heads = args.q_heads + args.k_heads;
@@ -1035,7 +1002,8 @@ fn launch<T: Dtype>(
             shared_mem_bytes: 0,
         }
     } else {
-        let (tx, ty) = block_shape(sizes.pairs);
+        let items = general.map_or(sizes.pairs, |(_, items)| items);
+        let (tx, ty) = block_shape(items);
         let blocks = sizes.tokens.div_ceil(ty as usize).min(i32::MAX as usize);
         LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
@@ -1044,24 +1012,30 @@ fn launch<T: Dtype>(
         }
     };
     let mut launch = stream.launch_builder(&func);
-    launch
-        .arg(&io.q)
-        .arg(&io.k)
-        .arg(&cos_ptr)
-        .arg(&sin_ptr)
-        .arg(&ids_ptr);
+    launch.arg(&io.q).arg(&io.k);
+    if general.is_some() {
+        launch.arg(&q_write).arg(&k_write);
+    }
+    launch.arg(&cos_ptr).arg(&sin_ptr).arg(&ids_ptr);
     for v in &dims {
         launch.arg(v);
     }
-    // SAFETY: argument order and types match `rope_kernel!` in kernels-gpu (the same for the
-    // scalar and the `_v_` kernels: 5 pointers, then
-    // tokens, seq_len, q_heads, k_heads, head_dim, rotary_dim, table_rows as u64). `q`/`k` were
-    // checked to hold exactly tokens × heads × head_dim elements and to be disjoint from each
-    // other and the inputs; cos/sin hold every row the variant selects (`seq_len` rows for
-    // `pos`, `tokens` for `batch`, `table_rows` for `ids*`, whose ids the kernel clamps), and
-    // the ids buffer holds `tokens` ids of the variant's type. `rotary_dim` is even,
-    // 2 ..= head_dim, and the per-token pair count is < 2^31. A `_v_` kernel runs only where
-    // `path` established its alignment and divisibility requirements, with
+    if let Some((form, _)) = &general {
+        launch.arg(form);
+    }
+    // SAFETY: argument order and types match `rope_entry!` in kernels-gpu: q and k (then, on
+    // the general path, their outputs), cos, sin and ids, the 7 sizes as u64 (tokens, seq_len,
+    // q_heads, k_heads, head_dim, rotary_dim, table_rows), then on the general path the form
+    // bits as u32. q/k (and their outputs) were checked to hold exactly
+    // tokens × heads × head_dim elements (k absent, null and unused, when k_heads = 0), every
+    // output to be its input (in place) or disjoint from every other buffer; cos/sin hold
+    // every row the variant selects (`seq_len` rows for `pos`, `tokens` for `batch`,
+    // `table_rows` for `ids*`, whose ids the kernel clamps) in rows of `table_row_len`
+    // elements, as `form` tells the general kernels, and the ids buffer holds `tokens` ids of
+    // the variant's type. `rotary_dim` is even, 2 ..= head_dim, `tokens > 0` implies
+    // `seq_len ≥ 1`, and a token's items (pairs, plus tail dims out of place:
+    // `RopeArgs::table` checked heads × head_dim < 2^31) are below 2^31. A `_v_` kernel runs
+    // only where `path` established its alignment and divisibility requirements, with
     // `blockDim.x = half / lanes` as it requires.
     unsafe { launch.launch(cfg) }?;
     Ok(())
