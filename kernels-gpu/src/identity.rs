@@ -7,11 +7,6 @@
 //! it depends on nothing and builds for both targets; the host's tests check that every name
 //! its launchers can ask for is an entry of the PTX, and every entry one of those names.
 //!
-//! An entry name is its parts joined by `_`: the op, the direction, the variant (none for the
-//! scalar kernels), the element type, then the op's last part (RMSNorm: the casting mode,
-//! RoPE: the cos/sin rows), e.g. `rms_norm_fwd_vr2_bf16_llama`, `rope_bwd_g_f16_ids32`,
-//! `swiglu_fwd_vt_f32`; RMSNorm's dW reduction is `rms_norm_dw_reduce_{elem}`.
-//!
 //! The variant names the kernel choice in one vocabulary for every op. The *path* is what a
 //! kernel's accesses need: *scalar* (any alignment and width: no name part), *vector* (16-byte
 //! vectors on aligned pointers and strides, rows of whole vectors: `v`), and RoPE's *general*
@@ -21,6 +16,11 @@
 //! per block over a grid of every item (RMSNorm `vr`, SwiGLU `vt`), which the host runs from
 //! four waves of items. RoPE's vector kernel keeps no next-item state and runs on either grid;
 //! RMSNorm's backward `vs` is a resident grid with dW in shared memory.
+//!
+//! An entry name is its parts joined by `_`: the op, the direction, the variant (none for the
+//! scalar kernels), the element type, then the op's last part (RMSNorm: the casting mode,
+//! RoPE: the cos/sin rows), e.g. `rms_norm_fwd_vr2_bf16_llama`, `rope_bwd_g_f16_ids32`,
+//! `swiglu_fwd_vt_f32`; RMSNorm's dW reduction is `rms_norm_dw_reduce_{elem}`.
 
 /// An enum whose values name parts of entry names, and a macro `$lit!(Value)` that gives the
 /// same name as a literal for `concat!` (a value's name is spelt once, here).
@@ -177,7 +177,7 @@ names! {
     }
 }
 
-/// The path of an RMSNorm forward or backward kernel, and for vectors its grid.
+/// The shape of an RMSNorm forward or backward kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RmsNormShape {
     /// Scalar loads, any alignment and width (no name part).
