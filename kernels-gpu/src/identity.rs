@@ -7,15 +7,15 @@
 //! it depends on nothing and builds for both targets; the host's tests check that every name
 //! its launchers can ask for is an entry of the PTX, and every entry one of those names.
 //!
-//! The variant names the kernel choice in one vocabulary for every op. The *path* is what a
-//! kernel's accesses need: *scalar* (any alignment and width: no name part), *vector* (16-byte
-//! vectors on aligned pointers and strides, rows of whole vectors: `v`), and RoPE's *general*
-//! (the forms its NeoX kernels do not take: `g`). A vector kernel's *grid* is how its blocks
-//! cover the items (RMSNorm rows, SwiGLU tiles, RoPE token steps): a *resident grid*, as many
-//! blocks as fit at once walking the items grid-stride (`v` alone), or a *whole grid*, one item
-//! per block over a grid of every item (RMSNorm `vr`, SwiGLU `vt`), which the host runs from
-//! four waves of items. RoPE's vector kernel keeps no next-item state and runs on either grid;
-//! RMSNorm's backward `vs` is a resident grid with dW in shared memory.
+//! An entry name's variant names the kernel choice, in one vocabulary for every op. The *path*
+//! is what a kernel's accesses need: *scalar* (any alignment and width: no name part), *vector*
+//! (16-byte vectors on aligned pointers and strides, rows of whole vectors: `v`), and RoPE's
+//! *general* (the forms its NeoX kernels do not take: `g`). A vector kernel's *grid* is how its
+//! blocks cover the items (RMSNorm rows, SwiGLU tiles, RoPE token steps): a *resident grid*, as
+//! many blocks as fit at once walking the items grid-stride (`v` alone), or a *whole grid*, one
+//! item per block over a grid of every item (RMSNorm `vr`, SwiGLU `vt`), which the host runs
+//! from four waves of items. RoPE's vector kernel keeps no next-item state and runs on either
+//! grid; RMSNorm's backward `vs` is a resident grid with dW in shared memory.
 //!
 //! An entry name is its parts joined by `_`: the op, the direction, the variant (none for the
 //! scalar kernels), the element type, then the op's last part (RMSNorm: the casting mode,
