@@ -121,6 +121,7 @@ struct Call<X, I> {
 }
 
 impl<X, I> Call<X, I> {
+    /// The call of `dir` on these inputs, in one line at each of its many call sites.
     fn new(dir: Direction, q: X, k: Option<X>, tables: [X; 2], ids: Option<I>) -> Self {
         Call {
             dir,
