@@ -4,7 +4,8 @@
 //! time, columns strided by the block. The forward writes `y` and the row's rstd; the backward
 //! writes `dx` (possibly over `dy`: every element is read before the same thread writes it) and,
 //! when there is a weight, accumulates its dW contribution into one f32 partial row per block,
-//! which `rms_norm_dw_reduce_*` sums over blocks in a fixed order. In the sm_90 build the
+//! which `rms_norm_dw_reduce_*` sums over blocks in a fixed order; the `bwd_dx` kernels (a
+//! frozen weight, or none) write `dx` alone. In the sm_90 build the
 //! reduction first waits in `griddepcontrol.wait` (see `wait_for_prerequisite_grids`): the host
 //! launches it as a programmatic dependent launch, so its blocks may start before the
 //! backward's completion is processed. The f32 `_v2` backward also lets it launch at once
@@ -28,7 +29,7 @@
 //! product (`fma.rn.bf16x2` / `fma.rn.f16x2`: half the instructions of widening each lane and
 //! fewer registers) wherever that gives the mode's bits (see `packed_weight`); 16-bit llama rows
 //! with an offset other than ±0 run the `_llama_offset` twins, which multiply lane by lane.
-use crate::identity::{ElemType, Mode, RmsNormLayout, has_shared_dw, kernel_name};
+use crate::identity::{Direction, ElemType, Mode, RmsNormLayout, has_shared_dw, kernel_name};
 use crate::{
     Elem, SUM_SLOTS, V16, Vector, allow_dependent_grids, block_dim, block_dim_y, block_idx,
     block_sum, block_sum2, elem_type, fma, grid_dim, lanes, mode, sqrt, sync_threads, thread_idx,
@@ -188,8 +189,9 @@ fn scaled_grad<T: Elem, const MODE: u32>(dy: f32, w: Option<f32>, offset: f32) -
     }
 }
 
+/// The scalar backward; `DW` accumulates the weight's dW partial row (see [`computes_dw`]).
 #[inline(always)]
-unsafe fn backward<T: Elem, const MODE: u32>(
+unsafe fn backward<T: Elem, const MODE: u32, const DW: bool>(
     dy: *const T,
     dy_stride: usize,
     x: *const T,
@@ -238,7 +240,7 @@ unsafe fn backward<T: Elem, const MODE: u32>(
             let wc = load_w(c);
             let m = scaled_grad::<T, MODE>(g, wc, offset);
             unsafe { *dxr.add(c) = T::from_f32(r * (m - mean * (v * r))) };
-            if wc.is_some() {
+            if DW && wc.is_some() {
                 let normed = if MODE == mode::LLAMA {
                     T::round(v * r)
                 } else {
@@ -388,9 +390,16 @@ unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize, const ONE: bool>
 /// Shared memory frees those registers, which raises the resident blocks of some shapes (bf16
 /// 4096: 2 → 4 per SM, 8192: 1 → 2) and costs a shared-memory round trip per element; the host
 /// runs it only where it fits more blocks per SM and every block gets many rows (`shared_dw`
-/// in src/rms_norm.rs).
+/// in src/rms_norm.rs). Without `DW` (the `bwd_dx` kernels, [`computes_dw`]) there is no dW
+/// work at all, and so no dW registers.
 #[inline(always)]
-unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: bool>(
+unsafe fn backward_vec<
+    T: Elem,
+    const MODE: u32,
+    const K: usize,
+    const SMEM_DW: bool,
+    const DW: bool,
+>(
     dy: *const T,
     dy_stride: usize,
     x: *const T,
@@ -407,15 +416,16 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
     // f32 with dW in registers (`_v2`, the f32 rows above 512 columns): the dW reduction may
     // be launched at once, its launch hidden behind this grid (16384×2048 on an H200: −2.6 µs;
     // the 16-bit kernels lost up to 0.7 µs with it: PERFORMANCE.md, "sm_90: dependent launch and
-    // dW clusters").
-    if T::LANES == 4 && K == 2 && !SMEM_DW {
+    // dW clusters"). `& DW`: no reduction follows the `bwd_dx` kernels, and `&` adds no branch
+    // (the `DW` kernels' code stays that of a condition without it).
+    if T::LANES == 4 && K == 2 && !SMEM_DW & DW {
         allow_dependent_grids();
     }
     let (tid, nt) = (thread_idx(), block_dim());
     let vecs = cols / T::LANES;
     let has_w = !w.is_null();
     // Without a weight, w = 1 and offset = 0 give m = dy exactly in every mode, with no
-    // per-element test (the dW sums are then computed and not written).
+    // per-element test (the host runs the `DW = false` kernels then).
     let ones = T::pack(&[1.0; 8]);
     let offset = if has_w { offset } else { 0.0 };
     // m = D(dy·D(offset + w)) as one packed product where that is the mode's m (llama with
@@ -520,7 +530,8 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
         });
         row += grid_dim();
     }
-    if has_w {
+    // `&`, not `&&`: no branch of its own, so the `DW` kernels' code is that of `if has_w`.
+    if has_w & DW {
         #[cfg(target_feature = "sm_90")]
         if SMEM_DW && cluster_blocks() > 1 {
             unsafe { write_cluster_partial(dw_s, dw_partial, cols) };
@@ -663,6 +674,12 @@ const fn shared_dw(layout: RmsNormLayout) -> bool {
     matches!(layout, RmsNormLayout::SharedDw)
 }
 
+/// Whether a backward `direction` accumulates dW partial rows (`DW` of [`backward`] and
+/// [`backward_vec`]): [`Direction::Backward`] does, [`Direction::BackwardDx`] does not.
+const fn computes_dw(direction: Direction) -> bool {
+    matches!(direction, Direction::Backward)
+}
+
 /// One forward entry point named `$name`: `$body` is the generic body (`forward::<T, MODE>` or
 /// `forward_vec::<T, MODE, K, …>`), `$doc` its summary, `$safety` what the caller guarantees.
 macro_rules! fwd_entry {
@@ -745,9 +762,16 @@ macro_rules! rms_norm_kernels {
             bwd_entry!(
                 kernel_name!(RmsNorm, Backward, Scalar, $elem, $mode),
                 elem_type!($elem),
-                backward::<elem_type!($elem), { Mode::$mode as u32 }>,
+                backward::<elem_type!($elem), { Mode::$mode as u32 }, true>,
                 "RMSNorm backward for one dtype and casting mode (see the module docs).",
                 "As the forward; `dx` may equal `dy`; `dw_partial` holds `gridDim.x × cols` f32 when `w` is not null."
+            );
+            bwd_entry!(
+                kernel_name!(RmsNorm, BackwardDx, Scalar, $elem, $mode),
+                elem_type!($elem),
+                backward::<elem_type!($elem), { Mode::$mode as u32 }, false>,
+                "RMSNorm backward of dX alone for one dtype and casting mode (see the module docs).",
+                "As the forward; `dx` may equal `dy`; `dw_partial` is not used."
             );
         )*
         const _: () = {
@@ -775,7 +799,8 @@ rms_norm_kernels!(Bf16: Llama, Gemma, None);
 
 /// The vector kernels of one element type and mode: forward with 1, 2, 4 vectors per thread
 /// (grid-stride `_v{K}`, one row per block `_vr{K}` for K = 2, 4), backward with 1 and 2 (its
-/// dW accumulators need the registers), `_vs1` and where `shared` ([`has_shared_dw`]) `_vs2`.
+/// dW accumulators need the registers), `_vs1` and where `shared` ([`has_shared_dw`]) `_vs2`,
+/// and the dX-only backward `bwd_dx` with 1 and 2 (dW in neither registers nor shared memory).
 macro_rules! rms_norm_vec_family {
     ($elem:ident, $mode:ident, shared = $shared:tt) => {
         const _: () = assert!(has_shared_dw(ElemType::$elem, 2) == $shared);
@@ -784,10 +809,12 @@ macro_rules! rms_norm_vec_family {
         rms_norm_vec_family!(@fwd $elem, $mode, Grid 4);
         rms_norm_vec_family!(@fwd $elem, $mode, Row 2);
         rms_norm_vec_family!(@fwd $elem, $mode, Row 4);
-        rms_norm_vec_family!(@bwd $elem, $mode, Grid 1);
-        rms_norm_vec_family!(@bwd $elem, $mode, Grid 2);
-        rms_norm_vec_family!(@bwd $elem, $mode, SharedDw 1);
-        rms_norm_vec_family!(@if $shared, @bwd $elem, $mode, SharedDw 2);
+        rms_norm_vec_family!(@bwd $elem, $mode, Backward, Grid 1);
+        rms_norm_vec_family!(@bwd $elem, $mode, Backward, Grid 2);
+        rms_norm_vec_family!(@bwd $elem, $mode, Backward, SharedDw 1);
+        rms_norm_vec_family!(@if $shared, @bwd $elem, $mode, Backward, SharedDw 2);
+        rms_norm_vec_family!(@bwd $elem, $mode, BackwardDx, Grid 1);
+        rms_norm_vec_family!(@bwd $elem, $mode, BackwardDx, Grid 2);
     };
     (@if true, $($rest:tt)*) => {
         rms_norm_vec_family!($($rest)*);
@@ -807,17 +834,18 @@ macro_rules! rms_norm_vec_family {
             "As the scalar forward, and every row of `x` and `y` and `w` start 16-byte aligned with `cols` a multiple of the lanes per vector."
         );
     };
-    (@bwd $elem:ident, $mode:ident, $layout:ident $k:literal) => {
+    (@bwd $elem:ident, $mode:ident, $dir:ident, $layout:ident $k:literal) => {
         bwd_entry!(
-            kernel_name!(RmsNorm, Backward, $layout $k, $elem, $mode),
+            kernel_name!(RmsNorm, $dir, $layout $k, $elem, $mode),
             elem_type!($elem),
             backward_vec::<
                 elem_type!($elem),
                 { Mode::$mode as u32 },
                 $k,
                 { shared_dw(RmsNormLayout::$layout) },
+                { computes_dw(Direction::$dir) },
             >,
-            "Vectorised persistent RMSNorm backward (see `backward_vec`; `_vs`: dW in shared memory).",
+            "Vectorised persistent RMSNorm backward (see `backward_vec`; `_vs`: dW in shared memory; `bwd_dx`: no dW, `dw_partial` not used).",
             "As the scalar backward, with the forward's alignment rules for `dy`, `x`, `w`, `dx`."
         );
     };
