@@ -620,6 +620,53 @@ fn gpu_many_rows_take_the_shared_memory_dw_kernels() {
     failures.finish();
 }
 
+/// A frozen weight's dx (the `bwd_dx` kernels) against the dx of the same call with `dw`,
+/// bit for bit: the same threads per block, so the same row reductions.
+fn frozen_dx_is_the_dw_calls<T: Dtype>(stream: &Arc<CudaStream>, rows: usize, cols: usize) {
+    let args = RmsNormArgs::new(rows, cols).with_offset(1.0);
+    let desc = format!("{rows}×{cols} {}", T::NAME);
+    let mut rng = Rng::new(rows as u64 * 7 + cols as u64);
+    let x = upload(stream, &rng.vec::<T>(rows * cols, 0.0, 2.0));
+    let w = upload(stream, &rng.vec::<T>(cols, 0.0, 0.5));
+    let dy = upload(stream, &rng.vec::<T>(rows * cols, 0.0, 1.0));
+    let weight = Some(&w as &dyn DevicePtr<T>);
+    let mut y = poisoned::<T>(stream, rows * cols);
+    let mut rstd = poisoned::<f32>(stream, rows);
+    rms_norm_forward(stream, &args, &x, weight, &mut y, &mut rstd).expect(&desc);
+    let mut dx = [
+        poisoned::<T>(stream, rows * cols),
+        poisoned::<T>(stream, rows * cols),
+    ];
+    let mut dw = poisoned::<T>(stream, cols);
+    let [with_dw, frozen] = &mut dx;
+    let dwv = Some(&mut dw as &mut dyn DevicePtrMut<T>);
+    rms_norm_backward(stream, &args, &dy, &x, weight, &rstd, with_dw, dwv).expect(&desc);
+    rms_norm_backward(stream, &args, &dy, &x, weight, &rstd, frozen, None).expect(&desc);
+    let bits = |b: &CudaSlice<T>| -> Vec<u64> {
+        download(stream, b)
+            .iter()
+            .map(|v| v.to_f64().to_bits())
+            .collect()
+    };
+    assert!(bits(with_dw) == bits(frozen), "frozen dx differs, {desc}");
+}
+
+#[test]
+fn gpu_a_frozen_weight_gives_the_dw_calls_dx_bits() {
+    // On an H200: `_vs2` (clustered) against `bwd_dx_v2` (bf16 9600×2048), `_v2` (bf16
+    // 2048×4096 and f32 3000×2048, the f16 and bf16 ones lane by lane with the offset), the
+    // scalar kernels (4095 columns).
+    // With the small shapes, a sixteenth of the rows (the `_v2` dW kernels then).
+    let Some(stream) = gpu("gpu_a_frozen_weight_gives_the_dw_calls_dx_bits") else {
+        return;
+    };
+    let rows = |r: usize| if common::small_shapes() { r / 16 } else { r };
+    frozen_dx_is_the_dw_calls::<bf16>(&stream, rows(9600), 2048);
+    frozen_dx_is_the_dw_calls::<bf16>(&stream, rows(2048), 4096);
+    frozen_dx_is_the_dw_calls::<f32>(&stream, rows(3000), 2048);
+    frozen_dx_is_the_dw_calls::<f16>(&stream, rows(700), 4095);
+}
+
 #[test]
 fn gpu_very_wide_rows_with_more_rows_than_scratch_blocks() {
     // 2¹⁸ + 3 columns: the dW scratch allows 2²⁶ / cols = 255 partial rows, fewer than the
