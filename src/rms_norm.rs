@@ -1336,8 +1336,8 @@ pub(crate) mod tests {
         // clusters of two); for f32 rows of two vectors dW stays in registers and no cluster
         // runs (the bench's 16384×2048 f32 and 2048×4096 bf16 too). Without dW (a frozen
         // weight, or none) the `bwd_dx` kernels run, no cluster: bf16 `_v2` at 55 registers
-        // (ptxas 12.9, sm_90) fits 9 blocks of 128 threads per SM (1188), at most 56 still 8,
-        // against the dW kernel's 4 (528).
+        // (ptxas 12.9 and 13.0, sm_90) fits 9 blocks of 128 threads per SM (1188; at up to 64
+        // registers 8), against the dW `_v2`'s 4 (528).
         let bwd = |kernel: &str, threads, grid, smem, cluster| Launched {
             kernel: kernel.to_string(),
             threads,
