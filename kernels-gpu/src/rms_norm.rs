@@ -114,8 +114,9 @@ fn inverse_rms<T: Elem, const MODE: u32>(
     1.0 / sqrt(sum_sq / cols as f32 + eps)
 }
 
-#[inline(always)]
-unsafe fn forward<T: Elem, const MODE: u32>(
+/// A forward's arguments, as its entry point receives them (sizes as `usize`).
+#[derive(Clone, Copy)]
+struct Fwd<T> {
     x: *const T,
     x_stride: usize,
     w: *const T,
@@ -126,7 +127,31 @@ unsafe fn forward<T: Elem, const MODE: u32>(
     cols: usize,
     eps: f32,
     offset: f32,
-) {
+}
+
+/// A backward's arguments, as its entry point receives them (sizes as `usize`).
+#[derive(Clone, Copy)]
+struct Bwd<T> {
+    dy: *const T,
+    dy_stride: usize,
+    x: *const T,
+    x_stride: usize,
+    w: *const T,
+    rstd: *const f32,
+    dx: *mut T,
+    dx_stride: usize,
+    dw_partial: *mut f32,
+    rows: usize,
+    cols: usize,
+    offset: f32,
+}
+
+/// The scalar forward.
+#[inline(always)]
+unsafe fn forward<T: Elem, const MODE: u32>(a: Fwd<T>) {
+    // One line for the struct, not one per field (rustfmt's layout of a struct pattern).
+    #[rustfmt::skip]
+    let Fwd { x, x_stride, w, y, y_stride, rstd, rows, cols, eps, offset } = a;
     let (tid, nt) = (thread_idx(), block_dim());
     let mut row = block_idx();
     let mut parity = 0;
@@ -191,20 +216,12 @@ fn scaled_grad<T: Elem, const MODE: u32>(dy: f32, w: Option<f32>, offset: f32) -
 
 /// The scalar backward; `DW` accumulates the weight's dW partial row (see [`computes_dw`]).
 #[inline(always)]
-unsafe fn backward<T: Elem, const MODE: u32, const DW: bool>(
-    dy: *const T,
-    dy_stride: usize,
-    x: *const T,
-    x_stride: usize,
-    w: *const T,
-    rstd: *const f32,
-    dx: *mut T,
-    dx_stride: usize,
-    dw_partial: *mut f32,
-    rows: usize,
-    cols: usize,
-    offset: f32,
-) {
+unsafe fn backward<T: Elem, const MODE: u32, const DW: bool>(a: Bwd<T>) {
+    // One line for the fields, not one per field (rustfmt's layout of a struct pattern).
+    #[rustfmt::skip]
+    let Bwd {
+        dy, dy_stride, x, x_stride, w, rstd, dx, dx_stride, dw_partial, rows, cols, offset,
+    } = a;
     let (tid, nt) = (thread_idx(), block_dim());
     // `wrapping_add`: `dw_partial` is null without a weight, and `add` off null is undefined.
     let part = dw_partial.wrapping_add(block_idx() * cols);
@@ -286,18 +303,10 @@ unsafe fn store_row<const K: usize>(row: *mut V16, vecs: usize, out: impl Fn(usi
 /// The vector forward: `ONE` runs one row per block (`_vr{K}`), else a resident grid walks the
 /// rows (`_v{K}`).
 #[inline(always)]
-unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize, const ONE: bool>(
-    x: *const T,
-    x_stride: usize,
-    w: *const T,
-    y: *mut T,
-    y_stride: usize,
-    rstd: *mut f32,
-    rows: usize,
-    cols: usize,
-    eps: f32,
-    offset: f32,
-) {
+unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize, const ONE: bool>(a: Fwd<T>) {
+    // One line for the struct, not one per field (rustfmt's layout of a struct pattern).
+    #[rustfmt::skip]
+    let Fwd { x, x_stride, w, y, y_stride, rstd, rows, cols, eps, offset } = a;
     let tid = thread_idx();
     let vecs = cols / T::LANES;
     let has_w = !w.is_null();
@@ -400,19 +409,13 @@ unsafe fn backward_vec<
     const SMEM_DW: bool,
     const DW: bool,
 >(
-    dy: *const T,
-    dy_stride: usize,
-    x: *const T,
-    x_stride: usize,
-    w: *const T,
-    rstd: *const f32,
-    dx: *mut T,
-    dx_stride: usize,
-    dw_partial: *mut f32,
-    rows: usize,
-    cols: usize,
-    offset: f32,
+    a: Bwd<T>,
 ) {
+    // One line for the fields, not one per field (rustfmt's layout of a struct pattern).
+    #[rustfmt::skip]
+    let Bwd {
+        dy, dy_stride, x, x_stride, w, rstd, dx, dx_stride, dw_partial, rows, cols, offset,
+    } = a;
     // f32 with dW in registers (`_v2`, the f32 rows above 512 columns): the dW reduction may
     // be launched at once, its launch hidden behind this grid (16384×2048 on an H200: −2.6 µs;
     // the 16-bit kernels lost up to 0.7 µs with it: PERFORMANCE.md, "sm_90: dependent launch and
@@ -680,76 +683,65 @@ const fn computes_dw(direction: Direction) -> bool {
     matches!(direction, Direction::Backward)
 }
 
-/// One forward entry point named `$name`: `$body` is the generic body (`forward::<T, MODE>` or
-/// `forward_vec::<T, MODE, K, …>`), `$doc` its summary, `$safety` what the caller guarantees.
-macro_rules! fwd_entry {
-    ($name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
+/// One entry point named `$name` with the parameters `$param: $ty` (as the host passes
+/// them), running `$call` over them; `$doc` is its summary, `$safety` what the caller
+/// guarantees.
+macro_rules! entry {
+    ($name:expr, $doc:literal, $safety:literal, ($($param:ident: $ty:ty),* $(,)?) => $call:expr) => {
         const _: () = {
             #[doc = $doc]
             ///
             /// # Safety
             #[doc = $safety]
             #[unsafe(export_name = $name)]
-            pub unsafe extern "gpu-kernel" fn kernel(
-                x: *const $ty,
-                x_stride: u64,
-                w: *const $ty,
-                y: *mut $ty,
-                y_stride: u64,
-                rstd: *mut f32,
-                rows: u64,
-                cols: u64,
-                eps: f32,
-                offset: f32,
-            ) {
-                let (x_stride, y_stride) = (x_stride as usize, y_stride as usize);
-                let (rows, cols) = (rows as usize, cols as usize);
-                unsafe { $body(x, x_stride, w, y, y_stride, rstd, rows, cols, eps, offset) }
+            pub unsafe extern "gpu-kernel" fn kernel($($param: $ty),*) {
+                unsafe { $call }
             }
         };
+    };
+}
+
+/// One forward entry point (see [`entry`]): `$body` is the generic body (`forward::<T, MODE>`
+/// or `forward_vec::<T, MODE, K, …>`) of element type `$ty`.
+macro_rules! fwd_entry {
+    ($name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
+        entry!($name, $doc, $safety, (
+            x: *const $ty, x_stride: u64, w: *const $ty, y: *mut $ty, y_stride: u64,
+            rstd: *mut f32, rows: u64, cols: u64, eps: f32, offset: f32,
+        ) => $body(Fwd {
+            x, x_stride: x_stride as usize, w, y, y_stride: y_stride as usize, rstd,
+            rows: rows as usize, cols: cols as usize, eps, offset,
+        }));
     };
 }
 
 /// One backward entry point (see [`fwd_entry`]).
 macro_rules! bwd_entry {
     ($name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
-        const _: () = {
-            #[doc = $doc]
-            ///
-            /// # Safety
-            #[doc = $safety]
-            #[unsafe(export_name = $name)]
-            pub unsafe extern "gpu-kernel" fn kernel(
-                dy: *const $ty,
-                dy_stride: u64,
-                x: *const $ty,
-                x_stride: u64,
-                w: *const $ty,
-                rstd: *const f32,
-                dx: *mut $ty,
-                dx_stride: u64,
-                dw_partial: *mut f32,
-                rows: u64,
-                cols: u64,
-                offset: f32,
-            ) {
-                let (dy_stride, x_stride, dx_stride) =
-                    (dy_stride as usize, x_stride as usize, dx_stride as usize);
-                let (rows, cols) = (rows as usize, cols as usize);
-                unsafe {
-                    $body(
-                        dy, dy_stride, x, x_stride, w, rstd, dx, dx_stride, dw_partial, rows, cols,
-                        offset,
-                    )
-                }
-            }
-        };
+        entry!($name, $doc, $safety, (
+            dy: *const $ty, dy_stride: u64, x: *const $ty, x_stride: u64, w: *const $ty,
+            rstd: *const f32, dx: *mut $ty, dx_stride: u64, dw_partial: *mut f32, rows: u64,
+            cols: u64, offset: f32,
+        ) => $body(Bwd {
+            dy, dy_stride: dy_stride as usize, x, x_stride: x_stride as usize, w, rstd, dx,
+            dx_stride: dx_stride as usize, dw_partial, rows: rows as usize,
+            cols: cols as usize, offset,
+        }));
     };
 }
 
 /// The scalar kernels of one element type and casting mode, and with [`Mode::Llama`] the
 /// element type's dW reduction.
 macro_rules! rms_norm_kernels {
+    (@bwd $elem:ident, $mode:ident, $dir:ident, $doc:literal, $safety:literal) => {
+        bwd_entry!(
+            kernel_name!(RmsNorm, $dir, Scalar, $elem, $mode),
+            elem_type!($elem),
+            backward::<elem_type!($elem), { Mode::$mode as u32 }, { computes_dw(Direction::$dir) }>,
+            $doc,
+            $safety
+        );
+    };
     ($elem:ident: $($mode:ident),*) => {
         $(
             fwd_entry!(
@@ -759,37 +751,22 @@ macro_rules! rms_norm_kernels {
                 "RMSNorm forward for one dtype and casting mode (see the module docs).",
                 "Pointers cover `rows` rows of their strides and `cols` columns; `w` may be null."
             );
-            bwd_entry!(
-                kernel_name!(RmsNorm, Backward, Scalar, $elem, $mode),
-                elem_type!($elem),
-                backward::<elem_type!($elem), { Mode::$mode as u32 }, true>,
+            rms_norm_kernels!(@bwd $elem, $mode, Backward,
                 "RMSNorm backward for one dtype and casting mode (see the module docs).",
-                "As the forward; `dx` may equal `dy`; `dw_partial` holds `gridDim.x × cols` f32 when `w` is not null."
-            );
-            bwd_entry!(
-                kernel_name!(RmsNorm, BackwardDx, Scalar, $elem, $mode),
-                elem_type!($elem),
-                backward::<elem_type!($elem), { Mode::$mode as u32 }, false>,
+                "As the forward; `dx` may equal `dy`; `dw_partial` holds `gridDim.x × cols` f32 when `w` is not null.");
+            rms_norm_kernels!(@bwd $elem, $mode, BackwardDx,
                 "RMSNorm backward of dX alone for one dtype and casting mode (see the module docs).",
-                "As the forward; `dx` may equal `dy`; `dw_partial` is not used."
-            );
+                "As the forward; `dx` may equal `dy`; `dw_partial` is not used.");
         )*
-        const _: () = {
-            /// Sums the per-block dW partial rows into `dw` (see the module docs).
-            ///
-            /// # Safety
-            /// `partial` holds `parts × cols` f32; `dw` holds `cols` elements.
-            #[unsafe(export_name = kernel_name!(RmsNorm, DwReduce, $elem))]
-            pub unsafe extern "gpu-kernel" fn kernel(
-                partial: *const f32,
-                parts: u64,
-                cols: u64,
-                dw: *mut elem_type!($elem),
-            ) {
+        entry!(
+            kernel_name!(RmsNorm, DwReduce, $elem),
+            "Sums the per-block dW partial rows into `dw` (see the module docs).",
+            "`partial` holds `parts × cols` f32; `dw` holds `cols` elements.",
+            (partial: *const f32, parts: u64, cols: u64, dw: *mut elem_type!($elem)) => {
                 wait_for_prerequisite_grids();
-                unsafe { dw_reduce(partial, parts as usize, cols as usize, dw) }
+                dw_reduce(partial, parts as usize, cols as usize, dw)
             }
-        };
+        );
     };
 }
 
