@@ -981,7 +981,8 @@ pub(crate) mod tests {
     /// its twins, in every mode, with and without a weight offset, the dX-only backward, and
     /// the dW reductions.
     pub(crate) fn launchable_kernels() -> Vec<Kernel> {
-        fn of<T: Dtype>(out: &mut Vec<Kernel>) {
+        fn of<T: Dtype>() -> Vec<Kernel> {
+            let mut out = Vec::new();
             for mode in CastingMode::ALL {
                 for offset in [0.0, 1.0] {
                     let args = RmsNormArgs::new(1, 8).with_mode(mode).with_offset(offset);
@@ -1014,12 +1015,9 @@ pub(crate) mod tests {
                 }
             }
             out.push(Kernel::RmsNormDwReduce { elem: T::ELEM });
+            out
         }
-        let mut out = Vec::new();
-        of::<f32>(&mut out);
-        of::<f16>(&mut out);
-        of::<bf16>(&mut out);
-        out
+        [of::<f32>(), of::<f16>(), of::<bf16>()].concat()
     }
 
     #[test]
@@ -1283,53 +1281,29 @@ pub(crate) mod tests {
             return;
         };
         let llama = |rows, cols| gpu_args(rows, cols, CastingMode::Llama, 0.0);
-        let fwd = |name: &str, grid, threads| (name.to_string(), grid, threads);
+        use ElemType::{Bf16, F16, F32};
+        let forward = |elem, args: &RmsNormArgs| match elem {
+            Bf16 => forward_choice::<bf16>(&k, args),
+            F16 => forward_choice::<f16>(&k, args),
+            F32 => forward_choice::<f32>(&k, args),
+        };
+        let gemma = gpu_args(2200, 8192, CastingMode::Gemma, 1.0);
         // `gpu_forward_rows_walk_grid_stride_or_take_a_block_each`: one row per block from
         // four waves of resident blocks, grid-stride below.
-        let cases = [
-            (
-                forward_choice::<bf16>(&k, &llama(7000, 2048)),
-                fwd("rms_norm_fwd_vr2_bf16_llama", 7000, 128),
-            ),
-            (
-                forward_choice::<f32>(&k, &llama(4000, 2048)),
-                fwd("rms_norm_fwd_vr2_f32_llama", 4000, 256),
-            ),
-            (
-                forward_choice::<f16>(&k, &llama(2200, 8192)),
-                fwd("rms_norm_fwd_vr4_f16_llama", 2200, 256),
-            ),
-            (
-                forward_choice::<f16>(&k, &gpu_args(2200, 8192, CastingMode::Gemma, 1.0)),
-                fwd("rms_norm_fwd_vr4_f16_gemma", 2200, 256),
-            ),
-            (
-                forward_choice::<f32>(&k, &llama(2000, 4096)),
-                fwd("rms_norm_fwd_vr4_f32_llama", 2000, 256),
-            ),
-            (
-                forward_choice::<bf16>(&k, &llama(9600, 4096)),
-                fwd("rms_norm_fwd_vr4_bf16_llama", 9600, 128),
-            ),
-            (
-                forward_choice::<bf16>(&k, &llama(2000, 2048)),
-                fwd("rms_norm_fwd_v2_bf16_llama", 1188, 128),
-            ),
-            (
-                forward_choice::<f32>(&k, &llama(1500, 2048)),
-                fwd("rms_norm_fwd_v2_f32_llama", 660, 256),
-            ),
-            (
-                forward_choice::<bf16>(&k, &llama(1500, 4096)),
-                fwd("rms_norm_fwd_v4_bf16_llama", 660, 128),
-            ),
-            (
-                forward_choice::<f32>(&k, &llama(1000, 4096)),
-                fwd("rms_norm_fwd_v4_f32_llama", 396, 256),
-            ),
-        ];
-        for (got, want) in cases {
-            assert_eq!(got, want);
+        for (elem, args, kernel, grid, threads) in [
+            (Bf16, llama(7000, 2048), "vr2_bf16_llama", 7000, 128),
+            (F32, llama(4000, 2048), "vr2_f32_llama", 4000, 256),
+            (F16, llama(2200, 8192), "vr4_f16_llama", 2200, 256),
+            (F16, gemma, "vr4_f16_gemma", 2200, 256),
+            (F32, llama(2000, 4096), "vr4_f32_llama", 2000, 256),
+            (Bf16, llama(9600, 4096), "vr4_bf16_llama", 9600, 128),
+            (Bf16, llama(2000, 2048), "v2_bf16_llama", 1188, 128),
+            (F32, llama(1500, 2048), "v2_f32_llama", 660, 256),
+            (Bf16, llama(1500, 4096), "v4_bf16_llama", 660, 128),
+            (F32, llama(1000, 4096), "v4_f32_llama", 396, 256),
+        ] {
+            let want = (format!("rms_norm_fwd_{kernel}"), grid, threads);
+            assert_eq!(forward(elem, &args), want);
         }
         // `gpu_many_rows_take_the_shared_memory_dw_kernels`: dW in shared memory, in clusters
         // of two, for every mode (at 2048 columns 9 blocks per SM fit, 1188, but only 528
