@@ -707,7 +707,9 @@ pub fn rms_norm_forward<T: Dtype>(
 /// Overwritten, never accumulated into: `dx` (the `cols` elements of each row) and, if given,
 /// `dw`, which receives this call's dW alone (zeros when `rows` is 0). Training code that
 /// accumulates weight gradients over micro-batches adds `dw` into its own accumulator after
-/// each call. A frozen weight (`dw = None`) gives the same `dx` bits as a call with `dw`.
+/// each call. A frozen weight (`dw = None`) gives the `dx` of a call with `dw`, the same bits
+/// where both run blocks of the same size (the `bwd_dx` kernels' fewer registers can let very
+/// wide rows run vector kernels where the dW kernels fall back to the scalar ones).
 ///
 /// # Errors
 ///
