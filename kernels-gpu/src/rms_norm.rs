@@ -223,7 +223,7 @@ unsafe fn backward<T: Elem, const MODE: u32, const DW: bool>(a: Bwd<T>) {
         dy, dy_stride, x, x_stride, w, rstd, dx, dx_stride, dw_partial, rows, cols, offset,
     } = a;
     let (tid, nt) = (thread_idx(), block_dim());
-    // `wrapping_add`: `dw_partial` is null without a weight, and `add` off null is undefined.
+    // `wrapping_add`: `dw_partial` is null without dW, and `add` off null is undefined.
     let part = dw_partial.wrapping_add(block_idx() * cols);
     let load_w = |c: usize| {
         if w.is_null() {
