@@ -255,15 +255,12 @@ fn cpu_case<T: Element + WithDType>(seed: u64) {
         assert_eq!(cpu_vals::<T>(&dx), wide(&grads.dx), "dx, {case}");
         let want_dw = wide(grads.dw.as_ref().unwrap());
         assert_eq!(cpu_vals::<T>(&dw.unwrap()), want_dw, "dw, {case}");
+        // The gradients of Σ y·dy.
+        let grads_of = |y: Tensor| (y * t(&dy, &rc)).unwrap().sum_all().unwrap().backward();
         let (xv, wv) = (var(&x, &rc), var(&w, &[cols]));
         let y = rms_norm(xv.as_tensor(), Some(wv.as_tensor()), &cfg).unwrap();
         assert_eq!(cpu_vals::<T>(&y), wide(&want.y), "autograd y, {case}");
-        let g = (y * t(&dy, &rc))
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
+        let g = grads_of(y).unwrap();
         assert_eq!(
             cpu_vals::<T>(g.get(&xv).unwrap()),
             wide(&grads.dx),
@@ -274,6 +271,13 @@ fn cpu_case<T: Element + WithDType>(seed: u64) {
             want_dw,
             "autograd dw, {case}"
         );
+        // A frozen weight (a plain tensor): dx alone, no gradient for it.
+        let (xv, w_frozen) = (var(&x, &rc), t(&w, &[cols]));
+        let y = rms_norm(xv.as_tensor(), Some(&w_frozen), &cfg).unwrap();
+        let g = grads_of(y).unwrap();
+        let dx = cpu_vals::<T>(g.get(&xv).unwrap());
+        assert_eq!(dx, wide(&grads.dx), "frozen-weight autograd dx, {case}");
+        assert!(g.get(&w_frozen).is_none(), "frozen weight's dw, {case}");
     }
 
     let (rows, cols) = (7, 10);
@@ -655,6 +659,23 @@ fn rms_norm_case<T: El>(
         }
         (None, None) => {}
         (got, _) => panic!("autograd dw presence {:?}, {case}", got.is_some()),
+    }
+
+    // A frozen weight (a plain tensor): the dX-only backward, the same dx bits, no dW.
+    if weighted {
+        let (xv, x) = form.var(&x_h, rows, cols, dev, rng);
+        let y = rms_norm(&x, Some(&w), &cfg).unwrap();
+        let dy = tensor(&dy_h, &[rows, cols], dev);
+        let grads = y.mul(&dy).unwrap().sum_all().unwrap().backward().unwrap();
+        assert_same(
+            &format!("frozen-weight autograd dx, {case}"),
+            &host::<T>(&grad_of(&grads, &xv, form, rows)),
+            &host_buf(&stream, &dx_d),
+        );
+        assert!(
+            grads.get(&w).is_none(),
+            "frozen weight has a gradient, {case}"
+        );
     }
 }
 

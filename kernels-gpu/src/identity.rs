@@ -19,8 +19,9 @@
 //!
 //! An entry name is its parts joined by `_`: the op, the direction, the variant (none for the
 //! scalar kernels), the element type, then the op's last part (RMSNorm: the casting mode,
-//! RoPE: the cos/sin rows), e.g. `rms_norm_fwd_vr2_bf16_llama`, `rope_bwd_g_f16_ids32`,
-//! `swiglu_fwd_vt_f32`; RMSNorm's dW reduction is `rms_norm_dw_reduce_{elem}`.
+//! RoPE: the cos/sin rows), e.g. `rms_norm_fwd_vr2_bf16_llama`, `rms_norm_bwd_dx_v2_f16_none`,
+//! `rope_bwd_g_f16_ids32`, `swiglu_fwd_vt_f32`; RMSNorm's dW reduction is
+//! `rms_norm_dw_reduce_{elem}`.
 
 /// An enum whose values name parts of entry names, and a macro `$lit!(Value)` that gives the
 /// same name as a literal for `concat!` (a value's name is spelt once, here).
@@ -81,6 +82,9 @@ names! {
         Forward = "fwd",
         /// The backward.
         Backward = "bwd",
+        /// RMSNorm's backward of dX alone, for a frozen or absent weight: no dW partial rows
+        /// and no reduction.
+        BackwardDx = "bwd_dx",
         /// RMSNorm's reduction of the backward's dW partial rows.
         DwReduce = "dw_reduce",
     }
@@ -196,7 +200,7 @@ pub enum RmsNormShape {
 pub enum Kernel {
     /// An RMSNorm forward or backward.
     RmsNorm {
-        /// [`Direction::Forward`] or [`Direction::Backward`].
+        /// [`Direction::Forward`], [`Direction::Backward`] or [`Direction::BackwardDx`].
         direction: Direction,
         /// Scalar or vector.
         shape: RmsNormShape,
