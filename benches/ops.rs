@@ -116,6 +116,11 @@ fn rms_norm<T: Dtype>(stream: &Arc<CudaStream>, rows: usize, cols: usize, out: &
         rms_norm_backward_inplace(stream, &args, &mut dy, &x, Some(&w), &rstd, Some(&mut dw))
             .expect("rms bwd")
     });
+    // A frozen weight (LoRA/PEFT): dX alone, the same bytes without the dW work and reduction.
+    let bwd_nodw = time_us(stream, || {
+        rms_norm_backward_inplace(stream, &args, &mut dy, &x, Some(&w), &rstd, None)
+            .expect("rms bwd without dw")
+    });
     let (shape, s) = (format!("{rows}x{cols}"), std::mem::size_of::<T>() as f64);
     let mn = (rows * cols) as f64;
     out.push(Row {
@@ -127,9 +132,16 @@ fn rms_norm<T: Dtype>(stream: &Arc<CudaStream>, rows: usize, cols: usize, out: &
     });
     out.push(Row {
         op: "rms_norm_bwd",
-        shape,
+        shape: shape.clone(),
         dtype: T::NAME,
         us: bwd,
+        bytes: 3.0 * mn * s,
+    });
+    out.push(Row {
+        op: "rms_norm_bwd_nodw",
+        shape,
+        dtype: T::NAME,
+        us: bwd_nodw,
         bytes: 3.0 * mn * s,
     });
 }

@@ -4,7 +4,7 @@
 //! the CPU reference, and each op's time and throughput is printed. Without a GPU it says why
 //! and runs the CPU reference on a small shape instead.
 use half::bf16;
-use liger_rs::cudarc::driver::{CudaEvent, CudaStream, sys::CUevent_flags};
+use liger_rs::cudarc::driver::{CudaEvent, CudaSlice, CudaStream, sys::CUevent_flags};
 use liger_rs::reference::{self, rope::CosSinRows};
 use liger_rs::{
     CastingMode, CosSinLayout, RmsNormArgs, RopeArgs, SwigluArgs, rms_norm_backward_inplace,
@@ -170,28 +170,15 @@ fn main() -> Res<()> {
     })?;
     // In place over dy: the timed run sees dx from the warm-up as its dy, so dx is checked
     // from a separate run on fresh dy below.
+    let rms_backward = |dyd: &mut CudaSlice<bf16>, dw: &mut CudaSlice<bf16>| {
+        rms_norm_backward_inplace(&stream, &rms, dyd, &xd, Some(&wd), &rstd, Some(dw))
+    };
     t.time("rms_norm backward", 3.0 * nx * s, || {
-        Ok(rms_norm_backward_inplace(
-            &stream,
-            &rms,
-            &mut dyd,
-            &xd,
-            Some(&wd),
-            &rstd,
-            Some(&mut dw),
-        )?)
+        Ok(rms_backward(&mut dyd, &mut dw)?)
     })?;
     println!("[7/8] checking samples against the CPU reference …");
     let mut dyd = up(&dy)?;
-    rms_norm_backward_inplace(
-        &stream,
-        &rms,
-        &mut dyd,
-        &xd,
-        Some(&wd),
-        &rstd,
-        Some(&mut dw),
-    )?;
+    rms_backward(&mut dyd, &mut dw)?;
     let down = |v| stream.clone_dtoh(v);
     let (y, dx, dw, c, da, db) = (
         down(&y)?,

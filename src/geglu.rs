@@ -95,7 +95,8 @@ impl Gelu {
 /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for `args` or a buffer shorter
 /// than its rows need, [`Error::WrongContext`](crate::Error::WrongContext) for a buffer of
 /// another context, [`Error::Aliasing`](crate::Error::Aliasing) when `c` overlaps `a` or `b`;
-/// then [`Error::Driver`](crate::Error::Driver) from loading the kernels or the launch.
+/// then [`Error::Driver`](crate::Error::Driver) from loading the kernel (at its first launch in
+/// the context) or the launch.
 pub fn geglu_forward<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &SwigluArgs,

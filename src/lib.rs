@@ -46,7 +46,8 @@
 //!   `CudaViewMut`) and must belong to the stream's context: `&impl DevicePtr<T>` for a buffer
 //!   read, `&mut impl DevicePtrMut<T>` for one written, and for an optional one (RMSNorm's
 //!   `weight` and `dw`) `Option<&dyn DevicePtr<T>>` / `Option<&mut dyn DevicePtrMut<T>>`, so
-//!   that `Some(&w)` takes any of them and `None` needs no type. Lengths are checked against
+//!   that `Some(&w)` takes any of them and `None` needs no type (a weight without `dw` is
+//!   frozen: its backward computes dX alone). Lengths are checked against
 //!   the shape before anything is launched; rows may be strided (`with_strides` on the
 //!   argument types) so a row-slice of a larger buffer works.
 //! * **Arguments**: each op's shape and parameters are one struct ([`RmsNormArgs`],
@@ -58,14 +59,14 @@
 //!   signature order), then, unless the call has no rows or tokens, overlaps: every buffer
 //!   written must share no byte with any other ([`Error::Aliasing`] names the written one).
 //!   A call without rows or tokens returns after the lengths, touching no buffer, except the
-//!   RMSNorm backward with a weight, which zeroes `dw` (checked for overlaps first). RoPE's
+//!   RMSNorm backward with `dw`, which zeroes it (checked for overlaps first). RoPE's
 //!   host position ids are range-checked last.
 //! * **In place**: RoPE rotates q and k in place (forward) and dq, dk in place (backward), as
 //!   Liger does ([`rope_forward_into`] and [`rope_backward_into`] write to their own buffers
 //!   instead). RMSNorm and SwiGLU backward come in two forms: `*_backward` writes gradients
 //!   to their own buffers (which must not overlap any input), `*_backward_inplace` writes them
 //!   over `dy` (RMSNorm) or over `a` and `b` (SwiGLU), the memory-saving default of Liger.
-//! * **Scratch**: only the RMSNorm backward with a weight needs device scratch (one f32
+//! * **Scratch**: only the RMSNorm backward with `dw` needs device scratch (one f32
 //!   partial row per resident block), so that dW is reduced on the GPU deterministically. It
 //!   is kept for the next call on the same stream (up to eight buffers per context;
 //!   [`release_scratch`] frees them); during a graph capture each call allocates its own, which

@@ -181,7 +181,8 @@ impl RmsNormArgs {
     /// The buffers of [`rms_norm_backward`] (`in_place`: of [`rms_norm_backward_inplace`],
     /// whose `dy_dx` stands first, read and written, and `dx` is left out), and the block
     /// shape.
-    /// `dw` must be given exactly when a weight is. Without rows, `dw` is still zeroed.
+    /// `dw` needs a weight; a weight without `dw` is frozen (dX only). Without rows, a given
+    /// `dw` is still zeroed.
     pub(crate) fn backward_table(
         &self,
         in_place: bool,
@@ -189,13 +190,8 @@ impl RmsNormArgs {
         dw: bool,
     ) -> Result<(LaunchSettings, Table<6>)> {
         let settings = self.check()?;
-        match (weight, dw) {
-            (true, false) => {
-                let expected = format!("a buffer of {} elements (a weight is given)", self.cols);
-                return Err(invalid("dw", expected, "None"));
-            }
-            (false, true) => return Err(invalid("dw", "None (no weight is given)", "a buffer")),
-            _ => {}
+        if dw && !weight {
+            return Err(invalid("dw", "None (no weight is given)", "a buffer"));
         }
         let y = self.y_need()?;
         let specs = [
@@ -209,7 +205,7 @@ impl RmsNormArgs {
             Spec::written("dx", y),
             Spec::written("dw", Need::Exactly(self.cols, "cols")),
         ];
-        let empty = self.rows == 0 && !weight;
+        let empty = self.rows == 0 && !dw;
         Ok((settings, Table { specs, empty }))
     }
 }
@@ -390,20 +386,25 @@ struct BackwardKernel {
     shared_dw: bool,
 }
 
+/// The backward's direction: [`Direction::Backward`] where `dw` is wanted, else the dX-only
+/// [`Direction::BackwardDx`] (a frozen weight, or none), whose kernels hold no dW.
+fn backward_direction(dw: bool) -> Direction {
+    match dw {
+        true => Direction::Backward,
+        false => Direction::BackwardDx,
+    }
+}
+
 /// The `_vs{K}` twin of a vector `plan`'s backward and its dynamic shared memory, where one
-/// exists ([`has_shared_dw`]) and it can run: with a weight, and its `cols` f32 of dW within
+/// exists ([`has_shared_dw`]) and it can run: with dW wanted, and its `cols` f32 of dW within
 /// the 48 KiB a block gets without opting in (the register kernels' thread limit keeps vector
 /// rows below that anyway).
-fn shared_dw_kernel<T: Dtype>(
-    plan: Plan,
-    args: &RmsNormArgs,
-    weighted: bool,
-) -> Option<(Kernel, u32)> {
+fn shared_dw_kernel<T: Dtype>(plan: Plan, args: &RmsNormArgs, dw: bool) -> Option<(Kernel, u32)> {
     let Plan::Vector { per_thread, .. } = plan else {
         return None;
     };
     let smem = REDUCE_SMEM_BYTES as usize + args.cols * 4;
-    if !weighted || !has_shared_dw(T::ELEM, per_thread) || smem > DEFAULT_SMEM_LIMIT as usize {
+    if !dw || !has_shared_dw(T::ELEM, per_thread) || smem > DEFAULT_SMEM_LIMIT as usize {
         return None;
     }
     let layout = RmsNormLayout::SharedDw;
@@ -413,24 +414,25 @@ fn shared_dw_kernel<T: Dtype>(
     ))
 }
 
-/// The backward kernel for `plan`. With a weight, a vector plan may have two kernels
+/// The backward kernel for `plan` (`dw`: with dW). With dW, a vector plan may have two kernels
 /// ([`shared_dw_kernel`]): `_v{K}` keeps each block's dW partial row in registers, `_vs{K}` in
 /// shared memory. Shared memory runs when it fits more blocks per SM and every block gets at
 /// least [`SMEM_DW_MIN_ROWS`] rows (its per-block set-up and per-element round trip pay off
-/// only over many rows).
+/// only over many rows). Without dW the `bwd_dx` kernel of the plan runs: it holds no dW in
+/// registers, so its `_v{K}` fits as many blocks as a `_vs{K}` would, or more.
 fn backward_kernel<T: Dtype>(
     kernels: &Kernels,
     plan: Plan,
     args: &RmsNormArgs,
-    weighted: bool,
+    dw: bool,
 ) -> Result<BackwardKernel> {
-    let kernel = plan.kernel::<T>(Direction::Backward, args);
+    let kernel = plan.kernel::<T>(backward_direction(dw), args);
     let in_registers = BackwardKernel {
         kernel,
         smem: REDUCE_SMEM_BYTES,
         shared_dw: false,
     };
-    let Some((shared, smem)) = shared_dw_kernel::<T>(plan, args, weighted) else {
+    let Some((shared, smem)) = shared_dw_kernel::<T>(plan, args, dw) else {
         return Ok(in_registers);
     };
     let threads = plan.threads();
@@ -460,23 +462,23 @@ struct BackwardLaunch {
     cluster: usize,
 }
 
-/// The backward launch for `plan` in `ctx`: [`backward_kernel`], a grid of the blocks that fit
-/// at once (at most one per row, and at most [`DW_PARTIAL_MAX`] partial-row elements with a
-/// weight), and with the sm_90 build the shared-memory dW kernels in clusters
+/// The backward launch for `plan` in `ctx` (`dw`: with dW): [`backward_kernel`], a grid of the
+/// blocks that fit at once (at most one per row, and at most [`DW_PARTIAL_MAX`] partial-row
+/// elements with dW), and with the sm_90 build the shared-memory dW kernels in clusters
 /// ([`cluster_grid`]).
 fn backward_launch<T: Dtype>(
     ctx: &CudaContext,
     kernels: &Kernels,
     plan: Plan,
     args: &RmsNormArgs,
-    weighted: bool,
+    dw: bool,
 ) -> Result<BackwardLaunch> {
     let threads = plan.threads();
-    let bwd = backward_kernel::<T>(kernels, plan, args, weighted)?;
+    let bwd = backward_kernel::<T>(kernels, plan, args, dw)?;
     let func = kernels.function(bwd.kernel)?;
     let resident = kernels.resident_blocks(&func, threads, bwd.smem)?;
     let mut grid = args.rows.min(resident).min(i32::MAX as usize);
-    if weighted {
+    if dw {
         grid = grid.min((DW_PARTIAL_MAX / args.cols).max(1));
     }
     let mut cluster = 1;
@@ -601,8 +603,8 @@ fn capacity(kernels: &Kernels, kernel: Kernel) -> Result<usize> {
 ///
 /// From the driver:
 ///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
-///   the stream's context (the first call there) or the launch, which also fails once an earlier
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into the
+///   stream's context (at its first launch there) or the launch, which also fails once an earlier
 ///   kernel has faulted in the context.
 pub fn rms_norm_forward<T: Dtype>(
     stream: &Arc<CudaStream>,
@@ -664,10 +666,13 @@ pub fn rms_norm_forward<T: Dtype>(
     Ok(())
 }
 
-/// RMSNorm backward into a separate `dx` buffer: `dx` (rows at `y_stride`) and, when a weight
-/// is given, `dw` (`cols` elements, required then and only then).
+/// RMSNorm backward into a separate `dx` buffer: `dx` (rows at `y_stride`) and, when `dw` is
+/// given (`cols` elements; only with a weight), the weight's gradient.
 ///
-/// `dy` is read at `y_stride`, `x` at `x_stride`; `rstd` is the forward's output. dW is
+/// `dy` is read at `y_stride`, `x` at `x_stride`; `rstd` is the forward's output. A weight
+/// with `dw = None` is frozen (LoRA/PEFT training): `dx` uses it, and no dW is computed: one
+/// launch of the `bwd_dx` kernels, which hold no dW partial rows, need no scratch and fit more
+/// blocks per SM, and no reduction (as without a weight). With `dw`, dW is
 /// reduced on the GPU in f32 without a rows × cols temporary: each block accumulates its rows
 /// into one partial row (in registers or, where that fits more blocks on an SM, in shared
 /// memory), then a second launch sums the partial rows in a fixed order (deterministic). That
@@ -699,9 +704,12 @@ pub fn rms_norm_forward<T: Dtype>(
 ///
 /// # Outputs
 ///
-/// Overwritten, never accumulated into: `dx` (the `cols` elements of each row) and `dw`, which
-/// receives this call's dW alone (zeros when `rows` is 0). Training code that accumulates weight
-/// gradients over micro-batches adds `dw` into its own accumulator after each call.
+/// Overwritten, never accumulated into: `dx` (the `cols` elements of each row) and, if given,
+/// `dw`, which receives this call's dW alone (zeros when `rows` is 0). Training code that
+/// accumulates weight gradients over micro-batches adds `dw` into its own accumulator after
+/// each call. A frozen weight (`dw = None`) gives the `dx` of a call with `dw`, the same bits
+/// where both run blocks of the same size (the `bwd_dx` kernels' fewer registers can let very
+/// wide rows run vector kernels where the dW kernels fall back to the scalar ones).
 ///
 /// # Errors
 ///
@@ -710,8 +718,8 @@ pub fn rms_norm_forward<T: Dtype>(
 /// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.cols` is 0, `args.eps` is
 ///   negative or not finite, `args.offset` is not finite, a stride is below `cols` or its rows span
 ///   past `usize`; `dy`, `x`, `dx` or `rstd` is shorter than its rows need; `weight` or `dw` is not
-///   `cols` long; or `dw` is given without a weight or missing with one. Each error names the
-///   argument and, where it has one, the expected value.
+///   `cols` long; or `dw` is given without a weight (a weight without `dw` is frozen, not an
+///   error). Each error names the argument and, where it has one, the expected value.
 /// * [`Error::WrongContext`](crate::Error::WrongContext): `dy`, `x`, `weight`, `rstd`, `dx` or `dw`
 ///   belongs to another CUDA context than `stream`.
 /// * [`Error::Aliasing`](crate::Error::Aliasing): `dx` or `dw` overlaps `dy`, `x`, `weight`, `rstd`
@@ -719,12 +727,12 @@ pub fn rms_norm_forward<T: Dtype>(
 ///
 /// From the driver:
 ///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
-///   the stream's context (the first call there), the stream-ordered allocation of the dW scratch
-///   (the first call on a stream that needs more than it keeps, and every call during a graph
-///   capture), or a launch, which also fails once an earlier kernel has faulted in the context.
-///   With a weight the backward and then the dW reduction are launched: where the second fails,
-///   `dx` is written and `dw` is not.
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into
+///   the stream's context (at its first launch there), the stream-ordered allocation of the dW scratch
+///   (with `dw`: the first call on a stream that needs more than it keeps, and every call during
+///   a graph capture), or a launch, which also fails once an earlier kernel has faulted in the
+///   context. With `dw` the backward and then the dW reduction are launched: where the second
+///   fails, `dx` is written and `dw` is not.
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm_backward<T: Dtype>(
     stream: &Arc<CudaStream>,
@@ -761,9 +769,10 @@ pub fn rms_norm_backward<T: Dtype>(
 /// # Outputs
 ///
 /// Overwritten, never accumulated into: `dy_dx` (dX written over dY: the `cols` elements of each
-/// row) (the `cols` elements of each row) and `dw`, which receives this call's dW alone (zeros when
-/// `rows` is 0). Training code that accumulates weight gradients over micro-batches adds `dw` into
-/// its own accumulator after each call.
+/// row) and, if given, `dw`, which receives this call's dW alone (zeros when `rows` is 0).
+/// Training code that accumulates weight gradients over micro-batches adds `dw` into its own
+/// accumulator after each call. A weight with `dw = None` is frozen: dX alone, one launch, no
+/// scratch (see [`rms_norm_backward`]).
 ///
 /// # Errors
 ///
@@ -772,8 +781,8 @@ pub fn rms_norm_backward<T: Dtype>(
 /// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.cols` is 0, `args.eps` is
 ///   negative or not finite, `args.offset` is not finite, a stride is below `cols` or its rows span
 ///   past `usize`; `dy_dx`, `x` or `rstd` is shorter than its rows need; `weight` or `dw` is not
-///   `cols` long; or `dw` is given without a weight or missing with one. Each error names the
-///   argument and, where it has one, the expected value.
+///   `cols` long; or `dw` is given without a weight (a weight without `dw` is frozen, not an
+///   error). Each error names the argument and, where it has one, the expected value.
 /// * [`Error::WrongContext`](crate::Error::WrongContext): `dy_dx`, `x`, `weight`, `rstd` or `dw`
 ///   belongs to another CUDA context than `stream`.
 /// * [`Error::Aliasing`](crate::Error::Aliasing): `dy_dx` or `dw` overlaps `x`, `weight`, `rstd` or
@@ -781,12 +790,12 @@ pub fn rms_norm_backward<T: Dtype>(
 ///
 /// From the driver:
 ///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
-///   the stream's context (the first call there), the stream-ordered allocation of the dW scratch
-///   (the first call on a stream that needs more than it keeps, and every call during a graph
-///   capture), or a launch, which also fails once an earlier kernel has faulted in the context.
-///   With a weight the backward and then the dW reduction are launched: where the second fails,
-///   `dy_dx` is written and `dw` is not.
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into
+///   the stream's context (at its first launch there), the stream-ordered allocation of the dW scratch
+///   (with `dw`: the first call on a stream that needs more than it keeps, and every call during
+///   a graph capture), or a launch, which also fails once an earlier kernel has faulted in the
+///   context. With `dw` the backward and then the dW reduction are launched: where the second
+///   fails, `dy_dx` is written and `dw` is not.
 pub fn rms_norm_backward_inplace<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &RmsNormArgs,
@@ -825,8 +834,9 @@ fn backward<'b, T: Dtype>(
     };
     let [dy_ptr, x_ptr, w_ptr, r_ptr, dx_ptr, dw_ptr] = call.ptrs;
     let dx_ptr = if in_place { dy_ptr } else { dx_ptr };
+    let with_dw = dw_ptr != 0;
     if args.rows == 0 {
-        // Only with a weight (else the call is empty): dW of no rows is zero.
+        // Only with dW (else the call is empty): dW of no rows is zero.
         let bytes = args.cols * size_of::<T>();
         stream.context().bind_to_thread()?;
         // SAFETY: `dw` was checked to hold `cols` elements and to overlap no other buffer;
@@ -843,13 +853,11 @@ fn backward<'b, T: Dtype>(
         &[args.x_stride, args.y_stride],
         &BWD_RULE,
         |k| {
-            capacity(
-                &kernels,
-                vector_kernel::<T>(Direction::Backward, Grid, k, args),
-            )
+            let kernel = vector_kernel::<T>(backward_direction(with_dw), Grid, k, args);
+            capacity(&kernels, kernel)
         },
     )?;
-    let launch = backward_launch::<T>(stream.context(), &kernels, plan, args, dw_ptr != 0)?;
+    let launch = backward_launch::<T>(stream.context(), &kernels, plan, args, with_dw)?;
     let (grid, cluster) = (launch.grid, launch.cluster);
     let parts = grid / cluster;
     let (x_stride, y_stride) = (args.x_stride as u64, args.y_stride as u64);
@@ -864,8 +872,8 @@ fn backward<'b, T: Dtype>(
         c => Launch::Cluster(c as u32),
     };
     let func = kernels.function(launch.kernel)?;
-    // The backward, then (with a weight) the dW reduction over `partial`, the scratch of
-    // `parts × cols` f32 (0 without a weight).
+    // The backward, then (with dW) the dW reduction over `partial`, the scratch of
+    // `parts × cols` f32 (0 without dW: the `bwd_dx` kernels do not use it).
     let run = |p_ptr: u64| -> Result<()> {
         let mut params = [
             arg(&dy_ptr),
@@ -906,9 +914,9 @@ fn backward<'b, T: Dtype>(
         // `cols`, and the backward just queued wrote every element the reduction reads.
         unsafe { launch_ex(stream, &reduce, cfg, &mut params, how) }
     };
-    match dw_ptr {
-        0 => run(0),
-        _ => kernels.scratch.with(stream, parts * args.cols, run),
+    match with_dw {
+        false => run(0),
+        true => kernels.scratch.with(stream, parts * args.cols, run),
     }
 }
 
@@ -972,15 +980,18 @@ pub(crate) mod tests {
     }
 
     /// Every kernel the launchers can ask for: each plan of each rule at every block size,
-    /// its twins, in every mode, with and without a weight offset, and the dW reductions.
+    /// its twins, in every mode, with and without a weight offset, the dX-only backward, and
+    /// the dW reductions.
     pub(crate) fn launchable_kernels() -> Vec<Kernel> {
-        fn of<T: Dtype>(out: &mut Vec<Kernel>) {
+        fn of<T: Dtype>() -> Vec<Kernel> {
+            let mut out = Vec::new();
             for mode in CastingMode::ALL {
                 for offset in [0.0, 1.0] {
                     let args = RmsNormArgs::new(1, 8).with_mode(mode).with_offset(offset);
                     for (direction, rule) in [
                         (Direction::Forward, fwd_rule::<T>()),
                         (Direction::Backward, &BWD_RULE),
+                        (Direction::BackwardDx, &BWD_RULE),
                     ] {
                         let scalar = Plan::Scalar { threads: 32 };
                         out.push(scalar.kernel::<T>(direction, &args));
@@ -995,20 +1006,20 @@ pub(crate) mod tests {
                             out.push(plan.kernel::<T>(direction, &args));
                             match direction {
                                 Direction::Forward => out.extend(forward_twin::<T>(plan, &args)),
-                                _ => out
-                                    .extend(shared_dw_kernel::<T>(plan, &args, true).map(|k| k.0)),
+                                _ => {
+                                    let dw = direction == Direction::Backward;
+                                    let twin = shared_dw_kernel::<T>(plan, &args, dw);
+                                    out.extend(twin.map(|k| k.0))
+                                }
                             }
                         }
                     }
                 }
             }
             out.push(Kernel::RmsNormDwReduce { elem: T::ELEM });
+            out
         }
-        let mut out = Vec::new();
-        of::<f32>(&mut out);
-        of::<f16>(&mut out);
-        of::<bf16>(&mut out);
-        out
+        [of::<f32>(), of::<f16>(), of::<bf16>()].concat()
     }
 
     #[test]
@@ -1038,6 +1049,14 @@ pub(crate) mod tests {
         assert_eq!(
             name(s.kernel::<f32>(Direction::Backward, &none)),
             "rms_norm_bwd_f32_none"
+        );
+        assert_eq!(
+            name(s.kernel::<f32>(backward_direction(false), &none)),
+            "rms_norm_bwd_dx_f32_none"
+        );
+        assert_eq!(
+            name(v.kernel::<bf16>(backward_direction(false), &gemma)),
+            "rms_norm_bwd_dx_v2_bf16_gemma"
         );
         assert_eq!(
             name(Kernel::RmsNormDwReduce {
@@ -1153,18 +1172,18 @@ pub(crate) mod tests {
         cluster: usize,
     }
 
-    /// The backward launch for contiguous, aligned buffers, with or without a weight.
+    /// The backward launch for contiguous, aligned buffers, with or without dW.
     fn backward_choice<T: Dtype>(
         ctx: &CudaContext,
         kernels: &Kernels,
         args: &RmsNormArgs,
-        weighted: bool,
+        dw: bool,
     ) -> Launched {
         let settings = args.check().unwrap();
         let capacity = |k| {
             capacity(
                 kernels,
-                vector_kernel::<T>(Direction::Backward, Grid, k, args),
+                vector_kernel::<T>(backward_direction(dw), Grid, k, args),
             )
         };
         let cols = args.cols;
@@ -1176,7 +1195,7 @@ pub(crate) mod tests {
             &BWD_RULE,
             capacity,
         );
-        let launch = backward_launch::<T>(ctx, kernels, plan.unwrap(), args, weighted).unwrap();
+        let launch = backward_launch::<T>(ctx, kernels, plan.unwrap(), args, dw).unwrap();
         Launched {
             kernel: launch.kernel.name(),
             threads: launch.threads,
@@ -1264,58 +1283,37 @@ pub(crate) mod tests {
             return;
         };
         let llama = |rows, cols| gpu_args(rows, cols, CastingMode::Llama, 0.0);
-        let fwd = |name: &str, grid, threads| (name.to_string(), grid, threads);
+        use ElemType::{Bf16, F16, F32};
+        let forward = |elem, args: &RmsNormArgs| match elem {
+            Bf16 => forward_choice::<bf16>(&k, args),
+            F16 => forward_choice::<f16>(&k, args),
+            F32 => forward_choice::<f32>(&k, args),
+        };
+        let gemma = gpu_args(2200, 8192, CastingMode::Gemma, 1.0);
         // `gpu_forward_rows_walk_grid_stride_or_take_a_block_each`: one row per block from
         // four waves of resident blocks, grid-stride below.
-        let cases = [
-            (
-                forward_choice::<bf16>(&k, &llama(7000, 2048)),
-                fwd("rms_norm_fwd_vr2_bf16_llama", 7000, 128),
-            ),
-            (
-                forward_choice::<f32>(&k, &llama(4000, 2048)),
-                fwd("rms_norm_fwd_vr2_f32_llama", 4000, 256),
-            ),
-            (
-                forward_choice::<f16>(&k, &llama(2200, 8192)),
-                fwd("rms_norm_fwd_vr4_f16_llama", 2200, 256),
-            ),
-            (
-                forward_choice::<f16>(&k, &gpu_args(2200, 8192, CastingMode::Gemma, 1.0)),
-                fwd("rms_norm_fwd_vr4_f16_gemma", 2200, 256),
-            ),
-            (
-                forward_choice::<f32>(&k, &llama(2000, 4096)),
-                fwd("rms_norm_fwd_vr4_f32_llama", 2000, 256),
-            ),
-            (
-                forward_choice::<bf16>(&k, &llama(9600, 4096)),
-                fwd("rms_norm_fwd_vr4_bf16_llama", 9600, 128),
-            ),
-            (
-                forward_choice::<bf16>(&k, &llama(2000, 2048)),
-                fwd("rms_norm_fwd_v2_bf16_llama", 1188, 128),
-            ),
-            (
-                forward_choice::<f32>(&k, &llama(1500, 2048)),
-                fwd("rms_norm_fwd_v2_f32_llama", 660, 256),
-            ),
-            (
-                forward_choice::<bf16>(&k, &llama(1500, 4096)),
-                fwd("rms_norm_fwd_v4_bf16_llama", 660, 128),
-            ),
-            (
-                forward_choice::<f32>(&k, &llama(1000, 4096)),
-                fwd("rms_norm_fwd_v4_f32_llama", 396, 256),
-            ),
-        ];
-        for (got, want) in cases {
-            assert_eq!(got, want);
+        for (elem, args, kernel, grid, threads) in [
+            (Bf16, llama(7000, 2048), "vr2_bf16_llama", 7000, 128),
+            (F32, llama(4000, 2048), "vr2_f32_llama", 4000, 256),
+            (F16, llama(2200, 8192), "vr4_f16_llama", 2200, 256),
+            (F16, gemma, "vr4_f16_gemma", 2200, 256),
+            (F32, llama(2000, 4096), "vr4_f32_llama", 2000, 256),
+            (Bf16, llama(9600, 4096), "vr4_bf16_llama", 9600, 128),
+            (Bf16, llama(2000, 2048), "v2_bf16_llama", 1188, 128),
+            (F32, llama(1500, 2048), "v2_f32_llama", 660, 256),
+            (Bf16, llama(1500, 4096), "v4_bf16_llama", 660, 128),
+            (F32, llama(1000, 4096), "v4_f32_llama", 396, 256),
+        ] {
+            let want = (format!("rms_norm_fwd_{kernel}"), grid, threads);
+            assert_eq!(forward(elem, &args), want);
         }
         // `gpu_many_rows_take_the_shared_memory_dw_kernels`: dW in shared memory, in clusters
         // of two, for every mode (at 2048 columns 9 blocks per SM fit, 1188, but only 528
-        // clusters of two); without a weight, and for f32 rows of two vectors, dW stays
-        // in registers and no cluster runs (the bench's 16384×2048 f32 and 2048×4096 bf16 too).
+        // clusters of two); for f32 rows of two vectors dW stays in registers and no cluster
+        // runs (the bench's 16384×2048 f32 and 2048×4096 bf16 too). Without dW (a frozen
+        // weight, or none) the `bwd_dx` kernels run, no cluster: bf16 `_v2` at 55 registers
+        // (ptxas 12.9 and 13.0, sm_90) fits 9 blocks of 128 threads per SM (1188; at up to 64
+        // registers 8), against the dW `_v2`'s 4 (528).
         let bwd = |kernel: &str, threads, grid, smem, cluster| Launched {
             kernel: kernel.to_string(),
             threads,
@@ -1352,10 +1350,18 @@ pub(crate) mod tests {
                 }
             }
         }
+        let no_dw = backward_choice::<bf16>(&ctx, &k, &llama(9600, 2048), false);
         assert_eq!(
-            backward_choice::<bf16>(&ctx, &k, &llama(9600, 2048), false),
-            bwd("rms_norm_bwd_v2_bf16_llama", 128, 528, REDUCE_SMEM_BYTES, 1)
+            bwd(
+                "rms_norm_bwd_dx_v2_bf16_llama",
+                128,
+                no_dw.grid,
+                REDUCE_SMEM_BYTES,
+                1
+            ),
+            no_dw
         );
+        assert!(no_dw.grid >= 8 * 132, "{no_dw:?}");
         let f32_2048 = backward_choice::<f32>(&ctx, &k, &llama(16384, 2048), true);
         assert_eq!(
             (f32_2048.kernel.as_str(), f32_2048.cluster),

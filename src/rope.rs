@@ -385,8 +385,8 @@ pub enum PositionIds<'a> {
 ///
 /// From the driver:
 ///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
-///   the stream's context (the first call there), uploading host position ids (a stream-ordered
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into the
+///   stream's context (at its first launch there), uploading host position ids (a stream-ordered
 ///   allocation and a copy), or the launch, which also fails once an earlier kernel has faulted in
 ///   the context.
 pub fn rope_forward<T: Dtype>(
@@ -398,7 +398,8 @@ pub fn rope_forward<T: Dtype>(
     sin: &impl DevicePtr<T>,
     layout: &CosSinLayout<'_>,
 ) -> Result<()> {
-    rope(stream, args, Direction::Forward, q, k, cos, sin, layout)
+    let io = [write(q), write(k), None, None];
+    rope_call(stream, args, Direction::Forward, io, cos, sin, layout)
 }
 
 /// RoPE backward (rotation by −θ), in place on the gradients `dq` and `dk`, in one launch.
@@ -451,8 +452,8 @@ pub fn rope_forward<T: Dtype>(
 ///
 /// From the driver:
 ///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
-///   the stream's context (the first call there), uploading host position ids (a stream-ordered
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into the
+///   stream's context (at its first launch there), uploading host position ids (a stream-ordered
 ///   allocation and a copy), or the launch, which also fails once an earlier kernel has faulted in
 ///   the context.
 pub fn rope_backward<T: Dtype>(
@@ -464,7 +465,8 @@ pub fn rope_backward<T: Dtype>(
     sin: &impl DevicePtr<T>,
     layout: &CosSinLayout<'_>,
 ) -> Result<()> {
-    rope(stream, args, Direction::Backward, dq, dk, cos, sin, layout)
+    let io = [write(dq), write(dk), None, None];
+    rope_call(stream, args, Direction::Backward, io, cos, sin, layout)
 }
 
 /// Rotation by θ (forward) or by −θ (backward).
@@ -486,14 +488,20 @@ fn block_shape(pairs: usize) -> (u32, u32) {
     }
 }
 
-/// Elements per 16-byte vector if the vector kernels (`rope_{dir}_v_*`) apply, else `None`.
+/// The path of a call of elements of `elem_bytes`: the general kernels (`rope_{dir}_g_*`) out
+/// of place or in any form but NeoX halves in place; else the vector kernels
+/// (`rope_{dir}_v_*`) where they apply; else the scalar kernels.
 ///
-/// They need 16-byte aligned `q`, `k`, `cos`, `sin` (`ptrs`); `head_dim` and
-/// `half = rotary_dim / 2` multiples of the lanes (so each half of each head, and each cos/sin
-/// row, is whole aligned vectors; the dims past `rotary_dim` are then never touched, as in the
-/// scalar kernels); at most `BLOCK_THREADS` vectors per half (one thread each); and a token's
-/// `(q_heads + k_heads) × head_dim` below 2^31 (32-bit offsets within a token).
-fn vector_lanes(args: &RopeArgs, elem_bytes: usize, ptrs: [u64; 4]) -> Option<usize> {
+/// The vector kernels need 16-byte aligned `q`, `k`, `cos`, `sin` (`ptrs`); `head_dim` and
+/// `half = rotary_dim / 2` multiples of the lanes per vector (so each half of each head, and
+/// each cos/sin row, is whole aligned vectors; the dims past `rotary_dim` are then never
+/// touched, as in the scalar kernels); at most `BLOCK_THREADS` vectors per half (one thread
+/// each); and a token's `(q_heads + k_heads) × head_dim` below 2^31 (32-bit offsets within a
+/// token).
+fn path(args: &RopeArgs, out_of_place: bool, elem_bytes: usize, ptrs: [u64; 4]) -> RopePath {
+    if out_of_place || !args.neox_in_place() {
+        return RopePath::General;
+    }
     let lanes = 16 / elem_bytes;
     let half = args.rotary_dim / 2;
     let token_elems = (args.q_heads.checked_add(args.k_heads))
@@ -504,7 +512,11 @@ fn vector_lanes(args: &RopeArgs, elem_bytes: usize, ptrs: [u64; 4]) -> Option<us
         && half.is_multiple_of(lanes)
         && half / lanes <= BLOCK_THREADS
         && token_elems < 1 << 31;
-    ok.then_some(lanes)
+    if ok {
+        RopePath::Vector
+    } else {
+        RopePath::Scalar
+    }
 }
 
 /// `(bx, by, bz)` block of a vector kernel: `bx` = vectors per half (one per thread), `by` =
@@ -533,21 +545,6 @@ fn vector_block(vph: usize, heads: usize, tokens: usize, vec_heads: usize) -> (u
         })
         .unwrap_or(1);
     (bx as u32, by as u32, bz as u32)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn rope<T: Dtype>(
-    stream: &Arc<CudaStream>,
-    args: &RopeArgs,
-    direction: Direction,
-    q: &mut impl DevicePtrMut<T>,
-    k: &mut impl DevicePtrMut<T>,
-    cos: &impl DevicePtr<T>,
-    sin: &impl DevicePtr<T>,
-    layout: &CosSinLayout<'_>,
-) -> Result<()> {
-    let io = [write(q), write(k), None, None];
-    rope_call(stream, args, direction, io, cos, sin, layout)
 }
 
 /// RoPE forward out of place: the rotation of [`rope_forward`] read from `q` and `k` and
@@ -602,8 +599,8 @@ fn rope<T: Dtype>(
 ///
 /// From the driver:
 ///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
-///   the stream's context (the first call there), uploading host position ids (a stream-ordered
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into the
+///   stream's context (at its first launch there), uploading host position ids (a stream-ordered
 ///   allocation and a copy), or the launch, which also fails once an earlier kernel has faulted in
 ///   the context.
 #[allow(clippy::too_many_arguments)]
@@ -666,8 +663,8 @@ pub fn rope_forward_into<T: Dtype>(
 ///
 /// From the driver:
 ///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
-///   the stream's context (the first call there), uploading host position ids (a stream-ordered
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into the
+///   stream's context (at its first launch there), uploading host position ids (a stream-ordered
 ///   allocation and a copy), or the launch, which also fails once an earlier kernel has faulted in
 ///   the context.
 #[allow(clippy::too_many_arguments)]
@@ -962,12 +959,19 @@ fn launch<T: Dtype>(
     let (cos_ptr, sin_ptr, ids_ptr) = (io.cos, io.sin, io.ids);
     let (q_write, k_write) = io.out.unwrap_or((io.q, io.k));
     let kernels = kernels(stream.context())?;
-    let kernel = |path| Kernel::Rope {
+    let elem_bytes = std::mem::size_of::<T>();
+    let path = path(
+        args,
+        io.out.is_some(),
+        elem_bytes,
+        [io.q, io.k, cos_ptr, sin_ptr],
+    );
+    let func = kernels.function(Kernel::Rope {
         direction,
         path,
         elem: T::ELEM,
         rows: source,
-    };
+    })?;
     let dims = [
         sizes.tokens,
         args.seq_len,
@@ -978,99 +982,60 @@ fn launch<T: Dtype>(
         table_rows,
     ]
     .map(|v| v as u64);
-    if io.out.is_some() || !args.neox_in_place() {
-        let func = kernels.function(kernel(RopePath::General))?;
-        let (form, items) = general_form(args, io.out.is_some());
+    // The general kernels' form bits and work items per token.
+    let general = (path == RopePath::General).then(|| general_form(args, io.out.is_some()));
+    let cfg = if path == RopePath::Vector {
+        let lanes = 16 / elem_bytes;
+        let heads = args.q_heads + args.k_heads;
+        let vec_heads = vec_heads(lanes);
+        let (bx, by, bz) = vector_block(r / 2 / lanes, heads, sizes.tokens, vec_heads);
+        let threads = bx * by * bz;
+        // Grid-stride over tokens: as many blocks as are resident at once, at most one per
+        // `bz` tokens; with many waves of token steps, one block per step (`item_grid`: the
+        // kernel holds nothing for its next step, so it is its own twin).
+        let resident = kernels.resident_blocks(&func, threads, 0)?;
+        let steps = sizes.tokens.div_ceil(bz as usize);
+        let (_, blocks) = item_grid(steps, resident, true);
+        LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (bx, by, bz),
+            shared_mem_bytes: 0,
+        }
+    } else {
+        let items = general.map_or(sizes.pairs, |(_, items)| items);
         let (tx, ty) = block_shape(items);
         let blocks = sizes.tokens.div_ceil(ty as usize).min(i32::MAX as usize);
-        let cfg = LaunchConfig {
+        LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (tx, ty, 1),
             shared_mem_bytes: 0,
-        };
-        let mut launch = stream.launch_builder(&func);
-        launch
-            .arg(&io.q)
-            .arg(&io.k)
-            .arg(&q_write)
-            .arg(&k_write)
-            .arg(&cos_ptr)
-            .arg(&sin_ptr)
-            .arg(&ids_ptr);
-        for v in &dims {
-            launch.arg(v);
-        }
-        launch.arg(&form);
-        // SAFETY: argument order and types match `rope_general_kernel!` in kernels-gpu (7
-        // pointers, the 7 sizes as u64, the form bits as u32). q/k and their outputs were
-        // checked to hold exactly tokens × heads × head_dim elements (k absent, null and
-        // unused, when k_heads = 0), every output to be its input (in place) or disjoint from
-        // every other buffer, and cos/sin to hold every row the variant selects in rows of
-        // `table_row_len` elements, as `form` tells the kernel; ids as for the other
-        // kernels. `rotary_dim` is even, 2 ..= head_dim, `tokens > 0` implies `seq_len ≥ 1`,
-        // and a token's items (pairs, plus tail dims out of place: `RopeArgs::table` checked
-        // heads × head_dim < 2^31) are below 2^31.
-        unsafe { launch.launch(cfg) }?;
-        return Ok(());
-    }
-
-    let ptrs = [io.q, io.k, cos_ptr, sin_ptr];
-    let cfg = match vector_lanes(args, std::mem::size_of::<T>(), ptrs) {
-        Some(lanes) => {
-            let func = kernels.function(kernel(RopePath::Vector))?;
-            let heads = args.q_heads + args.k_heads;
-            let vec_heads = vec_heads(lanes);
-            let (bx, by, bz) = vector_block(r / 2 / lanes, heads, sizes.tokens, vec_heads);
-            let threads = bx * by * bz;
-            // Grid-stride over tokens: as many blocks as are resident at once, at most one per
-            // `bz` tokens; with many waves of token steps, one block per step (`item_grid`: the
-            // kernel holds nothing for its next step, so it is its own twin).
-            let resident = kernels.resident_blocks(&func, threads, 0)?;
-            let steps = sizes.tokens.div_ceil(bz as usize);
-            let (_, blocks) = item_grid(steps, resident, true);
-            (
-                func,
-                LaunchConfig {
-                    grid_dim: (blocks, 1, 1),
-                    block_dim: (bx, by, bz),
-                    shared_mem_bytes: 0,
-                },
-            )
-        }
-        None => {
-            let func = kernels.function(kernel(RopePath::Scalar))?;
-            let (tx, ty) = block_shape(sizes.pairs);
-            let blocks = sizes.tokens.div_ceil(ty as usize).min(i32::MAX as usize);
-            (
-                func,
-                LaunchConfig {
-                    grid_dim: (blocks as u32, 1, 1),
-                    block_dim: (tx, ty, 1),
-                    shared_mem_bytes: 0,
-                },
-            )
         }
     };
-    let (func, cfg) = cfg;
     let mut launch = stream.launch_builder(&func);
-    launch
-        .arg(&io.q)
-        .arg(&io.k)
-        .arg(&cos_ptr)
-        .arg(&sin_ptr)
-        .arg(&ids_ptr);
+    launch.arg(&io.q).arg(&io.k);
+    if general.is_some() {
+        launch.arg(&q_write).arg(&k_write);
+    }
+    launch.arg(&cos_ptr).arg(&sin_ptr).arg(&ids_ptr);
     for v in &dims {
         launch.arg(v);
     }
-    // SAFETY: argument order and types match `rope_kernel!` in kernels-gpu (the same for the
-    // scalar and the `_v_` kernels: 5 pointers, then
-    // tokens, seq_len, q_heads, k_heads, head_dim, rotary_dim, table_rows as u64). `q`/`k` were
-    // checked to hold exactly tokens × heads × head_dim elements and to be disjoint from each
-    // other and the inputs; cos/sin hold every row the variant selects (`seq_len` rows for
-    // `pos`, `tokens` for `batch`, `table_rows` for `ids*`, whose ids the kernel clamps), and
-    // the ids buffer holds `tokens` ids of the variant's type. `rotary_dim` is even,
-    // 2 ..= head_dim, and the per-token pair count is < 2^31. A `_v_` kernel runs only where
-    // `vector_lanes` established its alignment and divisibility requirements, with
+    if let Some((form, _)) = &general {
+        launch.arg(form);
+    }
+    // SAFETY: argument order and types match `rope_entry!` in kernels-gpu: q and k (then, on
+    // the general path, their outputs), cos, sin and ids, the 7 sizes as u64 (tokens, seq_len,
+    // q_heads, k_heads, head_dim, rotary_dim, table_rows), then on the general path the form
+    // bits as u32. q/k (and their outputs) were checked to hold exactly
+    // tokens × heads × head_dim elements (k absent, null and unused, when k_heads = 0), every
+    // output to be its input (in place) or disjoint from every other buffer; cos/sin hold
+    // every row the variant selects (`seq_len` rows for `pos`, `tokens` for `batch`,
+    // `table_rows` for `ids*`, whose ids the kernel clamps) in rows of `table_row_len`
+    // elements, as `form` tells the general kernels, and the ids buffer holds `tokens` ids of
+    // the variant's type. `rotary_dim` is even, 2 ..= head_dim, `tokens > 0` implies
+    // `seq_len ≥ 1`, and a token's items (pairs, plus tail dims out of place:
+    // `RopeArgs::table` checked heads × head_dim < 2^31) are below 2^31. A `_v_` kernel runs
+    // only where `path` established its alignment and divisibility requirements, with
     // `blockDim.x = half / lanes` as it requires.
     unsafe { launch.launch(cfg) }?;
     Ok(())
@@ -1141,7 +1106,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn vector_path_needs_whole_aligned_vectors_in_each_half() {
+    fn path_is_general_out_of_place_or_in_other_forms_and_vector_on_whole_aligned_halves() {
         let a = |d: usize, r: usize| {
             RopeArgs::new(d)
                 .with_batch(2)
@@ -1150,29 +1115,30 @@ pub(crate) mod tests {
                 .with_rotary_dim(r)
         };
         let aligned = [0x1000u64, 0x2000, 0x3000, 0x4000];
-        // (d, r, bytes per element) → lanes or None.
+        // (d, r, bytes per element) → the path in place.
+        let (v, s) = (RopePath::Vector, RopePath::Scalar);
         let cases = [
-            ((128, 128, 2), Some(8)),
-            ((128, 128, 4), Some(4)),
-            ((64, 64, 2), Some(8)),
-            ((256, 256, 2), Some(8)),
-            ((96, 96, 2), Some(8)),  // half 48 = 6 vectors
-            ((80, 80, 2), Some(8)),  // half 40 = 5 vectors
-            ((80, 80, 4), Some(4)),  // half 40 = 10 vectors
-            ((128, 64, 2), Some(8)), // partial rotary, half 32
-            ((80, 32, 2), Some(8)),  // partial rotary, half 16
-            ((8, 8, 4), Some(4)),    // half 4 = 1 vector
-            ((92, 92, 2), None),     // head_dim·2 = 184 not a multiple of 16
-            ((92, 92, 4), None),     // half 46 not a multiple of 4
-            ((128, 40, 2), None),    // partial rotary, half 20 not a multiple of 8
-            ((80, 60, 4), None),     // partial rotary, half 30 not a multiple of 4
-            ((8, 8, 2), None),       // half 4 < 8 lanes
-            ((6, 6, 4), None),
-            ((16, 2, 2), None),
+            ((128, 128, 2), v),
+            ((128, 128, 4), v),
+            ((64, 64, 2), v),
+            ((256, 256, 2), v),
+            ((96, 96, 2), v),  // half 48 = 6 vectors
+            ((80, 80, 2), v),  // half 40 = 5 vectors
+            ((80, 80, 4), v),  // half 40 = 10 vectors
+            ((128, 64, 2), v), // partial rotary, half 32
+            ((80, 32, 2), v),  // partial rotary, half 16
+            ((8, 8, 4), v),    // half 4 = 1 vector
+            ((92, 92, 2), s),  // head_dim·2 = 184 not a multiple of 16
+            ((92, 92, 4), s),  // half 46 not a multiple of 4
+            ((128, 40, 2), s), // partial rotary, half 20 not a multiple of 8
+            ((80, 60, 4), s),  // partial rotary, half 30 not a multiple of 4
+            ((8, 8, 2), s),    // half 4 < 8 lanes
+            ((6, 6, 4), s),
+            ((16, 2, 2), s),
         ];
         for ((d, r, bytes), want) in cases {
             assert_eq!(
-                vector_lanes(&a(d, r), bytes, aligned),
+                path(&a(d, r), false, bytes, aligned),
                 want,
                 "d={d} r={r} {bytes}B"
             );
@@ -1181,16 +1147,22 @@ pub(crate) mod tests {
         for i in 0..4 {
             let mut p = aligned;
             p[i] += 2;
-            assert_eq!(vector_lanes(&a(128, 128), 2, p), None, "pointer {i}");
+            assert_eq!(path(&a(128, 128), false, 2, p), s, "pointer {i}");
             p[i] += 6; // 8-byte aligned: still not 16
-            assert_eq!(vector_lanes(&a(128, 128), 2, p), None, "pointer {i}");
+            assert_eq!(path(&a(128, 128), false, 2, p), s, "pointer {i}");
         }
         // More than BLOCK_THREADS vectors in a half, or 2^31 elements per token: scalar.
         let wide = RopeArgs::new(4096);
-        assert_eq!(vector_lanes(&wide, 2, aligned), Some(8)); // 256 vectors per half
-        assert_eq!(vector_lanes(&wide, 4, aligned), None); // 512
+        assert_eq!(path(&wide, false, 2, aligned), v); // 256 vectors per half
+        assert_eq!(path(&wide, false, 4, aligned), s); // 512
         let many = RopeArgs::new(64).with_heads(1 << 24, 1 << 24);
-        assert_eq!(vector_lanes(&many, 2, aligned), None);
+        assert_eq!(path(&many, false, 2, aligned), s);
+        // Out of place, or any form but NeoX halves, is the general path whatever the alignment.
+        let g = RopePath::General;
+        assert_eq!(path(&a(128, 128), true, 2, aligned), g);
+        assert_eq!(path(&a(128, 128).with_interleaved(), false, 2, aligned), g);
+        assert_eq!(path(&a(128, 128).with_head_major(), false, 2, aligned), g);
+        assert_eq!(path(&a(128, 128).with_half_tables(), false, 2, aligned), g);
     }
 
     #[test]

@@ -737,8 +737,8 @@ fn launch_backward<T: Dtype>(
 ///
 /// From the driver:
 ///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
-///   the stream's context (the first call there) or the launch, which also fails once an earlier
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into the
+///   stream's context (at its first launch there) or the launch, which also fails once an earlier
 ///   kernel has faulted in the context.
 pub fn swiglu_forward<T: Dtype>(
     stream: &Arc<CudaStream>,
@@ -790,8 +790,8 @@ pub fn swiglu_forward<T: Dtype>(
 ///
 /// From the driver:
 ///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
-///   the stream's context (the first call there) or the launch, which also fails once an earlier
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into the
+///   stream's context (at its first launch there) or the launch, which also fails once an earlier
 ///   kernel has faulted in the context.
 pub fn swiglu_forward_fused<T: Dtype>(
     stream: &Arc<CudaStream>,
@@ -849,8 +849,8 @@ pub fn swiglu_forward_fused<T: Dtype>(
 ///
 /// From the driver:
 ///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
-///   the stream's context (the first call there) or the launch, which also fails once an earlier
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into the
+///   stream's context (at its first launch there) or the launch, which also fails once an earlier
 ///   kernel has faulted in the context.
 pub fn swiglu_backward<T: Dtype>(
     stream: &Arc<CudaStream>,
@@ -903,8 +903,8 @@ pub fn swiglu_backward<T: Dtype>(
 ///
 /// From the driver:
 ///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
-///   the stream's context (the first call there) or the launch, which also fails once an earlier
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into the
+///   stream's context (at its first launch there) or the launch, which also fails once an earlier
 ///   kernel has faulted in the context.
 pub fn swiglu_backward_inplace<T: Dtype>(
     stream: &Arc<CudaStream>,
@@ -954,8 +954,8 @@ pub fn swiglu_backward_inplace<T: Dtype>(
 ///
 /// From the driver:
 ///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
-///   the stream's context (the first call there) or the launch, which also fails once an earlier
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into the
+///   stream's context (at its first launch there) or the launch, which also fails once an earlier
 ///   kernel has faulted in the context.
 pub fn swiglu_backward_fused<T: Dtype>(
     stream: &Arc<CudaStream>,
@@ -1004,8 +1004,8 @@ pub fn swiglu_backward_fused<T: Dtype>(
 ///
 /// From the driver:
 ///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading the kernels into
-///   the stream's context (the first call there) or the launch, which also fails once an earlier
+/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into the
+///   stream's context (at its first launch there) or the launch, which also fails once an earlier
 ///   kernel has faulted in the context.
 pub fn swiglu_backward_fused_inplace<T: Dtype>(
     stream: &Arc<CudaStream>,

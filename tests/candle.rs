@@ -213,7 +213,7 @@ fn wide<T: Element>(v: &[T]) -> Vec<f64> {
 }
 
 /// The gradients of `Σ y·dy`: with `dy` the incoming gradient, each input's gradient.
-fn grads_of(y: Tensor, dy: &Tensor) -> candle_core::backprop::GradStore {
+fn weighted_sum_grads(y: Tensor, dy: &Tensor) -> candle_core::backprop::GradStore {
     (y * dy).unwrap().sum_all().unwrap().backward().unwrap()
 }
 
@@ -263,10 +263,12 @@ fn cpu_case<T: Element + WithDType>(seed: u64) {
         assert_eq!(cpu_vals::<T>(&dx), wide(&grads.dx), "dx, {case}");
         let want_dw = wide(grads.dw.as_ref().unwrap());
         assert_eq!(cpu_vals::<T>(&dw.unwrap()), want_dw, "dw, {case}");
+        // The gradients of Σ y·dy.
+        let grads_of = |y: Tensor| (y * t(&dy, &rc)).unwrap().sum_all().unwrap().backward();
         let (xv, wv) = (var(&x, &rc), var(&w, &[cols]));
         let y = rms_norm(xv.as_tensor(), Some(wv.as_tensor()), &cfg).unwrap();
         assert_eq!(cpu_vals::<T>(&y), wide(&want.y), "autograd y, {case}");
-        let g = grads_of(y, &t(&dy, &rc));
+        let g = grads_of(y).unwrap();
         assert_eq!(
             cpu_vals::<T>(g.get(&xv).unwrap()),
             wide(&grads.dx),
@@ -277,6 +279,13 @@ fn cpu_case<T: Element + WithDType>(seed: u64) {
             want_dw,
             "autograd dw, {case}"
         );
+        // A frozen weight (a plain tensor): dx alone, no gradient for it.
+        let (xv, w_frozen) = (var(&x, &rc), t(&w, &[cols]));
+        let y = rms_norm(xv.as_tensor(), Some(&w_frozen), &cfg).unwrap();
+        let g = grads_of(y).unwrap();
+        let dx = cpu_vals::<T>(g.get(&xv).unwrap());
+        assert_eq!(dx, wide(&grads.dx), "frozen-weight autograd dx, {case}");
+        assert!(g.get(&w_frozen).is_none(), "frozen weight's dw, {case}");
     }
 
     for glu in GLUS {
@@ -457,7 +466,7 @@ fn cpu_glu_case<T: Element + WithDType>(glu: Glu, rng: &mut Rng) {
         let (av, bv) = (var(&a, &rc), var(&b, &rc));
         let y = candle_glu(glu, av.as_tensor(), bv.as_tensor(), &cfg).unwrap();
         assert_eq!(cpu_vals::<T>(&y), c, "c·dm, {case}");
-        let grads = grads_of(y, &t(&dc, &rc));
+        let grads = weighted_sum_grads(y, &t(&dc, &rc));
         assert_eq!(
             cpu_vals::<T>(grads.get(&av).unwrap()),
             wide(&g.da),
@@ -478,7 +487,7 @@ fn cpu_glu_case<T: Element + WithDType>(glu: Glu, rng: &mut Rng) {
         let gv = var(&gu, &fused);
         let y = candle_glu_fused(glu, gv.as_tensor(), &cfg).unwrap();
         assert_eq!(cpu_vals::<T>(&y), c, "fused c·dm, {case}");
-        let grads = grads_of(y, &t(&dc, &rc));
+        let grads = weighted_sum_grads(y, &t(&dc, &rc));
         assert_eq!(
             cpu_vals::<T>(grads.get(&gv).unwrap()),
             wide(&dgu),
@@ -708,6 +717,23 @@ fn rms_norm_case<T: El>(
         }
         (None, None) => {}
         (got, _) => panic!("autograd dw presence {:?}, {case}", got.is_some()),
+    }
+
+    // A frozen weight (a plain tensor): the dX-only backward, the same dx bits, no dW.
+    if weighted {
+        let (xv, x) = form.var(&x_h, rows, cols, dev, rng);
+        let y = rms_norm(&x, Some(&w), &cfg).unwrap();
+        let dy = tensor(&dy_h, &[rows, cols], dev);
+        let grads = y.mul(&dy).unwrap().sum_all().unwrap().backward().unwrap();
+        assert_same(
+            &format!("frozen-weight autograd dx, {case}"),
+            &host::<T>(&grad_of(&grads, &xv, form, rows)),
+            &host_buf(&stream, &dx_d),
+        );
+        assert!(
+            grads.get(&w).is_none(),
+            "frozen weight has a gradient, {case}"
+        );
     }
 }
 

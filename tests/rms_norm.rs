@@ -14,7 +14,8 @@ use common::{
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use liger_rs::reference::{
-    Element, rms_norm_backward as ref_backward, rms_norm_forward as ref_forward,
+    Element, rms_norm_backward as ref_backward, rms_norm_backward_dx as ref_backward_dx,
+    rms_norm_forward as ref_forward,
 };
 use liger_rs::{
     CastingMode, Dtype, Error, RmsNormArgs, rms_norm_backward, rms_norm_backward_inplace,
@@ -148,6 +149,30 @@ fn reference_backward_matches_finite_differences() {
     }
 }
 
+#[test]
+fn reference_backward_of_dx_alone_is_the_backwards_dx() {
+    let (rows, cols) = (3, 7);
+    for (seed, mode, offset) in [
+        (11, CastingMode::Llama, 0.0),
+        (12, CastingMode::Gemma, 1.0),
+        (13, CastingMode::None, 0.5),
+    ] {
+        let mut rng = Rng::new(seed);
+        let x: Vec<bf16> = rng.vec(rows * cols, 0.0, 1.0);
+        let w: Vec<bf16> = rng.vec(cols, 1.0, 0.5);
+        let dy: Vec<bf16> = rng.vec(rows * cols, 0.0, 1.0);
+        let args = RmsNormArgs::new(rows, cols)
+            .with_offset(offset)
+            .with_mode(mode);
+        let rstd = ref_forward(&args, &x, Some(&w)).unwrap().rstd;
+        for w in [Some(&w[..]), None] {
+            let full = ref_backward(&args, &dy, &x, w, &rstd).unwrap();
+            let dx_only = ref_backward_dx(&args, &dy, &x, w, &rstd).unwrap();
+            assert_eq!((&dx_only.dx, dx_only.dw), (&full.dx, None), "{mode}");
+        }
+    }
+}
+
 // ---------------------------------------------------------------- GPU vs reference
 
 /// (rows, cols): 1×1, odd and prime widths, just above powers of two, the 65536 widest
@@ -244,6 +269,8 @@ struct Case {
     cols: usize,
     mode: CastingMode,
     weighted: bool,
+    /// Whether `dw` is given (with a weight; without it the weight is frozen).
+    dw: bool,
     inplace: bool,
     offset: f32,
     seed: u64,
@@ -254,12 +281,13 @@ struct Case {
 /// and grid, stays).
 fn run_case<T: Dtype>(stream: &std::sync::Arc<liger_rs::cudarc::driver::CudaStream>, c: &Case) {
     let desc = format!(
-        "{}×{} {} {} weight={} inplace={} offset={} seed={}",
+        "{}×{} {} {} weight={} dw={} inplace={} offset={} seed={}",
         c.rows,
         c.cols,
         T::NAME,
         c.mode,
         c.weighted,
+        c.dw,
         c.inplace,
         c.offset,
         c.seed
@@ -272,8 +300,8 @@ fn run_case<T: Dtype>(stream: &std::sync::Arc<liger_rs::cudarc::driver::CudaStre
     check_case(stream, c, &data, &x, &w, &dy, 1e-6, &desc);
 }
 
-/// Runs the forward and backward of case `c` (its shape, mode, weight, offset, in place or
-/// not) on the given data with `eps` and checks every output against the reference: the rows
+/// Runs the forward and backward of case `c` (its shape, mode, weight, dW or a frozen weight,
+/// offset, in place or not) on the given data with `eps` and checks every output against the reference: the rows
 /// of `data` against the reference on those rows, the other (zero) rows exactly (y and dx
 /// zero, rstd the reference's for a zero row); zero rows add nothing to dW.
 #[allow(clippy::too_many_arguments)]
@@ -328,17 +356,24 @@ fn check_case<T: Dtype>(
 
     let mut dw = poisoned::<T>(stream, c.cols);
     let mut dy_d = upload(stream, dy);
+    let with_dw = c.weighted && c.dw;
     let dx = if c.inplace {
-        let dwv: Option<&mut dyn DevicePtrMut<T>> = c.weighted.then_some(&mut dw);
+        let dwv: Option<&mut dyn DevicePtrMut<T>> = with_dw.then_some(&mut dw);
         call_inplace(stream, &args, &mut dy_d, &xd, weight, &rstd, dwv, desc);
         download(stream, &dy_d)
     } else {
         let mut dx = poisoned::<T>(stream, n);
-        let dwv: Option<&mut dyn DevicePtrMut<T>> = c.weighted.then_some(&mut dw);
+        let dwv: Option<&mut dyn DevicePtrMut<T>> = with_dw.then_some(&mut dw);
         rms_norm_backward(stream, &args, &dy_d, &xd, weight, &rstd, &mut dx, dwv).expect(desc);
         download(stream, &dx)
     };
-    let grads = ref_backward(&data_args, &dy_c, &x_c, weight_host, &rstd_c).unwrap();
+    let backward = if with_dw {
+        ref_backward
+    } else {
+        ref_backward_dx
+    };
+    let grads = backward(&data_args, &dy_c, &x_c, weight_host, &rstd_c).unwrap();
+    assert_eq!(grads.dw.is_some(), with_dw, "{desc}");
     let (dx_slack, dw_slack) = grad_slack(&dy_c, &x_c, weight_host, &rstd_gpu, cols, c.offset);
     let dx_got = widen(&data.compact(&dx, cols, cols, 0));
     assert_close::<T>("dx", desc, &dx_got, &widen(&grads.dx), ulps_g, &dx_slack);
@@ -363,15 +398,15 @@ fn call_inplace<T: Dtype>(
     rms_norm_backward_inplace(stream, args, dy, x, weight, rstd, dw).expect(desc);
 }
 
-/// Runs every shape × mode × weight × in-place case; a failing case does not hide the
-/// others: all failures are collected and reported together.
+/// Runs every shape × mode × (weight and dW, frozen weight, no weight) × in-place case; a
+/// failing case does not hide the others: all failures are collected and reported together.
 fn sweep<T: Dtype>(test: &str, seed_base: u64) {
     let Some(stream) = gpu(test) else { return };
     let mut failures = Failures::new(test);
     let mut seed = seed_base;
     for (i, &(rows, cols)) in SHAPES.iter().enumerate() {
         for mode in CastingMode::ALL {
-            for weighted in [true, false] {
+            for (weighted, dw) in [(true, true), (true, false), (false, false)] {
                 for inplace in [false, true] {
                     let offset = [0.0, 1.0, 0.25][(i + mode as usize) % 3];
                     let case = Case {
@@ -379,6 +414,7 @@ fn sweep<T: Dtype>(test: &str, seed_base: u64) {
                         cols,
                         mode,
                         weighted,
+                        dw,
                         inplace,
                         offset,
                         seed,
@@ -467,6 +503,7 @@ fn special_rows<T: Dtype>(stream: &std::sync::Arc<liger_rs::cudarc::driver::Cuda
                     cols,
                     mode,
                     weighted: true,
+                    dw: kind != 3,
                     inplace: false,
                     offset: 0.0,
                     seed: 0,
@@ -524,6 +561,8 @@ fn gpu_forward_rows_walk_grid_stride_or_take_a_block_each() {
             cols,
             mode,
             weighted: i != 2,
+            // Llama with an offset: a frozen weight (16-bit: the lane-by-lane `bwd_dx` kernels).
+            dw: i != 1,
             inplace: i % 2 == 0,
             offset,
             seed,
@@ -564,6 +603,7 @@ fn gpu_many_rows_take_the_shared_memory_dw_kernels() {
                 cols,
                 mode,
                 weighted: true,
+                dw: true,
                 inplace: i % 2 == 0,
                 offset,
                 seed: 60_000 + 10 * i as u64 + cols as u64 / 2048,
@@ -580,19 +620,72 @@ fn gpu_many_rows_take_the_shared_memory_dw_kernels() {
     failures.finish();
 }
 
+/// A frozen weight's dx (the `bwd_dx` kernels) against the dx of the same call with `dw`,
+/// bit for bit: the same threads per block, so the same row reductions.
+fn frozen_dx_is_the_dw_calls<T: Dtype>(stream: &Arc<CudaStream>, rows: usize, cols: usize) {
+    let args = RmsNormArgs::new(rows, cols).with_offset(1.0);
+    let desc = format!("{rows}×{cols} {}", T::NAME);
+    let mut rng = Rng::new(rows as u64 * 7 + cols as u64);
+    let x = upload(stream, &rng.vec::<T>(rows * cols, 0.0, 2.0));
+    let w = upload(stream, &rng.vec::<T>(cols, 0.0, 0.5));
+    let dy = upload(stream, &rng.vec::<T>(rows * cols, 0.0, 1.0));
+    let weight = Some(&w as &dyn DevicePtr<T>);
+    let mut y = poisoned::<T>(stream, rows * cols);
+    let mut rstd = poisoned::<f32>(stream, rows);
+    rms_norm_forward(stream, &args, &x, weight, &mut y, &mut rstd).expect(&desc);
+    let mut dx = [
+        poisoned::<T>(stream, rows * cols),
+        poisoned::<T>(stream, rows * cols),
+    ];
+    let mut dw = poisoned::<T>(stream, cols);
+    let [with_dw, frozen] = &mut dx;
+    let dwv = Some(&mut dw as &mut dyn DevicePtrMut<T>);
+    rms_norm_backward(stream, &args, &dy, &x, weight, &rstd, with_dw, dwv).expect(&desc);
+    rms_norm_backward(stream, &args, &dy, &x, weight, &rstd, frozen, None).expect(&desc);
+    let bits = |b: &CudaSlice<T>| -> Vec<u64> {
+        download(stream, b)
+            .iter()
+            .map(|v| v.to_f64().to_bits())
+            .collect()
+    };
+    assert!(bits(with_dw) == bits(frozen), "frozen dx differs, {desc}");
+}
+
+#[test]
+fn gpu_a_frozen_weight_gives_the_dw_calls_dx_bits() {
+    // On an H200: `_vs2` (clustered) against `bwd_dx_v2` (bf16 9600×2048), `_v2` (bf16
+    // 2048×4096 and f32 3000×2048, the f16 and bf16 ones lane by lane with the offset), the
+    // scalar kernels (4095 columns).
+    // With the small shapes, a sixteenth of the rows (the `_v2` dW kernels then).
+    let Some(stream) = gpu("gpu_a_frozen_weight_gives_the_dw_calls_dx_bits") else {
+        return;
+    };
+    let rows = |r: usize| if common::small_shapes() { r / 16 } else { r };
+    frozen_dx_is_the_dw_calls::<bf16>(&stream, rows(9600), 2048);
+    frozen_dx_is_the_dw_calls::<bf16>(&stream, rows(2048), 4096);
+    frozen_dx_is_the_dw_calls::<f32>(&stream, rows(3000), 2048);
+    frozen_dx_is_the_dw_calls::<f16>(&stream, rows(700), 4095);
+}
+
 #[test]
 fn gpu_very_wide_rows_with_more_rows_than_scratch_blocks() {
     // 2¹⁸ + 3 columns: the dW scratch allows 2²⁶ / cols = 255 partial rows, fewer than the
-    // 260 rows and than the resident grid, so some blocks walk two rows.
+    // 260 rows and than the resident grid, so some blocks walk two rows (with dW; without it
+    // the grid is the resident blocks).
     let Some(stream) = gpu("gpu_very_wide_rows_with_more_rows_than_scratch_blocks") else {
         return;
     };
-    for (weighted, inplace) in [(true, false), (false, true)] {
+    for (weighted, dw, inplace) in [
+        (true, true, false),
+        (false, false, true),
+        (true, false, true),
+    ] {
         let case = Case {
             rows: 260,
             cols: (1 << 18) + 3,
             mode: CastingMode::Llama,
             weighted,
+            dw,
             inplace,
             offset: 0.0,
             seed: 40_000,
@@ -607,7 +700,8 @@ fn gpu_offsets_beyond_2_pow_32_elements() {
     // element or byte offset wraps; 4096 columns take the vector kernels, 4100 the scalar
     // ones. All rows are zero except three 8-row windows of random data (at the start, around
     // element 2³¹, at the end). Zero rows add nothing to dW, so the windows alone must match
-    // the reference: y, rstd, dx (in place over dy) and dW.
+    // the reference: y, rstd, dx (in place over dy, and for a frozen weight into its own
+    // buffer) and dW.
     let test = "gpu_offsets_beyond_2_pow_32_elements";
     let Some(stream) = gpu(test) else {
         return;
@@ -663,6 +757,9 @@ fn huge_case(stream: &Arc<CudaStream>, cols: usize) {
     let mut y_d = poisoned_on_device::<bf16>(stream, n);
     let mut rstd_d = poisoned::<f32>(stream, rows);
     rms_norm_forward(stream, &args, &x_d, weight, &mut y_d, &mut rstd_d).expect(&desc);
+    // A frozen weight first (the `bwd_dx` kernels, into a dx of its own), then dW in place.
+    let mut dx_d = poisoned_on_device::<bf16>(stream, n);
+    rms_norm_backward(stream, &args, &dy_d, &x_d, weight, &rstd_d, &mut dx_d, None).expect(&desc);
     let mut dw_d = poisoned::<bf16>(stream, cols);
     let dw = Some(&mut dw_d as &mut dyn DevicePtrMut<bf16>);
     rms_norm_backward_inplace(stream, &args, &mut dy_d, &x_d, weight, &rstd_d, dw).expect(&desc);
@@ -686,6 +783,15 @@ fn huge_case(stream: &Arc<CudaStream>, cols: usize) {
     let (dx_slack, dw_slack) = grad_slack(&dy, &x, Some(&w), &rstd, cols, 0.0);
     let want_dx = widen(&grads.dx);
     assert_close::<bf16>("dx", &desc, &windows(&dy_d), &want_dx, ulps_g, &dx_slack);
+    let frozen = windows(&dx_d);
+    assert_close::<bf16>(
+        "dx, frozen weight",
+        &desc,
+        &frozen,
+        &want_dx,
+        ulps_g,
+        &dx_slack,
+    );
     let want_dw = widen(&grads.dw.expect("dw with a weight"));
     let got_dw = widen(&download(stream, &dw_d));
     assert_close::<bf16>("dw", &desc, &got_dw, &want_dw, ulps_g, &dw_slack);
@@ -844,15 +950,11 @@ fn bad_input_is_rejected_before_launch() {
         "length ≥ 32",
     );
 
-    // Backward: dw required with a weight and forbidden without; rstd and dw lengths.
+    // Backward: dw forbidden without a weight; rstd and dw lengths. A weight without dw is
+    // frozen (checked against the reference in the sweeps).
     let dy = upload(&stream, &vec![1.0f32; rows * cols]);
     let mut dx = poisoned::<f32>(&stream, rows * cols);
     let mut dw = poisoned::<f32>(&stream, cols);
-    expect_invalid(
-        rms_norm_backward(&stream, &a, &dy, &x, wv, &rstd, &mut dx, None),
-        "dw",
-        "a weight is given",
-    );
     expect_invalid(
         rms_norm_backward(&stream, &a, &dy, &x, None, &rstd, &mut dx, Some(&mut dw)),
         "dw",

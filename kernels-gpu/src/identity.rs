@@ -7,11 +7,21 @@
 //! it depends on nothing and builds for both targets; the host's tests check that every name
 //! its launchers can ask for is an entry of the PTX, and every entry one of those names.
 //!
+//! An entry name's variant names the kernel choice, in one vocabulary for every op. The *path*
+//! is what a kernel's accesses need: *scalar* (any alignment and width: no name part), *vector*
+//! (16-byte vectors on aligned pointers and strides, rows of whole vectors: `v`), and RoPE's
+//! *general* (the forms its NeoX kernels do not take: `g`). A vector kernel's *grid* is how its
+//! blocks cover the items (RMSNorm rows, SwiGLU tiles, RoPE token steps): a *resident grid*, as
+//! many blocks as fit at once walking the items grid-stride (`v` alone), or a *whole grid*, one
+//! item per block over a grid of every item (RMSNorm `vr`, SwiGLU `vt`), which the host runs
+//! from four waves of items. RoPE's vector kernel keeps no next-item state and runs on either
+//! grid; RMSNorm's backward `vs` is a resident grid with dW in shared memory.
+//!
 //! An entry name is its parts joined by `_`: the op, the direction, the variant (none for the
 //! scalar kernels), the element type, then the op's last part (RMSNorm: the casting mode,
 //! RoPE: the cos/sin rows, GEGLU: the form of GELU), e.g. `rms_norm_fwd_vr2_bf16_llama`,
-//! `rope_bwd_g_f16_ids32`, `geglu_bwd_v_bf16_erf`,
-//! `swiglu_fwd_vt_f32`; RMSNorm's dW reduction is `rms_norm_dw_reduce_{elem}`.
+//! `rms_norm_bwd_dx_v2_f16_none`, `rope_bwd_g_f16_ids32`, `swiglu_fwd_vt_f32`,
+//! `geglu_bwd_v_bf16_erf`; RMSNorm's dW reduction is `rms_norm_dw_reduce_{elem}`.
 
 /// An enum whose values name parts of entry names, and a macro `$lit!(Value)` that gives the
 /// same name as a literal for `concat!` (a value's name is spelt once, here).
@@ -74,6 +84,9 @@ names! {
         Forward = "fwd",
         /// The backward.
         Backward = "bwd",
+        /// RMSNorm's backward of dX alone, for a frozen or absent weight: no dW partial rows
+        /// and no reduction.
+        BackwardDx = "bwd_dx",
         /// RMSNorm's reduction of the backward's dW partial rows.
         DwReduce = "dw_reduce",
     }
@@ -119,14 +132,15 @@ names! {
 }
 
 names! {
-    /// How an RMSNorm vector kernel lays rows on blocks: the variant is this name followed by
-    /// the 16-byte vectors per thread (`vr2`).
+    /// The grid of an RMSNorm vector kernel: the variant is this name followed by the 16-byte
+    /// vectors per thread (`vr2`).
     pub enum RmsNormLayout / rms_norm_layout_name {
         /// A resident grid walks the rows, each block loading its next row early.
         Grid = "v",
-        /// Forward: one row per block over a grid of every row.
+        /// Forward, whole grid: one row per block over a grid of every row.
         Row = "vr",
-        /// Backward: as [`RmsNormLayout::Grid`], each block's dW partial row in shared memory.
+        /// Backward: a resident grid as [`RmsNormLayout::Grid`], each block's dW partial row
+        /// in shared memory.
         SharedDw = "vs",
     }
 }
@@ -136,7 +150,7 @@ names! {
     pub enum RopePath / rope_path_name {
         /// NeoX halves in place, one element pair per thread (no name part).
         Scalar = "",
-        /// NeoX halves in place, 16-byte vectors.
+        /// NeoX halves in place, 16-byte vectors, on a resident or a whole grid of token steps.
         Vector = "v",
         /// Every form, in place or not (interleaved pairs, head-major, half-width tables).
         General = "g",
@@ -158,13 +172,13 @@ names! {
 }
 
 names! {
-    /// A SwiGLU kernel's path: the variant part of its name.
+    /// A SwiGLU kernel's path and, for vectors, its grid: the variant part of its name.
     pub enum SwigluPath / swiglu_path_name {
         /// Any alignment, any shape (no name part).
         Scalar = "",
-        /// 16-byte vectors, grid-stride over tiles.
+        /// 16-byte vectors on a resident grid, grid-stride over tiles.
         Vector = "v",
-        /// Vectors, one tile per block over a grid of every tile.
+        /// 16-byte vectors on a whole grid: one tile per block over a grid of every tile.
         Tile = "vt",
     }
 }
@@ -184,9 +198,9 @@ names! {
 pub enum RmsNormShape {
     /// Scalar loads, any alignment and width (no name part).
     Scalar,
-    /// `per_thread` 16-byte vectors per thread, rows laid on blocks as `layout` says.
+    /// `per_thread` 16-byte vectors per thread, on the grid `layout` names.
     Vector {
-        /// How rows are laid on blocks.
+        /// The grid.
         layout: RmsNormLayout,
         /// 16-byte vectors of a row per thread.
         per_thread: usize,
@@ -198,7 +212,7 @@ pub enum RmsNormShape {
 pub enum Kernel {
     /// An RMSNorm forward or backward.
     RmsNorm {
-        /// [`Direction::Forward`] or [`Direction::Backward`].
+        /// [`Direction::Forward`], [`Direction::Backward`] or [`Direction::BackwardDx`].
         direction: Direction,
         /// Scalar or vector.
         shape: RmsNormShape,

@@ -3,13 +3,14 @@
 //! Rows are walked grid-stride (`row = blockIdx.x; row += gridDim.x`), one block per row at a
 //! time, columns strided by the block. The forward writes `y` and the row's rstd; the backward
 //! writes `dx` (possibly over `dy`: every element is read before the same thread writes it) and,
-//! when there is a weight, accumulates its dW contribution into one f32 partial row per block,
-//! which `rms_norm_dw_reduce_*` sums over blocks in a fixed order. In the sm_90 build the
-//! reduction first waits in `griddepcontrol.wait` (see `wait_for_prerequisite_grids`): the host
-//! launches it as a programmatic dependent launch, so its blocks may start before the
-//! backward's completion is processed. The f32 `_v2` backward also lets it launch at once
-//! (`allow_dependent_grids`, see `backward_vec`), and the `_vs{K}` backward, launched in
-//! thread-block clusters, writes one partial row per cluster (`write_cluster_partial`).
+//! when dW is wanted, accumulates its dW contribution into one f32 partial row per block, which
+//! `rms_norm_dw_reduce_*` sums over blocks in a fixed order; the `bwd_dx` kernels (a frozen
+//! weight, or none) write `dx` alone. In the sm_90 build the reduction first waits in
+//! `griddepcontrol.wait` (see `wait_for_prerequisite_grids`): the host launches it as a
+//! programmatic dependent launch, so its blocks may start before the backward's completion is
+//! processed. The f32 `_v2` backward also lets it launch at once (`allow_dependent_grids`, see
+//! `backward_vec`), and the `_vs{K}` backward, launched in thread-block clusters, writes one
+//! partial row per cluster (`write_cluster_partial`).
 //!
 //! `dx = r·m − r³/n·(Σ m·x)·x` is evaluated as `r·(m − mean(m·h)·h)` with `h = x·r`: every
 //! factor stays near 1 whatever the row's scale (`r³` underflows f32 once the row's RMS
@@ -28,7 +29,7 @@
 //! product (`fma.rn.bf16x2` / `fma.rn.f16x2`: half the instructions of widening each lane and
 //! fewer registers) wherever that gives the mode's bits (see `packed_weight`); 16-bit llama rows
 //! with an offset other than ±0 run the `_llama_offset` twins, which multiply lane by lane.
-use crate::identity::{ElemType, Mode, RmsNormLayout, has_shared_dw, kernel_name};
+use crate::identity::{Direction, ElemType, Mode, RmsNormLayout, has_shared_dw, kernel_name};
 use crate::{
     Elem, SUM_SLOTS, V16, Vector, allow_dependent_grids, block_dim, block_dim_y, block_idx,
     block_sum, block_sum2, elem_type, fma, grid_dim, lanes, mode, sqrt, sync_threads, thread_idx,
@@ -113,8 +114,9 @@ fn inverse_rms<T: Elem, const MODE: u32>(
     1.0 / sqrt(sum_sq / cols as f32 + eps)
 }
 
-#[inline(always)]
-unsafe fn forward<T: Elem, const MODE: u32>(
+/// A forward's arguments, as its entry point receives them (sizes as `usize`).
+#[derive(Clone, Copy)]
+struct Fwd<T> {
     x: *const T,
     x_stride: usize,
     w: *const T,
@@ -125,7 +127,31 @@ unsafe fn forward<T: Elem, const MODE: u32>(
     cols: usize,
     eps: f32,
     offset: f32,
-) {
+}
+
+/// A backward's arguments, as its entry point receives them (sizes as `usize`).
+#[derive(Clone, Copy)]
+struct Bwd<T> {
+    dy: *const T,
+    dy_stride: usize,
+    x: *const T,
+    x_stride: usize,
+    w: *const T,
+    rstd: *const f32,
+    dx: *mut T,
+    dx_stride: usize,
+    dw_partial: *mut f32,
+    rows: usize,
+    cols: usize,
+    offset: f32,
+}
+
+/// The scalar forward.
+#[inline(always)]
+unsafe fn forward<T: Elem, const MODE: u32>(a: Fwd<T>) {
+    // One line for the struct, not one per field (rustfmt's layout of a struct pattern).
+    #[rustfmt::skip]
+    let Fwd { x, x_stride, w, y, y_stride, rstd, rows, cols, eps, offset } = a;
     let (tid, nt) = (thread_idx(), block_dim());
     let mut row = block_idx();
     let mut parity = 0;
@@ -188,23 +214,16 @@ fn scaled_grad<T: Elem, const MODE: u32>(dy: f32, w: Option<f32>, offset: f32) -
     }
 }
 
+/// The scalar backward; `DW` accumulates the weight's dW partial row (see [`computes_dw`]).
 #[inline(always)]
-unsafe fn backward<T: Elem, const MODE: u32>(
-    dy: *const T,
-    dy_stride: usize,
-    x: *const T,
-    x_stride: usize,
-    w: *const T,
-    rstd: *const f32,
-    dx: *mut T,
-    dx_stride: usize,
-    dw_partial: *mut f32,
-    rows: usize,
-    cols: usize,
-    offset: f32,
-) {
+unsafe fn backward<T: Elem, const MODE: u32, const DW: bool>(a: Bwd<T>) {
+    // One line for the fields, not one per field (rustfmt's layout of a struct pattern).
+    #[rustfmt::skip]
+    let Bwd {
+        dy, dy_stride, x, x_stride, w, rstd, dx, dx_stride, dw_partial, rows, cols, offset,
+    } = a;
     let (tid, nt) = (thread_idx(), block_dim());
-    // `wrapping_add`: `dw_partial` is null without a weight, and `add` off null is undefined.
+    // `wrapping_add`: `dw_partial` is null without dW, and `add` off null is undefined.
     let part = dw_partial.wrapping_add(block_idx() * cols);
     let load_w = |c: usize| {
         if w.is_null() {
@@ -238,7 +257,7 @@ unsafe fn backward<T: Elem, const MODE: u32>(
             let wc = load_w(c);
             let m = scaled_grad::<T, MODE>(g, wc, offset);
             unsafe { *dxr.add(c) = T::from_f32(r * (m - mean * (v * r))) };
-            if wc.is_some() {
+            if DW && wc.is_some() {
                 let normed = if MODE == mode::LLAMA {
                     T::round(v * r)
                 } else {
@@ -284,18 +303,10 @@ unsafe fn store_row<const K: usize>(row: *mut V16, vecs: usize, out: impl Fn(usi
 /// The vector forward: `ONE` runs one row per block (`_vr{K}`), else a resident grid walks the
 /// rows (`_v{K}`).
 #[inline(always)]
-unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize, const ONE: bool>(
-    x: *const T,
-    x_stride: usize,
-    w: *const T,
-    y: *mut T,
-    y_stride: usize,
-    rstd: *mut f32,
-    rows: usize,
-    cols: usize,
-    eps: f32,
-    offset: f32,
-) {
+unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize, const ONE: bool>(a: Fwd<T>) {
+    // One line for the struct, not one per field (rustfmt's layout of a struct pattern).
+    #[rustfmt::skip]
+    let Fwd { x, x_stride, w, y, y_stride, rstd, rows, cols, eps, offset } = a;
     let tid = thread_idx();
     let vecs = cols / T::LANES;
     let has_w = !w.is_null();
@@ -388,34 +399,37 @@ unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize, const ONE: bool>
 /// Shared memory frees those registers, which raises the resident blocks of some shapes (bf16
 /// 4096: 2 → 4 per SM, 8192: 1 → 2) and costs a shared-memory round trip per element; the host
 /// runs it only where it fits more blocks per SM and every block gets many rows (`shared_dw`
-/// in src/rms_norm.rs).
+/// in src/rms_norm.rs). Without `DW` (the `bwd_dx` kernels, [`computes_dw`]) the dW sums are
+/// never stored, so the compiler drops them and their registers (bf16 `_v2`: 55 registers
+/// against 83–104 with dW).
 #[inline(always)]
-unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: bool>(
-    dy: *const T,
-    dy_stride: usize,
-    x: *const T,
-    x_stride: usize,
-    w: *const T,
-    rstd: *const f32,
-    dx: *mut T,
-    dx_stride: usize,
-    dw_partial: *mut f32,
-    rows: usize,
-    cols: usize,
-    offset: f32,
+unsafe fn backward_vec<
+    T: Elem,
+    const MODE: u32,
+    const K: usize,
+    const SMEM_DW: bool,
+    const DW: bool,
+>(
+    a: Bwd<T>,
 ) {
+    // One line for the fields, not one per field (rustfmt's layout of a struct pattern).
+    #[rustfmt::skip]
+    let Bwd {
+        dy, dy_stride, x, x_stride, w, rstd, dx, dx_stride, dw_partial, rows, cols, offset,
+    } = a;
     // f32 with dW in registers (`_v2`, the f32 rows above 512 columns): the dW reduction may
     // be launched at once, its launch hidden behind this grid (16384×2048 on an H200: −2.6 µs;
     // the 16-bit kernels lost up to 0.7 µs with it: PERFORMANCE.md, "sm_90: dependent launch and
-    // dW clusters").
-    if T::LANES == 4 && K == 2 && !SMEM_DW {
+    // dW clusters"). `& DW`: no reduction follows the `bwd_dx` kernels, and `&` adds no branch
+    // (the `DW` kernels' code stays that of a condition without it).
+    if T::LANES == 4 && K == 2 && !SMEM_DW & DW {
         allow_dependent_grids();
     }
     let (tid, nt) = (thread_idx(), block_dim());
     let vecs = cols / T::LANES;
     let has_w = !w.is_null();
     // Without a weight, w = 1 and offset = 0 give m = dy exactly in every mode, with no
-    // per-element test (the dW sums are then computed and not written).
+    // per-element test (the host runs the `DW = false` kernels then).
     let ones = T::pack(&[1.0; 8]);
     let offset = if has_w { offset } else { 0.0 };
     // m = D(dy·D(offset + w)) as one packed product where that is the mode's m (llama with
@@ -520,7 +534,8 @@ unsafe fn backward_vec<T: Elem, const MODE: u32, const K: usize, const SMEM_DW: 
         });
         row += grid_dim();
     }
-    if has_w {
+    // `&`, not `&&`: no branch of its own, so the `DW` kernels' code is that of `if has_w`.
+    if has_w & DW {
         #[cfg(target_feature = "sm_90")]
         if SMEM_DW && cluster_blocks() > 1 {
             unsafe { write_cluster_partial(dw_s, dw_partial, cols) };
@@ -663,76 +678,71 @@ const fn shared_dw(layout: RmsNormLayout) -> bool {
     matches!(layout, RmsNormLayout::SharedDw)
 }
 
-/// One forward entry point named `$name`: `$body` is the generic body (`forward::<T, MODE>` or
-/// `forward_vec::<T, MODE, K, …>`), `$doc` its summary, `$safety` what the caller guarantees.
-macro_rules! fwd_entry {
-    ($name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
+/// Whether a backward `direction` accumulates dW partial rows (`DW` of [`backward`] and
+/// [`backward_vec`]): [`Direction::Backward`] does, [`Direction::BackwardDx`] does not.
+const fn computes_dw(direction: Direction) -> bool {
+    matches!(direction, Direction::Backward)
+}
+
+/// One entry point named `$name` with the parameters `$param: $ty` (as the host passes
+/// them), running `$call` over them; `$doc` is its summary, `$safety` what the caller
+/// guarantees.
+macro_rules! entry {
+    ($name:expr, $doc:literal, $safety:literal, ($($param:ident: $ty:ty),* $(,)?) => $call:expr) => {
         const _: () = {
             #[doc = $doc]
             ///
             /// # Safety
             #[doc = $safety]
             #[unsafe(export_name = $name)]
-            pub unsafe extern "gpu-kernel" fn kernel(
-                x: *const $ty,
-                x_stride: u64,
-                w: *const $ty,
-                y: *mut $ty,
-                y_stride: u64,
-                rstd: *mut f32,
-                rows: u64,
-                cols: u64,
-                eps: f32,
-                offset: f32,
-            ) {
-                let (x_stride, y_stride) = (x_stride as usize, y_stride as usize);
-                let (rows, cols) = (rows as usize, cols as usize);
-                unsafe { $body(x, x_stride, w, y, y_stride, rstd, rows, cols, eps, offset) }
+            pub unsafe extern "gpu-kernel" fn kernel($($param: $ty),*) {
+                unsafe { $call }
             }
         };
+    };
+}
+
+/// One forward entry point (see [`entry`]): `$body` is the generic body (`forward::<T, MODE>`
+/// or `forward_vec::<T, MODE, K, …>`) of element type `$ty`.
+macro_rules! fwd_entry {
+    ($name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
+        entry!($name, $doc, $safety, (
+            x: *const $ty, x_stride: u64, w: *const $ty, y: *mut $ty, y_stride: u64,
+            rstd: *mut f32, rows: u64, cols: u64, eps: f32, offset: f32,
+        ) => $body(Fwd {
+            x, x_stride: x_stride as usize, w, y, y_stride: y_stride as usize, rstd,
+            rows: rows as usize, cols: cols as usize, eps, offset,
+        }));
     };
 }
 
 /// One backward entry point (see [`fwd_entry`]).
 macro_rules! bwd_entry {
     ($name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
-        const _: () = {
-            #[doc = $doc]
-            ///
-            /// # Safety
-            #[doc = $safety]
-            #[unsafe(export_name = $name)]
-            pub unsafe extern "gpu-kernel" fn kernel(
-                dy: *const $ty,
-                dy_stride: u64,
-                x: *const $ty,
-                x_stride: u64,
-                w: *const $ty,
-                rstd: *const f32,
-                dx: *mut $ty,
-                dx_stride: u64,
-                dw_partial: *mut f32,
-                rows: u64,
-                cols: u64,
-                offset: f32,
-            ) {
-                let (dy_stride, x_stride, dx_stride) =
-                    (dy_stride as usize, x_stride as usize, dx_stride as usize);
-                let (rows, cols) = (rows as usize, cols as usize);
-                unsafe {
-                    $body(
-                        dy, dy_stride, x, x_stride, w, rstd, dx, dx_stride, dw_partial, rows, cols,
-                        offset,
-                    )
-                }
-            }
-        };
+        entry!($name, $doc, $safety, (
+            dy: *const $ty, dy_stride: u64, x: *const $ty, x_stride: u64, w: *const $ty,
+            rstd: *const f32, dx: *mut $ty, dx_stride: u64, dw_partial: *mut f32, rows: u64,
+            cols: u64, offset: f32,
+        ) => $body(Bwd {
+            dy, dy_stride: dy_stride as usize, x, x_stride: x_stride as usize, w, rstd, dx,
+            dx_stride: dx_stride as usize, dw_partial, rows: rows as usize,
+            cols: cols as usize, offset,
+        }));
     };
 }
 
 /// The scalar kernels of one element type and casting mode, and with [`Mode::Llama`] the
 /// element type's dW reduction.
 macro_rules! rms_norm_kernels {
+    (@bwd $elem:ident, $mode:ident, $dir:ident, $doc:literal, $safety:literal) => {
+        bwd_entry!(
+            kernel_name!(RmsNorm, $dir, Scalar, $elem, $mode),
+            elem_type!($elem),
+            backward::<elem_type!($elem), { Mode::$mode as u32 }, { computes_dw(Direction::$dir) }>,
+            $doc,
+            $safety
+        );
+    };
     ($elem:ident: $($mode:ident),*) => {
         $(
             fwd_entry!(
@@ -742,30 +752,22 @@ macro_rules! rms_norm_kernels {
                 "RMSNorm forward for one dtype and casting mode (see the module docs).",
                 "Pointers cover `rows` rows of their strides and `cols` columns; `w` may be null."
             );
-            bwd_entry!(
-                kernel_name!(RmsNorm, Backward, Scalar, $elem, $mode),
-                elem_type!($elem),
-                backward::<elem_type!($elem), { Mode::$mode as u32 }>,
+            rms_norm_kernels!(@bwd $elem, $mode, Backward,
                 "RMSNorm backward for one dtype and casting mode (see the module docs).",
-                "As the forward; `dx` may equal `dy`; `dw_partial` holds `gridDim.x × cols` f32 when `w` is not null."
-            );
+                "As the forward; `dx` may equal `dy`; `dw_partial` holds `gridDim.x × cols` f32 when `w` is not null.");
+            rms_norm_kernels!(@bwd $elem, $mode, BackwardDx,
+                "RMSNorm backward of dX alone for one dtype and casting mode (see the module docs).",
+                "As the forward; `dx` may equal `dy`; `dw_partial` is not used.");
         )*
-        const _: () = {
-            /// Sums the per-block dW partial rows into `dw` (see the module docs).
-            ///
-            /// # Safety
-            /// `partial` holds `parts × cols` f32; `dw` holds `cols` elements.
-            #[unsafe(export_name = kernel_name!(RmsNorm, DwReduce, $elem))]
-            pub unsafe extern "gpu-kernel" fn kernel(
-                partial: *const f32,
-                parts: u64,
-                cols: u64,
-                dw: *mut elem_type!($elem),
-            ) {
+        entry!(
+            kernel_name!(RmsNorm, DwReduce, $elem),
+            "Sums the per-block dW partial rows into `dw` (see the module docs).",
+            "`partial` holds `parts × cols` f32; `dw` holds `cols` elements.",
+            (partial: *const f32, parts: u64, cols: u64, dw: *mut elem_type!($elem)) => {
                 wait_for_prerequisite_grids();
-                unsafe { dw_reduce(partial, parts as usize, cols as usize, dw) }
+                dw_reduce(partial, parts as usize, cols as usize, dw)
             }
-        };
+        );
     };
 }
 
@@ -775,7 +777,8 @@ rms_norm_kernels!(Bf16: Llama, Gemma, None);
 
 /// The vector kernels of one element type and mode: forward with 1, 2, 4 vectors per thread
 /// (grid-stride `_v{K}`, one row per block `_vr{K}` for K = 2, 4), backward with 1 and 2 (its
-/// dW accumulators need the registers), `_vs1` and where `shared` ([`has_shared_dw`]) `_vs2`.
+/// dW accumulators need the registers), `_vs1` and where `shared` ([`has_shared_dw`]) `_vs2`,
+/// and the dX-only backward `bwd_dx` with 1 and 2 (dW in neither registers nor shared memory).
 macro_rules! rms_norm_vec_family {
     ($elem:ident, $mode:ident, shared = $shared:tt) => {
         const _: () = assert!(has_shared_dw(ElemType::$elem, 2) == $shared);
@@ -784,10 +787,12 @@ macro_rules! rms_norm_vec_family {
         rms_norm_vec_family!(@fwd $elem, $mode, Grid 4);
         rms_norm_vec_family!(@fwd $elem, $mode, Row 2);
         rms_norm_vec_family!(@fwd $elem, $mode, Row 4);
-        rms_norm_vec_family!(@bwd $elem, $mode, Grid 1);
-        rms_norm_vec_family!(@bwd $elem, $mode, Grid 2);
-        rms_norm_vec_family!(@bwd $elem, $mode, SharedDw 1);
-        rms_norm_vec_family!(@if $shared, @bwd $elem, $mode, SharedDw 2);
+        rms_norm_vec_family!(@bwd $elem, $mode, Backward, Grid 1);
+        rms_norm_vec_family!(@bwd $elem, $mode, Backward, Grid 2);
+        rms_norm_vec_family!(@bwd $elem, $mode, Backward, SharedDw 1);
+        rms_norm_vec_family!(@if $shared, @bwd $elem, $mode, Backward, SharedDw 2);
+        rms_norm_vec_family!(@bwd $elem, $mode, BackwardDx, Grid 1);
+        rms_norm_vec_family!(@bwd $elem, $mode, BackwardDx, Grid 2);
     };
     (@if true, $($rest:tt)*) => {
         rms_norm_vec_family!($($rest)*);
@@ -807,17 +812,18 @@ macro_rules! rms_norm_vec_family {
             "As the scalar forward, and every row of `x` and `y` and `w` start 16-byte aligned with `cols` a multiple of the lanes per vector."
         );
     };
-    (@bwd $elem:ident, $mode:ident, $layout:ident $k:literal) => {
+    (@bwd $elem:ident, $mode:ident, $dir:ident, $layout:ident $k:literal) => {
         bwd_entry!(
-            kernel_name!(RmsNorm, Backward, $layout $k, $elem, $mode),
+            kernel_name!(RmsNorm, $dir, $layout $k, $elem, $mode),
             elem_type!($elem),
             backward_vec::<
                 elem_type!($elem),
                 { Mode::$mode as u32 },
                 $k,
                 { shared_dw(RmsNormLayout::$layout) },
+                { computes_dw(Direction::$dir) },
             >,
-            "Vectorised persistent RMSNorm backward (see `backward_vec`; `_vs`: dW in shared memory).",
+            "Vectorised persistent RMSNorm backward (see `backward_vec`; `_vs`: dW in shared memory; `bwd_dx`: no dW, `dw_partial` not used).",
             "As the scalar backward, with the forward's alignment rules for `dy`, `x`, `w`, `dx`."
         );
     };

@@ -60,30 +60,11 @@ fn clamp_id(id: i64, rows: usize) -> usize {
     }
 }
 
-/// The cos/sin table row of `token`.
-#[inline(always)]
-unsafe fn table_row<const ROWS: u32>(
-    token: usize,
-    seq_len: usize,
-    ids: *const u8,
-    table_rows: usize,
-) -> usize {
-    match ROWS {
-        rows::PER_POSITION => token % seq_len,
-        rows::PER_BATCH => token,
-        rows::IDS_I32 => clamp_id(
-            unsafe { *(ids as *const i32).add(token) } as i64,
-            table_rows,
-        ),
-        _ => clamp_id(unsafe { *(ids as *const i64).add(token) }, table_rows),
-    }
-}
-
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn rotate<T: Elem, const ROWS: u32, const BWD: bool>(
-    q: *mut T,
-    k: *mut T,
+/// What every RoPE kernel takes besides its q and k buffers (and the general kernels' outputs
+/// and form): the cos/sin tables, the position ids and the sizes, as one value so that the
+/// scalar, vector and general bodies share their entry points' conversions.
+#[derive(Clone, Copy)]
+struct Args<T> {
     cos: *const T,
     sin: *const T,
     ids: *const u8,
@@ -94,20 +75,37 @@ unsafe fn rotate<T: Elem, const ROWS: u32, const BWD: bool>(
     head_dim: usize,
     rotary_dim: usize,
     table_rows: usize,
-) {
-    let half = rotary_dim / 2;
+}
+
+/// The cos/sin table row of `token`.
+#[inline(always)]
+unsafe fn table_row<T, const ROWS: u32>(token: usize, a: &Args<T>) -> usize {
+    match ROWS {
+        rows::PER_POSITION => token % a.seq_len,
+        rows::PER_BATCH => token,
+        rows::IDS_I32 => clamp_id(
+            unsafe { *(a.ids as *const i32).add(token) } as i64,
+            a.table_rows,
+        ),
+        _ => clamp_id(unsafe { *(a.ids as *const i64).add(token) }, a.table_rows),
+    }
+}
+
+#[inline(always)]
+unsafe fn rotate<T: Elem, const ROWS: u32, const BWD: bool>(q: *mut T, k: *mut T, a: Args<T>) {
+    let half = a.rotary_dim / 2;
     let half32 = half as u32;
-    let q_pairs = (q_heads * half) as u32;
-    let pairs = q_pairs + (k_heads * half) as u32;
+    let q_pairs = (a.q_heads * half) as u32;
+    let pairs = q_pairs + (a.k_heads * half) as u32;
     let (tx, ty) = (block_dim() as u32, block_dim_y());
-    let q_token = q_heads * head_dim;
-    let k_token = k_heads * head_dim;
+    let q_token = a.q_heads * a.head_dim;
+    let k_token = a.k_heads * a.head_dim;
     let mut token = block_idx() * ty + thread_idx_y();
     let step = grid_dim() * ty;
-    while token < tokens {
-        let row = unsafe { table_row::<ROWS>(token, seq_len, ids, table_rows) };
-        let cos_row = unsafe { cos.add(row * rotary_dim) };
-        let sin_row = unsafe { sin.add(row * rotary_dim) };
+    while token < a.tokens {
+        let row = unsafe { table_row::<T, ROWS>(token, &a) };
+        let cos_row = unsafe { a.cos.add(row * a.rotary_dim) };
+        let sin_row = unsafe { a.sin.add(row * a.rotary_dim) };
         let q_tok = unsafe { q.add(token * q_token) };
         let k_tok = unsafe { k.add(token * k_token) };
         let mut j = thread_idx() as u32;
@@ -119,7 +117,7 @@ unsafe fn rotate<T: Elem, const ROWS: u32, const BWD: bool>(
             };
             let head = jj / half32;
             let i = (jj - head * half32) as usize;
-            let x = unsafe { base.add(head as usize * head_dim + i) };
+            let x = unsafe { base.add(head as usize * a.head_dim + i) };
             let x1 = unsafe { *x }.to_f32();
             let x2 = unsafe { *x.add(half) }.to_f32();
             let c = unsafe { *cos_row.add(i) }.to_f32();
@@ -143,24 +141,25 @@ unsafe fn rotate<T: Elem, const ROWS: u32, const BWD: bool>(
 /// `k_heads = 0` rotates q alone (`k`, `k_out` unused). The host guarantees
 /// `(q_heads + k_heads)·head_dim < 2³¹` (32-bit item indices); offsets are 64-bit.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn rotate_any<T: Elem, const ROWS: u32, const BWD: bool>(
     q: *const T,
     k: *const T,
     q_out: *mut T,
     k_out: *mut T,
-    cos: *const T,
-    sin: *const T,
-    ids: *const u8,
-    tokens: usize,
-    seq_len: usize,
-    q_heads: usize,
-    k_heads: usize,
-    head_dim: usize,
-    rotary_dim: usize,
-    table_rows: usize,
+    a: Args<T>,
     form: u32,
 ) {
+    let Args {
+        cos,
+        sin,
+        tokens,
+        seq_len,
+        q_heads,
+        k_heads,
+        head_dim,
+        rotary_dim,
+        ..
+    } = a;
     let half = rotary_dim / 2;
     let interleaved = form & flags::INTERLEAVED != 0;
     let head_major = form & flags::HEAD_MAJOR != 0;
@@ -184,7 +183,7 @@ unsafe fn rotate_any<T: Elem, const ROWS: u32, const BWD: bool>(
     let mut token = block_idx() * ty + thread_idx_y();
     let step = grid_dim() * ty;
     while token < tokens {
-        let row = unsafe { table_row::<ROWS>(token, seq_len, ids, table_rows) };
+        let row = unsafe { table_row::<T, ROWS>(token, &a) };
         let cos_row = unsafe { cos.add(row * row_len) };
         let sin_row = unsafe { sin.add(row * row_len) };
         // Offset of head 0 of this token in q and in k, and the distance between heads.
@@ -296,60 +295,46 @@ unsafe fn raw_id<const ROWS: u32>(ids: *const u8, token: usize, tokens: usize) -
 /// vectors of a half, then the next head, so a warp's accesses cover whole contiguous
 /// segments. No division in the loops (the per-position row follows the token incrementally).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool>(
-    q: *mut T,
-    k: *mut T,
-    cos: *const T,
-    sin: *const T,
-    ids: *const u8,
-    tokens: usize,
-    seq_len: usize,
-    q_heads: usize,
-    k_heads: usize,
-    head_dim: usize,
-    rotary_dim: usize,
-    table_rows: usize,
-) {
+unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool>(q: *mut T, k: *mut T, a: Args<T>) {
     // Everything below counts 16-byte vectors; in-token offsets are u32 (host-checked).
-    let vph = (rotary_dim / 2 / T::LANES) as u32;
+    let vph = (a.rotary_dim / 2 / T::LANES) as u32;
     let vh = vec_heads(T::LANES);
-    let head_vecs = (head_dim / T::LANES) as u32;
-    let row_vecs = rotary_dim / T::LANES;
-    let (q_heads32, heads) = (q_heads as u32, (q_heads + k_heads) as u32);
+    let head_vecs = (a.head_dim / T::LANES) as u32;
+    let row_vecs = a.rotary_dim / T::LANES;
+    let (q_heads32, heads) = (a.q_heads as u32, (a.q_heads + a.k_heads) as u32);
     let v = thread_idx() as u32;
     if v >= vph {
         return;
     }
     let by = block_dim_y() as u32;
     let (q, k) = (q as *mut V16, k as *mut V16);
-    let (cos, sin) = (cos as *const V16, sin as *const V16);
+    let (cos, sin) = (a.cos as *const V16, a.sin as *const V16);
     let bz = block_dim_z();
     let mut token = block_idx() * bz + thread_idx_z();
     let step = grid_dim() * bz;
     // Per-position row (token mod seq_len), advanced without a division per token.
     let (mut pos, pos_step) = if ROWS == rows::PER_POSITION {
-        (token % seq_len, step % seq_len)
+        (token % a.seq_len, step % a.seq_len)
     } else {
         (0, 0)
     };
     // Gathered rows: the next token's id is loaded one iteration ahead (and clamped only when
     // used), so the cos/sin loads never wait for it.
-    let mut id = unsafe { raw_id::<ROWS>(ids, token, tokens) };
-    while token < tokens {
+    let mut id = unsafe { raw_id::<ROWS>(a.ids, token, a.tokens) };
+    while token < a.tokens {
         let row = match ROWS {
             rows::PER_POSITION => pos,
             rows::PER_BATCH => token,
-            _ => clamp_id(id, table_rows),
+            _ => clamp_id(id, a.table_rows),
         };
-        id = unsafe { raw_id::<ROWS>(ids, token + step, tokens) };
+        id = unsafe { raw_id::<ROWS>(a.ids, token + step, a.tokens) };
         let c = unsafe { V16::load(cos.add(row * row_vecs + v as usize)) };
         let s = unsafe { V16::load(sin.add(row * row_vecs + v as usize)) };
         // Head h of the token starts at `base + h·head_vecs`, base = q_tok for q heads and
         // k_tok − q_heads·head_vecs for k heads (so the k base needs no subtraction per head).
-        let q_tok = unsafe { q.add(token * q_heads * head_vecs as usize + v as usize) };
-        let k_tok = unsafe { k.add(token * k_heads * head_vecs as usize + v as usize) }
-            .wrapping_sub(q_heads * head_vecs as usize);
+        let q_tok = unsafe { q.add(token * a.q_heads * head_vecs as usize + v as usize) };
+        let k_tok = unsafe { k.add(token * a.k_heads * head_vecs as usize + v as usize) }
+            .wrapping_sub(a.q_heads * head_vecs as usize);
         let mut h0 = thread_idx_y() as u32;
         while h0 < heads {
             // All `2·vh` loads are issued before any math, so their latencies overlap:
@@ -403,16 +388,66 @@ unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool>(
         token += step;
         if ROWS == rows::PER_POSITION {
             pos += pos_step;
-            if pos >= seq_len {
-                pos -= seq_len;
+            if pos >= a.seq_len {
+                pos -= a.seq_len;
             }
         }
     }
 }
 
+/// One RoPE entry point: the buffers `$io` (q and k, then the general kernels' outputs), the
+/// cos/sin tables, ids and sizes that every kernel takes, then `$extra` (the general kernels'
+/// form), handed to `$body` as `$io…, Args, $extra…`.
+macro_rules! rope_entry {
+    (
+        $(#[$doc:meta])*
+        $body:ident, $path:ident, $elem:ident, $rows:ident, $dir:ident,
+        ($($io:ident: $io_ty:ty),*), ($($extra:ident: $extra_ty:ty),*)
+    ) => {
+        const _: () = {
+            $(#[$doc])*
+            #[unsafe(export_name = kernel_name!(Rope, $dir, $path, $elem, $rows))]
+            pub unsafe extern "gpu-kernel" fn kernel(
+                $($io: $io_ty,)*
+                cos: *const elem_type!($elem),
+                sin: *const elem_type!($elem),
+                ids: *const u8,
+                tokens: u64,
+                seq_len: u64,
+                q_heads: u64,
+                k_heads: u64,
+                head_dim: u64,
+                rotary_dim: u64,
+                table_rows: u64,
+                $($extra: $extra_ty,)*
+            ) {
+                let args = Args {
+                    cos,
+                    sin,
+                    ids,
+                    tokens: tokens as usize,
+                    seq_len: seq_len as usize,
+                    q_heads: q_heads as usize,
+                    k_heads: k_heads as usize,
+                    head_dim: head_dim as usize,
+                    rotary_dim: rotary_dim as usize,
+                    table_rows: table_rows as usize,
+                };
+                unsafe {
+                    $body::<elem_type!($elem), { Rows::$rows as u32 }, { backward(Direction::$dir) }>(
+                        $($io,)* args $(, $extra)*
+                    )
+                }
+            }
+        };
+    };
+}
+
+/// The in-place NeoX kernels of one path ([`rotate`] or [`rotate_vec`]), element type, cos/sin
+/// row source and direction.
 macro_rules! rope_kernel {
     ($elem:ident, $path:ident, $body:ident, $rows:ident, $dir:ident) => {
-        const _: () = {
+        rope_entry!(
             /// RoPE for one dtype, direction and cos/sin row source (see the module docs); the
             /// `_v_` variants are the vector path ([`rotate_vec`]).
             ///
@@ -424,45 +459,16 @@ macro_rules! rope_kernel {
             /// per-batch variants). `2 ≤ rotary_dim ≤ head_dim`,
             /// `(q_heads + k_heads)·rotary_dim/2 < 2³¹`. The `_v_` variants also need the
             /// alignment and divisibility listed at [`rotate_vec`].
-            #[unsafe(export_name = kernel_name!(Rope, $dir, $path, $elem, $rows))]
-            pub unsafe extern "gpu-kernel" fn kernel(
-                q: *mut elem_type!($elem),
-                k: *mut elem_type!($elem),
-                cos: *const elem_type!($elem),
-                sin: *const elem_type!($elem),
-                ids: *const u8,
-                tokens: u64,
-                seq_len: u64,
-                q_heads: u64,
-                k_heads: u64,
-                head_dim: u64,
-                rotary_dim: u64,
-                table_rows: u64,
-            ) {
-                unsafe {
-                    $body::<elem_type!($elem), { Rows::$rows as u32 }, { backward(Direction::$dir) }>(
-                        q,
-                        k,
-                        cos,
-                        sin,
-                        ids,
-                        tokens as usize,
-                        seq_len as usize,
-                        q_heads as usize,
-                        k_heads as usize,
-                        head_dim as usize,
-                        rotary_dim as usize,
-                        table_rows as usize,
-                    )
-                }
-            }
-        };
+            $body, $path, $elem, $rows, $dir,
+            (q: *mut elem_type!($elem), k: *mut elem_type!($elem)), ()
+        );
     };
 }
 
+/// The general kernel ([`rotate_any`]) of one element type, cos/sin row source and direction.
 macro_rules! rope_general_kernel {
     ($elem:ident, $rows:ident, $dir:ident) => {
-        const _: () = {
+        rope_entry!(
             /// RoPE for one dtype, direction and cos/sin row source on the general path
             /// ([`rotate_any`]): out of place or in place, in the forms `form` selects
             /// ([`flags`]).
@@ -476,49 +482,15 @@ macro_rules! rope_general_kernel {
             /// with [`flags::HALF_TABLES`]); `ids` as for the other kernels. `2 ≤ rotary_dim ≤
             /// head_dim`, both even, `seq_len ≥ 1`, `(q_heads + k_heads)·head_dim < 2³¹`;
             /// [`flags::COPY_TAIL`] only out of place.
-            #[unsafe(export_name = kernel_name!(Rope, $dir, General, $elem, $rows))]
-            pub unsafe extern "gpu-kernel" fn kernel(
+            rotate_any, General, $elem, $rows, $dir,
+            (
                 q: *const elem_type!($elem),
                 k: *const elem_type!($elem),
                 q_out: *mut elem_type!($elem),
-                k_out: *mut elem_type!($elem),
-                cos: *const elem_type!($elem),
-                sin: *const elem_type!($elem),
-                ids: *const u8,
-                tokens: u64,
-                seq_len: u64,
-                q_heads: u64,
-                k_heads: u64,
-                head_dim: u64,
-                rotary_dim: u64,
-                table_rows: u64,
-                form: u32,
-            ) {
-                unsafe {
-                    rotate_any::<
-                        elem_type!($elem),
-                        { Rows::$rows as u32 },
-                        { backward(Direction::$dir) },
-                    >(
-                        q,
-                        k,
-                        q_out,
-                        k_out,
-                        cos,
-                        sin,
-                        ids,
-                        tokens as usize,
-                        seq_len as usize,
-                        q_heads as usize,
-                        k_heads as usize,
-                        head_dim as usize,
-                        rotary_dim as usize,
-                        table_rows as usize,
-                        form,
-                    )
-                }
-            }
-        };
+                k_out: *mut elem_type!($elem)
+            ),
+            (form: u32)
+        );
     };
 }
 

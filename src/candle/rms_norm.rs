@@ -208,7 +208,10 @@ fn rstd_storage<T: HostElem>(rstd: Vec<f64>) -> CpuStorage {
 ///
 /// `x`: `[..., cols]` (any rank ≥ 1, `cols ≥ 1`); `weight`: `[cols]`, the dtype of `x`
 /// (without it `y` is the normalised `x`). Returns `y`, shaped like `x`. When `x` or `weight`
-/// tracks gradients, the backward ([`rms_norm_backward`]'s kernels) gives `dx` and `dw`; the
+/// tracks gradients, the backward ([`rms_norm_backward`]'s kernels) gives `dx`, and `dw` when
+/// the weight tracks gradients ([`Tensor::track_op`]: a `Var` or computed from one); a frozen
+/// weight (a plain tensor, or detached, as in LoRA/PEFT) gets none: its backward computes `dx`
+/// alone, one launch without dW work (see [`crate::rms_norm_backward`] with `dw = None`). The
 /// op keeps the forward's `rstd` (`rows` f32) for it. One forward launch on CUDA, as
 /// [`crate::rms_norm_forward`]; the reference on the CPU.
 ///
@@ -322,6 +325,19 @@ pub fn rms_norm_backward(
     rstd: &Tensor,
     cfg: &RmsNormConfig,
 ) -> Result<(Tensor, Option<Tensor>)> {
+    backward(dy, x, weight, rstd, cfg, weight.is_some())
+}
+
+/// [`rms_norm_backward`], with `dw` (`with_dw`, and a weight given) or for a frozen weight
+/// without.
+fn backward(
+    dy: &Tensor,
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    rstd: &Tensor,
+    cfg: &RmsNormConfig,
+    with_dw: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
     same_shape(RMS_NORM, dy, x)?;
     same_dtype(RMS_NORM, dy, x)?;
     if let Some(w) = weight {
@@ -346,6 +362,7 @@ pub fn rms_norm_backward(
             cfg: &RmsNormConfig,
             [dy, x, rstd]: [&Tensor; 3],
             weight: Option<&Tensor>,
+            with_dw: bool,
         ) -> Result<(Tensor, Option<Tensor>)> {
             cfg.check()?;
             let (rows, cols) = rows_cols(x.shape());
@@ -353,7 +370,11 @@ pub fn rms_norm_backward(
             let rstd = host::<f64>(&rstd.to_dtype(DType::F64)?)?;
             // Exact: the values are f32 (or f64 for f64 tensors), as the forward stored them.
             let rstd: Vec<T::Rstd> = rstd.into_iter().map(T::Rstd::from_f64).collect();
-            let g = crate::reference::rms_norm_backward(
+            let backward = match with_dw {
+                true => crate::reference::rms_norm_backward,
+                false => crate::reference::rms_norm_backward_dx,
+            };
+            let g = backward(
                 &cfg.args(rows, cols),
                 &host::<T>(dy)?,
                 &host::<T>(x)?,
@@ -367,7 +388,7 @@ pub fn rms_norm_backward(
         return by_host_dtype!(
             x.dtype(),
             RMS_NORM,
-            run(cfg, [&dy, &x, &rstd], weight.as_ref())
+            run(cfg, [&dy, &x, &rstd], weight.as_ref(), with_dw)
         );
     }
 
@@ -385,7 +406,7 @@ pub fn rms_norm_backward(
         weight: w_cuda,
         rstd: (cuda(&r_s, RMS_NORM, "rstd")?, r_l),
     };
-    let (dx, dw) = bwd_cuda(cfg, rows, cols, &inputs)?;
+    let (dx, dw) = bwd_cuda(cfg, rows, cols, &inputs, with_dw)?;
     Ok((tensor(dx, x.shape().clone()), dw.map(|dw| tensor(dw, cols))))
 }
 
@@ -402,12 +423,14 @@ fn bwd_cuda(
     rows: usize,
     cols: usize,
     inputs: &Grads<'_>,
+    with_dw: bool,
 ) -> Result<(CudaStorage, Option<CudaStorage>)> {
     fn run<T: Elem>(
         cfg: &RmsNormConfig,
         rows: usize,
         cols: usize,
         inputs: &Grads<'_>,
+        with_dw: bool,
     ) -> Result<(CudaStorage, Option<CudaStorage>)> {
         let device = &inputs.x.0.device;
         let stream = device.cuda_stream();
@@ -419,9 +442,9 @@ fn bwd_cuda(
             .map(|(s, l)| view::<T>(s, l, RMS_NORM))
             .transpose()?;
         let mut dx = output::<T>(&stream, rows * cols, RMS_NORM)?;
-        let mut dw = match w {
-            Some(_) => Some(output::<T>(&stream, cols, RMS_NORM)?),
-            None => None,
+        let mut dw = match w.is_some() && with_dw {
+            true => Some(output::<T>(&stream, cols, RMS_NORM)?),
+            false => None,
         };
         crate::rms_norm_backward(
             &stream,
@@ -436,7 +459,11 @@ fn bwd_cuda(
         .map_err(crate_err)?;
         Ok((wrap(dx, device), dw.map(|dw| wrap(dw, device))))
     }
-    by_dtype!(inputs.x.0.dtype(), RMS_NORM, run(cfg, rows, cols, inputs))
+    by_dtype!(
+        inputs.x.0.dtype(),
+        RMS_NORM,
+        run(cfg, rows, cols, inputs, with_dw)
+    )
 }
 
 /// The autograd op of [`rms_norm`] (one input without a weight, two with), keeping the
@@ -478,6 +505,8 @@ impl RmsNormOp {
         Ok((y, x.1.shape().clone()))
     }
 
+    /// The backward; `dw` only where the weight tracks gradients (a frozen weight gets `dx`
+    /// alone).
     fn backward(
         &self,
         x: &Tensor,
@@ -492,7 +521,8 @@ impl RmsNormOp {
             .ok_or_else(|| {
                 candle_core::Error::Msg(format!("{RMS_NORM}: backward before forward"))
             })?;
-        rms_norm_backward(grad, x, weight, &rstd, &self.cfg)
+        let with_dw = weight.is_some_and(Tensor::track_op);
+        backward(grad, x, weight, &rstd, &self.cfg, with_dw)
     }
 }
 

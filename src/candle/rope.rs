@@ -108,6 +108,36 @@ struct Plan {
     rows: Rows,
 }
 
+/// A call's direction and inputs in one backend's form (storages with their layouts, host
+/// slices or tensors): q, k (absent for one tensor), the cos/sin tables and the position ids
+/// (`I`: as the backend reads them).
+#[derive(Clone, Copy)]
+struct Call<X, I> {
+    dir: Direction,
+    q: X,
+    k: Option<X>,
+    tables: [X; 2],
+    ids: Option<I>,
+}
+
+impl<X, I> Call<X, I> {
+    /// The call of `dir` on these inputs, in one line at each of its many call sites.
+    fn new(dir: Direction, q: X, k: Option<X>, tables: [X; 2], ids: Option<I>) -> Self {
+        Call {
+            dir,
+            q,
+            k,
+            tables,
+            ids,
+        }
+    }
+}
+
+/// A call on CUDA storages.
+type CudaCall<'a> = Call<(&'a CudaStorage, &'a Layout), (&'a CudaStorage, &'a Layout)>;
+/// A call on CPU storages, with the ids on the host.
+type CpuCall<'a> = Call<(&'a CpuStorage, &'a Layout), &'a [i64]>;
+
 fn bad<V>(what: String) -> Result<V> {
     Err(candle_core::Error::Msg(format!("{ROPE}: {what}")))
 }
@@ -144,32 +174,19 @@ impl Plan {
     }
 
     /// Rotates q (and k) on CUDA into one new buffer `[q | k]` (k absent for one tensor).
-    fn cuda(
-        &self,
-        dir: Direction,
-        q: (&CudaStorage, &Layout),
-        k: Option<(&CudaStorage, &Layout)>,
-        [cos, sin]: [(&CudaStorage, &Layout); 2],
-        ids: Option<(&CudaStorage, &Layout)>,
-    ) -> Result<CudaStorage> {
-        fn run<T: Elem>(
-            plan: &Plan,
-            dir: Direction,
-            q: (&CudaStorage, &Layout),
-            k: Option<(&CudaStorage, &Layout)>,
-            [cos, sin]: [(&CudaStorage, &Layout); 2],
-            ids: Option<(&CudaStorage, &Layout)>,
-        ) -> Result<CudaStorage> {
+    fn cuda(&self, call: CudaCall<'_>) -> Result<CudaStorage> {
+        fn run<T: Elem>(plan: &Plan, call: CudaCall<'_>) -> Result<CudaStorage> {
+            let (q, [cos, sin]) = (call.q, call.tables);
             let device = &q.0.device;
             let stream = device.cuda_stream();
             let (q_len, k_len) = plan.lens();
             let q_in = view::<T>(q.0, q.1, ROPE)?;
-            let k_in = k.map(|(s, l)| view::<T>(s, l, ROPE)).transpose()?;
+            let k_in = call.k.map(|(s, l)| view::<T>(s, l, ROPE)).transpose()?;
             let cos = view::<T>(cos.0, cos.1, ROPE)?;
             let need = plan.table_len(cos.len());
             let (cos, sin) = (cos.slice(..need), view::<T>(sin.0, sin.1, ROPE)?);
             let sin = sin.slice(..need);
-            let layout = match (plan.rows, ids) {
+            let layout = match (plan.rows, call.ids) {
                 (Rows::PerPosition, _) => CosSinLayout::PerPosition,
                 (Rows::PerBatch, _) => CosSinLayout::PerBatch,
                 (Rows::Gathered, Some((s, l))) => CosSinLayout::Gathered(match s.dtype() {
@@ -188,27 +205,21 @@ impl Plan {
                     None::<(&CudaView<T>, &mut CudaViewMut<T>)>,
                 ),
             };
-            rope_into(&stream, &plan.args, dir, io, &cos, &sin, &layout).map_err(crate_err)?;
+            rope_into(&stream, &plan.args, call.dir, io, &cos, &sin, &layout).map_err(crate_err)?;
             Ok(wrap(out, device))
         }
-        by_dtype!(q.0.dtype(), ROPE, run(self, dir, q, k, [cos, sin], ids))
+        by_dtype!(call.q.0.dtype(), ROPE, run(self, call))
     }
 
     /// Rotates q (and k) on host data into `[q | k]`, by the reference.
-    fn host<T: HostElem>(
-        &self,
-        dir: Direction,
-        q: &[T],
-        k: Option<&[T]>,
-        [cos, sin]: [&[T]; 2],
-        ids: Option<&[i64]>,
-    ) -> Result<Vec<T>> {
+    fn host<T: HostElem>(&self, call: Call<&[T], &[i64]>) -> Result<Vec<T>> {
+        let [cos, sin] = call.tables;
         let need = self.table_len(cos.len());
         let (cos, sin) = (&cos[..need], &sin[..need]);
-        let rows = self.host_rows(ids)?;
-        let backward = dir == Direction::Backward;
-        let mut out = q.to_vec();
-        match k {
+        let rows = self.host_rows(call.ids)?;
+        let backward = call.dir == Direction::Backward;
+        let mut out = call.q.to_vec();
+        match call.k {
             Some(k) => {
                 let mut k = k.to_vec();
                 if backward {
@@ -225,69 +236,39 @@ impl Plan {
     }
 
     /// [`Plan::host`] on CPU storages.
-    fn cpu(
-        &self,
-        dir: Direction,
-        q: (&CpuStorage, &Layout),
-        k: Option<(&CpuStorage, &Layout)>,
-        [cos, sin]: [(&CpuStorage, &Layout); 2],
-        ids: Option<&[i64]>,
-    ) -> Result<CpuStorage> {
-        fn run<T: HostElem>(
-            plan: &Plan,
-            dir: Direction,
-            q: (&CpuStorage, &Layout),
-            k: Option<(&CpuStorage, &Layout)>,
-            [cos, sin]: [(&CpuStorage, &Layout); 2],
-            ids: Option<&[i64]>,
-        ) -> Result<CpuStorage> {
-            let k = k.map(|(s, l)| host_slice::<T>(s, l, ROPE)).transpose()?;
-            let out = plan.host(
-                dir,
-                host_slice::<T>(q.0, q.1, ROPE)?,
-                k,
-                [
-                    host_slice::<T>(cos.0, cos.1, ROPE)?,
-                    host_slice::<T>(sin.0, sin.1, ROPE)?,
-                ],
-                ids,
-            )?;
-            Ok(T::to_cpu_storage_owned(out))
+    fn cpu(&self, call: CpuCall<'_>) -> Result<CpuStorage> {
+        fn run<'a, T: HostElem>(plan: &Plan, call: CpuCall<'a>) -> Result<CpuStorage> {
+            let slice = |(s, l): (&'a CpuStorage, &'a Layout)| host_slice::<T>(s, l, ROPE);
+            let k = call.k.map(slice).transpose()?;
+            let [cos, sin] = call.tables;
+            let tables = [slice(cos)?, slice(sin)?];
+            let host = Call::new(call.dir, slice(call.q)?, k, tables, call.ids);
+            Ok(T::to_cpu_storage_owned(plan.host(host)?))
         }
-        by_host_dtype!(q.0.dtype(), ROPE, run(self, dir, q, k, [cos, sin], ids))
+        by_host_dtype!(call.q.0.dtype(), ROPE, run(self, call))
     }
 
     /// Rotates tensors (contiguous, on one device) into a new flat `[q | k]` tensor without a
     /// graph.
-    fn tensors(
-        &self,
-        dir: Direction,
-        q: &Tensor,
-        k: Option<&Tensor>,
-        [cos, sin]: [&Tensor; 2],
-        ids: Option<&Tensor>,
-    ) -> Result<Tensor> {
+    fn tensors(&self, call: Call<&Tensor, &Tensor>) -> Result<Tensor> {
+        let (q, k, [cos, sin], ids) = (call.q, call.k, call.tables, call.ids);
         let (q_len, k_len) = self.lens();
         let mut named = vec![("q", q), ("cos", cos), ("sin", sin)];
         named.extend(k.map(|k| ("k", k)));
         named.extend(ids.map(|i| ("position_ids", i)));
         if on(ROPE, &named)? == On::Cpu {
-            fn run<T: HostElem>(
-                plan: &Plan,
-                dir: Direction,
-                q: &Tensor,
-                k: Option<&Tensor>,
-                [cos, sin]: [&Tensor; 2],
-                ids: Option<&Tensor>,
-            ) -> Result<Tensor> {
-                let k = k.map(host::<T>).transpose()?;
-                let ids = ids.map(host_ids).transpose()?;
+            fn run<T: HostElem>(plan: &Plan, call: Call<&Tensor, &Tensor>) -> Result<Tensor> {
+                let k = call.k.map(host::<T>).transpose()?;
+                let ids = call.ids.map(host_ids).transpose()?;
+                let [cos, sin] = call.tables;
                 let tables = [&host::<T>(cos)?[..], &host::<T>(sin)?[..]];
-                let out = plan.host(dir, &host::<T>(q)?, k.as_deref(), tables, ids.as_deref())?;
+                let q = host::<T>(call.q)?;
+                let host = Call::new(call.dir, &q[..], k.as_deref(), tables, ids.as_deref());
+                let out = plan.host(host)?;
                 let n = out.len();
                 host_tensor(out, n)
             }
-            return by_host_dtype!(q.dtype(), ROPE, run(self, dir, q, k, [cos, sin], ids));
+            return by_host_dtype!(q.dtype(), ROPE, run(self, call));
         }
         let (q_s, q_l) = q.storage_and_layout();
         let k_guard = k.map(|k| k.storage_and_layout());
@@ -302,16 +283,12 @@ impl Plan {
             Some((s, l)) => Some((cuda(s, ROPE, "position_ids")?, *l)),
             None => None,
         };
-        let out = self.cuda(
-            dir,
-            (cuda(&q_s, ROPE, "q")?, q_l),
-            k_cuda,
-            [
-                (cuda(&c_s, ROPE, "cos")?, c_l),
-                (cuda(&s_s, ROPE, "sin")?, s_l),
-            ],
-            ids_cuda,
-        )?;
+        let tables = [
+            (cuda(&c_s, ROPE, "cos")?, c_l),
+            (cuda(&s_s, ROPE, "sin")?, s_l),
+        ];
+        let q_cuda = (cuda(&q_s, ROPE, "q")?, q_l);
+        let out = self.cuda(Call::new(call.dir, q_cuda, k_cuda, tables, ids_cuda))?;
         Ok(tensor(out, q_len + k_len))
     }
 }
@@ -336,10 +313,8 @@ struct Pair {
 impl Pair {
     /// Checks q `[B, S, Hq, d]`, k `[B, S, Hk, d]`, the tables, the ids and `cfg`.
     fn new(
-        q: &Tensor,
-        k: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
+        [q, k]: [&Tensor; 2],
+        [cos, sin]: [&Tensor; 2],
         position_ids: Option<&Tensor>,
         cfg: &RopeConfig,
     ) -> Result<Self> {
@@ -435,7 +410,7 @@ impl Pair {
     fn rotate(&self, dir: Direction, q: &Tensor, k: &Tensor) -> Result<Tensor> {
         let tables = [&self.cos, &self.sin];
         let ids = self.position_ids.as_ref();
-        self.plan.tensors(dir, q, Some(k), tables, ids)
+        self.plan.tensors(Call::new(dir, q, Some(k), tables, ids))
     }
 
     /// `[q | k]` as two tensors shaped like q and k (views of `packed`, no copy).
@@ -522,7 +497,7 @@ pub fn rope_with(
     position_ids: Option<&Tensor>,
     cfg: &RopeConfig,
 ) -> Result<(Tensor, Tensor)> {
-    let pair = Arc::new(Pair::new(q, k, cos, sin, position_ids, cfg)?);
+    let pair = Arc::new(Pair::new([q, k], [cos, sin], position_ids, cfg)?);
     on(ROPE, &[("q", q), ("k", k), ("cos", cos), ("sin", sin)])?;
     let op = PairOp { pair: pair.clone() };
     let packed = q.contiguous()?.apply_op2(&k.contiguous()?, op)?;
@@ -579,7 +554,7 @@ pub fn rope_backward_with(
     position_ids: Option<&Tensor>,
     cfg: &RopeConfig,
 ) -> Result<(Tensor, Tensor)> {
-    let pair = Pair::new(dq, dk, cos, sin, position_ids, cfg)?;
+    let pair = Pair::new([dq, dk], [cos, sin], position_ids, cfg)?;
     let packed = pair.rotate(Direction::Backward, &dq.contiguous()?, &dk.contiguous()?)?;
     pair.split(&packed)
 }
@@ -606,13 +581,14 @@ impl CustomOp2 for PairOp {
         let (c_s, c_l) = p.cos.storage_and_layout();
         let (s_s, s_l) = p.sin.storage_and_layout();
         let tables = [(cpu(&c_s, "cos")?, c_l), (cpu(&s_s, "sin")?, s_l)];
-        let out = p.plan.cpu(
+        let call = Call::new(
             Direction::Forward,
             (q, q_l),
             Some((k, k_l)),
             tables,
             ids.as_deref(),
-        )?;
+        );
+        let out = p.plan.cpu(call)?;
         let (q_len, k_len) = p.plan.lens();
         Ok((out, Shape::from(q_len + k_len)))
     }
@@ -636,9 +612,8 @@ impl CustomOp2 for PairOp {
             (cuda(&c_s, ROPE, "cos")?, c_l),
             (cuda(&s_s, ROPE, "sin")?, s_l),
         ];
-        let out = p
-            .plan
-            .cuda(Direction::Forward, (q, q_l), Some((k, k_l)), tables, ids)?;
+        let call = Call::new(Direction::Forward, (q, q_l), Some((k, k_l)), tables, ids);
+        let out = p.plan.cuda(call)?;
         let (q_len, k_len) = p.plan.lens();
         Ok((out, Shape::from(q_len + k_len)))
     }
@@ -844,9 +819,8 @@ impl CustomOp3 for OneOp {
         sin_l: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let tables = [(cos, cos_l), (sin, sin_l)];
-        let out = self
-            .plan
-            .cpu(Direction::Forward, (xs, xs_l), None, tables, None)?;
+        let call = Call::new(Direction::Forward, (xs, xs_l), None, tables, None);
+        let out = self.plan.cpu(call)?;
         Ok((out, xs_l.shape().clone()))
     }
 
@@ -860,9 +834,8 @@ impl CustomOp3 for OneOp {
         sin_l: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         let tables = [(cos, cos_l), (sin, sin_l)];
-        let out = self
-            .plan
-            .cuda(Direction::Forward, (xs, xs_l), None, tables, None)?;
+        let call = Call::new(Direction::Forward, (xs, xs_l), None, tables, None);
+        let out = self.plan.cuda(call)?;
         Ok((out, xs_l.shape().clone()))
     }
 
@@ -877,7 +850,13 @@ impl CustomOp3 for OneOp {
         let grad = grad.contiguous()?;
         let dxs = self
             .plan
-            .tensors(Direction::Backward, &grad, None, [cos, sin], None)?
+            .tensors(Call::new(
+                Direction::Backward,
+                &grad,
+                None,
+                [cos, sin],
+                None,
+            ))?
             .reshape(xs.shape())?;
         if !(cos.track_op() || sin.track_op()) {
             return Ok((Some(dxs), None, None));

@@ -27,7 +27,7 @@ pub mod rope;
 pub mod swiglu;
 
 pub use geglu::{geglu_backward, geglu_forward};
-pub use rms_norm::{rms_norm_backward, rms_norm_forward};
+pub use rms_norm::{rms_norm_backward, rms_norm_backward_dx, rms_norm_forward};
 pub use rope::{rope_backward, rope_forward};
 pub use swiglu::{swiglu_backward, swiglu_forward};
 

@@ -163,6 +163,39 @@ pub fn rms_norm_backward<T: Element>(
     weight: Option<&[T]>,
     rstd: &[T::Rstd],
 ) -> Result<RmsNormGrads<T>> {
+    backward(args, dy, x, weight, rstd, weight.is_some())
+}
+
+/// The RMSNorm backward of `dx` alone, for a frozen weight (or none): `dw` is `None` and not
+/// computed, as [`crate::rms_norm_backward`] with a weight and `dw = None`; `dx` as
+/// [`rms_norm_backward`] gives it. Arguments as [`rms_norm_backward`].
+///
+/// ```
+/// use liger_rs::{RmsNormArgs, reference::{rms_norm_backward, rms_norm_backward_dx}};
+/// let (args, w) = (RmsNormArgs::new(1, 2), [2.0f64, 0.5]);
+/// let g = rms_norm_backward_dx(&args, &[1.0f64, -1.0], &[1.0, 1.0], Some(&w), &[1.0]).unwrap();
+/// let full = rms_norm_backward(&args, &[1.0f64, -1.0], &[1.0, 1.0], Some(&w), &[1.0]).unwrap();
+/// assert_eq!((g.dx, g.dw), (full.dx, None));
+/// ```
+pub fn rms_norm_backward_dx<T: Element>(
+    args: &RmsNormArgs,
+    dy: &[T],
+    x: &[T],
+    weight: Option<&[T]>,
+    rstd: &[T::Rstd],
+) -> Result<RmsNormGrads<T>> {
+    backward(args, dy, x, weight, rstd, false)
+}
+
+/// The backward of [`rms_norm_backward`], with `dw` (a weight is given) or without.
+fn backward<T: Element>(
+    args: &RmsNormArgs,
+    dy: &[T],
+    x: &[T],
+    weight: Option<&[T]>,
+    rstd: &[T::Rstd],
+    with_dw: bool,
+) -> Result<RmsNormGrads<T>> {
     let len = check_args(args)?;
     check_len("dy", dy, len, "rows × cols")?;
     check_len("x", x, len, "rows × cols")?;
@@ -185,7 +218,7 @@ pub fn rms_norm_backward<T: Element>(
         (Some(wp), CastingMode::None) => T::cast(g * wp[c]),
     };
     let mut dx = Vec::with_capacity(x.len());
-    let mut dw_acc = vec![0.0f64; cols];
+    let mut dw_acc = vec![0.0f64; if with_dw { cols } else { 0 }];
     for ((dyr, xr), r) in dy.chunks(cols).zip(x.chunks(cols)).zip(rstd) {
         let r = r.to_f64();
         let dot: f64 = (0..cols)
@@ -195,14 +228,16 @@ pub fn rms_norm_backward<T: Element>(
         for c in 0..cols {
             let (g, v) = (dyr[c].to_f64(), xr[c].to_f64());
             dx.push(T::from_f64(r * grad(g, c) - coef * v));
-            let normed = if mode == CastingMode::Llama {
-                T::cast(T::cast_f32(v * r))
-            } else {
-                v * r
-            };
-            dw_acc[c] += g * normed;
+            if with_dw {
+                let normed = if mode == CastingMode::Llama {
+                    T::cast(T::cast_f32(v * r))
+                } else {
+                    v * r
+                };
+                dw_acc[c] += g * normed;
+            }
         }
     }
-    let dw = weight.map(|_| dw_acc.into_iter().map(T::from_f64).collect());
+    let dw = with_dw.then(|| dw_acc.into_iter().map(T::from_f64).collect());
     Ok(RmsNormGrads { dx, dw })
 }

@@ -467,7 +467,7 @@ impl Op for Rms {
             Rms::Backward | Rms::BackwardInplace => {
                 t.short("dw", "length 8 (cols)");
                 t.long("dw", invalid("dw", "length 8 (cols)"));
-                t.row("dw", "None while a weight is given", |c| c.remove("dw"), invalid("dw", "a buffer of 8 elements (a weight is given)"));
+                t.row("dw", "None while a weight is given: frozen, dx alone", |c| c.remove("dw"), Want::Ok);
                 t.row("dw", "given without a weight", |c| c.remove("weight"), invalid("dw", "None (no weight is given)"));
                 t.row("weight", "None, and dw None", |c| { c.remove("weight"); c.remove("dw") }, Want::Ok);
             }
