@@ -10,6 +10,9 @@
 //!
 //! The down multiplier `dm` applies in the backward only: the forward writes `c`, the
 //! backward the gradients of `c·dm` (see [`SwigluArgs::down_multiplier`]).
+//!
+//! The launch machinery here serves GEGLU too (`src/geglu.rs`): every public launcher of
+//! either op is one [`run`] of its [`Launcher`], the op a [`Glu`] that picks the kernels.
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
 use crate::identity::swiglu::{
