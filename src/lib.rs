@@ -133,8 +133,8 @@ pub use mode::CastingMode;
 pub use module::{BASELINE_PTX_ENV, PTX, PTX_SM90, cuda_context, release_scratch};
 pub use rms_norm::{RmsNormArgs, rms_norm_backward, rms_norm_backward_inplace, rms_norm_forward};
 pub use rope::{
-    CosSinLayout, PositionIds, RopeArgs, rope_backward, rope_backward_into, rope_forward,
-    rope_forward_into,
+    CosSinLayout, PositionIds, RopeArgs, rope_backward, rope_backward_fused, rope_backward_into,
+    rope_forward, rope_forward_fused, rope_forward_into,
 };
 pub use settings::{LaunchSettings, MAX_FUSED_SIZE, calculate_settings};
 pub use swiglu::{

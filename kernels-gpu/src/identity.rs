@@ -162,6 +162,10 @@ names! {
         IdsI32 = "ids32",
         /// As [`Rows::IdsI32`] with i64 ids.
         IdsI64 = "ids64",
+        /// Qwen2-VL's multimodal RoPE: three `[B, S, r]` tables (t, h, w) one after another,
+        /// row = token in the table that the pair's frequency section names (general path
+        /// only).
+        Multimodal = "mrope",
     }
 }
 
