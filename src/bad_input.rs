@@ -83,6 +83,7 @@ impl Check for Rope {
             Layout::PerBatch => (TableRows::PerBatch, None),
             Layout::Host(ids) => (TableRows::Gathered, Some(ids)),
             Layout::DeviceI32 | Layout::DeviceI64 => (TableRows::Gathered, None),
+            Layout::Multimodal(sections) => (TableRows::Multimodal(*sections), None),
         };
         let (sizes, table) = c.args.table(direction, rows, c.into, true)?;
         let rename = |n| self.rename(n);

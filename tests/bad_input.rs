@@ -104,6 +104,9 @@ impl Launch for Rope {
                 ids64 = live.i64("position_ids");
                 CosSinLayout::Gathered(PositionIds::DeviceI64(ids64.as_view()))
             }
+            Layout::Multimodal(sections) => CosSinLayout::Multimodal {
+                sections: *sections,
+            },
         };
         let a = &call.args;
         let (q_out, k_out) = if call.into {
@@ -514,8 +517,10 @@ fn audit<O: Op>(ops: &[O]) -> usize {
             }
             // Every name the row expects is an argument of the call.
             for name in r.want.names() {
+                // `layout.sections`: a field of RoPE's `layout` argument.
                 let known = name == "args"
                     || name == "position_ids"
+                    || name == "layout.sections"
                     || base.bufs.iter().any(|b| b.name == name)
                     || name
                         .strip_prefix("args.")

@@ -2235,8 +2235,10 @@ fn reference_multimodal_is_hf_apply_multimodal_rotary_pos_emb() {
     );
 }
 
-/// Multimodal shapes `(B, S, Hq, Hk, d, r, sections)`.
-const MULTIMODAL_SHAPES: [(usize, usize, usize, usize, usize, usize, [usize; 3]); 6] = [
+/// A multimodal shape: `(B, S, Hq, Hk, d, r, sections)`.
+type MultimodalShape = (usize, usize, usize, usize, usize, usize, [usize; 3]);
+
+const MULTIMODAL_SHAPES: [MultimodalShape; 6] = [
     (1, 1, 1, 1, 2, 2, [1, 0, 0]),
     (2, 7, 3, 5, 6, 6, [1, 1, 1]),
     (3, 11, 6, 2, 80, 32, [4, 6, 6]),
@@ -2249,7 +2251,7 @@ const MULTIMODAL_SHAPES: [(usize, usize, usize, usize, usize, usize, [usize; 3])
 /// place and out of place, against the reference.
 fn run_multimodal_case<T: Dtype>(
     stream: &Arc<CudaStream>,
-    shape: (usize, usize, usize, usize, usize, usize, [usize; 3]),
+    shape: MultimodalShape,
     bits: (bool, bool, bool),
     seed: u64,
 ) {

@@ -508,6 +508,8 @@ pub(crate) enum Layout {
     Host(Vec<i64>),
     DeviceI32,
     DeviceI64,
+    /// Qwen2-VL's three tables, with these sections.
+    Multimodal([usize; 3]),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -524,11 +526,33 @@ pub(crate) fn tokens(c: &RopeCall) -> usize {
     c.args.batch.saturating_mul(c.args.seq_len)
 }
 
+/// Elements from the first token row of `row` elements to the end of the last, `stride`
+/// apart (saturating).
+fn rows_span(c: &RopeCall, row: usize, stride: usize) -> usize {
+    match tokens(c) {
+        0 => 0,
+        t => (t - 1).saturating_mul(stride).saturating_add(row),
+    }
+}
+
+/// The span of q (its length when contiguous).
 pub(crate) fn q_len(c: &RopeCall) -> usize {
+    let row = c.args.q_heads.saturating_mul(c.args.head_dim);
+    rows_span(c, row, c.args.q_stride.unwrap_or(row))
+}
+
+/// The span of k.
+pub(crate) fn k_len(c: &RopeCall) -> usize {
+    let row = c.args.k_heads.saturating_mul(c.args.head_dim);
+    rows_span(c, row, c.args.k_stride.unwrap_or(row))
+}
+
+/// The contiguous outputs of an out-of-place call.
+pub(crate) fn q_out_len(c: &RopeCall) -> usize {
     tokens(c).saturating_mul(c.args.q_heads * c.args.head_dim)
 }
 
-pub(crate) fn k_len(c: &RopeCall) -> usize {
+pub(crate) fn k_out_len(c: &RopeCall) -> usize {
     tokens(c).saturating_mul(c.args.k_heads * c.args.head_dim)
 }
 
@@ -536,6 +560,7 @@ pub(crate) fn table_len(c: &RopeCall) -> usize {
     let rows = match c.layout {
         Layout::PerPosition => c.args.seq_len,
         Layout::PerBatch => tokens(c),
+        Layout::Multimodal(_) => 3 * tokens(c),
         _ => MAX_POS,
     };
     rows * c.args.table_row_len()
@@ -557,8 +582,8 @@ pub(crate) fn rope_call(args: RopeArgs, layout: Layout, into: bool) -> Call<Rope
         _ => {}
     }
     if into {
-        bufs.push(buf("q_out", Kind::T, Role::Out, q_len));
-        bufs.push(buf("k_out", Kind::T, Role::Out, k_len));
+        bufs.push(buf("q_out", Kind::T, Role::Out, q_out_len));
+        bufs.push(buf("k_out", Kind::T, Role::Out, k_out_len));
     }
     Call::new(RopeCall { args, layout, into }, bufs)
 }
@@ -675,6 +700,25 @@ impl Op for Rope {
         // The out-of-place kernels index a token's pairs and copied tail dims in 32 bits.
         let wide = if self.into() { invalid("args", "(q_heads + k_heads) × head_dim < 2^31") } else { q("length 12884901888") };
         t.field("args.q_heads", "2^28: heads × head_dim ≥ 2^31", |c| c.args.q_heads = 1 << 28, wide);
+        // Token rows apart: q 40 and k 24 elements per token (views into wider buffers).
+        let spans = |c: &mut RopeArgs| *c = c.with_strides(40, 24);
+        t.reshape("args.q_stride", "q rows 40 apart, k rows 24 apart", move |c| spans(&mut c.args), Want::Ok);
+        t.reshape("args.k_stride", "16 = k's row (k contiguous), q rows 40 apart", |c| c.args = c.args.with_strides(40, 16), Want::Ok);
+        t.field("args.q_stride", "31 < q_heads × head_dim", |c| c.args.q_stride = Some(31), invalid("args.q_stride", "≥ q_heads × head_dim = 32"));
+        t.field("args.k_stride", "15 < k_heads × head_dim", |c| c.args.k_stride = Some(15), invalid("args.k_stride", "≥ k_heads × head_dim = 16"));
+        t.field("args.q_stride", "usize::MAX: the span overflows", |c| c.args.q_stride = Some(usize::MAX), invalid("args", shape));
+        t.field("args.q_stride", "set with head-major q and k", |c| { c.args.head_major = true; c.args.q_stride = Some(32) }, invalid("args.q_stride", "None with head-major q and k"));
+        t.field("args.k_stride", "set with head-major q and k", |c| { c.args.head_major = true; c.args.k_stride = Some(16) }, invalid("args.k_stride", "None with head-major q and k"));
+        t.row("q", "strided, one short of its span", move |c| { spans(&mut c.args.args); c.resize(); c.buf("q").len -= 1 }, q("length ≥ 232 ((batch × seq_len − 1) × q_stride + q_heads × head_dim)"));
+        t.row("k", "strided, one short of its span", move |c| { spans(&mut c.args.args); c.resize(); c.buf("k").len -= 1 }, k("length ≥ 136 ((batch × seq_len − 1) × k_stride + k_heads × head_dim)"));
+        t.row("q", "strided, one long (a view into a wider buffer)", move |c| { spans(&mut c.args.args); c.resize(); c.buf("q").len += 1 }, Want::Ok);
+        // Qwen2-VL's three tables: [3, batch, seq_len, rotary_dim], sections summing to 3.
+        let multimodal = invalid("cos", "length 108 (3 × batch × seq_len × rotary_dim)");
+        t.row("layout", "Multimodal", |c| relayout(c, Layout::Multimodal([1, 0, 2])), Want::Ok);
+        t.row("layout", "Multimodal, cos one short", |c| { relayout(c, Layout::Multimodal([1, 1, 1])); c.buf("cos").len -= 1 }, multimodal);
+        t.row("layout", "Multimodal, cos one long", |c| { relayout(c, Layout::Multimodal([1, 1, 1])); c.buf("cos").len += 1 }, multimodal);
+        t.row("layout", "Multimodal, sin one short", |c| { relayout(c, Layout::Multimodal([1, 1, 1])); c.buf("sin").len -= 1 }, invalid("sin", "length 108 (the length of cos)"));
+        t.row("layout", "Multimodal, sections summing to 4", |c| relayout(c, Layout::Multimodal([1, 1, 2])), invalid("layout.sections", "three sizes summing to rotary_dim / 2 = 3"));
         if self.into() {
             t.short("q_out", "length 192 (batch × seq_len × q_heads × head_dim)");
             t.long("q_out", invalid("q_out", "length 192 (batch × seq_len × q_heads × head_dim)"));
