@@ -432,9 +432,11 @@ pub enum PositionIds<'a> {
 /// to `T`. Dims `r..head_dim` are not written.
 ///
 /// `q` must hold exactly `batch × seq_len × q_heads × head_dim` elements and `k`
-/// `batch × seq_len × k_heads × head_dim` (layouts: [`RopeArgs`]); `cos`/`sin` are laid out
-/// as `layout` says (their lengths must match it exactly; `sin` like `cos`). `q` and `k` must
-/// not overlap each other, `cos`, `sin` or device position ids. One launch on `stream`, no
+/// `batch × seq_len × k_heads × head_dim` (layouts: [`RopeArgs`]), or with token strides
+/// ([`RopeArgs::with_strides`]) at least their span, `(batch × seq_len − 1) × stride + row`;
+/// `cos`/`sin` are laid out as `layout` says (their lengths must match it exactly; `sin` like
+/// `cos`). `q` and `k` must not overlap each other (strided rows of the same stride: compared
+/// row by row), `cos`, `sin` or device position ids. One launch on `stream`, no
 /// synchronisation, no allocation (except for [`PositionIds::Host`]). NeoX pairs in the
 /// default layout with full-width rows take 16-byte vector kernels where the shape and
 /// alignment allow; the other forms take scalar kernels.
@@ -473,8 +475,10 @@ pub enum PositionIds<'a> {
 ///
 /// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.head_dim` is 0 or odd,
 ///   `args.rotary_dim` is 0, odd or above `head_dim`, `args.q_heads` or `args.k_heads` is 0,
-///   (q_heads + k_heads) × rotary_dim / 2 reaches 2³¹ or a length overflows `usize`; `q` or `k` is
-///   not exactly its shape's length; `cos` does not have the length `layout` needs (`sin` must
+///   (q_heads + k_heads) × rotary_dim / 2 reaches 2³¹ or a length overflows `usize`;
+///   `args.q_stride` or `args.k_stride` is below its row or set with `head_major`; `q` or `k` is
+///   not exactly its shape's length (strided: shorter than its span); multimodal `sections` do
+///   not sum to `rotary_dim / 2`; `cos` does not have the length `layout` needs (`sin` must
 ///   match it), device position ids are not `batch × seq_len` long, or a host position id lies
 ///   outside the table. Each error names the argument and, where it has one, the expected value.
 /// * [`Error::WrongContext`](crate::Error::WrongContext): `q`, `k`, `cos`, `sin` or device position
