@@ -84,6 +84,7 @@ impl Check for Rope {
             Layout::Host(ids) => (TableRows::Gathered, Some(ids)),
             Layout::DeviceI32 | Layout::DeviceI64 => (TableRows::Gathered, None),
             Layout::Multimodal(sections) => (TableRows::Multimodal(*sections), None),
+            Layout::MultimodalIds(sections) => (TableRows::MultimodalGathered(*sections), None),
         };
         let (sizes, table) = c.args.table(direction, rows, c.into, true)?;
         let rename = |n| self.rename(n);

@@ -390,6 +390,21 @@ pub enum CosSinLayout<'a> {
         /// Pairs taken from the t, h and w tables, in that order (`mrope_section`).
         sections: [usize; 3],
     },
+    /// Qwen2-VL's multimodal RoPE straight from its `[3, batch, seq_len]` position ids
+    /// (temporal, height, width rows), without the `[3, batch, seq_len, r]` tables: cos, sin
+    /// are one table `[max_pos, r]` (`max_pos = cos.len() / r ≥ 1`, rows as HF's
+    /// `cat(freqs, freqs)` for position `p`), and pair `i` of token `(b, s)` reads row
+    /// `position_ids[k·batch·seq_len + b·seq_len + s]` with `k` = 0, 1 or 2 by `sections` as
+    /// in [`CosSinLayout::Multimodal`], which this equals when that layout's tables hold
+    /// these rows. Ids are checked (host) or clamped (device) as for
+    /// [`CosSinLayout::Gathered`]; device ids must be `3 × batch × seq_len` long. Always the
+    /// general kernels.
+    MultimodalGathered {
+        /// Pairs read through the t, h and w ids, in that order (`mrope_section`).
+        sections: [usize; 3],
+        /// The ids `[3, batch, seq_len]`.
+        position_ids: PositionIds<'a>,
+    },
 }
 
 /// Position ids `[batch, seq_len]` into a cos/sin table ([`CosSinLayout::Gathered`]).
@@ -940,6 +955,8 @@ pub(crate) enum TableRows {
     Gathered,
     /// The sections of the t, h and w tables.
     Multimodal([usize; 3]),
+    /// The sections of the t, h and w rows of the ids into one table.
+    MultimodalGathered([usize; 3]),
 }
 
 impl CosSinLayout<'_> {
@@ -949,18 +966,29 @@ impl CosSinLayout<'_> {
             CosSinLayout::PerBatch => TableRows::PerBatch,
             CosSinLayout::Gathered(_) => TableRows::Gathered,
             CosSinLayout::Multimodal { sections } => TableRows::Multimodal(*sections),
+            CosSinLayout::MultimodalGathered { sections, .. } => {
+                TableRows::MultimodalGathered(*sections)
+            }
+        }
+    }
+
+    /// The position ids, if the layout has them.
+    fn position_ids(&self) -> Option<&PositionIds<'_>> {
+        match self {
+            CosSinLayout::Gathered(ids)
+            | CosSinLayout::MultimodalGathered {
+                position_ids: ids, ..
+            } => Some(ids),
+            _ => None,
         }
     }
 
     /// The position ids as a buffer of the call (in host memory: a length only).
     fn ids<T>(&self) -> Option<Buf<'_, T>> {
-        match self {
-            CosSinLayout::PerPosition
-            | CosSinLayout::PerBatch
-            | CosSinLayout::Multimodal { .. } => None,
-            CosSinLayout::Gathered(PositionIds::Host(h)) => Some(Buf::Host(h.len())),
-            CosSinLayout::Gathered(PositionIds::DeviceI32(v)) => Some(Buf::I32(Access::Read(v))),
-            CosSinLayout::Gathered(PositionIds::DeviceI64(v)) => Some(Buf::I64(Access::Read(v))),
+        match self.position_ids()? {
+            PositionIds::Host(h) => Some(Buf::Host(h.len())),
+            PositionIds::DeviceI32(v) => Some(Buf::I32(Access::Read(v))),
+            PositionIds::DeviceI64(v) => Some(Buf::I64(Access::Read(v))),
         }
     }
 
@@ -972,6 +1000,11 @@ impl CosSinLayout<'_> {
             CosSinLayout::Gathered(PositionIds::DeviceI32(_)) => Source::IdsI32,
             CosSinLayout::Gathered(_) => Source::IdsI64,
             CosSinLayout::Multimodal { .. } => Source::Multimodal,
+            CosSinLayout::MultimodalGathered {
+                position_ids: PositionIds::DeviceI32(_),
+                ..
+            } => Source::MultimodalIdsI32,
+            CosSinLayout::MultimodalGathered { .. } => Source::MultimodalIdsI64,
         }
     }
 }
@@ -1057,13 +1090,18 @@ impl RopeArgs {
                 };
                 Need::Exactly(need, what)
             }
-            TableRows::Gathered => Need::Rows(
-                r,
-                match half {
-                    false => "max_pos ≥ 1 rows of rotary_dim",
-                    true => "max_pos ≥ 1 rows of rotary_dim / 2",
-                },
-            ),
+            TableRows::Gathered | TableRows::MultimodalGathered(_) => {
+                if let TableRows::MultimodalGathered(sections) = rows {
+                    check_sections(sections, self.rotary_dim)?;
+                }
+                Need::Rows(
+                    r,
+                    match half {
+                        false => "max_pos ≥ 1 rows of rotary_dim",
+                        true => "max_pos ≥ 1 rows of rotary_dim / 2",
+                    },
+                )
+            }
             TableRows::Multimodal(sections) => {
                 check_sections(sections, self.rotary_dim)?;
                 let need = sizes.tokens.checked_mul(3 * r).ok_or_else(|| {
@@ -1078,15 +1116,20 @@ impl RopeArgs {
                 Need::Exactly(need, what)
             }
         };
+        // Multimodal ids have three rows (t, h, w) of a token each (saturating: no buffer
+        // holds usize::MAX ids, so an overflow is a wrong length).
+        let ids = match rows {
+            TableRows::MultimodalGathered(_) => {
+                Need::Exactly(sizes.tokens.saturating_mul(3), "3 × batch × seq_len")
+            }
+            _ => Need::Exactly(sizes.tokens, "batch × seq_len"),
+        };
         let specs = [
             q,
             k,
             Spec::read("cos", cos),
             Spec::read("sin", Need::LengthOf(2)),
-            Spec::read(
-                "position_ids",
-                Need::Exactly(sizes.tokens, "batch × seq_len"),
-            ),
+            Spec::read("position_ids", ids),
             // Outputs are contiguous whatever the inputs' strides.
             Spec::written(q_out_name, q_all),
             Spec::written(k_out_name, k_all),
@@ -1102,7 +1145,9 @@ impl RopeArgs {
         match rows {
             TableRows::PerPosition => self.seq_len,
             TableRows::PerBatch | TableRows::Multimodal(_) => sizes.tokens,
-            TableRows::Gathered => cos_len / self.table_row_len(),
+            TableRows::Gathered | TableRows::MultimodalGathered(_) => {
+                cos_len / self.table_row_len()
+            }
         }
     }
 }
@@ -1124,7 +1169,9 @@ fn check_sections(sections: [usize; 3], rotary_dim: usize) -> Result<()> {
 /// of the w table in bits 32..64 (0 for the other layouts; both < 2³¹ once checked).
 fn packed_sections(rows: TableRows) -> u64 {
     match rows {
-        TableRows::Multimodal([t, h, _]) => t as u64 | ((t + h) as u64) << 32,
+        TableRows::Multimodal([t, h, _]) | TableRows::MultimodalGathered([t, h, _]) => {
+            t as u64 | ((t + h) as u64) << 32
+        }
         _ => 0,
     }
 }
@@ -1200,8 +1247,8 @@ fn rope_call_in<'b, T: Dtype>(
     let rows = args.table_rows(layout.rows(), &sizes, cos.len());
     // Host ids go up only now that every check has passed; a fresh allocation is disjoint
     // from every argument by construction.
-    let uploaded: Option<CudaSlice<i64>> = match layout {
-        CosSinLayout::Gathered(PositionIds::Host(h)) => {
+    let uploaded: Option<CudaSlice<i64>> = match layout.position_ids() {
+        Some(PositionIds::Host(h)) => {
             check_host_ids(h, rows)?;
             Some(stream.clone_htod(*h)?)
         }
@@ -1313,7 +1360,12 @@ fn launch<T: Dtype>(
     let (q_write, k_write) = io.out.unwrap_or((io.q, io.k));
     let kernels = kernels(stream.context())?;
     let elem_bytes = std::mem::size_of::<T>();
-    let needs_general = io.out.is_some() || source == Source::Multimodal;
+    let multimodal = [
+        Source::Multimodal,
+        Source::MultimodalIdsI32,
+        Source::MultimodalIdsI64,
+    ];
+    let needs_general = io.out.is_some() || multimodal.contains(&source);
     let path = path(
         args,
         needs_general,
@@ -1426,7 +1478,12 @@ pub(crate) mod tests {
             for &path in RopePath::ALL {
                 for &elem in ElemType::ALL {
                     for &rows in Rows::ALL {
-                        if rows == Rows::Multimodal && path != RopePath::General {
+                        let multimodal = [
+                            Rows::Multimodal,
+                            Rows::MultimodalIdsI32,
+                            Rows::MultimodalIdsI64,
+                        ];
+                        if multimodal.contains(&rows) && path != RopePath::General {
                             continue;
                         }
                         out.push(Kernel::Rope {
@@ -1673,6 +1730,21 @@ pub(crate) mod tests {
             true,
         );
         assert!(bad.is_err());
+        // One gathered table, [3, B, S] ids: three ids a token.
+        let gathered = TableRows::MultimodalGathered([1, 2, 1]);
+        let (_, table) = a.table(Direction::Forward, gathered, false, true).unwrap();
+        assert_eq!(
+            table.specs[2].need,
+            Need::Rows(8, "max_pos ≥ 1 rows of rotary_dim")
+        );
+        assert_eq!(
+            table.specs[4].need,
+            Need::Exactly(18, "3 × batch × seq_len")
+        );
+        assert_eq!(a.table_rows(gathered, &a.check_heads(true).unwrap(), 40), 5);
+        assert_eq!(packed_sections(gathered), 1 | 3 << 32);
+        let bad = TableRows::MultimodalGathered([1, 2, 2]);
+        assert!(a.table(Direction::Forward, bad, false, true).is_err());
     }
 
     #[test]

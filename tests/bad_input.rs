@@ -107,6 +107,13 @@ impl Launch for Rope {
             Layout::Multimodal(sections) => CosSinLayout::Multimodal {
                 sections: *sections,
             },
+            Layout::MultimodalIds(sections) => {
+                ids64 = live.i64("position_ids");
+                CosSinLayout::MultimodalGathered {
+                    sections: *sections,
+                    position_ids: PositionIds::DeviceI64(ids64.as_view()),
+                }
+            }
         };
         let a = &call.args;
         let (q_out, k_out) = if call.into {

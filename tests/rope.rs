@@ -2235,6 +2235,84 @@ fn reference_multimodal_is_hf_apply_multimodal_rotary_pos_emb() {
     );
 }
 
+#[test]
+fn reference_multimodal_gathered_is_multimodal_on_the_gathered_rows() {
+    // Rows read through [3, B, S] ids from one table equal the [3, B, S, r] tables of those
+    // rows, bit for bit, in every form.
+    let (b, s, hq, hk, d, r, sections) = (2, 5, 3, 2, 12, 10, [2, 1, 2]);
+    let tokens = b * s;
+    let max_pos = 40;
+    for (n, &bits) in FORM_BITS.iter().enumerate() {
+        let mut rng = Rng::new(1300 + n as u64);
+        let args = in_form(
+            RopeArgs::new(d)
+                .with_batch(b)
+                .with_seq_len(s)
+                .with_heads(hq, hk)
+                .with_rotary_dim(r),
+            bits,
+        );
+        let ids: Vec<i64> = (0..3 * tokens)
+            .map(|_| (rng.next_u64() % max_pos) as i64)
+            .collect();
+        let (cos, sin) = cos_sin::<f64>(&(0..max_pos as i64).collect::<Vec<_>>(), r, false);
+        let (cos3, sin3) = cos_sin::<f64>(&ids, r, false);
+        let (cos, sin) = (table_in_form(&args, &cos), table_in_form(&args, &sin));
+        let (cos3, sin3) = (table_in_form(&args, &cos3), table_in_form(&args, &sin3));
+        let q: Vec<f64> = uniform(&mut rng, tokens * hq * d);
+        let k: Vec<f64> = uniform(&mut rng, tokens * hk * d);
+        for backward in [false, true] {
+            let rotate = if backward { ref_backward } else { ref_forward };
+            let (mut q3, mut k3) = (q.clone(), k.clone());
+            let rows = CosSinRows::Multimodal { sections };
+            rotate(&args, &mut q3, &mut k3, &cos3, &sin3, rows).unwrap();
+            let (mut qg, mut kg) = (q.clone(), k.clone());
+            let rows = CosSinRows::MultimodalGathered {
+                sections,
+                ids: &ids,
+            };
+            rotate(&args, &mut qg, &mut kg, &cos, &sin, rows).unwrap();
+            assert_eq!((qg, kg), (q3, k3), "form {bits:?}, backward={backward}");
+        }
+    }
+    // The ids are [3, B, S] and each names a row of the table.
+    let args = RopeArgs::new(4).with_seq_len(2);
+    let (mut q, mut k) = (vec![0.0f64; 8], vec![0.0f64; 8]);
+    let table = vec![0.0f64; 5 * 4];
+    let ok = |ids| CosSinRows::MultimodalGathered {
+        sections: [1, 0, 1],
+        ids,
+    };
+    assert!(
+        ref_forward(
+            &args,
+            &mut q,
+            &mut k,
+            &table,
+            &table,
+            ok(&[0, 1, 2, 3, 4, 0])
+        )
+        .is_ok()
+    );
+    expect_invalid(
+        ref_forward(&args, &mut q, &mut k, &table, &table, ok(&[0, 1, 2, 3])),
+        "position_ids",
+        "length 6 (3 × batch × seq_len)",
+    );
+    expect_invalid(
+        ref_forward(
+            &args,
+            &mut q,
+            &mut k,
+            &table,
+            &table,
+            ok(&[0, 1, 2, 3, 5, 0]),
+        ),
+        "position_ids",
+        "position_ids[4] = 5",
+    );
+}
+
 /// A multimodal shape: `(B, S, Hq, Hk, d, r, sections)`.
 type MultimodalShape = (usize, usize, usize, usize, usize, usize, [usize; 3]);
 
@@ -2253,6 +2331,7 @@ fn run_multimodal_case<T: Dtype>(
     stream: &Arc<CudaStream>,
     shape: MultimodalShape,
     bits: (bool, bool, bool),
+    ids_form: Option<Form>,
     seed: u64,
 ) {
     let (b, s, hq, hk, d, r, sections) = shape;
@@ -2266,15 +2345,42 @@ fn run_multimodal_case<T: Dtype>(
     );
     let desc = format!(
         "B={b} S={s} Hq={hq} Hk={hk} d={d} r={r} sections={sections:?} {} (interleaved, half, \
-         head-major) = {bits:?} seed={seed}",
+         head-major) = {bits:?} ids={ids_form:?} seed={seed}",
         T::NAME
     );
     let mut rng = Rng::new(seed);
-    let (cos, sin) = multimodal_tables::<T>(&mut rng, b * s, r);
+    // Three [B, S, r] tables, or one [max_pos, r] table and [3, B, S] ids into it.
+    let max_pos = 50;
+    let ids: Vec<i64> = (0..3 * b * s)
+        .map(|_| (rng.next_u64() % max_pos) as i64)
+        .collect();
+    let (cos, sin) = match ids_form {
+        None => multimodal_tables::<T>(&mut rng, b * s, r),
+        Some(_) => cos_sin::<T>(&(0..max_pos as i64).collect::<Vec<_>>(), r, true),
+    };
     let (cos, sin) = (table_in_form(&args, &cos), table_in_form(&args, &sin));
     let (cos_d, sin_d) = (upload(stream, &cos), upload(stream, &sin));
-    let layout = CosSinLayout::Multimodal { sections };
-    let ref_rows = CosSinRows::Multimodal { sections };
+    let ids32: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+    let (ids32_d, ids64_d) = (upload_ids(stream, &ids32), upload_ids(stream, &ids));
+    let position_ids = match ids_form {
+        Some(Form::Ids32) => PositionIds::DeviceI32(ids32_d.as_view()),
+        Some(Form::Host) => PositionIds::Host(&ids),
+        _ => PositionIds::DeviceI64(ids64_d.as_view()),
+    };
+    let layout = match ids_form {
+        None => CosSinLayout::Multimodal { sections },
+        Some(_) => CosSinLayout::MultimodalGathered {
+            sections,
+            position_ids,
+        },
+    };
+    let ref_rows = match ids_form {
+        None => CosSinRows::Multimodal { sections },
+        Some(_) => CosSinRows::MultimodalGathered {
+            sections,
+            ids: &ids,
+        },
+    };
     for backward in [false, true] {
         let q: Vec<T> = uniform(&mut rng, b * s * hq * d);
         let k: Vec<T> = uniform(&mut rng, b * s * hk * d);
@@ -2316,10 +2422,17 @@ fn multimodal_sweep<T: Dtype>(test: &str, seed_base: u64) {
     let Some(stream) = gpu(test) else { return };
     let mut failures = Failures::new(test);
     for (i, &shape) in MULTIMODAL_SHAPES.iter().enumerate() {
-        // The default form on every shape, and the other forms rotating with the shape.
-        for bits in [FORM_BITS[0], FORM_BITS[1 + i % (FORM_BITS.len() - 1)]] {
-            let seed = seed_base + 8 * i as u64 + bits.0 as u64 + 2 * bits.1 as u64;
-            failures.run(|| run_multimodal_case::<T>(&stream, shape, bits, seed));
+        // The default form on every shape, and the other forms rotating with the shape; the
+        // three tables, and one table through i32, i64 and host ids.
+        let gathered = [Form::Ids32, Form::Ids64, Form::Host][i % 3];
+        for (j, bits) in [FORM_BITS[0], FORM_BITS[1 + i % (FORM_BITS.len() - 1)]]
+            .into_iter()
+            .enumerate()
+        {
+            for ids_form in [None, Some(gathered)] {
+                let seed = seed_base + 8 * i as u64 + 2 * j as u64 + ids_form.is_some() as u64;
+                failures.run(|| run_multimodal_case::<T>(&stream, shape, bits, ids_form, seed));
+            }
         }
     }
     failures.finish();
@@ -2370,5 +2483,38 @@ fn multimodal_rejects_bad_sections_and_tables() {
     rope_forward(&stream, &args, &mut q, &mut k, &table, &short, &ok)
         .map(|()| panic!("a short sin was accepted"))
         .unwrap_or_else(|e| assert!(e.to_string().contains("`sin`"), "{e}"));
+    // [3, B, S] ids into one table: 6 of them, each a row of the 6-row table.
+    let ids = upload_ids(&stream, &[0i64, 1, 2, 3, 4]);
+    let gathered = |position_ids| CosSinLayout::MultimodalGathered {
+        sections: [2, 1, 1],
+        position_ids,
+    };
+    expect_invalid(
+        rope_forward(
+            &stream,
+            &args,
+            &mut q,
+            &mut k,
+            &table,
+            &table,
+            &gathered(PositionIds::DeviceI64(ids.as_view())),
+        ),
+        "position_ids",
+        "length 6 (3 × batch × seq_len)",
+    );
+    let host = [0i64, 1, 2, 3, 4, 6];
+    expect_invalid(
+        rope_forward(
+            &stream,
+            &args,
+            &mut q,
+            &mut k,
+            &table,
+            &table,
+            &gathered(PositionIds::Host(&host)),
+        ),
+        "position_ids",
+        "position_ids[5] = 6",
+    );
     assert_eq!(download(&stream, &q), vec![0.5f32; 16]);
 }

@@ -48,6 +48,15 @@ pub mod rows {
     pub const IDS_I64: u32 = Rows::IdsI64 as u32;
     /// [`Rows::Multimodal`].
     pub const MULTIMODAL: u32 = Rows::Multimodal as u32;
+    /// [`Rows::MultimodalIdsI32`].
+    pub const MULTIMODAL_IDS_I32: u32 = Rows::MultimodalIdsI32 as u32;
+    /// [`Rows::MultimodalIdsI64`].
+    pub const MULTIMODAL_IDS_I64: u32 = Rows::MultimodalIdsI64 as u32;
+
+    /// Whether `rows` picks a row per pair by its frequency section (Qwen2-VL).
+    pub const fn multimodal(rows: u32) -> bool {
+        matches!(rows, MULTIMODAL | MULTIMODAL_IDS_I32 | MULTIMODAL_IDS_I64)
+    }
 }
 
 /// A position id clamped into `[0, rows)` (`rows ≥ 1`).
@@ -79,12 +88,32 @@ struct Args<T> {
     table_rows: usize,
 }
 
+/// The t, h and w cos/sin table rows of `token` for the multimodal variants: rows `token`,
+/// `tokens + token` and `2·tokens + token` of the three stacked tables, or the rows that the
+/// three id rows `[3, tokens]` name, clamped into `[0, table_rows)`. Only the general kernels
+/// take these variants.
+#[inline(always)]
+unsafe fn multimodal_rows<T, const ROWS: u32>(token: usize, a: &Args<T>) -> [usize; 3] {
+    let id = |k: usize| match ROWS {
+        rows::MULTIMODAL_IDS_I32 => {
+            let id = unsafe { *(a.ids as *const i32).add(k * a.tokens + token) };
+            clamp_id(id as i64, a.table_rows)
+        }
+        rows::MULTIMODAL_IDS_I64 => {
+            let id = unsafe { *(a.ids as *const i64).add(k * a.tokens + token) };
+            clamp_id(id, a.table_rows)
+        }
+        _ => k * a.tokens + token,
+    };
+    [id(0), id(1), id(2)]
+}
+
 /// The cos/sin table row of `token`.
 #[inline(always)]
 unsafe fn table_row<T, const ROWS: u32>(token: usize, a: &Args<T>) -> usize {
     match ROWS {
         rows::PER_POSITION => token % a.seq_len,
-        rows::PER_BATCH | rows::MULTIMODAL => token,
+        rows::PER_BATCH => token,
         rows::IDS_I32 => clamp_id(
             unsafe { *(a.ids as *const i32).add(token) } as i64,
             a.table_rows,
@@ -151,8 +180,8 @@ struct Strides {
 /// each element is read and written by one thread). A head has `rotary_dim/2` pairs, then,
 /// with [`flags::COPY_TAIL`], its `head_dim − rotary_dim` tail dims as items that copy one
 /// element. Token `t`'s row of q starts at `t·strides.q` (and so on for each buffer), so q and
-/// k may be views into a fused QKV buffer. With [`Rows::Multimodal`] pair `i` takes its cos/sin
-/// row from table `0`, `1` or `2` (t, h, w) for `i < sections[0]`, `i < sections[1]`, else.
+/// k may be views into a fused QKV buffer. With the multimodal rows ([`multimodal_rows`]) pair
+/// `i` takes the token's t, h or w row for `i < sections[0]`, `i < sections[1]`, else.
 /// `k_heads = 0` rotates q alone (`k`, `k_out` unused). The host guarantees
 /// `(q_heads + k_heads)·head_dim < 2³¹` (32-bit item indices); offsets are 64-bit.
 #[inline(always)]
@@ -200,9 +229,15 @@ unsafe fn rotate_any<T: Elem, const ROWS: u32, const BWD: bool>(
     let mut token = block_idx() * ty + thread_idx_y();
     let step = grid_dim() * ty;
     while token < tokens {
-        let row = unsafe { table_row::<T, ROWS>(token, &a) };
-        let cos_row = unsafe { cos.add(row * row_len) };
-        let sin_row = unsafe { sin.add(row * row_len) };
+        // The token's row, or its t, h and w rows (the first of them for `cos_row`).
+        let [r_t, r_h, r_w] = if rows::multimodal(ROWS) {
+            unsafe { multimodal_rows::<T, ROWS>(token, &a) }
+        } else {
+            let row = unsafe { table_row::<T, ROWS>(token, &a) };
+            [row, row, row]
+        };
+        let cos_row = unsafe { cos.add(r_t * row_len) };
+        let sin_row = unsafe { sin.add(r_t * row_len) };
         // Offsets of head 0 of this token in q, k, q_out and k_out, and the distance between
         // heads.
         let (q_tok, k_tok, q_out_tok, k_out_tok, head_stride) = if head_major {
@@ -237,19 +272,24 @@ unsafe fn rotate_any<T: Elem, const ROWS: u32, const BWD: bool>(
                 } else {
                     (e, e + half)
                 };
-                // Multimodal tables are three `[tokens, row_len]` tables, t, h and w; pair `e`
-                // reads the one its frequency's section names.
-                let table = if ROWS == rows::MULTIMODAL {
-                    let section =
-                        (e as u32 >= sections[0]) as usize + (e as u32 >= sections[1]) as usize;
-                    section * tokens * row_len
+                // A multimodal pair reads the row its frequency's section names (selected,
+                // not indexed: an indexed local array would live in local memory).
+                let (cos_row, sin_row) = if rows::multimodal(ROWS) {
+                    let row = if e as u32 >= sections[1] {
+                        r_w
+                    } else if e as u32 >= sections[0] {
+                        r_h
+                    } else {
+                        r_t
+                    };
+                    unsafe { (cos.add(row * row_len), sin.add(row * row_len)) }
                 } else {
-                    0
+                    (cos_row, sin_row)
                 };
                 let x1 = unsafe { *x.add(o1) }.to_f32();
                 let x2 = unsafe { *x.add(o2) }.to_f32();
-                let c = unsafe { *cos_row.add(table + e * cs_step) }.to_f32();
-                let s = unsafe { *sin_row.add(table + e * cs_step) }.to_f32();
+                let c = unsafe { *cos_row.add(e * cs_step) }.to_f32();
+                let s = unsafe { *sin_row.add(e * cs_step) }.to_f32();
                 let s = if BWD { -s } else { s };
                 unsafe {
                     *y.add(o1) = T::from_f32(x1 * c - x2 * s);
@@ -510,7 +550,7 @@ macro_rules! rope_general_kernel {
             /// disjoint from every buffer; the outputs are disjoint). `cos`/`sin` hold every
             /// row the variant can select (`seq_len`, `tokens`, `table_rows` or, multimodal,
             /// `3·tokens` rows of `rotary_dim`, or `rotary_dim/2` with [`flags::HALF_TABLES`]);
-            /// `ids` as for the other kernels; multimodal `sections` is the first pair of
+            /// `ids` as for the other kernels (`3·tokens` ids for the multimodal ones); multimodal `sections` is the first pair of
             /// table 1 in bits 0..32 and of table 2 in bits 32..64. `2 ≤ rotary_dim ≤
             /// head_dim`, both even, `seq_len ≥ 1`, `(q_heads + k_heads)·head_dim < 2³¹`;
             /// [`flags::COPY_TAIL`] only out of place.
@@ -562,6 +602,8 @@ macro_rules! rope_kernels {
         rope_kernels!(@paths $elem, $dir, IdsI64);
         // Multimodal tables take the general path alone.
         rope_general_kernel!($elem, Multimodal, $dir);
+        rope_general_kernel!($elem, MultimodalIdsI32, $dir);
+        rope_general_kernel!($elem, MultimodalIdsI64, $dir);
     };
     (@paths $elem:ident, $dir:ident, $rows:ident) => {
         rope_kernel!($elem, Scalar, rotate, $rows, $dir);

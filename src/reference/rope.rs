@@ -51,6 +51,16 @@ pub enum CosSinRows<'a> {
         /// Pairs from the t, h and w tables.
         sections: [usize; 3],
     },
+    /// cos, sin: `[max_pos, r]`; pair `i` of token `(b, s)` uses row `ids[k·batch·seq_len +
+    /// b·seq_len + s]` of the `[3, batch, seq_len]` ids, `k` by `sections` as for
+    /// [`CosSinRows::Multimodal`] ([`crate::CosSinLayout::MultimodalGathered`]); every id
+    /// must lie in `0 .. max_pos`.
+    MultimodalGathered {
+        /// Pairs read through the t, h and w ids.
+        sections: [usize; 3],
+        /// The ids `[3, batch, seq_len]`.
+        ids: &'a [i64],
+    },
 }
 
 /// The RoPE forward, in place on `q` and `k` (see the module docs for the rounding).
@@ -180,14 +190,57 @@ pub(crate) fn rope_one<T: Element>(
     )
 }
 
-/// Checks everything, then returns each token's cos/sin row.
+/// The sections of a multimodal layout, checked to split the `rotary_dim / 2` pairs.
+fn checked_sections(args: &RopeArgs, sections: [usize; 3]) -> Result<[usize; 3]> {
+    let sum = sections.iter().try_fold(0usize, |a, &s| a.checked_add(s));
+    if sum != Some(args.rotary_dim / 2) {
+        return Err(invalid(
+            "layout.sections",
+            format!(
+                "three sizes summing to rotary_dim / 2 = {}",
+                args.rotary_dim / 2
+            ),
+            format!("{sections:?}"),
+        ));
+    }
+    Ok(sections)
+}
+
+/// Position ids as rows of a `max_pos`-row table: each must lie in `0 .. max_pos`.
+fn id_rows(ids: &[i64], want: usize, what: &str, max_pos: usize) -> Result<Vec<usize>> {
+    if ids.len() != want {
+        return Err(invalid(
+            "position_ids",
+            format!("length {want} ({what})"),
+            ids.len(),
+        ));
+    }
+    ids.iter()
+        .enumerate()
+        .map(|(i, &id)| {
+            usize::try_from(id)
+                .ok()
+                .filter(|&p| p < max_pos)
+                .ok_or_else(|| {
+                    invalid(
+                        "position_ids",
+                        format!("ids in 0 ..= {} (rows of the cos/sin table)", max_pos - 1),
+                        format!("position_ids[{i}] = {id}"),
+                    )
+                })
+        })
+        .collect()
+}
+
+/// Checks everything, then returns each token's t, h and w cos/sin rows (the same row
+/// three times for the layouts without sections) and the sections (`[r/2, 0, 0]` without).
 fn token_rows<T>(
     args: &RopeArgs,
     tokens: usize,
     cos: &[T],
     sin: &[T],
     rows: CosSinRows<'_>,
-) -> Result<Vec<usize>> {
+) -> Result<(Vec<[usize; 3]>, [usize; 3])> {
     let (r, row) = (args.table_row_len(), args.table_row_name());
     let need = |n: usize, what: &str| -> Result<()> {
         let want = n
@@ -198,25 +251,19 @@ fn token_rows<T>(
         }
         Ok(())
     };
+    let mut sections = [args.rotary_dim / 2, 0, 0];
     match rows {
         CosSinRows::PerPosition => need(args.seq_len, &format!("seq_len × {row}"))?,
         CosSinRows::PerBatch => need(tokens, &format!("batch × seq_len × {row}"))?,
-        CosSinRows::Multimodal { sections } => {
-            let sum = sections.iter().try_fold(0usize, |a, &s| a.checked_add(s));
-            if sum != Some(args.rotary_dim / 2) {
-                return Err(invalid(
-                    "layout.sections",
-                    format!(
-                        "three sizes summing to rotary_dim / 2 = {}",
-                        args.rotary_dim / 2
-                    ),
-                    format!("{sections:?}"),
-                ));
-            }
+        CosSinRows::Multimodal { sections: s } => {
+            sections = checked_sections(args, s)?;
             let n = tokens.saturating_mul(3);
             need(n, &format!("3 × batch × seq_len × {row}"))?
         }
-        CosSinRows::Gathered(_) => {
+        CosSinRows::Gathered(_) | CosSinRows::MultimodalGathered { .. } => {
+            if let CosSinRows::MultimodalGathered { sections: s, .. } = rows {
+                sections = checked_sections(args, s)?;
+            }
             if cos.is_empty() || !cos.len().is_multiple_of(r) {
                 return Err(invalid(
                     "cos",
@@ -233,35 +280,26 @@ fn token_rows<T>(
             sin.len(),
         ));
     }
-    match rows {
-        CosSinRows::PerPosition => Ok((0..tokens).map(|t| t % args.seq_len).collect()),
-        CosSinRows::PerBatch | CosSinRows::Multimodal { .. } => Ok((0..tokens).collect()),
-        CosSinRows::Gathered(ids) => {
-            if ids.len() != tokens {
-                return Err(invalid(
-                    "position_ids",
-                    format!("length {tokens} (batch × seq_len)"),
-                    ids.len(),
-                ));
-            }
-            let max_pos = cos.len() / r;
-            ids.iter()
-                .enumerate()
-                .map(|(i, &id)| {
-                    usize::try_from(id)
-                        .ok()
-                        .filter(|&p| p < max_pos)
-                        .ok_or_else(|| {
-                            invalid(
-                                "position_ids",
-                                format!("ids in 0 ..= {} (rows of the cos/sin table)", max_pos - 1),
-                                format!("position_ids[{i}] = {id}"),
-                            )
-                        })
-                })
+    let max_pos = cos.len() / r;
+    let rows = match rows {
+        CosSinRows::PerPosition => (0..tokens).map(|t| [t % args.seq_len; 3]).collect(),
+        CosSinRows::PerBatch => (0..tokens).map(|t| [t; 3]).collect(),
+        CosSinRows::Multimodal { .. } => (0..tokens)
+            .map(|t| [t, tokens + t, 2 * tokens + t])
+            .collect(),
+        CosSinRows::Gathered(ids) => id_rows(ids, tokens, "batch × seq_len", max_pos)?
+            .into_iter()
+            .map(|p| [p; 3])
+            .collect(),
+        CosSinRows::MultimodalGathered { ids, .. } => {
+            let want = tokens.saturating_mul(3);
+            let p = id_rows(ids, want, "3 × batch × seq_len", max_pos)?;
+            (0..tokens)
+                .map(|t| [p[t], p[tokens + t], p[2 * tokens + t]])
                 .collect()
         }
-    }
+    };
+    Ok((rows, sections))
 }
 
 /// The buffers a call rotates: q and maybe k, or both in one slice with k at an offset.
@@ -341,7 +379,7 @@ fn rope<T: Element>(
             vec![(0, 0, args.q_heads), (0, k_offset, args.k_heads)]
         }
     };
-    let token_rows = token_rows(args, sizes.tokens, cos, sin, rows)?;
+    let (token_rows, [t_pairs, h_pairs, _]) = token_rows(args, sizes.tokens, cos, sin, rows)?;
     let (d, r, s_len) = (args.head_dim, args.rotary_dim, args.seq_len);
     let h = r / 2;
     let row_len = args.table_row_len();
@@ -352,13 +390,11 @@ fn rope<T: Element>(
         1
     };
     let f = T::cast_f32;
-    let tokens = token_rows.len();
     for (n, &(which, offset, heads)) in parts.iter().enumerate() {
         let buf = &mut *bufs[which];
         let stride = [args.q_token_stride(), args.k_token_stride()][n];
-        for (token, &table_row) in token_rows.iter().enumerate() {
+        for (token, &[r_t, r_h, r_w]) in token_rows.iter().enumerate() {
             let (b, s) = (token / s_len, token % s_len);
-            let row = table_row * row_len;
             for hd in 0..heads {
                 let at = offset
                     + if args.head_major {
@@ -374,15 +410,14 @@ fn rope<T: Element>(
                         (i, i + h)
                     };
                     let (x1, x2) = (head[i1].to_f64(), head[i2].to_f64());
-                    // Multimodal pairs read the t, h or w table of their section.
-                    let table = match rows {
-                        CosSinRows::Multimodal {
-                            sections: [t, h, _],
-                        } => ((i >= t) as usize + (i >= t + h) as usize) * tokens * row_len,
-                        _ => 0,
-                    };
-                    let c = cos[table + row + i * cs_step].to_f64();
-                    let s = sin[table + row + i * cs_step].to_f64();
+                    // The row of the pair's section (t, h or w; one row without sections).
+                    let row = match i {
+                        i if i < t_pairs => r_t,
+                        i if i < t_pairs + h_pairs => r_h,
+                        _ => r_w,
+                    } * row_len;
+                    let c = cos[row + i * cs_step].to_f64();
+                    let s = sin[row + i * cs_step].to_f64();
                     let s = if backward { -s } else { s };
                     head[i1] = T::from_f64(f(f(x1 * c) - f(x2 * s)));
                     head[i2] = T::from_f64(f(f(x2 * c) + f(x1 * s)));

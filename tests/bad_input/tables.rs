@@ -510,6 +510,8 @@ pub(crate) enum Layout {
     DeviceI64,
     /// Qwen2-VL's three tables, with these sections.
     Multimodal([usize; 3]),
+    /// Qwen2-VL's `[3, B, S]` device i64 ids into the gathered table, with these sections.
+    MultimodalIds([usize; 3]),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -556,6 +558,11 @@ pub(crate) fn k_out_len(c: &RopeCall) -> usize {
     tokens(c).saturating_mul(c.args.k_heads * c.args.head_dim)
 }
 
+/// Multimodal ids: three rows (t, h, w) of `batch × seq_len`.
+pub(crate) fn multimodal_ids_len(c: &RopeCall) -> usize {
+    tokens(c).saturating_mul(3)
+}
+
 pub(crate) fn table_len(c: &RopeCall) -> usize {
     let rows = match c.layout {
         Layout::PerPosition => c.args.seq_len,
@@ -579,6 +586,9 @@ pub(crate) fn rope_call(args: RopeArgs, layout: Layout, into: bool) -> Call<Rope
     match layout {
         Layout::DeviceI32 => bufs.push(buf("position_ids", Kind::I32, Role::In, tokens)),
         Layout::DeviceI64 => bufs.push(buf("position_ids", Kind::I64, Role::In, tokens)),
+        Layout::MultimodalIds(_) => {
+            bufs.push(buf("position_ids", Kind::I64, Role::In, multimodal_ids_len))
+        }
         _ => {}
     }
     if into {
@@ -719,6 +729,14 @@ impl Op for Rope {
         t.row("layout", "Multimodal, cos one long", |c| { relayout(c, Layout::Multimodal([1, 1, 1])); c.buf("cos").len += 1 }, multimodal);
         t.row("layout", "Multimodal, sin one short", |c| { relayout(c, Layout::Multimodal([1, 1, 1])); c.buf("sin").len -= 1 }, invalid("sin", "length 108 (the length of cos)"));
         t.row("layout", "Multimodal, sections summing to 4", |c| relayout(c, Layout::Multimodal([1, 1, 2])), invalid("layout.sections", "three sizes summing to rotary_dim / 2 = 3"));
+        // [3, batch, seq_len] ids into the gathered table of 5 rows.
+        let mm_ids = invalid("position_ids", "length 18 (3 × batch × seq_len)");
+        t.row("layout", "MultimodalGathered, i64 ids", |c| relayout(c, Layout::MultimodalIds([2, 1, 0])), Want::Ok);
+        t.row("position_ids", "MultimodalGathered, one id short", |c| { relayout(c, Layout::MultimodalIds([2, 1, 0])); c.buf("position_ids").len -= 1 }, mm_ids);
+        t.row("position_ids", "MultimodalGathered, one id long", |c| { relayout(c, Layout::MultimodalIds([2, 1, 0])); c.buf("position_ids").len += 1 }, mm_ids);
+        t.row("position_ids", "MultimodalGathered, batch × seq_len ids", |c| { relayout(c, Layout::MultimodalIds([2, 1, 0])); c.buf("position_ids").len = 6 }, mm_ids);
+        t.row("layout", "MultimodalGathered, sections summing to 2", |c| relayout(c, Layout::MultimodalIds([1, 1, 0])), invalid("layout.sections", "three sizes summing to rotary_dim / 2 = 3"));
+        t.row("layout", "MultimodalGathered, cos not whole rows", |c| { relayout(c, Layout::MultimodalIds([1, 1, 1])); c.buf("cos").len -= 1; c.buf("sin").len -= 1 }, invalid("cos", "a table of max_pos ≥ 1 rows of rotary_dim = 6"));
         if self.into() {
             t.short("q_out", "length 192 (batch × seq_len × q_heads × head_dim)");
             t.long("q_out", invalid("q_out", "length 192 (batch × seq_len × q_heads × head_dim)"));
