@@ -24,7 +24,9 @@
 //!
 //! General path (`rope_{fwd,bwd}_g_*`, see [`rotate_any`]): the scalar mapping with separate
 //! inputs and outputs (in place when they are the same buffers), and the forms that [`flags`]
-//! select: interleaved pairs, head-major q and k, half-width cos/sin rows. Same math.
+//! select: interleaved pairs, head-major q and k, half-width cos/sin rows; token rows any
+//! stride apart (q and k as views into a fused QKV buffer), and Qwen2-VL's multimodal rows
+//! ([`multimodal_rows`]). Same math.
 //!
 //! Math in f32, one rounding to the element type per output, no FMA contraction:
 //! `o1 = T(x1·c − x2·s)`, `o2 = T(x2·c + x1·s)` with each product rounded to f32. The backward
