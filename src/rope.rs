@@ -1274,7 +1274,7 @@ fn rope_call_in<'b, T: Dtype>(
 }
 
 /// The buffer of a fused call: it must hold q's span from its start and k's from `k_offset`.
-fn fused_spec(sizes: &RopeSizes, k_offset: usize, direction: Direction) -> Result<Spec> {
+pub(crate) fn fused_spec(sizes: &RopeSizes, k_offset: usize, direction: Direction) -> Result<Spec> {
     let k_end = k_offset.checked_add(sizes.k_len).ok_or_else(|| {
         invalid(
             "k_offset",

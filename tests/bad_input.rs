@@ -29,9 +29,10 @@ use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use liger_rs::{
     CosSinLayout, Dtype, Error, PositionIds, RmsNormArgs, SwigluArgs, rms_norm_backward,
-    rms_norm_backward_inplace, rms_norm_forward, rope_backward, rope_backward_into, rope_forward,
-    rope_forward_into, swiglu_backward, swiglu_backward_fused, swiglu_backward_fused_inplace,
-    swiglu_backward_inplace, swiglu_forward, swiglu_forward_fused,
+    rms_norm_backward_inplace, rms_norm_forward, rope_backward, rope_backward_fused,
+    rope_backward_into, rope_forward, rope_forward_fused, rope_forward_into, swiglu_backward,
+    swiglu_backward_fused, swiglu_backward_fused_inplace, swiglu_backward_inplace, swiglu_forward,
+    swiglu_forward_fused,
 };
 use std::collections::BTreeSet;
 use std::ops::{Deref, DerefMut};
@@ -88,7 +89,6 @@ impl Launch for Rope {
         call: &RopeCall,
         live: &mut Live<T>,
     ) -> liger_rs::Result<()> {
-        let (mut q, mut k) = (live.t("q"), live.t("k"));
         let (cos, sin) = (live.t("cos"), live.t("sin"));
         let ids32;
         let ids64;
@@ -116,6 +116,16 @@ impl Launch for Rope {
             }
         };
         let a = &call.args;
+        if let Some(k_offset) = call.k_offset {
+            let mut qkv = live.t("qkv");
+            return match self {
+                Rope::BackwardFused => {
+                    rope_backward_fused(stream, a, &mut *qkv, k_offset, &*cos, &*sin, &layout)
+                }
+                _ => rope_forward_fused(stream, a, &mut *qkv, k_offset, &*cos, &*sin, &layout),
+            };
+        }
+        let (mut q, mut k) = (live.t("q"), live.t("k"));
         let (q_out, k_out) = if call.into {
             (Some(live.t("q_out")), Some(live.t("k_out")))
         } else {

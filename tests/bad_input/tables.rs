@@ -491,6 +491,8 @@ pub(crate) enum Rope {
     Backward,
     ForwardInto,
     BackwardInto,
+    ForwardFused,
+    BackwardFused,
 }
 
 impl Rope {
@@ -498,7 +500,15 @@ impl Rope {
     pub(crate) fn into(self) -> bool {
         matches!(self, Rope::ForwardInto | Rope::BackwardInto)
     }
+
+    /// q and k in one buffer `qkv`, k at [`FUSED_K_OFFSET`].
+    pub(crate) fn fused(self) -> bool {
+        matches!(self, Rope::ForwardFused | Rope::BackwardFused)
+    }
 }
+
+/// Where k starts in the fused calls' `qkv`: after q's 32 columns of each 64-element token row.
+pub(crate) const FUSED_K_OFFSET: usize = 32;
 
 /// Where the cos/sin rows come from ([`CosSinLayout`] without the borrowed ids).
 #[derive(Debug, Clone, PartialEq)]
@@ -519,6 +529,8 @@ pub(crate) struct RopeCall {
     pub(crate) args: RopeArgs,
     pub(crate) layout: Layout,
     pub(crate) into: bool,
+    /// A fused call's k offset in `qkv` (then there are no `q` and `k` buffers).
+    pub(crate) k_offset: Option<usize>,
 }
 
 /// Rows of the valid call's gathered cos/sin table.
@@ -558,6 +570,11 @@ pub(crate) fn k_out_len(c: &RopeCall) -> usize {
     tokens(c).saturating_mul(c.args.k_heads * c.args.head_dim)
 }
 
+/// A fused call's `qkv`: q's span from 0 and k's from `k_offset`.
+pub(crate) fn qkv_len(c: &RopeCall) -> usize {
+    q_len(c).max(c.k_offset.unwrap_or(0).saturating_add(k_len(c)))
+}
+
 /// Multimodal ids: three rows (t, h, w) of `batch × seq_len`.
 pub(crate) fn multimodal_ids_len(c: &RopeCall) -> usize {
     tokens(c).saturating_mul(3)
@@ -574,15 +591,24 @@ pub(crate) fn table_len(c: &RopeCall) -> usize {
 }
 
 /// A valid call for `args` under `layout`: q and k (read and written in place, or read with
-/// `into`, then `q_out` and `k_out` written), cos and sin, device ids if any.
-pub(crate) fn rope_call(args: RopeArgs, layout: Layout, into: bool) -> Call<RopeCall> {
+/// `into`, then `q_out` and `k_out` written; with `k_offset`, one buffer `qkv` read and
+/// written in place instead), cos and sin, device ids if any.
+pub(crate) fn rope_call(
+    args: RopeArgs,
+    layout: Layout,
+    into: bool,
+    k_offset: Option<usize>,
+) -> Call<RopeCall> {
     let role = if into { Role::In } else { Role::InOut };
-    let mut bufs = vec![
-        buf("q", Kind::T, role, q_len),
-        buf("k", Kind::T, role, k_len),
-        buf("cos", Kind::T, Role::In, table_len),
-        buf("sin", Kind::T, Role::In, table_len),
-    ];
+    let mut bufs = match k_offset {
+        Some(_) => vec![buf("qkv", Kind::T, Role::InOut, qkv_len)],
+        None => vec![
+            buf("q", Kind::T, role, q_len),
+            buf("k", Kind::T, role, k_len),
+        ],
+    };
+    bufs.push(buf("cos", Kind::T, Role::In, table_len));
+    bufs.push(buf("sin", Kind::T, Role::In, table_len));
     match layout {
         Layout::DeviceI32 => bufs.push(buf("position_ids", Kind::I32, Role::In, tokens)),
         Layout::DeviceI64 => bufs.push(buf("position_ids", Kind::I64, Role::In, tokens)),
@@ -595,12 +621,18 @@ pub(crate) fn rope_call(args: RopeArgs, layout: Layout, into: bool) -> Call<Rope
         bufs.push(buf("q_out", Kind::T, Role::Out, q_out_len));
         bufs.push(buf("k_out", Kind::T, Role::Out, k_out_len));
     }
-    Call::new(RopeCall { args, layout, into }, bufs)
+    let call = RopeCall {
+        args,
+        layout,
+        into,
+        k_offset,
+    };
+    Call::new(call, bufs)
 }
 
 /// Starts the row over from the valid call under another layout.
 pub(crate) fn relayout(c: &mut Call<RopeCall>, layout: Layout) {
-    *c = rope_call(c.args.args, layout, c.args.into);
+    *c = rope_call(c.args.args, layout, c.args.into, c.args.k_offset);
 }
 
 /// The valid call under host ids (0, 1, …, 4, 0, …), with `change` applied to the ids.
@@ -608,6 +640,39 @@ pub(crate) fn with_host_ids(c: &mut Call<RopeCall>, change: impl Fn(&mut Vec<i64
     let mut ids: Vec<i64> = (0..tokens(&c.args)).map(|i| (i % MAX_POS) as i64).collect();
     change(&mut ids);
     relayout(c, Layout::Host(ids));
+}
+
+/// The rows of the fused calls: every field of the args, `qkv` (its span from q's first row to
+/// k's last), the tables and ids. q's and k's rows overlapping within `qkv` (k_offset) are
+/// walked in `tests/rope.rs`, which names them `q` and `k`.
+#[rustfmt::skip]
+fn fused_rows(t: &mut Rows<RopeCall>) {
+    let qkv = |needle| invalid("qkv", needle);
+    let table = invalid("cos", "a table of max_pos ≥ 1 rows of rotary_dim = 6");
+    t.short("qkv", "length ≥ 368 (k_offset + the span of k)");
+    t.long("qkv", Want::Ok);
+    t.short("cos", "a table of max_pos ≥ 1 rows of rotary_dim = 6");
+    t.long("cos", table);
+    t.short("sin", "length 30 (the length of cos)");
+    t.long("sin", invalid("sin", "length 30 (the length of cos)"));
+    t.short("position_ids", "length 6 (batch × seq_len)");
+    t.long("position_ids", invalid("position_ids", "length 6 (batch × seq_len)"));
+    t.field("args.batch", "3: k's rows past qkv", |c| c.args.batch = 3, qkv("length ≥ 560 (k_offset + the span of k)"));
+    t.reshape("args.batch", "1", |c| c.args.batch = 1, Want::Ok);
+    t.field("args.seq_len", "4: k's rows past qkv", |c| c.args.seq_len = 4, qkv("length ≥ 496 (k_offset + the span of k)"));
+    t.field("args.q_heads", "0", |c| c.args.q_heads = 0, invalid("args.q_heads", "at least 1"));
+    t.field("args.q_heads", "3 (fewer columns of q in each row)", |c| c.args.q_heads = 3, Want::Ok);
+    t.field("args.k_heads", "0", |c| c.args.k_heads = 0, invalid("args.k_heads", "at least 1"));
+    t.field("args.k_heads", "9: a k row wider than its stride", |c| c.args.k_heads = 9, invalid("args.k_stride", "≥ k_heads × head_dim = 72"));
+    t.field("args.head_dim", "7 (odd)", |c| c.args.head_dim = 7, invalid("args.head_dim", "an even value ≥ 2"));
+    t.field("args.rotary_dim", "5 (odd)", |c| c.args.rotary_dim = 5, invalid("args.rotary_dim", "an even value in 2 ..= head_dim = 8"));
+    t.reshape("args.interleaved", "interleaved pairs", |c| c.args.interleaved = true, Want::Ok);
+    t.field("args.half_tables", "gathered: the 30 elements are 10 rows of 3", |c| c.args.half_tables = true, Want::Ok);
+    t.field("args.head_major", "with strides", |c| c.args.head_major = true, invalid("args.q_stride", "None with head-major q and k"));
+    t.field("args.q_stride", "31 < q_heads × head_dim", |c| c.args.q_stride = Some(31), invalid("args.q_stride", "≥ q_heads × head_dim = 32"));
+    t.field("args.k_stride", "15 < k_heads × head_dim", |c| c.args.k_stride = Some(15), invalid("args.k_stride", "≥ k_heads × head_dim = 16"));
+    t.row("layout", "PerPosition", |c| relayout(c, Layout::PerPosition), Want::Ok);
+    t.row("layout", "MultimodalGathered, i64 ids", |c| relayout(c, Layout::MultimodalIds([2, 1, 0])), Want::Ok);
 }
 
 impl Op for Rope {
@@ -619,22 +684,37 @@ impl Op for Rope {
             Rope::Backward => "rope_backward",
             Rope::ForwardInto => "rope_forward_into",
             Rope::BackwardInto => "rope_backward_into",
+            Rope::ForwardFused => "rope_forward_fused",
+            Rope::BackwardFused => "rope_backward_fused",
         }
     }
 
     /// q [2, 3, 4, 8] (192), k [2, 3, 2, 8] (96), partial rotary 6, cos/sin a table of 5 rows
     /// of 6 (30) gathered by 6 device i64 ids; out of place, q_out and k_out like q and k.
+    /// Fused: q and k in one `qkv` of 6 token rows of 64 (q 32 | k 16 | v 16), 368 elements
+    /// from q's first to k's last.
     fn base(self) -> Call<RopeCall> {
         let args = RopeArgs::new(8)
             .with_batch(2)
             .with_seq_len(3)
             .with_heads(4, 2)
             .with_rotary_dim(6);
-        rope_call(args, Layout::DeviceI64, self.into())
+        match self.fused() {
+            true => rope_call(
+                args.with_strides(64, 64),
+                Layout::DeviceI64,
+                false,
+                Some(FUSED_K_OFFSET),
+            ),
+            false => rope_call(args, Layout::DeviceI64, self.into(), None),
+        }
     }
 
     #[rustfmt::skip]
     fn rows(self, t: &mut Rows<RopeCall>) {
+        if self.fused() {
+            return fused_rows(t);
+        }
         let q = |needle| invalid("q", needle);
         let k = |needle| invalid("k", needle);
         let shape = "batch × seq_len × heads × head_dim within usize";
@@ -755,6 +835,7 @@ impl Op for Rope {
             (Rope::Backward | Rope::BackwardInto, "k") => "dk",
             (Rope::BackwardInto, "q_out") => "dq_out",
             (Rope::BackwardInto, "k_out") => "dk_out",
+            (Rope::BackwardFused, "qkv") => "dqkv",
             _ => name,
         }
     }
@@ -1078,11 +1159,13 @@ pub(crate) fn rejected_as(got: &liger_rs::Result<()>, want: Want) -> bool {
 
 /// Every public launcher, by op.
 pub(crate) const RMS: [Rms; 3] = [Rms::Forward, Rms::Backward, Rms::BackwardInplace];
-pub(crate) const ROPE: [Rope; 4] = [
+pub(crate) const ROPE: [Rope; 6] = [
     Rope::Forward,
     Rope::Backward,
     Rope::ForwardInto,
     Rope::BackwardInto,
+    Rope::ForwardFused,
+    Rope::BackwardFused,
 ];
 pub(crate) const SWIGLU: [Swiglu; 6] = [
     Swiglu::Forward,
