@@ -29,11 +29,12 @@ use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use liger_rs::{
     CosSinLayout, Dtype, Error, PositionIds, RmsNormArgs, SwigluArgs, rms_norm_backward,
-    rms_norm_backward_inplace, rms_norm_forward, rope_backward, rope_backward_fused,
-    rope_backward_into, rope_forward, rope_forward_fused, rope_forward_into, swiglu_backward,
-    swiglu_backward_fused, swiglu_backward_fused_inplace, swiglu_backward_inplace, swiglu_forward,
-    swiglu_forward_fused,
+    rms_norm_backward_inplace, rms_norm_forward, rope_backward, rope_backward_into, rope_forward,
+    rope_forward_into, swiglu_backward, swiglu_backward_fused, swiglu_backward_fused_inplace,
+    swiglu_backward_inplace, swiglu_forward, swiglu_forward_fused,
 };
+// The fused RoPE launchers, apart from the shared list above.
+use liger_rs::{rope_backward_fused, rope_forward_fused};
 use std::collections::BTreeSet;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
