@@ -32,7 +32,7 @@ pub(crate) enum Need {
     Rows(usize, &'static str),
     /// Exactly the length of the table's buffer at this index.
     LengthOf(usize),
-    /// At least the span of these rows ([`span`]): only the rows are touched, so a written
+    /// At least the span of these rows (as [`span`] counts it): only the rows are touched, so a written
     /// buffer of rows may interleave with another of the same stride whose rows it does not
     /// overlap ([`check_disjoint`]).
     Strided(Strided, &'static str),
@@ -48,7 +48,7 @@ pub(crate) struct Strided {
 
 impl Strided {
     /// Elements from the first row's start to the last row's end (0 without rows); the caller
-    /// has checked it with [`span`].
+    /// has checked that it fits in `usize`, as [`span`] does.
     fn span(&self) -> usize {
         match self.rows {
             0 => 0,
