@@ -7,7 +7,7 @@
 mod tables;
 
 use crate::Result;
-use crate::rope::{Direction, TableRows, check_host_ids};
+use crate::rope::{Direction, TableRows, check_fused_disjoint, check_host_ids, fused_spec};
 use crate::swiglu;
 use crate::validate::{Seen, Table, check};
 use tables::*;
@@ -75,20 +75,29 @@ impl Check for Rope {
     fn check(self, call: &Call<RopeCall>, t_size: usize) -> Result<()> {
         let c = &call.args;
         let direction = match self {
-            Rope::Forward | Rope::ForwardInto => Direction::Forward,
-            Rope::Backward | Rope::BackwardInto => Direction::Backward,
+            Rope::Forward | Rope::ForwardInto | Rope::ForwardFused => Direction::Forward,
+            Rope::Backward | Rope::BackwardInto | Rope::BackwardFused => Direction::Backward,
         };
         let (rows, host) = match &c.layout {
             Layout::PerPosition => (TableRows::PerPosition, None),
             Layout::PerBatch => (TableRows::PerBatch, None),
             Layout::Host(ids) => (TableRows::Gathered, Some(ids)),
             Layout::DeviceI32 | Layout::DeviceI64 => (TableRows::Gathered, None),
+            Layout::Multimodal(sections) => (TableRows::Multimodal(*sections), None),
+            Layout::MultimodalIds(sections) => (TableRows::MultimodalGathered(*sections), None),
         };
-        let (sizes, table) = c.args.table(direction, rows, c.into, true)?;
+        let (sizes, mut table) = c.args.table(direction, rows, c.into, true)?;
+        // A fused call's one buffer holds q and k (as `rope_call_in` checks it).
+        if let Some(k_offset) = c.k_offset {
+            table.specs[0] = fused_spec(&sizes, k_offset, direction)?;
+        }
         let rename = |n| self.rename(n);
         let Some(_) = run(table, call, t_size, rename, host.map(Vec::len))? else {
             return Ok(());
         };
+        if let Some(k_offset) = c.k_offset {
+            check_fused_disjoint(&sizes, k_offset, direction)?;
+        }
         match host {
             Some(ids) => {
                 let cos = call

@@ -57,13 +57,16 @@
 //! * **Errors** come in one order for every launcher: the argument struct (and which optional
 //!   buffers are given), then every buffer's context, then every buffer's length (each in
 //!   signature order), then, unless the call has no rows or tokens, overlaps: every buffer
-//!   written must share no byte with any other ([`Error::Aliasing`] names the written one).
+//!   written must share no byte with any other ([`Error::Aliasing`] names the written one;
+//!   two buffers of token rows with the same stride, such as RoPE's strided q and k, are
+//!   compared row by row, so disjoint columns of the same rows pass).
 //!   A call without rows or tokens returns after the lengths, touching no buffer, except the
 //!   RMSNorm backward with `dw`, which zeroes it (checked for overlaps first). RoPE's
 //!   host position ids are range-checked last.
 //! * **In place**: RoPE rotates q and k in place (forward) and dq, dk in place (backward), as
 //!   Liger does ([`rope_forward_into`] and [`rope_backward_into`] write to their own buffers
-//!   instead). RMSNorm and SwiGLU backward come in two forms: `*_backward` writes gradients
+//!   instead; [`rope_forward_fused`] and [`rope_backward_fused`] rotate q and k in place
+//!   inside one fused QKV buffer). RMSNorm and SwiGLU backward come in two forms: `*_backward` writes gradients
 //!   to their own buffers (which must not overlap any input), `*_backward_inplace` writes them
 //!   over `dy` (RMSNorm) or over `a` and `b` (SwiGLU), the memory-saving default of Liger.
 //! * **Scratch**: only the RMSNorm backward with `dw` needs device scratch (one f32
@@ -140,8 +143,8 @@ pub use mode::CastingMode;
 pub use module::{BASELINE_PTX_ENV, PTX, PTX_SM90, cuda_context, release_scratch};
 pub use rms_norm::{RmsNormArgs, rms_norm_backward, rms_norm_backward_inplace, rms_norm_forward};
 pub use rope::{
-    CosSinLayout, PositionIds, RopeArgs, rope_backward, rope_backward_into, rope_forward,
-    rope_forward_into,
+    CosSinLayout, PositionIds, RopeArgs, rope_backward, rope_backward_fused, rope_backward_into,
+    rope_forward, rope_forward_fused, rope_forward_into,
 };
 pub use settings::{LaunchSettings, MAX_FUSED_SIZE, calculate_settings};
 pub use swiglu::{

@@ -362,7 +362,7 @@ mod tests {
             let unused: Vec<_> = names.difference(&launchable).collect();
             assert!(unused.is_empty(), "never launched: {unused:?}");
         }
-        assert_eq!(launchable.len(), 274);
+        assert_eq!(launchable.len(), 292);
     }
 
     #[test]

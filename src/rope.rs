@@ -7,7 +7,9 @@ use crate::identity::rope::{form, vec_heads};
 use crate::identity::{Kernel, RopePath, Rows as Source};
 use crate::launch::item_grid;
 use crate::module::kernels;
-use crate::validate::{Access, Buf, Need, Spec, Table, read, validate, write};
+use crate::validate::{
+    Access, Buf, Need, Spec, Strided, Table, read, rows_overlap, validate, write,
+};
 use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
@@ -18,8 +20,9 @@ use std::sync::Arc;
 const BLOCK_THREADS: usize = 256;
 
 /// Shape and form of a RoPE call: q is `[batch, seq_len, q_heads, head_dim]` and k is
-/// `[batch, seq_len, k_heads, head_dim]`, both contiguous (HuggingFace's
-/// `proj(h).view(B, S, H, d)`, before its `.transpose(1, 2)`), or head-major
+/// `[batch, seq_len, k_heads, head_dim]`, contiguous (HuggingFace's
+/// `proj(h).view(B, S, H, d)`, before its `.transpose(1, 2)`) or with token rows
+/// [`RopeArgs::with_strides`] apart (views into a fused QKV projection), or head-major
 /// `[batch, heads, seq_len, head_dim]` with [`RopeArgs::with_head_major`].
 ///
 /// Only the first `rotary_dim` dims of each head rotate; dims `rotary_dim..head_dim` are left
@@ -64,6 +67,11 @@ pub struct RopeArgs {
     /// q and k are `[batch, heads, seq_len, head_dim]` instead of `[batch, seq_len, heads,
     /// head_dim]`.
     pub head_major: bool,
+    /// Elements from the start of one token's q row (its `q_heads × head_dim` elements) to the
+    /// next token's: `None` is contiguous, `q_heads × head_dim` ([`RopeArgs::with_strides`]).
+    pub q_stride: Option<usize>,
+    /// The same for k's rows of `k_heads × head_dim`.
+    pub k_stride: Option<usize>,
 }
 
 impl RopeArgs {
@@ -90,6 +98,8 @@ impl RopeArgs {
             interleaved: false,
             half_tables: false,
             head_major: false,
+            q_stride: None,
+            k_stride: None,
         }
     }
 
@@ -172,6 +182,43 @@ impl RopeArgs {
         }
     }
 
+    /// Token rows of q `q_stride` elements apart and of k `k_stride` apart (each at least its
+    /// row, `heads × head_dim`; `[batch, seq_len]` token-major layouts only): q and k may then
+    /// be views into a larger buffer, such as the fused QKV projection output
+    /// `[batch, seq_len, (q_heads + 2·k_heads)·head_dim]` whose token rows hold q's heads,
+    /// then k's, then v's ([`rope_forward_fused`](crate::rope_forward_fused) rotates both in
+    /// place). A strided buffer must hold at least its span, `(batch·seq_len − 1)·stride +
+    /// row` elements; the elements between its rows are neither read nor written.
+    ///
+    /// ```
+    /// let (hq, hk, d) = (32, 8, 128);
+    /// let fused = (hq + 2 * hk) * d; // elements per token of the QKV projection output
+    /// let args = liger_rs::RopeArgs::new(d).with_heads(hq, hk).with_strides(fused, fused);
+    /// assert_eq!((args.q_token_stride(), args.k_token_stride()), (fused, fused));
+    /// assert_eq!(liger_rs::RopeArgs::new(d).with_heads(hq, hk).k_token_stride(), hk * d);
+    /// ```
+    pub fn with_strides(self, q_stride: usize, k_stride: usize) -> Self {
+        RopeArgs {
+            q_stride: Some(q_stride),
+            k_stride: Some(k_stride),
+            ..self
+        }
+    }
+
+    /// Elements from one token's q row to the next: `q_stride`, or `q_heads × head_dim`
+    /// (saturating).
+    pub fn q_token_stride(&self) -> usize {
+        self.q_stride
+            .unwrap_or(self.q_heads.saturating_mul(self.head_dim))
+    }
+
+    /// Elements from one token's k row to the next: `k_stride`, or `k_heads × head_dim`
+    /// (saturating).
+    pub fn k_token_stride(&self) -> usize {
+        self.k_stride
+            .unwrap_or(self.k_heads.saturating_mul(self.head_dim))
+    }
+
     /// Elements of a cos/sin row: `rotary_dim`, or `rotary_dim / 2` with `half_tables`.
     ///
     /// ```
@@ -196,9 +243,11 @@ impl RopeArgs {
     }
 
     /// Whether the call takes the NeoX in-place kernels (scalar and vector) rather than the
-    /// general ones.
+    /// general ones: NeoX pairs, full-width rows, contiguous token-major q and k.
     fn neox_in_place(&self) -> bool {
-        !(self.interleaved || self.half_tables || self.head_major)
+        let contiguous = self.q_token_stride() == self.q_heads.saturating_mul(self.head_dim)
+            && self.k_token_stride() == self.k_heads.saturating_mul(self.head_dim);
+        !(self.interleaved || self.half_tables || self.head_major) && contiguous
     }
 
     /// Validates the shape of a call with k (`k_heads ≥ 1`) or on q alone (`k_heads = 0`);
@@ -246,13 +295,46 @@ impl RopeArgs {
             )
         };
         let tokens = self.batch.checked_mul(self.seq_len).ok_or_else(overflow)?;
-        let per_token = |heads: usize| heads.checked_mul(d).and_then(|n| n.checked_mul(tokens));
-        let q_len = per_token(self.q_heads).ok_or_else(overflow)?;
-        let k_len = per_token(self.k_heads).ok_or_else(overflow)?;
+        if self.head_major {
+            for (arg, stride) in [
+                ("args.q_stride", self.q_stride),
+                ("args.k_stride", self.k_stride),
+            ] {
+                if let Some(stride) = stride {
+                    return Err(invalid(arg, "None with head-major q and k", stride));
+                }
+            }
+        }
+        // Each buffer's token rows and their span (its length when contiguous).
+        let rows = |heads: usize, stride: Option<usize>, arg: &'static str, what: &str| {
+            let row = heads.checked_mul(d).ok_or_else(overflow)?;
+            let stride = stride.unwrap_or(row);
+            if stride < row {
+                return Err(invalid(arg, format!("≥ {what} × head_dim = {row}"), stride));
+            }
+            let rows = Strided {
+                rows: tokens,
+                row,
+                stride,
+            };
+            let span = match tokens {
+                0 => Some(0),
+                t => (t - 1).checked_mul(stride).and_then(|n| n.checked_add(row)),
+            };
+            let contiguous = tokens.checked_mul(row);
+            match (span, contiguous) {
+                (Some(span), Some(_)) => Ok((rows, span)),
+                _ => Err(overflow()),
+            }
+        };
+        let (q_rows, q_len) = rows(self.q_heads, self.q_stride, "args.q_stride", "q_heads")?;
+        let (k_rows, k_len) = rows(self.k_heads, self.k_stride, "args.k_stride", "k_heads")?;
         Ok(RopeSizes {
             tokens,
             q_len,
             k_len,
+            q_rows,
+            k_rows,
             pairs,
         })
     }
@@ -262,10 +344,14 @@ impl RopeArgs {
 pub(crate) struct RopeSizes {
     /// `batch × seq_len`.
     pub(crate) tokens: usize,
-    /// Elements of q.
+    /// Elements q spans (its length when contiguous): `(tokens − 1)·q_stride + row`.
     pub(crate) q_len: usize,
-    /// Elements of k.
+    /// Elements k spans.
     pub(crate) k_len: usize,
+    /// q's token rows (`q_heads × head_dim` elements each); `tokens × row` does not overflow.
+    pub(crate) q_rows: Strided,
+    /// k's token rows.
+    pub(crate) k_rows: Strided,
     /// Rotated pairs per token, `(q_heads + k_heads) × rotary_dim / 2` (< 2^31).
     pub(crate) pairs: usize,
 }
@@ -291,6 +377,34 @@ pub enum CosSinLayout<'a> {
     /// cos, sin: a table `[max_pos, r]` (`max_pos = cos.len() / r ≥ 1`), token `(b, s)` uses
     /// row `position_ids[b·seq_len + s]`.
     Gathered(PositionIds<'a>),
+    /// Qwen2-VL's multimodal RoPE (`mrope_section`): cos, sin `[3, batch, seq_len, r]`, the
+    /// temporal, height and width tables one after another (what Qwen2-VL's rotary embedding
+    /// computes from its `[3, batch, seq_len]` position ids). Pair `i < rotary_dim / 2` of
+    /// token `(b, s)` reads table 0 for `i < sections[0]`, table 1 for `i < sections[0] +
+    /// sections[1]`, else table 2, at row `b·seq_len + s` (entry `i`, `2i` interleaved, as
+    /// for the other layouts). This is HuggingFace's `apply_multimodal_rotary_pos_emb`:
+    /// splitting `cos` by `mrope_section * 2` and taking chunk `j` from table `j mod 3` gives
+    /// dim `i` and dim `i + rotary_dim / 2` the same table. The sections must sum to
+    /// `rotary_dim / 2`; each may be 0. Always the general kernels.
+    Multimodal {
+        /// Pairs taken from the t, h and w tables, in that order (`mrope_section`).
+        sections: [usize; 3],
+    },
+    /// Qwen2-VL's multimodal RoPE straight from its `[3, batch, seq_len]` position ids
+    /// (temporal, height, width rows), without the `[3, batch, seq_len, r]` tables: cos, sin
+    /// are one table `[max_pos, r]` (`max_pos = cos.len() / r ≥ 1`, rows as HF's
+    /// `cat(freqs, freqs)` for position `p`), and pair `i` of token `(b, s)` reads row
+    /// `position_ids[k·batch·seq_len + b·seq_len + s]` with `k` = 0, 1 or 2 by `sections` as
+    /// in [`CosSinLayout::Multimodal`], which this equals when that layout's tables hold
+    /// these rows. Ids are checked (host) or clamped (device) as for
+    /// [`CosSinLayout::Gathered`]; device ids must be `3 × batch × seq_len` long. Always the
+    /// general kernels.
+    MultimodalGathered {
+        /// Pairs read through the t, h and w ids, in that order (`mrope_section`).
+        sections: [usize; 3],
+        /// The ids `[3, batch, seq_len]`.
+        position_ids: PositionIds<'a>,
+    },
 }
 
 /// Position ids `[batch, seq_len]` into a cos/sin table ([`CosSinLayout::Gathered`]).
@@ -333,9 +447,11 @@ pub enum PositionIds<'a> {
 /// to `T`. Dims `r..head_dim` are not written.
 ///
 /// `q` must hold exactly `batch × seq_len × q_heads × head_dim` elements and `k`
-/// `batch × seq_len × k_heads × head_dim` (layouts: [`RopeArgs`]); `cos`/`sin` are laid out
-/// as `layout` says (their lengths must match it exactly; `sin` like `cos`). `q` and `k` must
-/// not overlap each other, `cos`, `sin` or device position ids. One launch on `stream`, no
+/// `batch × seq_len × k_heads × head_dim` (layouts: [`RopeArgs`]), or with token strides
+/// ([`RopeArgs::with_strides`]) at least their span, `(batch × seq_len − 1) × stride + row`;
+/// `cos`/`sin` are laid out as `layout` says (their lengths must match it exactly; `sin` like
+/// `cos`). `q` and `k` must not overlap each other (strided rows of the same stride: compared
+/// row by row), `cos`, `sin` or device position ids. One launch on `stream`, no
 /// synchronisation, no allocation (except for [`PositionIds::Host`]). NeoX pairs in the
 /// default layout with full-width rows take 16-byte vector kernels where the shape and
 /// alignment allow; the other forms take scalar kernels.
@@ -374,8 +490,10 @@ pub enum PositionIds<'a> {
 ///
 /// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.head_dim` is 0 or odd,
 ///   `args.rotary_dim` is 0, odd or above `head_dim`, `args.q_heads` or `args.k_heads` is 0,
-///   (q_heads + k_heads) × rotary_dim / 2 reaches 2³¹ or a length overflows `usize`; `q` or `k` is
-///   not exactly its shape's length; `cos` does not have the length `layout` needs (`sin` must
+///   (q_heads + k_heads) × rotary_dim / 2 reaches 2³¹ or a length overflows `usize`;
+///   `args.q_stride` or `args.k_stride` is below its row or set with `head_major`; `q` or `k` is
+///   not exactly its shape's length (strided: shorter than its span); multimodal `sections` do
+///   not sum to `rotary_dim / 2`; `cos` does not have the length `layout` needs (`sin` must
 ///   match it), device position ids are not `batch × seq_len` long, or a host position id lies
 ///   outside the table. Each error names the argument and, where it has one, the expected value.
 /// * [`Error::WrongContext`](crate::Error::WrongContext): `q`, `k`, `cos`, `sin` or device position
@@ -469,12 +587,128 @@ pub fn rope_backward<T: Dtype>(
     rope_call(stream, args, Direction::Backward, io, cos, sin, layout)
 }
 
-/// Rotation by θ (forward) or by −θ (backward).
+/// RoPE forward in place on q and k that lie in one buffer `qkv`: q's token rows start at
+/// element 0, `args.q_token_stride()` elements apart, and k's at element `k_offset`,
+/// `args.k_token_stride()` apart ([`RopeArgs::with_strides`]), e.g. the fused QKV projection
+/// output `[batch, seq_len, (q_heads + 2·k_heads)·head_dim]` with both strides
+/// `(q_heads + 2·k_heads)·head_dim` and `k_offset = q_heads·head_dim`: q and k rotate in
+/// place, v and every other element of `qkv` are neither read nor written. The rotation,
+/// `cos`, `sin` and `layout` are those of [`rope_forward`]. Token-major q and k take the
+/// general kernels unless both are contiguous.
+///
+/// `qkv` must hold q's span from its start and k's from `k_offset`; q's and k's rows must
+/// share no element. With equal strides this is checked row by row (disjoint column ranges
+/// of the same token rows, as in a fused QKV buffer, pass); with different strides the two
+/// spans must not overlap.
+///
+/// ```no_run
+/// use liger_rs::{CosSinLayout, RopeArgs, rope_forward_fused};
+/// let stream = liger_rs::cuda_context(0)?.default_stream();
+/// let (b, s, hq, hk, d) = (2, 16, 8, 2, 64);
+/// let fused = (hq + 2 * hk) * d;
+/// // The QKV projection output [b, s, (hq + 2·hk)·d]: per token q's heads, k's, v's.
+/// let mut qkv = stream.clone_htod(&vec![1.0f32; b * s * fused])?;
+/// let cos = stream.clone_htod(&vec![1.0f32; s * d])?;
+/// let sin = stream.alloc_zeros::<f32>(s * d)?;
+/// let args = RopeArgs::new(d)
+///     .with_batch(b)
+///     .with_seq_len(s)
+///     .with_heads(hq, hk)
+///     .with_strides(fused, fused);
+/// rope_forward_fused(&stream, &args, &mut qkv, hq * d, &cos, &sin, &CosSinLayout::PerPosition)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Outputs
+///
+/// The rows of q and k in `qkv` are overwritten in place: dims `0..rotary_dim` of every head;
+/// nothing else in `qkv` is written.
+///
+/// # Errors
+///
+/// Checked before anything is launched, leaving every buffer untouched:
+///
+/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): as [`rope_forward`]'s for
+///   `args`, `cos`, `sin` and the position ids; `args.q_stride` or `args.k_stride` below its
+///   row (`heads × head_dim`) or set with `head_major`; `qkv` shorter than q's span or than
+///   `k_offset` plus k's span (named `qkv`); `k_offset` plus k's span overflows `usize`.
+/// * [`Error::WrongContext`](crate::Error::WrongContext): `qkv`, `cos`, `sin` or device
+///   position ids belong to another CUDA context than `stream`.
+/// * [`Error::Aliasing`](crate::Error::Aliasing): `qkv`'s span overlaps `cos`, `sin` or
+///   device position ids (output `qkv`), or q's rows overlap k's (output `q`, other `k`).
+///
+/// From the driver:
+///
+/// * [`Error::Driver`](crate::Error::Driver): as [`rope_forward`].
+pub fn rope_forward_fused<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &RopeArgs,
+    qkv: &mut impl DevicePtrMut<T>,
+    k_offset: usize,
+    cos: &impl DevicePtr<T>,
+    sin: &impl DevicePtr<T>,
+    layout: &CosSinLayout<'_>,
+) -> Result<()> {
+    let io = [write(qkv), None, None, None];
+    let fused = Some(k_offset);
+    rope_call_in(
+        stream,
+        args,
+        Direction::Forward,
+        io,
+        fused,
+        cos,
+        sin,
+        layout,
+    )
+}
+
+/// RoPE backward (rotation by −θ) in place on dq and dk that lie in one buffer `dqkv`, as
+/// [`rope_forward_fused`] lays out q and k (the gradient of the fused QKV projection output:
+/// dv's columns are neither read nor written). The rotation is [`rope_backward`]'s; errors
+/// as [`rope_forward_fused`], with `dqkv`, `dq` and `dk` for `qkv`, `q` and `k`.
+///
+/// ```no_run
+/// use liger_rs::{CosSinLayout, RopeArgs, rope_backward_fused};
+/// let stream = liger_rs::cuda_context(0)?.default_stream();
+/// let (s, hq, hk, d) = (16, 4, 4, 64);
+/// let fused = (hq + 2 * hk) * d;
+/// let mut dqkv = stream.clone_htod(&vec![1.0f32; s * fused])?;
+/// let cos = stream.clone_htod(&vec![1.0f32; s * d])?;
+/// let sin = stream.alloc_zeros::<f32>(s * d)?;
+/// let args = RopeArgs::new(d).with_seq_len(s).with_heads(hq, hk).with_strides(fused, fused);
+/// rope_backward_fused(&stream, &args, &mut dqkv, hq * d, &cos, &sin, &CosSinLayout::PerPosition)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn rope_backward_fused<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &RopeArgs,
+    dqkv: &mut impl DevicePtrMut<T>,
+    k_offset: usize,
+    cos: &impl DevicePtr<T>,
+    sin: &impl DevicePtr<T>,
+    layout: &CosSinLayout<'_>,
+) -> Result<()> {
+    let io = [write(dqkv), None, None, None];
+    let fused = Some(k_offset);
+    rope_call_in(
+        stream,
+        args,
+        Direction::Backward,
+        io,
+        fused,
+        cos,
+        sin,
+        layout,
+    )
+}
+
 /// The names of a direction's q and k buffers, then of their outputs when they have their own.
-fn buffer_names(direction: Direction) -> [&'static str; 4] {
+/// The last is the one buffer of a fused call.
+fn buffer_names(direction: Direction) -> [&'static str; 5] {
     match direction {
-        Direction::Backward => ["dq", "dk", "dq_out", "dk_out"],
-        _ => ["q", "k", "q_out", "k_out"],
+        Direction::Backward => ["dq", "dk", "dq_out", "dk_out", "dqkv"],
+        _ => ["q", "k", "q_out", "k_out", "qkv"],
     }
 }
 
@@ -488,8 +722,9 @@ fn block_shape(pairs: usize) -> (u32, u32) {
     }
 }
 
-/// The path of a call of elements of `elem_bytes`: the general kernels (`rope_{dir}_g_*`) out
-/// of place or in any form but NeoX halves in place; else the vector kernels
+/// The path of a call of elements of `elem_bytes`: the general kernels (`rope_{dir}_g_*`)
+/// where the call needs them whatever its form (`general`: out of place, multimodal tables)
+/// or in any form but contiguous NeoX halves with full-width rows; else the vector kernels
 /// (`rope_{dir}_v_*`) where they apply; else the scalar kernels.
 ///
 /// The vector kernels need 16-byte aligned `q`, `k`, `cos`, `sin` (`ptrs`); `head_dim` and
@@ -498,8 +733,8 @@ fn block_shape(pairs: usize) -> (u32, u32) {
 /// touched, as in the scalar kernels); at most `BLOCK_THREADS` vectors per half (one thread
 /// each); and a token's `(q_heads + k_heads) × head_dim` below 2^31 (32-bit offsets within a
 /// token).
-fn path(args: &RopeArgs, out_of_place: bool, elem_bytes: usize, ptrs: [u64; 4]) -> RopePath {
-    if out_of_place || !args.neox_in_place() {
+fn path(args: &RopeArgs, general: bool, elem_bytes: usize, ptrs: [u64; 4]) -> RopePath {
+    if general || !args.neox_in_place() {
         return RopePath::General;
     }
     let lanes = 16 / elem_bytes;
@@ -718,6 +953,10 @@ pub(crate) enum TableRows {
     PerPosition,
     PerBatch,
     Gathered,
+    /// The sections of the t, h and w tables.
+    Multimodal([usize; 3]),
+    /// The sections of the t, h and w rows of the ids into one table.
+    MultimodalGathered([usize; 3]),
 }
 
 impl CosSinLayout<'_> {
@@ -726,16 +965,30 @@ impl CosSinLayout<'_> {
             CosSinLayout::PerPosition => TableRows::PerPosition,
             CosSinLayout::PerBatch => TableRows::PerBatch,
             CosSinLayout::Gathered(_) => TableRows::Gathered,
+            CosSinLayout::Multimodal { sections } => TableRows::Multimodal(*sections),
+            CosSinLayout::MultimodalGathered { sections, .. } => {
+                TableRows::MultimodalGathered(*sections)
+            }
+        }
+    }
+
+    /// The position ids, if the layout has them.
+    fn position_ids(&self) -> Option<&PositionIds<'_>> {
+        match self {
+            CosSinLayout::Gathered(ids)
+            | CosSinLayout::MultimodalGathered {
+                position_ids: ids, ..
+            } => Some(ids),
+            _ => None,
         }
     }
 
     /// The position ids as a buffer of the call (in host memory: a length only).
     fn ids<T>(&self) -> Option<Buf<'_, T>> {
-        match self {
-            CosSinLayout::PerPosition | CosSinLayout::PerBatch => None,
-            CosSinLayout::Gathered(PositionIds::Host(h)) => Some(Buf::Host(h.len())),
-            CosSinLayout::Gathered(PositionIds::DeviceI32(v)) => Some(Buf::I32(Access::Read(v))),
-            CosSinLayout::Gathered(PositionIds::DeviceI64(v)) => Some(Buf::I64(Access::Read(v))),
+        match self.position_ids()? {
+            PositionIds::Host(h) => Some(Buf::Host(h.len())),
+            PositionIds::DeviceI32(v) => Some(Buf::I32(Access::Read(v))),
+            PositionIds::DeviceI64(v) => Some(Buf::I64(Access::Read(v))),
         }
     }
 
@@ -746,6 +999,12 @@ impl CosSinLayout<'_> {
             CosSinLayout::PerBatch => Source::PerBatch,
             CosSinLayout::Gathered(PositionIds::DeviceI32(_)) => Source::IdsI32,
             CosSinLayout::Gathered(_) => Source::IdsI64,
+            CosSinLayout::Multimodal { .. } => Source::Multimodal,
+            CosSinLayout::MultimodalGathered {
+                position_ids: PositionIds::DeviceI32(_),
+                ..
+            } => Source::MultimodalIdsI32,
+            CosSinLayout::MultimodalGathered { .. } => Source::MultimodalIdsI64,
         }
     }
 }
@@ -761,7 +1020,7 @@ impl RopeArgs {
         out_of_place: bool,
         with_k: bool,
     ) -> Result<(RopeSizes, Table<7>)> {
-        let [q_name, k_name, q_out_name, k_out_name] = buffer_names(direction);
+        let [q_name, k_name, q_out_name, k_out_name, _] = buffer_names(direction);
         let sizes = self.check_heads(with_k)?;
         if out_of_place {
             // The general kernels index a token's items (pairs and copied tail dims) in 32 bits.
@@ -779,8 +1038,28 @@ impl RopeArgs {
                     )
                 })?;
         }
-        let q = Need::Exactly(sizes.q_len, "batch × seq_len × q_heads × head_dim");
-        let k = Need::Exactly(sizes.k_len, "batch × seq_len × k_heads × head_dim");
+        let q_all = Need::Exactly(
+            sizes.tokens * sizes.q_rows.row,
+            "batch × seq_len × q_heads × head_dim",
+        );
+        let k_all = Need::Exactly(
+            sizes.tokens * sizes.k_rows.row,
+            "batch × seq_len × k_heads × head_dim",
+        );
+        let q = match self.q_stride {
+            Some(_) => Need::Strided(
+                sizes.q_rows,
+                "(batch × seq_len − 1) × q_stride + q_heads × head_dim",
+            ),
+            None => q_all,
+        };
+        let k = match self.k_stride {
+            Some(_) => Need::Strided(
+                sizes.k_rows,
+                "(batch × seq_len − 1) × k_stride + k_heads × head_dim",
+            ),
+            None => k_all,
+        };
         let (q, k) = match out_of_place {
             false => (Spec::in_place(q_name, q), Spec::in_place(k_name, k)),
             true => (Spec::read(q_name, q), Spec::read(k_name, k)),
@@ -811,25 +1090,49 @@ impl RopeArgs {
                 };
                 Need::Exactly(need, what)
             }
-            TableRows::Gathered => Need::Rows(
-                r,
-                match half {
-                    false => "max_pos ≥ 1 rows of rotary_dim",
-                    true => "max_pos ≥ 1 rows of rotary_dim / 2",
-                },
-            ),
+            TableRows::Gathered | TableRows::MultimodalGathered(_) => {
+                if let TableRows::MultimodalGathered(sections) = rows {
+                    check_sections(sections, self.rotary_dim)?;
+                }
+                Need::Rows(
+                    r,
+                    match half {
+                        false => "max_pos ≥ 1 rows of rotary_dim",
+                        true => "max_pos ≥ 1 rows of rotary_dim / 2",
+                    },
+                )
+            }
+            TableRows::Multimodal(sections) => {
+                check_sections(sections, self.rotary_dim)?;
+                let need = sizes.tokens.checked_mul(3 * r).ok_or_else(|| {
+                    let row = self.table_row_name();
+                    let expected = format!("3 × batch × seq_len × {row} within usize");
+                    invalid("cos", expected, sizes.tokens)
+                })?;
+                let what = match half {
+                    false => "3 × batch × seq_len × rotary_dim",
+                    true => "3 × batch × seq_len × rotary_dim / 2",
+                };
+                Need::Exactly(need, what)
+            }
+        };
+        // Multimodal ids have three rows (t, h, w) of a token each (saturating: no buffer
+        // holds usize::MAX ids, so an overflow is a wrong length).
+        let ids = match rows {
+            TableRows::MultimodalGathered(_) => {
+                Need::Exactly(sizes.tokens.saturating_mul(3), "3 × batch × seq_len")
+            }
+            _ => Need::Exactly(sizes.tokens, "batch × seq_len"),
         };
         let specs = [
             q,
             k,
             Spec::read("cos", cos),
             Spec::read("sin", Need::LengthOf(2)),
-            Spec::read(
-                "position_ids",
-                Need::Exactly(sizes.tokens, "batch × seq_len"),
-            ),
-            Spec::written(q_out_name, q.need),
-            Spec::written(k_out_name, k.need),
+            Spec::read("position_ids", ids),
+            // Outputs are contiguous whatever the inputs' strides.
+            Spec::written(q_out_name, q_all),
+            Spec::written(k_out_name, k_all),
         ];
         let empty = sizes.tokens == 0;
         Ok((sizes, Table { specs, empty }))
@@ -841,9 +1144,35 @@ impl RopeArgs {
     pub(crate) fn table_rows(&self, rows: TableRows, sizes: &RopeSizes, cos_len: usize) -> usize {
         match rows {
             TableRows::PerPosition => self.seq_len,
-            TableRows::PerBatch => sizes.tokens,
-            TableRows::Gathered => cos_len / self.table_row_len(),
+            TableRows::PerBatch | TableRows::Multimodal(_) => sizes.tokens,
+            TableRows::Gathered | TableRows::MultimodalGathered(_) => {
+                cos_len / self.table_row_len()
+            }
         }
+    }
+}
+
+/// Multimodal sections must split the `rotary_dim / 2` pairs.
+fn check_sections(sections: [usize; 3], rotary_dim: usize) -> Result<()> {
+    let sum = sections.iter().try_fold(0usize, |a, &s| a.checked_add(s));
+    if sum != Some(rotary_dim / 2) {
+        return Err(invalid(
+            "layout.sections",
+            format!("three sizes summing to rotary_dim / 2 = {}", rotary_dim / 2),
+            format!("{sections:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The general kernels' `sections` argument: the first pair of the h table in bits 0..32 and
+/// of the w table in bits 32..64 (0 for the other layouts; both < 2³¹ once checked).
+fn packed_sections(rows: TableRows) -> u64 {
+    match rows {
+        TableRows::Multimodal([t, h, _]) | TableRows::MultimodalGathered([t, h, _]) => {
+            t as u64 | ((t + h) as u64) << 32
+        }
+        _ => 0,
     }
 }
 
@@ -875,18 +1204,51 @@ fn rope_call<'b, T: Dtype>(
     sin: &'b impl DevicePtr<T>,
     layout: &'b CosSinLayout<'_>,
 ) -> Result<()> {
+    rope_call_in(
+        stream,
+        args,
+        direction,
+        [q, k, q_out, k_out],
+        None,
+        cos,
+        sin,
+        layout,
+    )
+}
+
+/// [`rope_call`], or with `fused = Some(k_offset)` the in-place call on q and k of one buffer
+/// (`q`: [`rope_forward_fused`]'s `qkv`, `k` None): k starts `k_offset` elements into it.
+#[allow(clippy::too_many_arguments)]
+fn rope_call_in<'b, T: Dtype>(
+    stream: &'b Arc<CudaStream>,
+    args: &RopeArgs,
+    direction: Direction,
+    [q, k, q_out, k_out]: [Option<Buf<'b, T>>; 4],
+    fused: Option<usize>,
+    cos: &'b impl DevicePtr<T>,
+    sin: &'b impl DevicePtr<T>,
+    layout: &'b CosSinLayout<'_>,
+) -> Result<()> {
     let out_of_place = q_out.is_some();
-    let (sizes, table) = args.table(direction, layout.rows(), out_of_place, k.is_some())?;
+    let with_k = k.is_some() || fused.is_some();
+    let (sizes, mut table) = args.table(direction, layout.rows(), out_of_place, with_k)?;
+    if let Some(k_offset) = fused {
+        table.specs[0] = fused_spec(&sizes, k_offset, direction)?;
+    }
     let bufs = [q, k, read(cos), read(sin), layout.ids(), q_out, k_out];
     let Some(call) = validate(stream, &table, bufs)? else {
         return Ok(());
     };
-    let [q, k, cos_ptr, sin_ptr, ids_ptr, q_out, k_out] = call.ptrs;
+    let [q, mut k, cos_ptr, sin_ptr, ids_ptr, q_out, k_out] = call.ptrs;
+    if let Some(k_offset) = fused {
+        check_fused_disjoint(&sizes, k_offset, direction)?;
+        k = q + (k_offset * size_of::<T>()) as u64;
+    }
     let rows = args.table_rows(layout.rows(), &sizes, cos.len());
     // Host ids go up only now that every check has passed; a fresh allocation is disjoint
     // from every argument by construction.
-    let uploaded: Option<CudaSlice<i64>> = match layout {
-        CosSinLayout::Gathered(PositionIds::Host(h)) => {
+    let uploaded: Option<CudaSlice<i64>> = match layout.position_ids() {
+        Some(PositionIds::Host(h)) => {
             check_host_ids(h, rows)?;
             Some(stream.clone_htod(*h)?)
         }
@@ -907,7 +1269,45 @@ fn rope_call<'b, T: Dtype>(
         sin: sin_ptr,
         ids: ids_ptr,
     };
+    let rows = (rows, layout.rows());
     launch::<T>(stream, args, direction, &sizes, io, rows, layout.source())
+}
+
+/// The buffer of a fused call: it must hold q's span from its start and k's from `k_offset`.
+pub(crate) fn fused_spec(sizes: &RopeSizes, k_offset: usize, direction: Direction) -> Result<Spec> {
+    let k_end = k_offset.checked_add(sizes.k_len).ok_or_else(|| {
+        invalid(
+            "k_offset",
+            "k_offset + the span of k within usize",
+            k_offset,
+        )
+    })?;
+    let need = match k_end > sizes.q_len {
+        true => Need::AtLeast(k_end, "k_offset + the span of k"),
+        false => Need::AtLeast(sizes.q_len, "the span of q"),
+    };
+    Ok(Spec::in_place(buffer_names(direction)[4], need))
+}
+
+/// q's rows from element 0 and k's from `k_offset` must share no element: row by row where
+/// their strides are equal ([`rows_overlap`]: disjoint column ranges of the same token rows
+/// pass), else by their spans.
+pub(crate) fn check_fused_disjoint(
+    sizes: &RopeSizes,
+    k_offset: usize,
+    direction: Direction,
+) -> Result<()> {
+    let (q, k) = (sizes.q_rows, sizes.k_rows);
+    let overlap = if q.stride == k.stride {
+        rows_overlap(0, q, k_offset as u64, k)
+    } else {
+        sizes.q_len > 0 && sizes.k_len > 0 && k_offset < sizes.q_len
+    };
+    let [output, other, ..] = buffer_names(direction);
+    match overlap {
+        true => Err(crate::Error::Aliasing { output, other }),
+        false => Ok(()),
+    }
 }
 
 /// The device pointers of one launch (their guards held by the caller): `q` and `k` (0
@@ -952,7 +1352,7 @@ fn launch<T: Dtype>(
     direction: Direction,
     sizes: &RopeSizes,
     io: Io,
-    table_rows: usize,
+    (table_rows, rows): (usize, TableRows),
     source: Source,
 ) -> Result<()> {
     let r = args.rotary_dim;
@@ -960,9 +1360,15 @@ fn launch<T: Dtype>(
     let (q_write, k_write) = io.out.unwrap_or((io.q, io.k));
     let kernels = kernels(stream.context())?;
     let elem_bytes = std::mem::size_of::<T>();
+    let multimodal = [
+        Source::Multimodal,
+        Source::MultimodalIdsI32,
+        Source::MultimodalIdsI64,
+    ];
+    let needs_general = io.out.is_some() || multimodal.contains(&source);
     let path = path(
         args,
-        io.out.is_some(),
+        needs_general,
         elem_bytes,
         [io.q, io.k, cos_ptr, sin_ptr],
     );
@@ -1020,19 +1426,37 @@ fn launch<T: Dtype>(
     for v in &dims {
         launch.arg(v);
     }
+    // Token strides of q, k and, out of place, of their contiguous outputs.
+    let (q_stride, k_stride) = (args.q_token_stride() as u64, args.k_token_stride() as u64);
+    let strides = match io.out {
+        None => [q_stride, k_stride, q_stride, k_stride],
+        Some(_) => [
+            q_stride,
+            k_stride,
+            sizes.q_rows.row as u64,
+            sizes.k_rows.row as u64,
+        ],
+    };
+    let sections = packed_sections(rows);
     if let Some((form, _)) = &general {
-        launch.arg(form);
+        for v in &strides {
+            launch.arg(v);
+        }
+        launch.arg(&sections).arg(form);
     }
     // SAFETY: argument order and types match `rope_entry!` in kernels-gpu: q and k (then, on
     // the general path, their outputs), cos, sin and ids, the 7 sizes as u64 (tokens, seq_len,
-    // q_heads, k_heads, head_dim, rotary_dim, table_rows), then on the general path the form
-    // bits as u32. q/k (and their outputs) were checked to hold exactly
-    // tokens × heads × head_dim elements (k absent, null and unused, when k_heads = 0), every
-    // output to be its input (in place) or disjoint from every other buffer; cos/sin hold
-    // every row the variant selects (`seq_len` rows for `pos`, `tokens` for `batch`,
-    // `table_rows` for `ids*`, whose ids the kernel clamps) in rows of `table_row_len`
-    // elements, as `form` tells the general kernels, and the ids buffer holds `tokens` ids of
-    // the variant's type. `rotary_dim` is even, 2 ..= head_dim, `tokens > 0` implies
+    // q_heads, k_heads, head_dim, rotary_dim, table_rows), then on the general path the 4
+    // token strides and the packed sections as u64 and the form bits as u32. q/k were checked
+    // to hold their span, `(tokens − 1)·stride + heads × head_dim` elements (exactly, when
+    // contiguous; strided only token-major, where the strides apply; k absent, null and
+    // unused, when k_heads = 0), their outputs exactly tokens × heads × head_dim, every
+    // output to be its input (in place, with its stride) or disjoint from every other buffer,
+    // q and k rows disjoint (`check_disjoint`, or `check_fused_disjoint` in one buffer);
+    // cos/sin hold every row the variant selects (`seq_len` rows for `pos`, `tokens` for
+    // `batch`, `table_rows` for `ids*`, whose ids the kernel clamps, 3 × `tokens` for `mrope`,
+    // whose sections sum to rotary_dim / 2) in rows of `table_row_len` elements, as `form`
+    // tells the general kernels, and the ids buffer holds `tokens` ids of the variant's type. `rotary_dim` is even, 2 ..= head_dim, `tokens > 0` implies
     // `seq_len ≥ 1`, and a token's items (pairs, plus tail dims out of place:
     // `RopeArgs::table` checked heads × head_dim < 2^31) are below 2^31. A `_v_` kernel runs
     // only where `path` established its alignment and divisibility requirements, with
@@ -1047,13 +1471,21 @@ pub(crate) mod tests {
     use crate::identity::{ElemType, Rows};
 
     /// Every kernel the launchers can ask for: each path takes each element type, direction
-    /// and cos/sin row source ([`Tables`]).
+    /// and cos/sin row source, but multimodal rows only the general path.
     pub(crate) fn launchable_kernels() -> Vec<Kernel> {
         let mut out = Vec::new();
         for &direction in &[Direction::Forward, Direction::Backward] {
             for &path in RopePath::ALL {
                 for &elem in ElemType::ALL {
                     for &rows in Rows::ALL {
+                        let multimodal = [
+                            Rows::Multimodal,
+                            Rows::MultimodalIdsI32,
+                            Rows::MultimodalIdsI64,
+                        ];
+                        if multimodal.contains(&rows) && path != RopePath::General {
+                            continue;
+                        }
                         out.push(Kernel::Rope {
                             direction,
                             path,
@@ -1163,6 +1595,156 @@ pub(crate) mod tests {
         assert_eq!(path(&a(128, 128).with_interleaved(), false, 2, aligned), g);
         assert_eq!(path(&a(128, 128).with_head_major(), false, 2, aligned), g);
         assert_eq!(path(&a(128, 128).with_half_tables(), false, 2, aligned), g);
+        // Token rows apart from each other (views into a fused QKV buffer) are general; strides
+        // equal to the rows are contiguous and keep the fast path.
+        let fused = (32 + 2 * 8) * 128;
+        assert_eq!(
+            path(&a(128, 128).with_strides(fused, fused), false, 2, aligned),
+            g
+        );
+        assert_eq!(
+            path(
+                &a(128, 128).with_strides(32 * 128, fused),
+                false,
+                2,
+                aligned
+            ),
+            g
+        );
+        assert_eq!(
+            path(
+                &a(128, 128).with_strides(32 * 128, 8 * 128),
+                false,
+                2,
+                aligned
+            ),
+            v
+        );
+    }
+
+    #[test]
+    fn strided_rows_span_from_the_first_row_to_the_last() {
+        let a = RopeArgs::new(8)
+            .with_batch(2)
+            .with_seq_len(3)
+            .with_heads(4, 2)
+            .with_strides(64, 64);
+        let sizes = a.check_heads(true).unwrap();
+        assert_eq!((sizes.q_len, sizes.k_len), (5 * 64 + 32, 5 * 64 + 16));
+        assert_eq!((sizes.q_rows.row, sizes.k_rows.stride), (32, 64));
+        let bad = |a: RopeArgs| match a.check_heads(true) {
+            Err(crate::Error::InvalidArgument { arg, expected, .. }) => (arg, expected),
+            other => panic!("{a:?}: {:?}", other.map(|s| s.tokens)),
+        };
+        assert_eq!(
+            bad(a.with_strides(31, 64)),
+            ("args.q_stride", "≥ q_heads × head_dim = 32".into())
+        );
+        assert_eq!(
+            bad(a.with_strides(32, 15)),
+            ("args.k_stride", "≥ k_heads × head_dim = 16".into())
+        );
+        assert_eq!(
+            bad(a.with_head_major()),
+            ("args.q_stride", "None with head-major q and k".into())
+        );
+        assert_eq!(bad(a.with_strides(usize::MAX, 64)).0, "args");
+        // No tokens span nothing, whatever the stride.
+        let empty = a.with_batch(0).check_heads(true).unwrap();
+        assert_eq!((empty.q_len, empty.k_len), (0, 0));
+    }
+
+    #[test]
+    fn fused_q_and_k_are_checked_row_by_row() {
+        // [6 tokens, q 32 | k 16 | v 16]: k at 32 is disjoint, at 31 it overlaps q's last
+        // column, at 48 (v's columns) it is disjoint again, at 64 − 16 + 1 it wraps onto the
+        // next token's q.
+        let a = RopeArgs::new(8)
+            .with_batch(2)
+            .with_seq_len(3)
+            .with_heads(4, 2)
+            .with_strides(64, 64);
+        let sizes = a.check_heads(true).unwrap();
+        let fwd = Direction::Forward;
+        let aliasing = Err(crate::Error::Aliasing {
+            output: "q",
+            other: "k",
+        });
+        assert_eq!(check_fused_disjoint(&sizes, 32, fwd), Ok(()));
+        assert_eq!(check_fused_disjoint(&sizes, 31, fwd), aliasing);
+        assert_eq!(check_fused_disjoint(&sizes, 48, fwd), Ok(()));
+        assert_eq!(check_fused_disjoint(&sizes, 49, fwd), aliasing);
+        assert_eq!(check_fused_disjoint(&sizes, 0, fwd), aliasing);
+        let named = Err(crate::Error::Aliasing {
+            output: "dq",
+            other: "dk",
+        });
+        assert_eq!(check_fused_disjoint(&sizes, 31, Direction::Backward), named);
+        // Different strides: the spans must not overlap (k after all of q here).
+        let b = a.with_strides(64, 16);
+        let sizes = b.check_heads(true).unwrap();
+        assert_eq!(check_fused_disjoint(&sizes, 32, fwd), aliasing);
+        assert_eq!(check_fused_disjoint(&sizes, sizes.q_len, fwd), Ok(()));
+        // The buffer must hold q's span, and k's from k_offset.
+        let sizes = a.check_heads(true).unwrap();
+        let spec = fused_spec(&sizes, 32, fwd).unwrap();
+        assert_eq!(
+            spec.need,
+            Need::AtLeast(32 + 5 * 64 + 16, "k_offset + the span of k")
+        );
+        assert_eq!(spec.name, "qkv");
+        let spec = fused_spec(&sizes, 0, Direction::Backward).unwrap();
+        assert_eq!(spec.need, Need::AtLeast(5 * 64 + 32, "the span of q"));
+        assert_eq!(spec.name, "dqkv");
+        assert!(fused_spec(&sizes, usize::MAX, fwd).is_err());
+    }
+
+    #[test]
+    fn multimodal_sections_split_the_pairs() {
+        assert!(check_sections([16, 24, 24], 128).is_ok());
+        assert!(check_sections([0, 0, 4], 8).is_ok());
+        for bad in [[16, 24, 23], [16, 24, 25], [usize::MAX, 2, 0]] {
+            let err = check_sections(bad, 128).unwrap_err().to_string();
+            assert!(err.contains("summing to rotary_dim / 2 = 64"), "{err}");
+        }
+        let packed = packed_sections(TableRows::Multimodal([16, 24, 24]));
+        assert_eq!((packed as u32, (packed >> 32) as u32), (16, 40));
+        assert_eq!(packed_sections(TableRows::PerBatch), 0);
+        let a = RopeArgs::new(8).with_batch(2).with_seq_len(3);
+        let (_, table) = a
+            .table(
+                Direction::Forward,
+                TableRows::Multimodal([1, 2, 1]),
+                false,
+                true,
+            )
+            .unwrap();
+        assert_eq!(
+            table.specs[2].need,
+            Need::Exactly(3 * 6 * 8, "3 × batch × seq_len × rotary_dim")
+        );
+        let bad = a.table(
+            Direction::Forward,
+            TableRows::Multimodal([1, 2, 2]),
+            false,
+            true,
+        );
+        assert!(bad.is_err());
+        // One gathered table, [3, B, S] ids: three ids a token.
+        let gathered = TableRows::MultimodalGathered([1, 2, 1]);
+        let (_, table) = a.table(Direction::Forward, gathered, false, true).unwrap();
+        assert_eq!(
+            table.specs[2].need,
+            Need::Rows(8, "max_pos ≥ 1 rows of rotary_dim")
+        );
+        assert_eq!(
+            table.specs[4].need,
+            Need::Exactly(18, "3 × batch × seq_len")
+        );
+        assert_eq!(a.table_rows(gathered, &a.check_heads(true).unwrap(), 40), 5);
+        assert_eq!(packed_sections(gathered), 1 | 3 << 32);
+        let bad = TableRows::MultimodalGathered([1, 2, 2]);
+        assert!(a.table(Direction::Forward, bad, false, true).is_err());
     }
 
     #[test]

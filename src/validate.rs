@@ -32,6 +32,44 @@ pub(crate) enum Need {
     Rows(usize, &'static str),
     /// Exactly the length of the table's buffer at this index.
     LengthOf(usize),
+    /// At least the span of these rows (as [`span`] counts it): only the rows are touched, so a written
+    /// buffer of rows may interleave with another of the same stride whose rows it does not
+    /// overlap ([`check_disjoint`]).
+    Strided(Strided, &'static str),
+}
+
+/// `rows` rows of `row` elements whose starts lie `stride ≥ row` elements apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Strided {
+    pub(crate) rows: usize,
+    pub(crate) row: usize,
+    pub(crate) stride: usize,
+}
+
+impl Strided {
+    /// Elements from the first row's start to the last row's end (0 without rows); the caller
+    /// has checked that it fits in `usize`, as [`span`] does.
+    fn span(&self) -> usize {
+        match self.rows {
+            0 => 0,
+            n => (n - 1) * self.stride + self.row,
+        }
+    }
+}
+
+/// Whether rows `a` starting at byte `a_at` and rows `b` at `b_at`, both of `stride` bytes
+/// (rows and row lengths in bytes here), share a byte. Exact: row `i` of `a` and row `j` of
+/// `b` overlap iff `−b.row < d + m·stride < a.row` with `d = b_at − a_at`, `m = j − i`, so some
+/// `m` in `[−(a.rows − 1), b.rows − 1]` must lie strictly between `(−b.row − d) / stride` and
+/// `(a.row − d) / stride`.
+pub(crate) fn rows_overlap(a_at: u64, a: Strided, b_at: u64, b: Strided) -> bool {
+    if a.rows == 0 || b.rows == 0 || a.row == 0 || b.row == 0 {
+        return false;
+    }
+    let (d, stride) = (b_at as i128 - a_at as i128, a.stride.max(1) as i128);
+    let lo = (-(b.row as i128) - d).div_euclid(stride) + 1;
+    let hi = -(-(a.row as i128 - d)).div_euclid(stride) - 1;
+    lo.max(1 - a.rows as i128) <= hi.min(b.rows as i128 - 1)
 }
 
 /// One buffer argument of a call: its name as in the launcher's signature, what the launcher
@@ -127,6 +165,9 @@ pub(crate) fn check_buffers<const N: usize>(
         let expected = match spec.need {
             Need::AtLeast(need, what) if len < need => format!("length ≥ {need} ({what})"),
             Need::Exactly(need, what) if len != need => format!("length {need} ({what})"),
+            Need::Strided(rows, what) if len < rows.span() => {
+                format!("length ≥ {} ({what})", rows.span())
+            }
             Need::Rows(row, what) if len == 0 || !len.is_multiple_of(row) => {
                 let expected = format!("a table of {what} = {row}");
                 return Err(invalid(spec.name, expected, format!("length {len}")));
@@ -153,6 +194,7 @@ fn extent(spec: &Spec, seen: &Option<Seen>, ptr: u64) -> (u64, u64) {
         Some(s) => {
             let elems = match spec.need {
                 Need::AtLeast(need, _) => need,
+                Need::Strided(rows, _) => rows.span(),
                 _ => s.len,
             };
             (ptr, (elems * s.elem_bytes) as u64)
@@ -160,10 +202,25 @@ fn extent(spec: &Spec, seen: &Option<Seen>, ptr: u64) -> (u64, u64) {
     }
 }
 
+/// The rows of a [`Need::Strided`] buffer in bytes.
+fn byte_rows(spec: &Spec, seen: &Option<Seen>) -> Option<Strided> {
+    match (spec.need, seen) {
+        (Need::Strided(r, _), Some(s)) => Some(Strided {
+            rows: r.rows,
+            row: r.row * s.elem_bytes,
+            stride: r.stride * s.elem_bytes,
+        }),
+        _ => None,
+    }
+}
+
 /// Checks that every written buffer (in place or not) is disjoint from every other buffer, to
 /// the byte: a kernel reads each element of an input after other threads may have written
-/// an overlapping output. Pairs are tried in table order, each written buffer first against
-/// the buffers before it, then after it, so the error names the written buffer.
+/// an overlapping output. Two buffers of rows ([`Need::Strided`]) with the same stride in bytes
+/// are compared row by row ([`rows_overlap`], so q and k views of one fused buffer, disjoint
+/// columns of the same rows, pass); any other pair by the bytes from its first to its last
+/// element. Pairs are tried in table order, each written buffer first against the buffers
+/// before it, then after it, so the error names the written buffer.
 pub(crate) fn check_disjoint<const N: usize>(
     table: &Table<N>,
     seen: &[Option<Seen>; N],
@@ -171,8 +228,13 @@ pub(crate) fn check_disjoint<const N: usize>(
 ) -> Result<()> {
     let extents: [(u64, u64); N] =
         std::array::from_fn(|i| extent(&table.specs[i], &seen[i], ptrs[i]));
-    let overlap = |(a, a_len): (u64, u64), (b, b_len): (u64, u64)| {
-        a_len > 0 && b_len > 0 && a < b + b_len && b < a + a_len
+    let rows: [Option<Strided>; N] = std::array::from_fn(|i| byte_rows(&table.specs[i], &seen[i]));
+    let overlap = |i: usize, j: usize| match (rows[i], rows[j]) {
+        (Some(a), Some(b)) if a.stride == b.stride => rows_overlap(ptrs[i], a, ptrs[j], b),
+        _ => {
+            let ((a, a_len), (b, b_len)) = (extents[i], extents[j]);
+            a_len > 0 && b_len > 0 && a < b + b_len && b < a + a_len
+        }
     };
     for (i, out) in table.specs.iter().enumerate() {
         if out.role == Role::Read {
@@ -181,7 +243,7 @@ pub(crate) fn check_disjoint<const N: usize>(
         for (j, other) in table.specs.iter().enumerate() {
             // A pair of written buffers is tried once, from the earlier one.
             let tried = j < i && other.role != Role::Read;
-            if j != i && !tried && overlap(extents[i], extents[j]) {
+            if j != i && !tried && overlap(i, j) {
                 return Err(Error::Aliasing {
                     output: out.name,
                     other: other.name,
@@ -424,6 +486,108 @@ mod tests {
         );
         // Read buffers may share memory.
         assert!(check_disjoint(&t, &seen, &[1000, 2000, 2000, 2000]).is_ok());
+    }
+
+    /// Every byte of rows `r` at `at`.
+    fn bytes(at: u64, r: Strided) -> Vec<u64> {
+        let rows = 0..r.rows as u64;
+        rows.flat_map(|i| (0..r.row as u64).map(move |c| at + i * r.stride as u64 + c))
+            .collect()
+    }
+
+    #[test]
+    fn rows_overlap_is_exact() {
+        let mut cases = 0;
+        for stride in 1..7 {
+            for (a_row, b_row) in [
+                (1, 1),
+                (1, 3),
+                (2, 2),
+                (3, 1),
+                (stride, 1),
+                (stride, stride),
+            ] {
+                if a_row > stride || b_row > stride {
+                    continue;
+                }
+                for (a_rows, b_rows) in [(0, 2), (1, 1), (1, 4), (3, 2), (4, 4)] {
+                    for b_at in 90..130 {
+                        let a = Strided {
+                            rows: a_rows,
+                            row: a_row,
+                            stride,
+                        };
+                        let b = Strided {
+                            rows: b_rows,
+                            row: b_row,
+                            stride,
+                        };
+                        let want = bytes(100, a).iter().any(|x| bytes(b_at, b).contains(x));
+                        assert_eq!(rows_overlap(100, a, b_at, b), want, "{a:?} {b:?} {b_at}");
+                        assert_eq!(rows_overlap(b_at, b, 100, a), want, "{b:?} {a:?} {b_at}");
+                        cases += 1;
+                    }
+                }
+            }
+        }
+        assert!(cases > 1000);
+    }
+
+    #[test]
+    fn interleaved_rows_of_one_stride_are_disjoint_column_ranges() {
+        // A fused [3 tokens, q 4 | k 2 | v 2] f16 buffer at 1000: q and k rows are 8 apart.
+        let q = Strided {
+            rows: 3,
+            row: 4,
+            stride: 8,
+        };
+        let k = Strided {
+            rows: 3,
+            row: 2,
+            stride: 8,
+        };
+        let t = table([
+            Spec::in_place("q", Need::Strided(q, "q rows")),
+            Spec::in_place("k", Need::Strided(k, "k rows")),
+            Spec::read("cos", Need::Exactly(4, "n")),
+        ]);
+        let two = [seen(24, 2), seen(20, 2)];
+        let seen = [two[0], two[1], seen(4, 2)];
+        assert!(check_disjoint(&t, &seen, &[1000, 1008, 5000]).is_ok());
+        // k one element earlier covers q's last column of every row.
+        let named = Error::Aliasing {
+            output: "q",
+            other: "k",
+        };
+        assert_eq!(check_disjoint(&t, &seen, &[1000, 1006, 5000]), Err(named));
+        // k's rows end where the next token's q row starts: still disjoint.
+        assert!(check_disjoint(&t, &seen, &[1000, 1012, 5000]).is_ok());
+        // cos within the span of q but between its rows still counts as an overlap: only
+        // two buffers of rows are compared row by row.
+        let named = Error::Aliasing {
+            output: "q",
+            other: "cos",
+        };
+        assert_eq!(check_disjoint(&t, &seen, &[1000, 1008, 1012]), Err(named));
+        // Rows of different strides are compared by their spans.
+        let k3 = Strided { stride: 9, ..k };
+        let t = table([
+            Spec::in_place("q", Need::Strided(q, "q rows")),
+            Spec::in_place("k", Need::Strided(k3, "k rows")),
+        ]);
+        let named = Error::Aliasing {
+            output: "q",
+            other: "k",
+        };
+        assert_eq!(check_disjoint(&t, &two, &[1000, 1008]), Err(named));
+        // A strided buffer's length must cover its span, not its rows × stride.
+        let (fits, short) = (two[1], two[1].map(|s| Seen { len: 19, ..s }));
+        assert!(check_buffers(&t, &[fits, fits], CTX).is_ok());
+        let got = check_buffers(&t, &[short, fits], CTX).unwrap_err();
+        assert_eq!(
+            got.to_string(),
+            "invalid `q`: expected length ≥ 20 (q rows), got 19"
+        );
     }
 
     #[test]

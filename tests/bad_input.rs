@@ -33,6 +33,8 @@ use liger_rs::{
     rms_norm_backward_inplace, rms_norm_forward, rope_backward, rope_backward_into, rope_forward,
     rope_forward_into,
 };
+// The fused RoPE launchers, apart from the shared list above.
+use liger_rs::{rope_backward_fused, rope_forward_fused};
 use std::collections::BTreeSet;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
@@ -88,7 +90,6 @@ impl Launch for Rope {
         call: &RopeCall,
         live: &mut Live<T>,
     ) -> liger_rs::Result<()> {
-        let (mut q, mut k) = (live.t("q"), live.t("k"));
         let (cos, sin) = (live.t("cos"), live.t("sin"));
         let ids32;
         let ids64;
@@ -104,8 +105,28 @@ impl Launch for Rope {
                 ids64 = live.i64("position_ids");
                 CosSinLayout::Gathered(PositionIds::DeviceI64(ids64.as_view()))
             }
+            Layout::Multimodal(sections) => CosSinLayout::Multimodal {
+                sections: *sections,
+            },
+            Layout::MultimodalIds(sections) => {
+                ids64 = live.i64("position_ids");
+                CosSinLayout::MultimodalGathered {
+                    sections: *sections,
+                    position_ids: PositionIds::DeviceI64(ids64.as_view()),
+                }
+            }
         };
         let a = &call.args;
+        if let Some(k_offset) = call.k_offset {
+            let mut qkv = live.t("qkv");
+            return match self {
+                Rope::BackwardFused => {
+                    rope_backward_fused(stream, a, &mut *qkv, k_offset, &*cos, &*sin, &layout)
+                }
+                _ => rope_forward_fused(stream, a, &mut *qkv, k_offset, &*cos, &*sin, &layout),
+            };
+        }
+        let (mut q, mut k) = (live.t("q"), live.t("k"));
         let (q_out, k_out) = if call.into {
             (Some(live.t("q_out")), Some(live.t("k_out")))
         } else {
@@ -569,8 +590,10 @@ fn audit<O: Op>(ops: &[O]) -> usize {
             }
             // Every name the row expects is an argument of the call.
             for name in r.want.names() {
+                // `layout.sections`: a field of RoPE's `layout` argument.
                 let known = name == "args"
                     || name == "position_ids"
+                    || name == "layout.sections"
                     || base.bufs.iter().any(|b| b.name == name)
                     || name
                         .strip_prefix("args.")

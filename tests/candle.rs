@@ -1557,3 +1557,76 @@ fn every_op_gradient_matches_finite_differences_f32() {
     // The cast points (f32 roundings) leave the differences noisy: a larger step and bound.
     fd_sweep(DType::F32, 1e-2, 2e-2);
 }
+
+/// q and k as views of one fused QKV projection output `[B, S, (Hq + 2·Hk)·d]` reshaped to
+/// heads and narrowed (tokens apart, no copy): `rope` equals `rope` on contiguous copies,
+/// forward, explicit backward and autograd, whose gradient of the fused tensor is dq and dk
+/// in their columns and 0 in v's.
+fn fused_views_case<T: El>(dev: &Device, rng: &mut Rng) {
+    let (b, s, hq, hk, d) = (2, 5, 6, 2, 16);
+    let heads = hq + 2 * hk;
+    let data: Vec<T> = rng.vec(b * s * heads * d, 0.0, 1.0);
+    let positions: Vec<i64> = (0..s as i64).collect();
+    let (cos_h, sin_h) = cos_sin::<T>(&positions, d);
+    let (cos, sin) = (tensor(&cos_h, &[s, d], dev), tensor(&sin_h, &[s, d], dev));
+    let fused = Var::from_tensor(&tensor(&data, &[b, s, heads * d], dev)).unwrap();
+    let by_head = fused.as_tensor().reshape((b, s, heads, d)).unwrap();
+    let (q, k) = (
+        by_head.narrow(2, 0, hq).unwrap(),
+        by_head.narrow(2, hq, hk).unwrap(),
+    );
+    assert!(!q.is_contiguous() && !k.is_contiguous());
+    let (qc, kc) = (q.contiguous().unwrap(), k.contiguous().unwrap());
+    let (qr, kr) = rope(&q, &k, &cos, &sin, None).unwrap();
+    let (qw, kw) = rope(&qc, &kc, &cos, &sin, None).unwrap();
+    let case = format!("fused views {} on {dev:?}", T::NAME);
+    assert_same(&format!("q, {case}"), &host::<T>(&qr), &host::<T>(&qw));
+    assert_same(&format!("k, {case}"), &host::<T>(&kr), &host::<T>(&kw));
+    let (gq, gk) = rope_backward(&q, &k, &cos, &sin, None).unwrap();
+    let (gqw, gkw) = rope_backward(&qc, &kc, &cos, &sin, None).unwrap();
+    assert_same(&format!("dq, {case}"), &host::<T>(&gq), &host::<T>(&gqw));
+    assert_same(&format!("dk, {case}"), &host::<T>(&gk), &host::<T>(&gkw));
+    // Autograd: d(Σ qr·u + Σ kr·w)/d fused = [rope_backward(u) | rope_backward(w) | 0].
+    let u = tensor(&rng.vec::<T>(qr.elem_count(), 0.0, 1.0), qr.dims(), dev);
+    let w = tensor(&rng.vec::<T>(kr.elem_count(), 0.0, 1.0), kr.dims(), dev);
+    let loss =
+        (qr.mul(&u).unwrap().sum_all().unwrap() + kr.mul(&w).unwrap().sum_all().unwrap()).unwrap();
+    let grad = loss.backward().unwrap();
+    let grad = grad.get(&fused).expect("grad of the fused tensor");
+    let grad = grad.reshape((b, s, heads, d)).unwrap();
+    let (gu, gw) = rope_backward(&u, &w, &cos, &sin, None).unwrap();
+    let zeros = vec![0.0; b * s * hk * d];
+    assert_same(
+        &format!("autograd dq, {case}"),
+        &host::<T>(&grad.narrow(2, 0, hq).unwrap()),
+        &host::<T>(&gu),
+    );
+    assert_same(
+        &format!("autograd dk, {case}"),
+        &host::<T>(&grad.narrow(2, hq, hk).unwrap()),
+        &host::<T>(&gw),
+    );
+    assert_same(
+        &format!("autograd dv, {case}"),
+        &host::<T>(&grad.narrow(2, hq + hk, hk).unwrap()),
+        &zeros,
+    );
+}
+
+#[test]
+fn rope_reads_fused_qkv_views_on_the_cpu() {
+    let mut rng = Rng::new(31);
+    fused_views_case::<f32>(&Device::Cpu, &mut rng);
+    fused_views_case::<bf16>(&Device::Cpu, &mut rng);
+}
+
+#[test]
+fn gpu_rope_reads_fused_qkv_views() {
+    let Some(dev) = candle_gpu("gpu_rope_reads_fused_qkv_views") else {
+        return;
+    };
+    let mut rng = Rng::new(32);
+    fused_views_case::<f32>(&dev, &mut rng);
+    fused_views_case::<f16>(&dev, &mut rng);
+    fused_views_case::<bf16>(&dev, &mut rng);
+}

@@ -1,6 +1,7 @@
-//! RoPE: CPU reference against hand-computed rotations, finite differences and its own
-//! inverse (always run); GPU kernels against the reference on many shapes, dtypes and cos/sin
-//! forms, 64-bit offsets, clamped device ids; bad input.
+//! RoPE: CPU reference against hand-computed rotations, finite differences, its own inverse,
+//! HF's multimodal table selection and fused QKV buffers (always run); GPU kernels against the
+//! reference on many shapes, dtypes and cos/sin forms, fused QKV views, multimodal tables,
+//! 64-bit offsets, clamped device ids; bad input.
 //!
 //! With the small shapes (`LIGER_RS_TEST_SHAPES=small`, sized for compute-sanitizer) the
 //! sweep's largest scalar shape runs fewer tokens and the test over 2³² elements skips.
@@ -13,11 +14,12 @@ use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use liger_rs::reference::Element;
 use liger_rs::reference::rope::{
-    CosSinRows, rope_backward as ref_backward, rope_forward as ref_forward,
+    CosSinRows, rope_backward as ref_backward, rope_backward_fused as ref_backward_fused,
+    rope_forward as ref_forward, rope_forward_fused as ref_forward_fused,
 };
 use liger_rs::{
-    CosSinLayout, Dtype, Error, PositionIds, RopeArgs, rope_backward, rope_backward_into,
-    rope_forward, rope_forward_into,
+    CosSinLayout, Dtype, Error, PositionIds, RopeArgs, rope_backward, rope_backward_fused,
+    rope_backward_into, rope_forward, rope_forward_fused, rope_forward_into,
 };
 use std::sync::Arc;
 
@@ -1735,4 +1737,788 @@ fn out_of_place_rejects_bad_input_and_overlaps() {
         over_sin.leak(),
         short.leak(),
     );
+}
+
+// ---------------------------------------------------------------- fused QKV views (strides)
+
+/// `[tokens, stride]` rows, q's `hq·d` columns at 0 and k's `hk·d` at `hq·d`, then v's `hk·d`
+/// and `pad` more: the fused QKV projection output (with `pad = 0`) and a padded variant.
+struct Fused {
+    tokens: usize,
+    q_row: usize,
+    k_row: usize,
+    stride: usize,
+}
+
+impl Fused {
+    fn new(tokens: usize, hq: usize, hk: usize, d: usize, pad: usize) -> Self {
+        Fused {
+            tokens,
+            q_row: hq * d,
+            k_row: hk * d,
+            stride: (hq + 2 * hk) * d + pad,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.tokens * self.stride
+    }
+
+    /// q's (`k = false`) or k's rows, gathered contiguous.
+    fn gather<T: Copy>(&self, qkv: &[T], k: bool) -> Vec<T> {
+        let (at, row) = if k {
+            (self.q_row, self.k_row)
+        } else {
+            (0, self.q_row)
+        };
+        (0..self.tokens)
+            .flat_map(|t| qkv[t * self.stride + at..][..row].iter().copied())
+            .collect()
+    }
+}
+
+#[test]
+fn reference_fused_qkv_is_q_and_k_rotated_alone() {
+    // Rotating q and k in place inside the fused buffer equals rotating contiguous copies of
+    // them, element for element; v and the padding keep their bits.
+    let shapes = [
+        (2, 3, 3, 1, 6, 4, 0),
+        (1, 5, 2, 2, 8, 8, 3),
+        (3, 2, 1, 3, 10, 2, 1),
+    ];
+    for (n, &(b, s, hq, hk, d, r, pad)) in shapes.iter().enumerate() {
+        let f = Fused::new(b * s, hq, hk, d, pad);
+        let args = RopeArgs::new(d)
+            .with_batch(b)
+            .with_seq_len(s)
+            .with_heads(hq, hk)
+            .with_rotary_dim(r);
+        let mut rng = Rng::new(900 + n as u64);
+        let qkv: Vec<f64> = uniform(&mut rng, f.len());
+        let (cos, sin) = cos_sin::<f64>(&(0..s as i64).collect::<Vec<_>>(), r, false);
+        for backward in [false, true] {
+            let (mut q, mut k) = (f.gather(&qkv, false), f.gather(&qkv, true));
+            let mut fused = qkv.clone();
+            let strided = args.with_strides(f.stride, f.stride);
+            let rows = CosSinRows::PerPosition;
+            if backward {
+                ref_backward(&args, &mut q, &mut k, &cos, &sin, rows).unwrap();
+                ref_backward_fused(&strided, &mut fused, f.q_row, &cos, &sin, rows).unwrap();
+            } else {
+                ref_forward(&args, &mut q, &mut k, &cos, &sin, rows).unwrap();
+                ref_forward_fused(&strided, &mut fused, f.q_row, &cos, &sin, rows).unwrap();
+            }
+            assert_eq!(f.gather(&fused, false), q, "q, shape {n}");
+            assert_eq!(f.gather(&fused, true), k, "k, shape {n}");
+            for t in 0..f.tokens {
+                let rest = t * f.stride + f.q_row + f.k_row..(t + 1) * f.stride;
+                assert_eq!(fused[rest.clone()], qkv[rest], "v and padding, shape {n}");
+            }
+            // Strided q and k in buffers of their own (views of a fused buffer each).
+            let mut q_view = qkv.clone();
+            let mut k_view = qkv[f.q_row..].to_vec();
+            let rotate = if backward { ref_backward } else { ref_forward };
+            rotate(&strided, &mut q_view, &mut k_view, &cos, &sin, rows).unwrap();
+            assert_eq!(f.gather(&q_view, false), q, "strided q, shape {n}");
+            assert_eq!(
+                f.gather(&fused, true)[..],
+                f.gather(&[&qkv[..f.q_row], &k_view[..]].concat(), true)[..],
+                "strided k, shape {n}"
+            );
+        }
+    }
+}
+
+#[test]
+fn reference_fused_qkv_checks_spans_and_overlaps() {
+    let args = RopeArgs::new(4)
+        .with_batch(2)
+        .with_seq_len(2)
+        .with_heads(2, 1)
+        .with_strides(16, 16);
+    let (cos, sin) = (vec![1.0f64; 8], vec![0.0f64; 8]);
+    let rows = CosSinRows::PerPosition;
+    // 4 tokens of [q 8 | k 4 | v 4]: k at 8 spans 8 + 3·16 + 4 = 60 elements.
+    let mut qkv = vec![0.0f64; 64];
+    assert!(ref_forward_fused(&args, &mut qkv, 8, &cos, &sin, rows).is_ok());
+    let mut short = vec![0.0f64; 59];
+    expect_invalid(
+        ref_forward_fused(&args, &mut short, 8, &cos, &sin, rows),
+        "qkv",
+        "length ≥ 60",
+    );
+    // k over q's last column, over q's first rows, over the next token's q.
+    let mut roomy = vec![0.0f64; 80];
+    for k_offset in [7, 0, 13] {
+        let got = ref_forward_fused(&args, &mut roomy, k_offset, &cos, &sin, rows);
+        assert_eq!(
+            got,
+            Err(Error::Aliasing {
+                output: "q",
+                other: "k"
+            }),
+            "{k_offset}"
+        );
+    }
+    // k in v's columns (12) or past q's last row is fine.
+    assert!(ref_forward_fused(&args, &mut qkv, 12, &cos, &sin, rows).is_ok());
+    let mut long = vec![0.0f64; 200];
+    assert!(ref_forward_fused(&args, &mut long, 56, &cos, &sin, rows).is_ok());
+    let got = ref_backward_fused(&args, &mut qkv, 7, &cos, &sin, rows);
+    assert_eq!(
+        got,
+        Err(Error::Aliasing {
+            output: "dq",
+            other: "dk"
+        })
+    );
+    expect_invalid(
+        ref_forward_fused(&args.with_strides(7, 16), &mut qkv, 8, &cos, &sin, rows),
+        "args.q_stride",
+        "≥ q_heads × head_dim = 8",
+    );
+    // Strided q in a buffer of its own must hold its span.
+    let (mut q, mut k) = (vec![0.0f64; 55], vec![0.0f64; 52]);
+    expect_invalid(
+        ref_forward(&args, &mut q, &mut k, &cos, &sin, rows),
+        "q",
+        "length ≥ 56",
+    );
+}
+
+/// The fused-QKV shapes `(B, S, Hq, Hk, d, r, pad)`: odd sizes, GQA either way, partial
+/// rotary, padded token rows (odd strides), many tokens.
+const FUSED_SHAPES: [(usize, usize, usize, usize, usize, usize, usize); 7] = [
+    (1, 1, 1, 1, 2, 2, 0),
+    (2, 7, 3, 5, 6, 6, 1),
+    (3, 11, 6, 2, 80, 32, 0),
+    (2, 9, 7, 3, 92, 92, 3),
+    (1, 33, 4, 1, 64, 40, 0),
+    (2, 300, 32, 8, 128, 128, 0),
+    (1, 257, 2, 2, 128, 128, 8),
+];
+
+/// One GPU case of fused QKV views: forward and backward on a NaN-free fused buffer, in place
+/// (`rope_*_fused`), against the reference on the same buffer (every element: v, padding
+/// and tail dims keep their bits); then q and k read as strided views of one fused buffer
+/// into contiguous outputs (`rope_*_into`), against the reference on contiguous copies.
+fn run_fused_case<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    shape: (usize, usize, usize, usize, usize, usize, usize),
+    rows: Form,
+    interleaved: bool,
+    seed: u64,
+) {
+    let (b, s, hq, hk, d, r, pad) = shape;
+    let f = Fused::new(b * s, hq, hk, d, pad);
+    let args = RopeArgs::new(d)
+        .with_batch(b)
+        .with_seq_len(s)
+        .with_heads(hq, hk)
+        .with_rotary_dim(r);
+    let args = if interleaved {
+        args.with_interleaved()
+    } else {
+        args
+    };
+    let strided = args.with_strides(f.stride, f.stride);
+    let desc = format!(
+        "B={b} S={s} Hq={hq} Hk={hk} d={d} r={r} pad={pad} {} {rows:?} interleaved={interleaved} \
+         seed={seed}",
+        T::NAME
+    );
+    let mut rng = Rng::new(seed);
+    let (positions, ids): (Vec<i64>, Vec<i64>) = match rows {
+        Form::PerPosition => ((0..s as i64).collect(), vec![]),
+        Form::PerBatch => ((0..(b * s) as i64).map(|t| 3 * t + 1).collect(), vec![]),
+        _ => ((0..s as i64 + 5).collect(), packed_ids(&mut rng, b, s)),
+    };
+    let (cos, sin) = cos_sin::<T>(&positions, r, seed.is_multiple_of(2));
+    let (cos, sin) = (table_in_form(&args, &cos), table_in_form(&args, &sin));
+    let ref_rows = match rows {
+        Form::PerPosition => CosSinRows::PerPosition,
+        Form::PerBatch => CosSinRows::PerBatch,
+        _ => CosSinRows::Gathered(&ids),
+    };
+    let (cos_d, sin_d) = (upload(stream, &cos), upload(stream, &sin));
+    let ids32: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+    let ids32_d = (!ids.is_empty()).then(|| upload_ids(stream, &ids32));
+    let ids64_d = (!ids.is_empty()).then(|| upload_ids(stream, &ids));
+    let layout = match rows {
+        Form::PerPosition => CosSinLayout::PerPosition,
+        Form::PerBatch => CosSinLayout::PerBatch,
+        Form::Ids32 => CosSinLayout::Gathered(PositionIds::DeviceI32(
+            ids32_d.as_ref().expect("ids").as_view(),
+        )),
+        Form::Ids64 => CosSinLayout::Gathered(PositionIds::DeviceI64(
+            ids64_d.as_ref().expect("ids").as_view(),
+        )),
+        Form::Host => CosSinLayout::Gathered(PositionIds::Host(&ids)),
+    };
+    for backward in [false, true] {
+        let qkv: Vec<T> = uniform(&mut rng, f.len());
+        let mut want = qkv.clone();
+        let mut qkv_d = upload(stream, &qkv);
+        if backward {
+            ref_backward_fused(&strided, &mut want, f.q_row, &cos, &sin, ref_rows).expect(&desc);
+            rope_backward_fused(
+                stream, &strided, &mut qkv_d, f.q_row, &cos_d, &sin_d, &layout,
+            )
+        } else {
+            ref_forward_fused(&strided, &mut want, f.q_row, &cos, &sin, ref_rows).expect(&desc);
+            rope_forward_fused(
+                stream, &strided, &mut qkv_d, f.q_row, &cos_d, &sin_d, &layout,
+            )
+        }
+        .expect(&desc);
+        let case = format!("fused in place, backward={backward}, {desc}");
+        // Every element: the rotated q and k columns within ULPS, the rest bit for bit.
+        let got = download(stream, &qkv_d);
+        check("qkv", &case, &got, &want, &qkv, 1, 1);
+        for (i, (g, x)) in got.iter().zip(&qkv).enumerate() {
+            let (t, c) = (i / f.stride, i % f.stride);
+            let head_dim_of = |col: usize| col % d;
+            let rotated = c < f.q_row + f.k_row && head_dim_of(c) < r;
+            assert!(
+                rotated || bits(*g) == bits(*x),
+                "token {t} column {c} outside q's and k's rotary dims changed, {case}"
+            );
+        }
+
+        // Strided views of one fused buffer, read only, into contiguous outputs.
+        let (mut q, mut k) = (f.gather(&qkv, false), f.gather(&qkv, true));
+        let input = (q.clone(), k.clone());
+        let rotate = if backward { ref_backward } else { ref_forward };
+        rotate(&args, &mut q, &mut k, &cos, &sin, ref_rows).expect(&desc);
+        let qkv_d = upload(stream, &qkv);
+        let (q_view, k_view) = (qkv_d.slice(..), qkv_d.slice(f.q_row..));
+        let mut q_out = common::poisoned::<T>(stream, q.len());
+        let mut k_out = common::poisoned::<T>(stream, k.len());
+        let into = if backward {
+            rope_backward_into
+        } else {
+            rope_forward_into
+        };
+        into(
+            stream, &strided, &q_view, &k_view, &cos_d, &sin_d, &layout, &mut q_out, &mut k_out,
+        )
+        .expect(&desc);
+        let case = format!("strided views out of place, backward={backward}, {desc}");
+        check(
+            "q_out",
+            &case,
+            &download(stream, &q_out),
+            &q,
+            &input.0,
+            d,
+            r,
+        );
+        check(
+            "k_out",
+            &case,
+            &download(stream, &k_out),
+            &k,
+            &input.1,
+            d,
+            r,
+        );
+        assert!(download(stream, &qkv_d) == qkv, "input changed, {case}");
+    }
+}
+
+fn fused_sweep<T: Dtype>(test: &str, seed_base: u64) {
+    let Some(stream) = gpu(test) else { return };
+    let mut failures = Failures::new(test);
+    for (i, &(b, s, hq, hk, d, r, pad)) in FUSED_SHAPES.iter().enumerate() {
+        // Sanitizer-sized: at most 9 positions.
+        let shape = (b, sized(s, s.min(9)), hq, hk, d, r, pad);
+        for interleaved in [false, true] {
+            let rows = FORMS[(2 * i + interleaved as usize) % FORMS.len()];
+            let seed = seed_base + 2 * i as u64 + interleaved as u64;
+            failures.run(|| run_fused_case::<T>(&stream, shape, rows, interleaved, seed));
+        }
+    }
+    failures.finish();
+}
+
+#[test]
+fn gpu_fused_qkv_views_match_reference_f32() {
+    fused_sweep::<f32>("gpu_fused_qkv_views_match_reference_f32", 70_000);
+}
+
+#[test]
+fn gpu_fused_qkv_views_match_reference_f16() {
+    fused_sweep::<f16>("gpu_fused_qkv_views_match_reference_f16", 71_000);
+}
+
+#[test]
+fn gpu_fused_qkv_views_match_reference_bf16() {
+    fused_sweep::<bf16>("gpu_fused_qkv_views_match_reference_bf16", 72_000);
+}
+
+#[test]
+fn fused_qkv_rejects_bad_input_and_overlaps() {
+    let test = "fused_qkv_rejects_bad_input_and_overlaps";
+    let Some(stream) = gpu(test) else { return };
+    // 4 tokens of [q 8 | k 4 | v 4]; k at 8 spans 8 + 3·16 + 4 = 60 elements.
+    let args = RopeArgs::new(4)
+        .with_batch(2)
+        .with_seq_len(2)
+        .with_heads(2, 1)
+        .with_strides(16, 16);
+    let (cos, sin) = (upload(&stream, &[1.0f32; 8]), upload(&stream, &[0.0f32; 8]));
+    let pos = CosSinLayout::PerPosition;
+    let mut qkv = upload(&stream, &[0.5f32; 64]);
+    rope_forward_fused(&stream, &args, &mut qkv, 8, &cos, &sin, &pos).expect("valid");
+    let mut short = upload(&stream, &[0.5f32; 59]);
+    expect_invalid(
+        rope_forward_fused(&stream, &args, &mut short, 8, &cos, &sin, &pos),
+        "qkv",
+        "length ≥ 60",
+    );
+    expect_invalid(
+        rope_backward_fused(&stream, &args, &mut short, 8, &cos, &sin, &pos),
+        "dqkv",
+        "length ≥ 60",
+    );
+    // k over q's first rows, over q's last column, over the next token's q.
+    let mut roomy = upload(&stream, &[0.5f32; 80]);
+    for k_offset in [0, 7, 13] {
+        let got = rope_forward_fused(&stream, &args, &mut roomy, k_offset, &cos, &sin, &pos);
+        assert_eq!(
+            got,
+            Err(Error::Aliasing {
+                output: "q",
+                other: "k"
+            }),
+            "{k_offset}"
+        );
+    }
+    let got = rope_backward_fused(&stream, &args, &mut qkv, 7, &cos, &sin, &pos);
+    assert_eq!(
+        got,
+        Err(Error::Aliasing {
+            output: "dq",
+            other: "dk"
+        })
+    );
+    expect_invalid(
+        rope_forward_fused(
+            &stream,
+            &args.with_strides(16, 3),
+            &mut qkv,
+            8,
+            &cos,
+            &sin,
+            &pos,
+        ),
+        "args.k_stride",
+        "≥ k_heads × head_dim = 4",
+    );
+    expect_invalid(
+        rope_forward_fused(
+            &stream,
+            &args.with_head_major(),
+            &mut qkv,
+            8,
+            &cos,
+            &sin,
+            &pos,
+        ),
+        "args.q_stride",
+        "None with head-major",
+    );
+    // The rejected calls wrote nothing; the valid one rotated by 0 (cos 1, sin 0).
+    assert_eq!(download(&stream, &qkv), vec![0.5f32; 64]);
+    // Strided q of its own must hold its span (56), k its own (52).
+    let (mut q, mut k) = (
+        upload(&stream, &[0.5f32; 55]),
+        upload(&stream, &[0.5f32; 52]),
+    );
+    expect_invalid(
+        rope_forward(&stream, &args, &mut q, &mut k, &cos, &sin, &pos),
+        "q",
+        "length ≥ 56 ((batch × seq_len − 1) × q_stride + q_heads × head_dim)",
+    );
+}
+
+// ---------------------------------------------------------------- multimodal (Qwen2-VL)
+
+/// HF's `apply_multimodal_rotary_pos_emb` table selection, written as HF writes it: split
+/// each `[3, tokens, r]` table's rows into chunks of `mrope_section * 2` and take chunk `j`
+/// from table `j mod 3`; the result is a `[tokens, r]` per-batch table.
+fn hf_multimodal_table<T: Copy>(
+    three: &[T],
+    tokens: usize,
+    r: usize,
+    sections: [usize; 3],
+) -> Vec<T> {
+    let chunks: Vec<usize> = sections.iter().chain(&sections).copied().collect();
+    let mut out = Vec::with_capacity(tokens * r);
+    for t in 0..tokens {
+        let mut start = 0;
+        for (j, &len) in chunks.iter().enumerate() {
+            let table = &three[(j % 3) * tokens * r..][..tokens * r];
+            out.extend_from_slice(&table[t * r + start..][..len]);
+            start += len;
+        }
+    }
+    out
+}
+
+/// Three `[tokens, r]` HF-style tables (t, h, w) from 3-row position ids, as Qwen2-VL's rotary
+/// embedding computes them.
+fn multimodal_tables<T: Element>(rng: &mut Rng, tokens: usize, r: usize) -> (Vec<T>, Vec<T>) {
+    let ids: Vec<i64> = (0..3 * tokens)
+        .map(|_| (rng.next_u64() % 50) as i64)
+        .collect();
+    cos_sin::<T>(&ids, r, false)
+}
+
+#[test]
+fn reference_multimodal_is_hf_apply_multimodal_rotary_pos_emb() {
+    // Rotating with the per-batch table HF assembles equals the multimodal layout, bit for bit.
+    let cases = [
+        (2, 3, 3, 1, 8, 8, [1, 2, 1]),
+        (1, 5, 2, 3, 12, 12, [0, 3, 3]),
+        (2, 4, 1, 2, 16, 12, [6, 0, 0]),
+        (1, 7, 2, 2, 128, 128, [16, 24, 24]),
+    ];
+    for (n, &(b, s, hq, hk, d, r, sections)) in cases.iter().enumerate() {
+        let tokens = b * s;
+        let mut rng = Rng::new(1200 + n as u64);
+        let (cos3, sin3) = multimodal_tables::<f64>(&mut rng, tokens, r);
+        let cos = hf_multimodal_table(&cos3, tokens, r, sections);
+        let sin = hf_multimodal_table(&sin3, tokens, r, sections);
+        let args = RopeArgs::new(d)
+            .with_batch(b)
+            .with_seq_len(s)
+            .with_heads(hq, hk)
+            .with_rotary_dim(r);
+        let q: Vec<f64> = uniform(&mut rng, tokens * hq * d);
+        let k: Vec<f64> = uniform(&mut rng, tokens * hk * d);
+        for backward in [false, true] {
+            let rotate = if backward { ref_backward } else { ref_forward };
+            let (mut q_hf, mut k_hf) = (q.clone(), k.clone());
+            rotate(
+                &args,
+                &mut q_hf,
+                &mut k_hf,
+                &cos,
+                &sin,
+                CosSinRows::PerBatch,
+            )
+            .unwrap();
+            let (mut q_m, mut k_m) = (q.clone(), k.clone());
+            let rows = CosSinRows::Multimodal { sections };
+            rotate(&args, &mut q_m, &mut k_m, &cos3, &sin3, rows).unwrap();
+            assert_eq!((q_m, k_m), (q_hf, k_hf), "case {n}, backward={backward}");
+        }
+    }
+    // The sections must split rotary_dim / 2, and the tables hold 3 × tokens rows.
+    let args = RopeArgs::new(8).with_seq_len(2);
+    let (mut q, mut k) = (vec![0.0f64; 16], vec![0.0f64; 16]);
+    let table = vec![0.0f64; 3 * 2 * 8];
+    let bad = CosSinRows::Multimodal {
+        sections: [1, 1, 1],
+    };
+    expect_invalid(
+        ref_forward(&args, &mut q, &mut k, &table, &table, bad),
+        "layout.sections",
+        "summing to rotary_dim / 2 = 4",
+    );
+    let ok = CosSinRows::Multimodal {
+        sections: [1, 2, 1],
+    };
+    expect_invalid(
+        ref_forward(&args, &mut q, &mut k, &table[..32], &table[..32], ok),
+        "cos",
+        "length 48 (3 × batch × seq_len × rotary_dim)",
+    );
+}
+
+#[test]
+fn reference_multimodal_gathered_is_multimodal_on_the_gathered_rows() {
+    // Rows read through [3, B, S] ids from one table equal the [3, B, S, r] tables of those
+    // rows, bit for bit, in every form.
+    let (b, s, hq, hk, d, r, sections) = (2, 5, 3, 2, 12, 10, [2, 1, 2]);
+    let tokens = b * s;
+    let max_pos = 40;
+    for (n, &bits) in FORM_BITS.iter().enumerate() {
+        let mut rng = Rng::new(1300 + n as u64);
+        let args = in_form(
+            RopeArgs::new(d)
+                .with_batch(b)
+                .with_seq_len(s)
+                .with_heads(hq, hk)
+                .with_rotary_dim(r),
+            bits,
+        );
+        let ids: Vec<i64> = (0..3 * tokens)
+            .map(|_| (rng.next_u64() % max_pos) as i64)
+            .collect();
+        let (cos, sin) = cos_sin::<f64>(&(0..max_pos as i64).collect::<Vec<_>>(), r, false);
+        let (cos3, sin3) = cos_sin::<f64>(&ids, r, false);
+        let (cos, sin) = (table_in_form(&args, &cos), table_in_form(&args, &sin));
+        let (cos3, sin3) = (table_in_form(&args, &cos3), table_in_form(&args, &sin3));
+        let q: Vec<f64> = uniform(&mut rng, tokens * hq * d);
+        let k: Vec<f64> = uniform(&mut rng, tokens * hk * d);
+        for backward in [false, true] {
+            let rotate = if backward { ref_backward } else { ref_forward };
+            let (mut q3, mut k3) = (q.clone(), k.clone());
+            let rows = CosSinRows::Multimodal { sections };
+            rotate(&args, &mut q3, &mut k3, &cos3, &sin3, rows).unwrap();
+            let (mut qg, mut kg) = (q.clone(), k.clone());
+            let rows = CosSinRows::MultimodalGathered {
+                sections,
+                ids: &ids,
+            };
+            rotate(&args, &mut qg, &mut kg, &cos, &sin, rows).unwrap();
+            assert_eq!((qg, kg), (q3, k3), "form {bits:?}, backward={backward}");
+        }
+    }
+    // The ids are [3, B, S] and each names a row of the table.
+    let args = RopeArgs::new(4).with_seq_len(2);
+    let (mut q, mut k) = (vec![0.0f64; 8], vec![0.0f64; 8]);
+    let table = vec![0.0f64; 5 * 4];
+    let ok = |ids| CosSinRows::MultimodalGathered {
+        sections: [1, 0, 1],
+        ids,
+    };
+    assert!(
+        ref_forward(
+            &args,
+            &mut q,
+            &mut k,
+            &table,
+            &table,
+            ok(&[0, 1, 2, 3, 4, 0])
+        )
+        .is_ok()
+    );
+    expect_invalid(
+        ref_forward(&args, &mut q, &mut k, &table, &table, ok(&[0, 1, 2, 3])),
+        "position_ids",
+        "length 6 (3 × batch × seq_len)",
+    );
+    expect_invalid(
+        ref_forward(
+            &args,
+            &mut q,
+            &mut k,
+            &table,
+            &table,
+            ok(&[0, 1, 2, 3, 5, 0]),
+        ),
+        "position_ids",
+        "position_ids[4] = 5",
+    );
+}
+
+/// A multimodal shape: `(B, S, Hq, Hk, d, r, sections)`.
+type MultimodalShape = (usize, usize, usize, usize, usize, usize, [usize; 3]);
+
+const MULTIMODAL_SHAPES: [MultimodalShape; 6] = [
+    (1, 1, 1, 1, 2, 2, [1, 0, 0]),
+    (2, 7, 3, 5, 6, 6, [1, 1, 1]),
+    (3, 11, 6, 2, 80, 32, [4, 6, 6]),
+    (2, 9, 7, 3, 92, 92, [0, 23, 23]),
+    (2, 64, 28, 4, 128, 128, [16, 24, 24]),
+    (1, 257, 2, 2, 128, 80, [20, 20, 0]),
+];
+
+/// One GPU case of multimodal tables, in a form of `FORM_BITS`: forward and backward, in
+/// place and out of place, against the reference.
+fn run_multimodal_case<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    shape: MultimodalShape,
+    bits: (bool, bool, bool),
+    ids_form: Option<Form>,
+    seed: u64,
+) {
+    let (b, s, hq, hk, d, r, sections) = shape;
+    let args = in_form(
+        RopeArgs::new(d)
+            .with_batch(b)
+            .with_seq_len(s)
+            .with_heads(hq, hk)
+            .with_rotary_dim(r),
+        bits,
+    );
+    let desc = format!(
+        "B={b} S={s} Hq={hq} Hk={hk} d={d} r={r} sections={sections:?} {} (interleaved, half, \
+         head-major) = {bits:?} ids={ids_form:?} seed={seed}",
+        T::NAME
+    );
+    let mut rng = Rng::new(seed);
+    // Three [B, S, r] tables, or one [max_pos, r] table and [3, B, S] ids into it.
+    let max_pos = 50;
+    let ids: Vec<i64> = (0..3 * b * s)
+        .map(|_| (rng.next_u64() % max_pos) as i64)
+        .collect();
+    let (cos, sin) = match ids_form {
+        None => multimodal_tables::<T>(&mut rng, b * s, r),
+        Some(_) => cos_sin::<T>(&(0..max_pos as i64).collect::<Vec<_>>(), r, true),
+    };
+    let (cos, sin) = (table_in_form(&args, &cos), table_in_form(&args, &sin));
+    let (cos_d, sin_d) = (upload(stream, &cos), upload(stream, &sin));
+    let ids32: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+    let (ids32_d, ids64_d) = (upload_ids(stream, &ids32), upload_ids(stream, &ids));
+    let position_ids = match ids_form {
+        Some(Form::Ids32) => PositionIds::DeviceI32(ids32_d.as_view()),
+        Some(Form::Host) => PositionIds::Host(&ids),
+        _ => PositionIds::DeviceI64(ids64_d.as_view()),
+    };
+    let layout = match ids_form {
+        None => CosSinLayout::Multimodal { sections },
+        Some(_) => CosSinLayout::MultimodalGathered {
+            sections,
+            position_ids,
+        },
+    };
+    let ref_rows = match ids_form {
+        None => CosSinRows::Multimodal { sections },
+        Some(_) => CosSinRows::MultimodalGathered {
+            sections,
+            ids: &ids,
+        },
+    };
+    for backward in [false, true] {
+        let q: Vec<T> = uniform(&mut rng, b * s * hq * d);
+        let k: Vec<T> = uniform(&mut rng, b * s * hk * d);
+        let (mut qw, mut kw) = (q.clone(), k.clone());
+        let rotate_ref = if backward { ref_backward } else { ref_forward };
+        rotate_ref(&args, &mut qw, &mut kw, &cos, &sin, ref_rows).expect(&desc);
+        let (names, rotate, rotate_into) = if backward {
+            (
+                ["dq", "dk"],
+                rope_backward as Rotate<T>,
+                rope_backward_into as RotateInto<T>,
+            )
+        } else {
+            (
+                ["q", "k"],
+                rope_forward as Rotate<T>,
+                rope_forward_into as RotateInto<T>,
+            )
+        };
+        let (mut q_d, mut k_d) = (upload(stream, &q), upload(stream, &k));
+        rotate(stream, &args, &mut q_d, &mut k_d, &cos_d, &sin_d, &layout).expect(&desc);
+        let case = format!("in place, {desc}");
+        check(names[0], &case, &download(stream, &q_d), &qw, &q, d, r);
+        check(names[1], &case, &download(stream, &k_d), &kw, &k, d, r);
+        let (q_d, k_d) = (upload(stream, &q), upload(stream, &k));
+        let mut q_out = common::poisoned::<T>(stream, q.len());
+        let mut k_out = common::poisoned::<T>(stream, k.len());
+        rotate_into(
+            stream, &args, &q_d, &k_d, &cos_d, &sin_d, &layout, &mut q_out, &mut k_out,
+        )
+        .expect(&desc);
+        let case = format!("out of place, {desc}");
+        check(names[0], &case, &download(stream, &q_out), &qw, &q, d, r);
+        check(names[1], &case, &download(stream, &k_out), &kw, &k, d, r);
+    }
+}
+
+fn multimodal_sweep<T: Dtype>(test: &str, seed_base: u64) {
+    let Some(stream) = gpu(test) else { return };
+    let mut failures = Failures::new(test);
+    for (i, &(b, s, hq, hk, d, r, sections)) in MULTIMODAL_SHAPES.iter().enumerate() {
+        // Sanitizer-sized: at most 9 positions.
+        let shape = (b, sized(s, s.min(9)), hq, hk, d, r, sections);
+        // The default form on every shape, and the other forms rotating with the shape; the
+        // three tables, and one table through i32, i64 and host ids.
+        let gathered = [Form::Ids32, Form::Ids64, Form::Host][i % 3];
+        for (j, bits) in [FORM_BITS[0], FORM_BITS[1 + i % (FORM_BITS.len() - 1)]]
+            .into_iter()
+            .enumerate()
+        {
+            for ids_form in [None, Some(gathered)] {
+                let seed = seed_base + 8 * i as u64 + 2 * j as u64 + ids_form.is_some() as u64;
+                failures.run(|| run_multimodal_case::<T>(&stream, shape, bits, ids_form, seed));
+            }
+        }
+    }
+    failures.finish();
+}
+
+#[test]
+fn gpu_multimodal_matches_reference_f32() {
+    multimodal_sweep::<f32>("gpu_multimodal_matches_reference_f32", 80_000);
+}
+
+#[test]
+fn gpu_multimodal_matches_reference_f16() {
+    multimodal_sweep::<f16>("gpu_multimodal_matches_reference_f16", 81_000);
+}
+
+#[test]
+fn gpu_multimodal_matches_reference_bf16() {
+    multimodal_sweep::<bf16>("gpu_multimodal_matches_reference_bf16", 82_000);
+}
+
+#[test]
+fn multimodal_rejects_bad_sections_and_tables() {
+    let test = "multimodal_rejects_bad_sections_and_tables";
+    let Some(stream) = gpu(test) else { return };
+    let args = RopeArgs::new(8).with_seq_len(2);
+    let (mut q, mut k) = (
+        upload(&stream, &[0.5f32; 16]),
+        upload(&stream, &[0.5f32; 16]),
+    );
+    let table = upload(&stream, &[1.0f32; 48]);
+    let short = upload(&stream, &[1.0f32; 32]);
+    let bad = CosSinLayout::Multimodal {
+        sections: [2, 2, 1],
+    };
+    expect_invalid(
+        rope_forward(&stream, &args, &mut q, &mut k, &table, &table, &bad),
+        "layout.sections",
+        "summing to rotary_dim / 2 = 4",
+    );
+    let ok = CosSinLayout::Multimodal {
+        sections: [2, 2, 0],
+    };
+    expect_invalid(
+        rope_backward(&stream, &args, &mut q, &mut k, &short, &short, &ok),
+        "cos",
+        "length 48 (3 × batch × seq_len × rotary_dim)",
+    );
+    rope_forward(&stream, &args, &mut q, &mut k, &table, &short, &ok)
+        .map(|()| panic!("a short sin was accepted"))
+        .unwrap_or_else(|e| assert!(e.to_string().contains("`sin`"), "{e}"));
+    // [3, B, S] ids into one table: 6 of them, each a row of the 6-row table.
+    let ids = upload_ids(&stream, &[0i64, 1, 2, 3, 4]);
+    let gathered = |position_ids| CosSinLayout::MultimodalGathered {
+        sections: [2, 1, 1],
+        position_ids,
+    };
+    expect_invalid(
+        rope_forward(
+            &stream,
+            &args,
+            &mut q,
+            &mut k,
+            &table,
+            &table,
+            &gathered(PositionIds::DeviceI64(ids.as_view())),
+        ),
+        "position_ids",
+        "length 6 (3 × batch × seq_len)",
+    );
+    let host = [0i64, 1, 2, 3, 4, 6];
+    expect_invalid(
+        rope_forward(
+            &stream,
+            &args,
+            &mut q,
+            &mut k,
+            &table,
+            &table,
+            &gathered(PositionIds::Host(&host)),
+        ),
+        "position_ids",
+        "position_ids[5] = 6",
+    );
+    assert_eq!(download(&stream, &q), vec![0.5f32; 16]);
 }

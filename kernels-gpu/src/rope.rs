@@ -24,7 +24,9 @@
 //!
 //! General path (`rope_{fwd,bwd}_g_*`, see [`rotate_any`]): the scalar mapping with separate
 //! inputs and outputs (in place when they are the same buffers), and the forms that [`flags`]
-//! select: interleaved pairs, head-major q and k, half-width cos/sin rows. Same math.
+//! select: interleaved pairs, head-major q and k, half-width cos/sin rows; token rows any
+//! stride apart (q and k as views into a fused QKV buffer), and Qwen2-VL's multimodal rows
+//! ([`multimodal_rows`]). Same math.
 //!
 //! Math in f32, one rounding to the element type per output, no FMA contraction:
 //! `o1 = T(x1·c − x2·s)`, `o2 = T(x2·c + x1·s)` with each product rounded to f32. The backward
@@ -46,6 +48,17 @@ pub mod rows {
     pub const IDS_I32: u32 = Rows::IdsI32 as u32;
     /// [`Rows::IdsI64`].
     pub const IDS_I64: u32 = Rows::IdsI64 as u32;
+    /// [`Rows::Multimodal`].
+    pub const MULTIMODAL: u32 = Rows::Multimodal as u32;
+    /// [`Rows::MultimodalIdsI32`].
+    pub const MULTIMODAL_IDS_I32: u32 = Rows::MultimodalIdsI32 as u32;
+    /// [`Rows::MultimodalIdsI64`].
+    pub const MULTIMODAL_IDS_I64: u32 = Rows::MultimodalIdsI64 as u32;
+
+    /// Whether `rows` picks a row per pair by its frequency section (Qwen2-VL).
+    pub const fn multimodal(rows: u32) -> bool {
+        matches!(rows, MULTIMODAL | MULTIMODAL_IDS_I32 | MULTIMODAL_IDS_I64)
+    }
 }
 
 /// A position id clamped into `[0, rows)` (`rows ≥ 1`).
@@ -75,6 +88,26 @@ struct Args<T> {
     head_dim: usize,
     rotary_dim: usize,
     table_rows: usize,
+}
+
+/// The t, h and w cos/sin table rows of `token` for the multimodal variants: rows `token`,
+/// `tokens + token` and `2·tokens + token` of the three stacked tables, or the rows that the
+/// three id rows `[3, tokens]` name, clamped into `[0, table_rows)`. Only the general kernels
+/// take these variants.
+#[inline(always)]
+unsafe fn multimodal_rows<T, const ROWS: u32>(token: usize, a: &Args<T>) -> [usize; 3] {
+    let id = |k: usize| match ROWS {
+        rows::MULTIMODAL_IDS_I32 => {
+            let id = unsafe { *(a.ids as *const i32).add(k * a.tokens + token) };
+            clamp_id(id as i64, a.table_rows)
+        }
+        rows::MULTIMODAL_IDS_I64 => {
+            let id = unsafe { *(a.ids as *const i64).add(k * a.tokens + token) };
+            clamp_id(id, a.table_rows)
+        }
+        _ => k * a.tokens + token,
+    };
+    [id(0), id(1), id(2)]
 }
 
 /// The cos/sin table row of `token`.
@@ -133,11 +166,24 @@ unsafe fn rotate<T: Elem, const ROWS: u32, const BWD: bool>(q: *mut T, k: *mut T
     }
 }
 
+/// Elements between consecutive tokens' rows of q, k, q_out and k_out on the general path
+/// (token-major layouts only: head-major q and k ignore them).
+#[derive(Clone, Copy)]
+struct Strides {
+    q: usize,
+    k: usize,
+    q_out: usize,
+    k_out: usize,
+}
+
 /// The general path: the scalar mapping of [`rotate`] (a 2-D block, `threadIdx.y` a token,
 /// `threadIdx.x` striding over the token's work items, q heads first, then k heads), reading
-/// from `q`, `k` and writing to `q_out`, `k_out` (the same pointers for in place: each element
-/// is read and written by one thread). A head has `rotary_dim/2` pairs, then, with
-/// [`flags::COPY_TAIL`], its `head_dim − rotary_dim` tail dims as items that copy one element.
+/// from `q`, `k` and writing to `q_out`, `k_out` (the same pointers and strides for in place:
+/// each element is read and written by one thread). A head has `rotary_dim/2` pairs, then,
+/// with [`flags::COPY_TAIL`], its `head_dim − rotary_dim` tail dims as items that copy one
+/// element. Token `t`'s row of q starts at `t·strides.q` (and so on for each buffer), so q and
+/// k may be views into a fused QKV buffer. With the multimodal rows ([`multimodal_rows`]) pair
+/// `i` takes the token's t, h or w row for `i < sections[0]`, `i < sections[1]`, else.
 /// `k_heads = 0` rotates q alone (`k`, `k_out` unused). The host guarantees
 /// `(q_heads + k_heads)·head_dim < 2³¹` (32-bit item indices); offsets are 64-bit.
 #[inline(always)]
@@ -147,6 +193,8 @@ unsafe fn rotate_any<T: Elem, const ROWS: u32, const BWD: bool>(
     q_out: *mut T,
     k_out: *mut T,
     a: Args<T>,
+    strides: Strides,
+    sections: [u32; 2],
     form: u32,
 ) {
     let Args {
@@ -183,41 +231,62 @@ unsafe fn rotate_any<T: Elem, const ROWS: u32, const BWD: bool>(
     let mut token = block_idx() * ty + thread_idx_y();
     let step = grid_dim() * ty;
     while token < tokens {
-        let row = unsafe { table_row::<T, ROWS>(token, &a) };
-        let cos_row = unsafe { cos.add(row * row_len) };
-        let sin_row = unsafe { sin.add(row * row_len) };
-        // Offset of head 0 of this token in q and in k, and the distance between heads.
-        let (q_tok, k_tok, head_stride) = if head_major {
+        // The token's row, or its t, h and w rows (the first of them for `cos_row`).
+        let [r_t, r_h, r_w] = if rows::multimodal(ROWS) {
+            unsafe { multimodal_rows::<T, ROWS>(token, &a) }
+        } else {
+            let row = unsafe { table_row::<T, ROWS>(token, &a) };
+            [row, row, row]
+        };
+        let cos_row = unsafe { cos.add(r_t * row_len) };
+        let sin_row = unsafe { sin.add(r_t * row_len) };
+        // Offsets of head 0 of this token in q, k, q_out and k_out, and the distance between
+        // heads.
+        let (q_tok, k_tok, q_out_tok, k_out_tok, head_stride) = if head_major {
             let b = token / seq_len;
             let s = token - b * seq_len;
-            (
-                (b * q_heads * seq_len + s) * head_dim,
-                (b * k_heads * seq_len + s) * head_dim,
-                seq_len * head_dim,
-            )
+            let q_tok = (b * q_heads * seq_len + s) * head_dim;
+            let k_tok = (b * k_heads * seq_len + s) * head_dim;
+            (q_tok, k_tok, q_tok, k_tok, seq_len * head_dim)
         } else {
             (
-                token * q_heads * head_dim,
-                token * k_heads * head_dim,
+                token * strides.q,
+                token * strides.k,
+                token * strides.q_out,
+                token * strides.k_out,
                 head_dim,
             )
         };
         let mut j = thread_idx() as u32;
         while j < items {
-            let (src, dst, jj, tok) = if j < q_items {
-                (q, q_out, j, q_tok)
+            let (src, dst, jj, tok, out_tok) = if j < q_items {
+                (q, q_out, j, q_tok, q_out_tok)
             } else {
-                (k, k_out, j - q_items, k_tok)
+                (k, k_out, j - q_items, k_tok, k_out_tok)
             };
             let head = jj / per_head;
             let e = (jj - head * per_head) as usize;
-            let at = tok + head as usize * head_stride;
-            let (x, y) = unsafe { (src.add(at), dst.add(at)) };
+            let at = head as usize * head_stride;
+            let (x, y) = unsafe { (src.add(tok + at), dst.add(out_tok + at)) };
             if e < half {
                 let (o1, o2) = if interleaved {
                     (2 * e, 2 * e + 1)
                 } else {
                     (e, e + half)
+                };
+                // A multimodal pair reads the row its frequency's section names (selected,
+                // not indexed: an indexed local array would live in local memory).
+                let (cos_row, sin_row) = if rows::multimodal(ROWS) {
+                    let row = if e as u32 >= sections[1] {
+                        r_w
+                    } else if e as u32 >= sections[0] {
+                        r_h
+                    } else {
+                        r_t
+                    };
+                    unsafe { (cos.add(row * row_len), sin.add(row * row_len)) }
+                } else {
+                    (cos_row, sin_row)
                 };
                 let x1 = unsafe { *x.add(o1) }.to_f32();
                 let x2 = unsafe { *x.add(o2) }.to_f32();
@@ -397,12 +466,13 @@ unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool>(q: *mut T, k: *m
 
 /// One RoPE entry point: the buffers `$io` (q and k, then the general kernels' outputs), the
 /// cos/sin tables, ids and sizes that every kernel takes, then `$extra` (the general kernels'
-/// form), handed to `$body` as `$io…, Args, $extra…`.
+/// strides, sections and form), handed to `$body` as `$io…, Args, $pass…` (`$pass`: the
+/// values made of `$extra`).
 macro_rules! rope_entry {
     (
         $(#[$doc:meta])*
         $body:ident, $path:ident, $elem:ident, $rows:ident, $dir:ident,
-        ($($io:ident: $io_ty:ty),*), ($($extra:ident: $extra_ty:ty),*)
+        ($($io:ident: $io_ty:ty),*), ($($extra:ident: $extra_ty:ty),*), ($($pass:expr),*)
     ) => {
         const _: () = {
             $(#[$doc])*
@@ -435,7 +505,7 @@ macro_rules! rope_entry {
                 };
                 unsafe {
                     $body::<elem_type!($elem), { Rows::$rows as u32 }, { backward(Direction::$dir) }>(
-                        $($io,)* args $(, $extra)*
+                        $($io,)* args $(, $pass)*
                     )
                 }
             }
@@ -460,7 +530,7 @@ macro_rules! rope_kernel {
             /// `(q_heads + k_heads)·rotary_dim/2 < 2³¹`. The `_v_` variants also need the
             /// alignment and divisibility listed at [`rotate_vec`].
             $body, $path, $elem, $rows, $dir,
-            (q: *mut elem_type!($elem), k: *mut elem_type!($elem)), ()
+            (q: *mut elem_type!($elem), k: *mut elem_type!($elem)), (), ()
         );
     };
 }
@@ -471,15 +541,19 @@ macro_rules! rope_general_kernel {
         rope_entry!(
             /// RoPE for one dtype, direction and cos/sin row source on the general path
             /// ([`rotate_any`]): out of place or in place, in the forms `form` selects
-            /// ([`flags`]).
+            /// ([`flags`]), token rows `*_stride` elements apart (token-major layouts).
             ///
             /// # Safety
-            /// `q`/`q_out` hold `tokens × q_heads × head_dim` elements and `k`/`k_out`
-            /// `tokens × k_heads × head_dim` (none and unused when `k_heads = 0`) in the layout
-            /// `form` names; each output is its input or disjoint from every buffer; the
-            /// outputs are disjoint. `cos`/`sin` hold every row the variant can select
-            /// (`seq_len`, `tokens` or `table_rows` rows of `rotary_dim`, or `rotary_dim/2`
-            /// with [`flags::HALF_TABLES`]); `ids` as for the other kernels. `2 ≤ rotary_dim ≤
+            /// `q`/`q_out` hold `tokens` rows of `q_heads × head_dim` elements and `k`/`k_out`
+            /// `tokens` rows of `k_heads × head_dim` (none and unused when `k_heads = 0`) in
+            /// the layout `form` names, token-major rows `q_stride`, `k_stride`, `q_out_stride`,
+            /// `k_out_stride` elements apart (each ≥ its row); the rows each thread writes are
+            /// read by no other thread (each output is its input with the same stride, or
+            /// disjoint from every buffer; the outputs are disjoint). `cos`/`sin` hold every
+            /// row the variant can select (`seq_len`, `tokens`, `table_rows` or, multimodal,
+            /// `3·tokens` rows of `rotary_dim`, or `rotary_dim/2` with [`flags::HALF_TABLES`]);
+            /// `ids` as for the other kernels (`3·tokens` ids for the multimodal ones); multimodal `sections` is the first pair of
+            /// table 1 in bits 0..32 and of table 2 in bits 32..64. `2 ≤ rotary_dim ≤
             /// head_dim`, both even, `seq_len ≥ 1`, `(q_heads + k_heads)·head_dim < 2³¹`;
             /// [`flags::COPY_TAIL`] only out of place.
             rotate_any, General, $elem, $rows, $dir,
@@ -489,7 +563,24 @@ macro_rules! rope_general_kernel {
                 q_out: *mut elem_type!($elem),
                 k_out: *mut elem_type!($elem)
             ),
-            (form: u32)
+            (
+                q_stride: u64,
+                k_stride: u64,
+                q_out_stride: u64,
+                k_out_stride: u64,
+                sections: u64,
+                form: u32
+            ),
+            (
+                Strides {
+                    q: q_stride as usize,
+                    k: k_stride as usize,
+                    q_out: q_out_stride as usize,
+                    k_out: k_out_stride as usize,
+                },
+                [sections as u32, (sections >> 32) as u32],
+                form
+            )
         );
     };
 }
@@ -500,7 +591,7 @@ const fn backward(dir: Direction) -> bool {
 }
 
 /// Every RoPE kernel of one element type: each direction and cos/sin row source on the scalar,
-/// vector and general paths.
+/// vector and general paths (multimodal rows on the general path only).
 macro_rules! rope_kernels {
     ($elem:ident) => {
         rope_kernels!(@rows $elem, Forward);
@@ -511,6 +602,10 @@ macro_rules! rope_kernels {
         rope_kernels!(@paths $elem, $dir, PerBatch);
         rope_kernels!(@paths $elem, $dir, IdsI32);
         rope_kernels!(@paths $elem, $dir, IdsI64);
+        // Multimodal tables take the general path alone.
+        rope_general_kernel!($elem, Multimodal, $dir);
+        rope_general_kernel!($elem, MultimodalIdsI32, $dir);
+        rope_general_kernel!($elem, MultimodalIdsI64, $dir);
     };
     (@paths $elem:ident, $dir:ident, $rows:ident) => {
         rope_kernel!($elem, Scalar, rotate, $rows, $dir);

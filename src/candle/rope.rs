@@ -2,7 +2,9 @@
 //! backwards), and one tensor in candle-nn's layouts (the op behind `nn::rotary_emb`).
 //!
 //! Every call writes its output once from its inputs where they are (the general kernels'
-//! out-of-place path): no copy of q, k or the tables.
+//! out-of-place path): no copy of q, k or the tables. q and k may be views whose tokens lie
+//! apart, each token's heads contiguous, such as `narrow`s of a fused QKV projection output
+//! reshaped to `[B, S, Hq + 2·Hk, d]` ([`token_stride`]): they are read where they are too.
 use super::{
     Elem, HostElem, On, by_dtype, by_host_dtype, crate_err, cuda, host, host_slice, host_tensor,
     on, output, same_dtype, same_shape, tensor, view, wrap,
@@ -17,6 +19,7 @@ use candle_core::{
     CpuStorage, CudaStorage, CustomOp2, CustomOp3, D, DType, Layout, Result, Shape, Tensor,
 };
 use cudarc::driver::{CudaView, CudaViewMut};
+use std::borrow::Cow;
 use std::sync::Arc;
 
 const ROPE: &str = "liger-rs rope";
@@ -133,6 +136,74 @@ impl<X, I> Call<X, I> {
     }
 }
 
+/// Elements between consecutive tokens of a `[batch, seq_len, heads, head_dim]` layout whose
+/// tokens each hold their `heads × head_dim` elements contiguous, at least that far apart (a
+/// `narrow` on the heads dim of `[B, S, H, d]`, e.g. q or k of a fused QKV output); `None`
+/// for any other layout. Dims of size 1 may have any stride, as candle leaves them.
+fn token_stride(layout: &Layout) -> Option<usize> {
+    let (&[b, s, h, d], st) = (layout.dims(), layout.stride()) else {
+        return None;
+    };
+    if (d > 1 && st[3] != 1) || (h > 1 && st[2] != d) {
+        return None;
+    }
+    let row = h * d;
+    let t = match (b, s) {
+        (_, 2..) => st[1],
+        (2.., _) => st[0],
+        _ => row,
+    };
+    let batches_follow = b < 2 || s < 2 || st[0] == s * t;
+    (t >= row && batches_follow).then_some(t)
+}
+
+/// `x` itself when the kernels read it where it is (contiguous, or tokens apart as
+/// [`token_stride`] describes), else a contiguous copy.
+fn token_rows(x: &Tensor) -> Result<Tensor> {
+    match x.is_contiguous() || token_stride(x.layout()).is_some() {
+        true => Ok(x.clone()),
+        false => x.contiguous(),
+    }
+}
+
+/// The token stride of a layout the call reads: `row` when contiguous, else its
+/// [`token_stride`].
+fn stride_of(layout: &Layout, row: usize) -> Result<usize> {
+    match layout.is_contiguous() {
+        true => Ok(row),
+        false => token_stride(layout).ok_or(candle_core::Error::RequiresContiguous { op: ROPE }),
+    }
+}
+
+/// The elements of `storage` from a layout's first token to the end of its last: `span`
+/// elements from its start offset (a contiguous layout's own elements).
+fn rows_view<'a, T: Elem>(
+    storage: &'a CudaStorage,
+    layout: &Layout,
+    span: usize,
+) -> Result<CudaView<'a, T>> {
+    if layout.is_contiguous() {
+        return view::<T>(storage, layout, ROPE);
+    }
+    let start = layout.start_offset();
+    Ok(storage.as_cuda_slice::<T>()?.slice(start..start + span))
+}
+
+/// A CPU layout's elements token by token: borrowed when contiguous, else gathered from its
+/// token rows ([`token_stride`]).
+fn rows_slice<'a, T: HostElem>(storage: &'a CpuStorage, layout: &Layout) -> Result<Cow<'a, [T]>> {
+    if layout.is_contiguous() {
+        return host_slice::<T>(storage, layout, ROPE).map(Cow::Borrowed);
+    }
+    let dims = layout.dims();
+    let (tokens, row) = (dims[0] * dims[1], dims[2] * dims[3]);
+    let stride = stride_of(layout, row)?;
+    let all = storage.as_slice::<T>()?;
+    let start = layout.start_offset();
+    let rows = (0..tokens).flat_map(|t| all[start + t * stride..][..row].iter().copied());
+    Ok(Cow::Owned(rows.collect()))
+}
+
 /// A call on CUDA storages.
 type CudaCall<'a> = Call<(&'a CudaStorage, &'a Layout), (&'a CudaStorage, &'a Layout)>;
 /// A call on CPU storages, with the ids on the host.
@@ -180,8 +251,24 @@ impl Plan {
             let device = &q.0.device;
             let stream = device.cuda_stream();
             let (q_len, k_len) = plan.lens();
-            let q_in = view::<T>(q.0, q.1, ROPE)?;
-            let k_in = call.k.map(|(s, l)| view::<T>(s, l, ROPE)).transpose()?;
+            // q and k where they are: tokens apart when they are views (strided args).
+            let a = &plan.args;
+            let q_stride = stride_of(q.1, a.q_heads * a.head_dim)?;
+            let k_stride = match call.k {
+                Some((_, l)) => stride_of(l, a.k_heads * a.head_dim)?,
+                None => 0,
+            };
+            let contiguous = q.1.is_contiguous() && call.k.is_none_or(|(_, l)| l.is_contiguous());
+            let args = match contiguous {
+                true => plan.args,
+                false => plan.args.with_strides(q_stride, k_stride),
+            };
+            let spans = args.check_heads(call.k.is_some()).map_err(crate_err)?;
+            let q_in = rows_view::<T>(q.0, q.1, spans.q_len)?;
+            let k_in = call
+                .k
+                .map(|(s, l)| rows_view::<T>(s, l, spans.k_len))
+                .transpose()?;
             let cos = view::<T>(cos.0, cos.1, ROPE)?;
             let need = plan.table_len(cos.len());
             let (cos, sin) = (cos.slice(..need), view::<T>(sin.0, sin.1, ROPE)?);
@@ -205,7 +292,7 @@ impl Plan {
                     None::<(&CudaView<T>, &mut CudaViewMut<T>)>,
                 ),
             };
-            rope_into(&stream, &plan.args, call.dir, io, &cos, &sin, &layout).map_err(crate_err)?;
+            rope_into(&stream, &args, call.dir, io, &cos, &sin, &layout).map_err(crate_err)?;
             Ok(wrap(out, device))
         }
         by_dtype!(call.q.0.dtype(), ROPE, run(self, call))
@@ -239,10 +326,11 @@ impl Plan {
     fn cpu(&self, call: CpuCall<'_>) -> Result<CpuStorage> {
         fn run<'a, T: HostElem>(plan: &Plan, call: CpuCall<'a>) -> Result<CpuStorage> {
             let slice = |(s, l): (&'a CpuStorage, &'a Layout)| host_slice::<T>(s, l, ROPE);
-            let k = call.k.map(slice).transpose()?;
+            let k = call.k.map(|(s, l)| rows_slice::<T>(s, l)).transpose()?;
             let [cos, sin] = call.tables;
             let tables = [slice(cos)?, slice(sin)?];
-            let host = Call::new(call.dir, slice(call.q)?, k, tables, call.ids);
+            let q = rows_slice::<T>(call.q.0, call.q.1)?;
+            let host = Call::new(call.dir, &q[..], k.as_deref(), tables, call.ids);
             Ok(T::to_cpu_storage_owned(plan.host(host)?))
         }
         by_host_dtype!(call.q.0.dtype(), ROPE, run(self, call))
@@ -500,7 +588,7 @@ pub fn rope_with(
     let pair = Arc::new(Pair::new([q, k], [cos, sin], position_ids, cfg)?);
     on(ROPE, &[("q", q), ("k", k), ("cos", cos), ("sin", sin)])?;
     let op = PairOp { pair: pair.clone() };
-    let packed = q.contiguous()?.apply_op2(&k.contiguous()?, op)?;
+    let packed = token_rows(q)?.apply_op2(&token_rows(k)?, op)?;
     pair.split(&packed)
 }
 
@@ -555,7 +643,7 @@ pub fn rope_backward_with(
     cfg: &RopeConfig,
 ) -> Result<(Tensor, Tensor)> {
     let pair = Pair::new([dq, dk], [cos, sin], position_ids, cfg)?;
-    let packed = pair.rotate(Direction::Backward, &dq.contiguous()?, &dk.contiguous()?)?;
+    let packed = pair.rotate(Direction::Backward, &token_rows(dq)?, &token_rows(dk)?)?;
     pair.split(&packed)
 }
 
@@ -867,5 +955,31 @@ impl CustomOp3 for OneOp {
             cos.track_op().then_some(dcos),
             sin.track_op().then_some(dsin),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn token_stride_finds_token_rows_with_contiguous_heads() {
+        let fused = Tensor::zeros((2, 3, 7, 4), DType::F32, &Device::Cpu).unwrap();
+        let stride = |t: &Tensor| token_stride(t.layout());
+        // q (3 heads) and k (2 heads) of a fused [2, 3, 7·4] output: tokens 28 apart.
+        assert_eq!(stride(&fused.narrow(2, 0, 3).unwrap()), Some(28));
+        assert_eq!(stride(&fused.narrow(2, 3, 2).unwrap()), Some(28));
+        assert_eq!(stride(&fused), Some(28));
+        // One sequence, or one token per sequence: the other dim carries the stride.
+        let one = fused.narrow(0, 1, 1).unwrap().narrow(2, 3, 2).unwrap();
+        assert_eq!(stride(&one), Some(28));
+        let per_batch = fused.narrow(1, 2, 1).unwrap().narrow(2, 0, 3).unwrap();
+        assert_eq!(stride(&per_batch), Some(84));
+        // Heads or dims not contiguous within a token, or positions that skip: no token rows.
+        assert_eq!(stride(&fused.narrow(3, 0, 2).unwrap()), None);
+        assert_eq!(stride(&fused.transpose(1, 2).unwrap()), None);
+        assert_eq!(stride(&fused.narrow(1, 0, 2).unwrap()), None);
+        assert_eq!(stride(&fused.reshape((6, 7, 4)).unwrap()), None);
     }
 }

@@ -491,6 +491,8 @@ pub(crate) enum Rope {
     Backward,
     ForwardInto,
     BackwardInto,
+    ForwardFused,
+    BackwardFused,
 }
 
 impl Rope {
@@ -498,7 +500,15 @@ impl Rope {
     pub(crate) fn into(self) -> bool {
         matches!(self, Rope::ForwardInto | Rope::BackwardInto)
     }
+
+    /// q and k in one buffer `qkv`, k at [`FUSED_K_OFFSET`].
+    pub(crate) fn fused(self) -> bool {
+        matches!(self, Rope::ForwardFused | Rope::BackwardFused)
+    }
 }
+
+/// Where k starts in the fused calls' `qkv`: after q's 32 columns of each 64-element token row.
+pub(crate) const FUSED_K_OFFSET: usize = 32;
 
 /// Where the cos/sin rows come from ([`CosSinLayout`] without the borrowed ids).
 #[derive(Debug, Clone, PartialEq)]
@@ -508,6 +518,10 @@ pub(crate) enum Layout {
     Host(Vec<i64>),
     DeviceI32,
     DeviceI64,
+    /// Qwen2-VL's three tables, with these sections.
+    Multimodal([usize; 3]),
+    /// Qwen2-VL's `[3, B, S]` device i64 ids into the gathered table, with these sections.
+    MultimodalIds([usize; 3]),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -515,6 +529,8 @@ pub(crate) struct RopeCall {
     pub(crate) args: RopeArgs,
     pub(crate) layout: Layout,
     pub(crate) into: bool,
+    /// A fused call's k offset in `qkv` (then there are no `q` and `k` buffers).
+    pub(crate) k_offset: Option<usize>,
 }
 
 /// Rows of the valid call's gathered cos/sin table.
@@ -524,48 +540,99 @@ pub(crate) fn tokens(c: &RopeCall) -> usize {
     c.args.batch.saturating_mul(c.args.seq_len)
 }
 
+/// Elements from the first token row of `row` elements to the end of the last, `stride`
+/// apart (saturating).
+fn rows_span(c: &RopeCall, row: usize, stride: usize) -> usize {
+    match tokens(c) {
+        0 => 0,
+        t => (t - 1).saturating_mul(stride).saturating_add(row),
+    }
+}
+
+/// The span of q (its length when contiguous).
 pub(crate) fn q_len(c: &RopeCall) -> usize {
+    let row = c.args.q_heads.saturating_mul(c.args.head_dim);
+    rows_span(c, row, c.args.q_stride.unwrap_or(row))
+}
+
+/// The span of k.
+pub(crate) fn k_len(c: &RopeCall) -> usize {
+    let row = c.args.k_heads.saturating_mul(c.args.head_dim);
+    rows_span(c, row, c.args.k_stride.unwrap_or(row))
+}
+
+/// The contiguous outputs of an out-of-place call.
+pub(crate) fn q_out_len(c: &RopeCall) -> usize {
     tokens(c).saturating_mul(c.args.q_heads * c.args.head_dim)
 }
 
-pub(crate) fn k_len(c: &RopeCall) -> usize {
+pub(crate) fn k_out_len(c: &RopeCall) -> usize {
     tokens(c).saturating_mul(c.args.k_heads * c.args.head_dim)
+}
+
+/// A fused call's `qkv`: q's span from 0 and k's from `k_offset`.
+pub(crate) fn qkv_len(c: &RopeCall) -> usize {
+    q_len(c).max(c.k_offset.unwrap_or(0).saturating_add(k_len(c)))
+}
+
+/// Multimodal ids: three rows (t, h, w) of `batch × seq_len`.
+pub(crate) fn multimodal_ids_len(c: &RopeCall) -> usize {
+    tokens(c).saturating_mul(3)
 }
 
 pub(crate) fn table_len(c: &RopeCall) -> usize {
     let rows = match c.layout {
         Layout::PerPosition => c.args.seq_len,
         Layout::PerBatch => tokens(c),
+        Layout::Multimodal(_) => 3 * tokens(c),
         _ => MAX_POS,
     };
     rows * c.args.table_row_len()
 }
 
 /// A valid call for `args` under `layout`: q and k (read and written in place, or read with
-/// `into`, then `q_out` and `k_out` written), cos and sin, device ids if any.
-pub(crate) fn rope_call(args: RopeArgs, layout: Layout, into: bool) -> Call<RopeCall> {
+/// `into`, then `q_out` and `k_out` written; with `k_offset`, one buffer `qkv` read and
+/// written in place instead), cos and sin, device ids if any.
+pub(crate) fn rope_call(
+    args: RopeArgs,
+    layout: Layout,
+    into: bool,
+    k_offset: Option<usize>,
+) -> Call<RopeCall> {
     let role = if into { Role::In } else { Role::InOut };
-    let mut bufs = vec![
-        buf("q", Kind::T, role, q_len),
-        buf("k", Kind::T, role, k_len),
-        buf("cos", Kind::T, Role::In, table_len),
-        buf("sin", Kind::T, Role::In, table_len),
-    ];
+    let mut bufs = match k_offset {
+        Some(_) => vec![buf("qkv", Kind::T, Role::InOut, qkv_len)],
+        None => vec![
+            buf("q", Kind::T, role, q_len),
+            buf("k", Kind::T, role, k_len),
+        ],
+    };
+    bufs.push(buf("cos", Kind::T, Role::In, table_len));
+    bufs.push(buf("sin", Kind::T, Role::In, table_len));
     match layout {
         Layout::DeviceI32 => bufs.push(buf("position_ids", Kind::I32, Role::In, tokens)),
         Layout::DeviceI64 => bufs.push(buf("position_ids", Kind::I64, Role::In, tokens)),
+        Layout::MultimodalIds(_) => {
+            bufs.push(buf("position_ids", Kind::I64, Role::In, multimodal_ids_len))
+        }
         _ => {}
     }
     if into {
-        bufs.push(buf("q_out", Kind::T, Role::Out, q_len));
-        bufs.push(buf("k_out", Kind::T, Role::Out, k_len));
+        bufs.push(buf("q_out", Kind::T, Role::Out, q_out_len));
+        bufs.push(buf("k_out", Kind::T, Role::Out, k_out_len));
     }
-    Call::new(RopeCall { args, layout, into }, bufs)
+    let call = RopeCall {
+        args,
+        layout,
+        into,
+        k_offset,
+    };
+    Call::new(call, bufs)
 }
 
 /// Starts the row over from the valid call under another layout.
 pub(crate) fn relayout(c: &mut Call<RopeCall>, layout: Layout) {
-    *c = rope_call(c.args.args, layout, c.args.into);
+    *c = rope_call(c.args.args, layout, c.args.into, c.args.k_offset);
 }
 
 /// The valid call under host ids (0, 1, …, 4, 0, …), with `change` applied to the ids.
@@ -573,6 +640,39 @@ pub(crate) fn with_host_ids(c: &mut Call<RopeCall>, change: impl Fn(&mut Vec<i64
     let mut ids: Vec<i64> = (0..tokens(&c.args)).map(|i| (i % MAX_POS) as i64).collect();
     change(&mut ids);
     relayout(c, Layout::Host(ids));
+}
+
+/// The rows of the fused calls: every field of the args, `qkv` (its span from q's first row to
+/// k's last), the tables and ids. q's and k's rows overlapping within `qkv` (k_offset) are
+/// walked in `tests/rope.rs`, which names them `q` and `k`.
+#[rustfmt::skip]
+fn fused_rows(t: &mut Rows<RopeCall>) {
+    let qkv = |needle| invalid("qkv", needle);
+    let table = invalid("cos", "a table of max_pos ≥ 1 rows of rotary_dim = 6");
+    t.short("qkv", "length ≥ 368 (k_offset + the span of k)");
+    t.long("qkv", Want::Ok);
+    t.short("cos", "a table of max_pos ≥ 1 rows of rotary_dim = 6");
+    t.long("cos", table);
+    t.short("sin", "length 30 (the length of cos)");
+    t.long("sin", invalid("sin", "length 30 (the length of cos)"));
+    t.short("position_ids", "length 6 (batch × seq_len)");
+    t.long("position_ids", invalid("position_ids", "length 6 (batch × seq_len)"));
+    t.field("args.batch", "3: k's rows past qkv", |c| c.args.batch = 3, qkv("length ≥ 560 (k_offset + the span of k)"));
+    t.reshape("args.batch", "1", |c| c.args.batch = 1, Want::Ok);
+    t.field("args.seq_len", "4: k's rows past qkv", |c| c.args.seq_len = 4, qkv("length ≥ 496 (k_offset + the span of k)"));
+    t.field("args.q_heads", "0", |c| c.args.q_heads = 0, invalid("args.q_heads", "at least 1"));
+    t.field("args.q_heads", "3 (fewer columns of q in each row)", |c| c.args.q_heads = 3, Want::Ok);
+    t.field("args.k_heads", "0", |c| c.args.k_heads = 0, invalid("args.k_heads", "at least 1"));
+    t.field("args.k_heads", "9: a k row wider than its stride", |c| c.args.k_heads = 9, invalid("args.k_stride", "≥ k_heads × head_dim = 72"));
+    t.field("args.head_dim", "7 (odd)", |c| c.args.head_dim = 7, invalid("args.head_dim", "an even value ≥ 2"));
+    t.field("args.rotary_dim", "5 (odd)", |c| c.args.rotary_dim = 5, invalid("args.rotary_dim", "an even value in 2 ..= head_dim = 8"));
+    t.reshape("args.interleaved", "interleaved pairs", |c| c.args.interleaved = true, Want::Ok);
+    t.field("args.half_tables", "gathered: the 30 elements are 10 rows of 3", |c| c.args.half_tables = true, Want::Ok);
+    t.field("args.head_major", "with strides", |c| c.args.head_major = true, invalid("args.q_stride", "None with head-major q and k"));
+    t.field("args.q_stride", "31 < q_heads × head_dim", |c| c.args.q_stride = Some(31), invalid("args.q_stride", "≥ q_heads × head_dim = 32"));
+    t.field("args.k_stride", "15 < k_heads × head_dim", |c| c.args.k_stride = Some(15), invalid("args.k_stride", "≥ k_heads × head_dim = 16"));
+    t.row("layout", "PerPosition", |c| relayout(c, Layout::PerPosition), Want::Ok);
+    t.row("layout", "MultimodalGathered, i64 ids", |c| relayout(c, Layout::MultimodalIds([2, 1, 0])), Want::Ok);
 }
 
 impl Op for Rope {
@@ -584,22 +684,37 @@ impl Op for Rope {
             Rope::Backward => "rope_backward",
             Rope::ForwardInto => "rope_forward_into",
             Rope::BackwardInto => "rope_backward_into",
+            Rope::ForwardFused => "rope_forward_fused",
+            Rope::BackwardFused => "rope_backward_fused",
         }
     }
 
     /// q [2, 3, 4, 8] (192), k [2, 3, 2, 8] (96), partial rotary 6, cos/sin a table of 5 rows
     /// of 6 (30) gathered by 6 device i64 ids; out of place, q_out and k_out like q and k.
+    /// Fused: q and k in one `qkv` of 6 token rows of 64 (q 32 | k 16 | v 16), 368 elements
+    /// from q's first to k's last.
     fn base(self) -> Call<RopeCall> {
         let args = RopeArgs::new(8)
             .with_batch(2)
             .with_seq_len(3)
             .with_heads(4, 2)
             .with_rotary_dim(6);
-        rope_call(args, Layout::DeviceI64, self.into())
+        match self.fused() {
+            true => rope_call(
+                args.with_strides(64, 64),
+                Layout::DeviceI64,
+                false,
+                Some(FUSED_K_OFFSET),
+            ),
+            false => rope_call(args, Layout::DeviceI64, self.into(), None),
+        }
     }
 
     #[rustfmt::skip]
     fn rows(self, t: &mut Rows<RopeCall>) {
+        if self.fused() {
+            return fused_rows(t);
+        }
         let q = |needle| invalid("q", needle);
         let k = |needle| invalid("k", needle);
         let shape = "batch × seq_len × heads × head_dim within usize";
@@ -675,6 +790,33 @@ impl Op for Rope {
         // The out-of-place kernels index a token's pairs and copied tail dims in 32 bits.
         let wide = if self.into() { invalid("args", "(q_heads + k_heads) × head_dim < 2^31") } else { q("length 12884901888") };
         t.field("args.q_heads", "2^28: heads × head_dim ≥ 2^31", |c| c.args.q_heads = 1 << 28, wide);
+        // Token rows apart: q 40 and k 24 elements per token (views into wider buffers).
+        let spans = |c: &mut RopeArgs| *c = c.with_strides(40, 24);
+        t.reshape("args.q_stride", "q rows 40 apart, k rows 24 apart", move |c| spans(&mut c.args), Want::Ok);
+        t.reshape("args.k_stride", "16 = k's row (k contiguous), q rows 40 apart", |c| c.args = c.args.with_strides(40, 16), Want::Ok);
+        t.field("args.q_stride", "31 < q_heads × head_dim", |c| c.args.q_stride = Some(31), invalid("args.q_stride", "≥ q_heads × head_dim = 32"));
+        t.field("args.k_stride", "15 < k_heads × head_dim", |c| c.args.k_stride = Some(15), invalid("args.k_stride", "≥ k_heads × head_dim = 16"));
+        t.field("args.q_stride", "usize::MAX: the span overflows", |c| c.args.q_stride = Some(usize::MAX), invalid("args", shape));
+        t.field("args.q_stride", "set with head-major q and k", |c| { c.args.head_major = true; c.args.q_stride = Some(32) }, invalid("args.q_stride", "None with head-major q and k"));
+        t.field("args.k_stride", "set with head-major q and k", |c| { c.args.head_major = true; c.args.k_stride = Some(16) }, invalid("args.k_stride", "None with head-major q and k"));
+        t.row("q", "strided, one short of its span", move |c| { spans(&mut c.args.args); c.resize(); c.buf("q").len -= 1 }, q("length ≥ 232 ((batch × seq_len − 1) × q_stride + q_heads × head_dim)"));
+        t.row("k", "strided, one short of its span", move |c| { spans(&mut c.args.args); c.resize(); c.buf("k").len -= 1 }, k("length ≥ 136 ((batch × seq_len − 1) × k_stride + k_heads × head_dim)"));
+        t.row("q", "strided, one long (a view into a wider buffer)", move |c| { spans(&mut c.args.args); c.resize(); c.buf("q").len += 1 }, Want::Ok);
+        // Qwen2-VL's three tables: [3, batch, seq_len, rotary_dim], sections summing to 3.
+        let multimodal = invalid("cos", "length 108 (3 × batch × seq_len × rotary_dim)");
+        t.row("layout", "Multimodal", |c| relayout(c, Layout::Multimodal([1, 0, 2])), Want::Ok);
+        t.row("layout", "Multimodal, cos one short", |c| { relayout(c, Layout::Multimodal([1, 1, 1])); c.buf("cos").len -= 1 }, multimodal);
+        t.row("layout", "Multimodal, cos one long", |c| { relayout(c, Layout::Multimodal([1, 1, 1])); c.buf("cos").len += 1 }, multimodal);
+        t.row("layout", "Multimodal, sin one short", |c| { relayout(c, Layout::Multimodal([1, 1, 1])); c.buf("sin").len -= 1 }, invalid("sin", "length 108 (the length of cos)"));
+        t.row("layout", "Multimodal, sections summing to 4", |c| relayout(c, Layout::Multimodal([1, 1, 2])), invalid("layout.sections", "three sizes summing to rotary_dim / 2 = 3"));
+        // [3, batch, seq_len] ids into the gathered table of 5 rows.
+        let mm_ids = invalid("position_ids", "length 18 (3 × batch × seq_len)");
+        t.row("layout", "MultimodalGathered, i64 ids", |c| relayout(c, Layout::MultimodalIds([2, 1, 0])), Want::Ok);
+        t.row("position_ids", "MultimodalGathered, one id short", |c| { relayout(c, Layout::MultimodalIds([2, 1, 0])); c.buf("position_ids").len -= 1 }, mm_ids);
+        t.row("position_ids", "MultimodalGathered, one id long", |c| { relayout(c, Layout::MultimodalIds([2, 1, 0])); c.buf("position_ids").len += 1 }, mm_ids);
+        t.row("position_ids", "MultimodalGathered, batch × seq_len ids", |c| { relayout(c, Layout::MultimodalIds([2, 1, 0])); c.buf("position_ids").len = 6 }, mm_ids);
+        t.row("layout", "MultimodalGathered, sections summing to 2", |c| relayout(c, Layout::MultimodalIds([1, 1, 0])), invalid("layout.sections", "three sizes summing to rotary_dim / 2 = 3"));
+        t.row("layout", "MultimodalGathered, cos not whole rows", |c| { relayout(c, Layout::MultimodalIds([1, 1, 1])); c.buf("cos").len -= 1; c.buf("sin").len -= 1 }, invalid("cos", "a table of max_pos ≥ 1 rows of rotary_dim = 6"));
         if self.into() {
             t.short("q_out", "length 192 (batch × seq_len × q_heads × head_dim)");
             t.long("q_out", invalid("q_out", "length 192 (batch × seq_len × q_heads × head_dim)"));
@@ -693,6 +835,7 @@ impl Op for Rope {
             (Rope::Backward | Rope::BackwardInto, "k") => "dk",
             (Rope::BackwardInto, "q_out") => "dq_out",
             (Rope::BackwardInto, "k_out") => "dk_out",
+            (Rope::BackwardFused, "qkv") => "dqkv",
             _ => name,
         }
     }
@@ -1057,11 +1200,13 @@ impl Op for Geglu {
 
 /// Every public launcher, by op.
 pub(crate) const RMS: [Rms; 3] = [Rms::Forward, Rms::Backward, Rms::BackwardInplace];
-pub(crate) const ROPE: [Rope; 4] = [
+pub(crate) const ROPE: [Rope; 6] = [
     Rope::Forward,
     Rope::Backward,
     Rope::ForwardInto,
     Rope::BackwardInto,
+    Rope::ForwardFused,
+    Rope::BackwardFused,
 ];
 pub(crate) const SWIGLU: [Swiglu; 6] = [
     Swiglu::Forward,
