@@ -101,6 +101,7 @@ mod bad_input;
 pub mod candle;
 mod dtype;
 mod error;
+mod fused_add_rms_norm;
 // The device crate's file, as the package ships it (`packaging/kernels-gpu/` links to
 // `kernels-gpu/` in a checkout): the kernels' identities and shared constants, defined once.
 #[path = "../packaging/kernels-gpu/src/identity.rs"]
@@ -129,6 +130,10 @@ pub use candle_core;
 pub use cudarc;
 pub use dtype::Dtype;
 pub use error::{Error, Result};
+pub use fused_add_rms_norm::{
+    fused_add_rms_norm_backward, fused_add_rms_norm_backward_inplace, fused_add_rms_norm_forward,
+    fused_add_rms_norm_forward_inplace,
+};
 pub use half;
 pub use mode::CastingMode;
 pub use module::{BASELINE_PTX_ENV, PTX, PTX_SM90, cuda_context, release_scratch};
