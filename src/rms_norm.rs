@@ -996,9 +996,10 @@ pub(crate) fn launch_backward<T: Dtype>(
             arg(&args.offset),
         ]);
         // SAFETY: argument order and types match `bwd_entry!` (the fused add's `ds` after
-        // `dy`); buffers were checked by the caller, the partial buffer holds `parts × cols` f32 (one row per block, or per
-        // cluster), every element written by its block (the scalar kernel at its first row,
-        // the vector kernel at its end) or its cluster (`write_cluster_partial`).
+        // `dy`); buffers were checked by the caller, the partial buffer holds `parts × cols`
+        // f32 (one row per block, or per cluster), every element written by its block (the
+        // scalar kernel at its first row, the vector kernel at its end) or its cluster
+        // (`write_cluster_partial`).
         unsafe { launch_ex(stream, &func, cfg, &mut params, how) }?;
         if p_ptr == 0 {
             return Ok(());
