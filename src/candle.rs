@@ -82,11 +82,13 @@ use candle_core::{
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use std::sync::Arc;
 
+mod fused_add_rms_norm;
 pub mod nn;
 mod rms_norm;
 mod rope;
 mod swiglu;
 
+pub use fused_add_rms_norm::fused_add_rms_norm;
 pub use rms_norm::{RmsNormConfig, rms_norm, rms_norm_backward, rms_norm_forward};
 pub use rope::{RopeConfig, rope, rope_backward, rope_backward_with, rope_with};
 pub use swiglu::{SwigluConfig, swiglu, swiglu_backward, swiglu_fused, swiglu_fused_backward};
