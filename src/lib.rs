@@ -1,8 +1,9 @@
 //! # liger-rs
 //!
-//! Fused LLM training kernels — RMSNorm ([`rms_norm_forward`]), RoPE ([`rope_forward`]) and
-//! SwiGLU ([`swiglu_forward`]), forward and backward — written in Rust, compiled to PTX, and
-//! launched on your own [`cudarc`] device buffers.
+//! Fused LLM training kernels — RMSNorm ([`rms_norm_forward`]), the fused residual add and
+//! RMSNorm ([`fused_add_rms_norm_forward`]), RoPE ([`rope_forward`]) and SwiGLU
+//! ([`swiglu_forward`]), forward and backward — written in Rust, compiled to PTX, and launched
+//! on your own [`cudarc`] device buffers.
 //!
 //! * **Device code** lives in the `kernels-gpu` crate (`#![no_std]`, shipped inside this
 //!   package), compiled for `nvptx64-nvidia-cuda` by the nightly its `rust-toolchain.toml`
