@@ -6,11 +6,11 @@
 mod common;
 
 use common::{
-    Failures, Rng, assert_close, download, expect_invalid, gpu, poisoned, skip_when_small, upload,
-    widen,
+    Failures, Rng, assert_close, download, expect_invalid, gpu, poisoned, poisoned_on_device,
+    skip_when_small, upload, widen,
 };
 use half::{bf16, f16};
-use liger_rs::cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use liger_rs::reference::{
     Element, fused_add_rms_norm_backward as ref_backward, fused_add_rms_norm_forward as ref_forward,
 };
@@ -314,6 +314,268 @@ fn gpu_fused_add_many_rows() {
         }
     }
     failures.finish();
+}
+
+#[test]
+fn gpu_fused_add_strided_rows_leave_the_gaps_alone() {
+    let Some(stream) = gpu("gpu_fused_add_strided_rows_leave_the_gaps_alone") else {
+        return;
+    };
+    // Unaligned strides (scalar kernels) and 16-byte aligned ones (vector kernels); the sum
+    // over `x` (at x's stride) in the second.
+    for (rows, cols, xs, ys, over_x) in
+        [(37, 1000, 1013, 1024, false), (29, 1024, 1088, 1032, true)]
+    {
+        strided_case(&stream, rows, cols, xs, ys, over_x);
+    }
+}
+
+/// Strided rows: `x`, `r`, `s` at `xs`, `y`, `dy`, `ds`, `dx` at `ys`; the gaps between the
+/// rows of the written buffers keep a sentinel, the rows match the reference (`s` exactly).
+fn strided_case(
+    stream: &Arc<CudaStream>,
+    rows: usize,
+    cols: usize,
+    xs: usize,
+    ys: usize,
+    over_x: bool,
+) {
+    let mut rng = Rng::new(8);
+    let (x_len, y_len) = ((rows - 1) * xs + cols, (rows - 1) * ys + cols);
+    let x: Vec<bf16> = rng.vec(x_len, 0.0, 1.0);
+    let r: Vec<bf16> = rng.vec(x_len, 0.0, 1.0);
+    let w: Vec<bf16> = rng.vec(cols, 1.0, 0.3);
+    let dy: Vec<bf16> = rng.vec(y_len, 0.0, 1.0);
+    let ds: Vec<bf16> = rng.vec(y_len, 0.0, 1.0);
+    let args = RmsNormArgs::new(rows, cols).with_strides(xs, ys);
+    let sentinel = bf16::from_f32(-7.0);
+    let (rd, wd, dyd, dsd) = (
+        upload(stream, &r),
+        upload(stream, &w),
+        upload(stream, &dy),
+        upload(stream, &ds),
+    );
+    let mut y = upload(stream, &vec![sentinel; y_len]);
+    let mut rstd = poisoned::<f32>(stream, rows);
+    // Over x, x's gaps keep x's values; into a buffer of its own, the sentinel.
+    let (s_dev, s_gap) = if over_x {
+        let mut x_s = upload(stream, &x);
+        fused_add_rms_norm_forward_inplace(
+            stream,
+            &args,
+            &mut x_s,
+            &rd,
+            Some(&wd),
+            &mut y,
+            &mut rstd,
+        )
+        .unwrap();
+        (x_s, x.clone())
+    } else {
+        let xd = upload(stream, &x);
+        let mut s = upload(stream, &vec![sentinel; x_len]);
+        fused_add_rms_norm_forward(
+            stream,
+            &args,
+            &xd,
+            &rd,
+            Some(&wd),
+            &mut s,
+            &mut y,
+            &mut rstd,
+        )
+        .unwrap();
+        (s, vec![sentinel; x_len])
+    };
+    let mut dx = upload(stream, &vec![sentinel; y_len]);
+    let mut dw = poisoned::<bf16>(stream, cols);
+    fused_add_rms_norm_backward(
+        stream,
+        &args,
+        &dyd,
+        &dsd,
+        &s_dev,
+        Some(&wd),
+        &rstd,
+        &mut dx,
+        Some(&mut dw),
+    )
+    .unwrap();
+    let (s_got, y, dx) = (
+        download(stream, &s_dev),
+        download(stream, &y),
+        download(stream, &dx),
+    );
+    let compact = |v: &[bf16], stride: usize| -> Vec<bf16> {
+        (0..rows)
+            .flat_map(|r| v[r * stride..r * stride + cols].to_vec())
+            .collect()
+    };
+    for r in 0..rows - 1 {
+        let gap = |stride: usize| r * stride + cols..(r + 1) * stride;
+        assert_eq!(s_got[gap(xs)], s_gap[gap(xs)], "s: gap after row {r}");
+        for (name, v) in [("y", &y), ("dx", &dx)] {
+            assert!(
+                v[gap(ys)].iter().all(|&e| e == sentinel),
+                "{name}: gap after row {r} was written"
+            );
+        }
+    }
+    let contiguous = RmsNormArgs::new(rows, cols);
+    let want = ref_forward(&contiguous, &compact(&x, xs), &compact(&r, xs), Some(&w)).unwrap();
+    assert_eq!(compact(&s_got, xs), want.s, "s, strided");
+    let [ulps_y, _, ulps_g] = ulps::<bf16>(CastingMode::Llama);
+    assert_close::<bf16>(
+        "y",
+        "strided",
+        &widen(&compact(&y, ys)),
+        &widen(&want.y),
+        ulps_y,
+        &[],
+    );
+    let rstd_gpu = download(stream, &rstd);
+    let (dy_c, ds_c) = (compact(&dy, ys), compact(&ds, ys));
+    let grads = ref_backward(&contiguous, &dy_c, &ds_c, &want.s, Some(&w), &rstd_gpu).unwrap();
+    let rstd_gpu = widen(&rstd_gpu);
+    let (dx_slack, dw_slack) = grad_slack(&dy_c, &ds_c, &want.s, Some(&w), &rstd_gpu, cols, 0.0);
+    assert_close::<bf16>(
+        "dx",
+        "strided",
+        &widen(&compact(&dx, ys)),
+        &widen(&grads.dx),
+        ulps_g,
+        &dx_slack,
+    );
+    let dw_want = widen(&grads.dw.unwrap());
+    assert_close::<bf16>(
+        "dw",
+        "strided",
+        &widen(&download(stream, &dw)),
+        &dw_want,
+        ulps_g,
+        &dw_slack,
+    );
+}
+
+#[test]
+fn gpu_fused_add_offsets_beyond_2_pow_32_elements() {
+    // x_s, r, y, dy and ds_dx of 2³² / cols + 8 bf16 rows: over 2³² elements (8 GiB each), so
+    // any 32-bit element or byte offset wraps; 4096 columns take the vector kernels, 4100 the
+    // scalar ones. All rows are zero except three 8-row windows of random data (at the start,
+    // around element 2³¹, at the end), which must match the reference.
+    let test = "gpu_fused_add_offsets_beyond_2_pow_32_elements";
+    let Some(stream) = gpu(test) else {
+        return;
+    };
+    if skip_when_small(
+        test,
+        "64-bit offsets need buffers of over 2³² elements (8 GiB)",
+    ) {
+        return;
+    }
+    for cols in [4096, 4100] {
+        huge_case(&stream, cols);
+    }
+}
+
+fn huge_case(stream: &Arc<CudaStream>, cols: usize) {
+    let win = 8;
+    let rows = (1usize << 32) / cols + win;
+    let starts = [0, (1usize << 31) / cols - win / 2, rows - win];
+    let desc = format!("{rows}×{cols} bf16, windows at rows {starts:?}");
+    let n = rows * cols;
+    let mut rng = Rng::new(910 + cols as u64);
+    let w: Vec<bf16> = rng.vec(cols, 1.0, 0.5);
+    let w_d = upload(stream, &w);
+    let mut bufs: [CudaSlice<bf16>; 4] =
+        std::array::from_fn(|_| stream.alloc_zeros::<bf16>(n).expect("8 GiB"));
+    // x (then s), r, dy, ds (then dx): their windows' data, in window order.
+    let mut host: [Vec<bf16>; 4] = Default::default();
+    for &r0 in &starts {
+        let range = r0 * cols..(r0 + win) * cols;
+        for (k, (buf, h)) in bufs.iter_mut().zip(&mut host).enumerate() {
+            let data: Vec<bf16> = rng.vec(win * cols, 0.0, if k < 2 { 1.5 } else { 1.0 });
+            stream
+                .memcpy_htod(&data, &mut buf.slice_mut(range.clone()))
+                .unwrap();
+            h.extend(data);
+        }
+    }
+    let windows = |buf: &CudaSlice<bf16>| -> Vec<bf16> {
+        starts
+            .iter()
+            .flat_map(|&r0| {
+                stream
+                    .clone_dtoh(&buf.slice(r0 * cols..(r0 + win) * cols))
+                    .unwrap()
+            })
+            .collect()
+    };
+    let [mut x_s, r_d, dy_d, mut ds_dx] = bufs;
+    let args = RmsNormArgs::new(rows, cols);
+    let weight = Some(&w_d as &dyn DevicePtr<bf16>);
+    let mut y_d = poisoned_on_device::<bf16>(stream, n);
+    let mut rstd_d = poisoned::<f32>(stream, rows);
+    fused_add_rms_norm_forward_inplace(
+        stream,
+        &args,
+        &mut x_s,
+        &r_d,
+        weight,
+        &mut y_d,
+        &mut rstd_d,
+    )
+    .expect(&desc);
+    let mut dw_d = poisoned::<bf16>(stream, cols);
+    let dw = Some(&mut dw_d as &mut dyn DevicePtrMut<bf16>);
+    fused_add_rms_norm_backward_inplace(
+        stream, &args, &dy_d, &mut ds_dx, &x_s, weight, &rstd_d, dw,
+    )
+    .expect(&desc);
+
+    let rstd_all = download(stream, &rstd_d);
+    assert!(
+        rstd_all.iter().all(|r| r.is_finite()),
+        "an rstd row was not written, {desc}"
+    );
+    let rstd_w: Vec<f32> = starts
+        .iter()
+        .flat_map(|&r0| rstd_all[r0..r0 + win].to_vec())
+        .collect();
+    let window_args = RmsNormArgs::new(rstd_w.len(), cols);
+    let [x, r, dy, ds] = &host;
+    let want = ref_forward(&window_args, x, r, Some(&w)).unwrap();
+    assert_eq!(windows(&x_s), want.s, "s, {desc}");
+    let [ulps_y, ulps_r, ulps_g] = ulps::<bf16>(CastingMode::Llama);
+    assert_close::<bf16>(
+        "y",
+        &desc,
+        &widen(&windows(&y_d)),
+        &widen(&want.y),
+        ulps_y,
+        &[],
+    );
+    let rstd = widen(&rstd_w);
+    assert_close::<bf16>("rstd", &desc, &rstd, &widen(&want.rstd), ulps_r, &[]);
+    let grads = ref_backward(&window_args, dy, ds, &want.s, Some(&w), &rstd_w).unwrap();
+    let (dx_slack, dw_slack) = grad_slack(dy, ds, &want.s, Some(&w), &rstd, cols, 0.0);
+    assert_close::<bf16>(
+        "dx",
+        &desc,
+        &widen(&windows(&ds_dx)),
+        &widen(&grads.dx),
+        ulps_g,
+        &dx_slack,
+    );
+    let want_dw = widen(&grads.dw.expect("dw with a weight"));
+    assert_close::<bf16>(
+        "dw",
+        &desc,
+        &widen(&download(stream, &dw_d)),
+        &want_dw,
+        ulps_g,
+        &dw_slack,
+    );
 }
 
 #[test]
