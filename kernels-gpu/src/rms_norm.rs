@@ -5,19 +5,19 @@
 //! writes `dx` (possibly over `dy`: every element is read before the same thread writes it) and,
 //! when dW is wanted, accumulates its dW contribution into one f32 partial row per block, which
 //! `rms_norm_dw_reduce_*` sums over blocks in a fixed order; the `bwd_dx` kernels (a frozen
-//! weight, or none) write `dx` alone.
+//! weight, or none) write `dx` alone. In the sm_90 build the reduction first waits in
+//! `griddepcontrol.wait` (see `wait_for_prerequisite_grids`): the host launches it as a
+//! programmatic dependent launch, so its blocks may start before the backward's completion is
+//! processed. The f32 `_v2` backward also lets it launch at once (`allow_dependent_grids`, see
+//! `backward_vec`), and the `_vs{K}` backward, launched in thread-block clusters, writes one
+//! partial row per cluster (`write_cluster_partial`).
 //!
 //! The fused residual add (`add_fwd`, `add_bwd`, `add_bwd_dx`: the same bodies with `ADD`,
 //! one kernel for each RMSNorm kernel) normalises `s = D(x + r)`, writing `s` as well (over `x`
 //! or `r` allowed), and its backward writes `D(dX + ds)`, RMSNorm's dX of `s` plus the sum's
 //! incoming gradient before one rounding (over `dy` or `ds` allowed). Every element of `s`
 //! (of `dx`) is written by the thread that read its `x` and `r` (its `dy` and `ds`) before,
-//! and by no other, which is what makes those in-place forms safe. In the sm_90 build the reduction first waits in
-//! `griddepcontrol.wait` (see `wait_for_prerequisite_grids`): the host launches it as a
-//! programmatic dependent launch, so its blocks may start before the backward's completion is
-//! processed. The f32 `_v2` backward also lets it launch at once (`allow_dependent_grids`, see
-//! `backward_vec`), and the `_vs{K}` backward, launched in thread-block clusters, writes one
-//! partial row per cluster (`write_cluster_partial`).
+//! and by no other, which is what makes those in-place forms safe.
 //!
 //! `dx = r·m − r³/n·(Σ m·x)·x` is evaluated as `r·(m − mean(m·h)·h)` with `h = x·r`: every
 //! factor stays near 1 whatever the row's scale (`r³` underflows f32 once the row's RMS
