@@ -578,6 +578,76 @@ fn huge_case(stream: &Arc<CudaStream>, cols: usize) {
     );
 }
 
+/// One forward and backward (with dW) of bf16 `rows × cols`: the bits of s, y, rstd, dx, dw.
+fn fused_pass(stream: &Arc<CudaStream>, rows: usize, cols: usize) -> Vec<Vec<u32>> {
+    let n = rows * cols;
+    let mut rng = Rng::new(5);
+    let [x, r, dy, ds]: [Vec<bf16>; 4] = std::array::from_fn(|_| rng.vec(n, 0.0, 1.0));
+    let w: Vec<bf16> = rng.vec(cols, 1.0, 0.5);
+    let args = RmsNormArgs::new(rows, cols);
+    let [xd, rd, dyd, dsd, wd] = [&x, &r, &dy, &ds, &w].map(|h| upload(stream, h));
+    let (mut s, mut y) = (poisoned::<bf16>(stream, n), poisoned::<bf16>(stream, n));
+    let mut rstd = poisoned::<f32>(stream, rows);
+    fused_add_rms_norm_forward(
+        stream,
+        &args,
+        &xd,
+        &rd,
+        Some(&wd),
+        &mut s,
+        &mut y,
+        &mut rstd,
+    )
+    .unwrap();
+    let (mut dx, mut dw) = (poisoned::<bf16>(stream, n), poisoned::<bf16>(stream, cols));
+    fused_add_rms_norm_backward(
+        stream,
+        &args,
+        &dyd,
+        &dsd,
+        &s,
+        Some(&wd),
+        &rstd,
+        &mut dx,
+        Some(&mut dw),
+    )
+    .unwrap();
+    let b16 = |v: Vec<bf16>| v.into_iter().map(|e| e.to_bits() as u32).collect();
+    vec![
+        b16(download(stream, &s)),
+        b16(download(stream, &y)),
+        download(stream, &rstd)
+            .into_iter()
+            .map(f32::to_bits)
+            .collect(),
+        b16(download(stream, &dx)),
+        b16(download(stream, &dw)),
+    ]
+}
+
+#[test]
+fn gpu_fused_add_is_bitwise_deterministic() {
+    let test = "gpu_fused_add_is_bitwise_deterministic";
+    let Some(stream) = gpu(test) else { return };
+    if skip_when_small(
+        test,
+        "its point is the many-row shapes of the _vr and _vs kernels",
+    ) {
+        return;
+    }
+    // The one-row-per-block forward and the shared-memory dW backward (clusters on sm_90), and
+    // the scalar kernels.
+    for (rows, cols) in [(16384, 2048), (4099, 1001)] {
+        let first = fused_pass(&stream, rows, cols);
+        for _ in 0..3 {
+            assert!(
+                fused_pass(&stream, rows, cols) == first,
+                "{rows}×{cols}: bits differ between runs"
+            );
+        }
+    }
+}
+
 #[test]
 fn bad_input_is_rejected_before_launch() {
     let Some(stream) = gpu("fused_add_bad_input_is_rejected_before_launch") else {
