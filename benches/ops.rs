@@ -4,7 +4,9 @@
 //! share of a copy of the op's own byte count (the "same-size" copy: what the bytes of a small
 //! op cost as a copy, launch and tail included).
 //! `LIGER_BENCH_CSV=path` also writes the rows as CSV; `LIGER_BENCH_OPS=rms_norm,swiglu` (any
-//! of rms_norm, rope, swiglu, geglu) limits the run to those ops (e.g. to profile one kernel).
+//! of rms_norm, rope, swiglu, geglu) limits the run to those ops (e.g. to profile one kernel);
+//! rms_norm includes the fused residual add + RMSNorm and its unfused baseline (an NVRTC add
+//! kernel, then our RMSNorm), whose ratio it prints.
 //! Without a GPU it prints one line and exits 0.
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, sys::CUevent_flags};
@@ -146,6 +148,175 @@ fn rms_norm<T: Dtype>(stream: &Arc<CudaStream>, rows: usize, cols: usize, out: &
     });
 }
 
+/// The unfused baseline's residual add, `c = a + b` in bf16 (round to nearest even), compiled
+/// at run time with NVRTC (the bench's alone: the library has no add kernel): one 16-byte
+/// vector of 8 elements per thread over a grid of every vector, so each element is read and
+/// written once at full width. `c` may be `a` or `b`.
+const ADD_BF16_SRC: &str = r#"
+extern "C" __global__ void add_bf16(const uint4* a, const uint4* b, uint4* c, unsigned long long n8) {
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n8) return;
+    uint4 x = a[i], y = b[i];
+    unsigned int xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w}, out[4];
+    for (int k = 0; k < 4; ++k) {
+        unsigned int r = 0;
+        for (int h = 0; h < 2; ++h) {
+            float f = __uint_as_float(((xs[k] >> (16 * h)) & 0xFFFFu) << 16)
+                    + __uint_as_float(((ys[k] >> (16 * h)) & 0xFFFFu) << 16);
+            unsigned int u = __float_as_uint(f);
+            u = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+            r |= (u & 0xFFFFu) << (16 * h);
+        }
+        out[k] = r;
+    }
+    c[i] = make_uint4(out[0], out[1], out[2], out[3]);
+}
+"#;
+
+/// The NVRTC add of [`ADD_BF16_SRC`] as a launcher of `c = a + b` over `n` bf16 elements
+/// (device pointers, `n` a multiple of 8), or why it is not available (no NVRTC library).
+fn nvrtc_add_bf16(stream: &Arc<CudaStream>) -> Result<impl Fn(u64, u64, u64, usize) + '_, String> {
+    use liger_rs::cudarc::driver::{LaunchConfig, PushKernelArg};
+    let ptx = liger_rs::cudarc::nvrtc::compile_ptx(ADD_BF16_SRC).map_err(|e| format!("{e:?}"))?;
+    let module = stream
+        .context()
+        .load_module(ptx)
+        .map_err(|e| e.to_string())?;
+    let func = module
+        .load_function("add_bf16")
+        .map_err(|e| e.to_string())?;
+    Ok(move |a: u64, b: u64, c: u64, n: usize| {
+        let n8 = (n / 8) as u64;
+        let cfg = LaunchConfig {
+            grid_dim: ((n8 as u32).div_ceil(256), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = stream.launch_builder(&func);
+        launch.arg(&a).arg(&b).arg(&c).arg(&n8);
+        // SAFETY: the kernel's parameters are three pointers and a u64; every pointer covers
+        // `n` bf16 elements of this stream's context (the callers' buffers).
+        unsafe { launch.launch(cfg) }.expect("add launch");
+    })
+}
+
+/// The fused residual add + RMSNorm (bf16, weight with dW) forward and backward, and the
+/// unfused pair timed the same way: the NVRTC add then our RMSNorm forward; our RMSNorm
+/// backward in place, then the add of the sum's incoming gradient (in place). Each in place
+/// where the fused op is: the sum over the residual, the gradient over `ds`. Minimum bytes:
+/// fused forward reads x, r and writes s, y (4·M·N·s), unfused add 3 + RMSNorm 2; fused
+/// backward reads dy, ds, s and writes dx (4), unfused RMSNorm backward 3 + add 3.
+fn fused_add_rms_norm(stream: &Arc<CudaStream>, rows: usize, cols: usize, out: &mut Vec<Row>) {
+    use liger_rs::cudarc::driver::DevicePtr;
+    use liger_rs::{
+        fused_add_rms_norm_backward_inplace, fused_add_rms_norm_forward_inplace,
+        rms_norm_backward_inplace,
+    };
+    let args = RmsNormArgs::new(rows, cols);
+    let n = rows * cols;
+    let h = random::<bf16>(stream, n, 11);
+    let mut residual = random::<bf16>(stream, n, 12);
+    let w = random::<bf16>(stream, cols, 13);
+    let mut y = stream.alloc_zeros::<bf16>(n).expect("alloc");
+    let mut rstd = stream.alloc_zeros::<f32>(rows).expect("alloc");
+    let dy = random::<bf16>(stream, n, 14);
+    let mut ds = random::<bf16>(stream, n, 15);
+    let mut dw = stream.alloc_zeros::<bf16>(cols).expect("alloc");
+    // Repeated calls add `h` into the residual again and again; the values stay finite over
+    // the few hundred calls here (|h| ≤ 2), and the time does not depend on them.
+    let fwd = time_us(stream, || {
+        fused_add_rms_norm_forward_inplace(
+            stream,
+            &args,
+            &mut residual,
+            &h,
+            Some(&w),
+            &mut y,
+            &mut rstd,
+        )
+        .expect("fused add fwd")
+    });
+    let bwd = time_us(stream, || {
+        fused_add_rms_norm_backward_inplace(
+            stream,
+            &args,
+            &dy,
+            &mut ds,
+            &residual,
+            Some(&w),
+            &rstd,
+            Some(&mut dw),
+        )
+        .expect("fused add bwd")
+    });
+    let (shape, s) = (format!("{rows}x{cols}"), 2.0);
+    let mn = n as f64;
+    out.push(Row {
+        op: "fused_add_fwd",
+        shape: shape.clone(),
+        dtype: "bf16",
+        us: fwd,
+        bytes: 4.0 * mn * s,
+    });
+    out.push(Row {
+        op: "fused_add_bwd",
+        shape: shape.clone(),
+        dtype: "bf16",
+        us: bwd,
+        bytes: 4.0 * mn * s,
+    });
+    let add = match nvrtc_add_bf16(stream) {
+        Ok(add) => add,
+        Err(e) => {
+            println!("unfused add + RMSNorm rows skipped: NVRTC unavailable ({e})");
+            return;
+        }
+    };
+    let ptr = |b: &CudaSlice<bf16>| {
+        let (p, _record) = b.device_ptr(stream);
+        p
+    };
+    let (h_p, res_p, ds_p) = (ptr(&h), ptr(&residual), ptr(&ds));
+    let mut dy_dx = random::<bf16>(stream, n, 14);
+    let dy_p = ptr(&dy_dx);
+    let unfused_fwd = time_us(stream, || {
+        add(res_p, h_p, res_p, n);
+        rms_norm_forward(stream, &args, &residual, Some(&w), &mut y, &mut rstd).expect("rms fwd")
+    });
+    let unfused_bwd = time_us(stream, || {
+        rms_norm_backward_inplace(
+            stream,
+            &args,
+            &mut dy_dx,
+            &residual,
+            Some(&w),
+            &rstd,
+            Some(&mut dw),
+        )
+        .expect("rms bwd");
+        add(ds_p, dy_p, ds_p, n);
+    });
+    out.push(Row {
+        op: "add+rms_fwd",
+        shape: shape.clone(),
+        dtype: "bf16",
+        us: unfused_fwd,
+        bytes: 5.0 * mn * s,
+    });
+    out.push(Row {
+        op: "rms+add_bwd",
+        shape,
+        dtype: "bf16",
+        us: unfused_bwd,
+        bytes: 6.0 * mn * s,
+    });
+    println!(
+        "fused add + RMSNorm bf16 {rows}x{cols}: forward {:.2}× the unfused pair, backward {:.2}×",
+        unfused_fwd / fwd,
+        unfused_bwd / bwd
+    );
+}
+
 /// RoPE on q [b, s, hq, d] and k [b, s, hk, d] with [s, d] tables, in place (HF layout).
 fn rope<T: Dtype>(stream: &Arc<CudaStream>, shape: [usize; 5], out: &mut Vec<Row>) {
     let [b, s, hq, hk, d] = shape;
@@ -261,6 +432,9 @@ fn main() {
         rms_norm::<f16>(&stream, 16384, 4096, &mut rows);
         rms_norm::<bf16>(&stream, 2048, 4096, &mut rows);
         rms_norm::<f32>(&stream, 2048, 4096, &mut rows);
+        for cols in [4096, 2048] {
+            fused_add_rms_norm(&stream, 16384, cols, &mut rows);
+        }
     }
     if run("rope") {
         rope::<bf16>(&stream, [4, 4096, 32, 8, 128], &mut rows);

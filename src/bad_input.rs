@@ -71,6 +71,25 @@ impl Check for Rms {
     }
 }
 
+impl Check for FusedAdd {
+    fn check(self, call: &Call<crate::RmsNormArgs>, t_size: usize) -> Result<()> {
+        let has = |name| call.bufs.iter().any(|b| b.name == name);
+        let a = &call.args;
+        match self {
+            FusedAdd::Forward | FusedAdd::ForwardInplace => {
+                let in_place = matches!(self, FusedAdd::ForwardInplace);
+                let (_, table) = a.fused_add_forward_table(in_place)?;
+                run(table, call, t_size, |n| n, None).map(drop)
+            }
+            FusedAdd::Backward | FusedAdd::BackwardInplace => {
+                let in_place = matches!(self, FusedAdd::BackwardInplace);
+                let (_, table) = a.fused_add_backward_table(in_place, has("weight"), has("dw"))?;
+                run(table, call, t_size, |n| n, None).map(drop)
+            }
+        }
+    }
+}
+
 impl Check for Rope {
     fn check(self, call: &Call<RopeCall>, t_size: usize) -> Result<()> {
         let c = &call.args;
@@ -174,6 +193,11 @@ fn walk<O: Check>(ops: &[O]) -> usize {
 #[test]
 fn rms_norm_bad_input_is_rejected_by_the_checks_alone() {
     println!("{} cases", walk(&RMS));
+}
+
+#[test]
+fn fused_add_rms_norm_bad_input_is_rejected_by_the_checks_alone() {
+    println!("{} cases", walk(&FUSED_ADD));
 }
 
 #[test]

@@ -15,9 +15,9 @@
 //! ordered with candle's own work on that device without any synchronisation.
 //!
 //! **Two ways in.**
-//! * Autograd: [`rms_norm`], [`rope`] ([`rope_with`]), [`swiglu`], [`swiglu_fused`], [`geglu`]
-//!   and [`geglu_fused`] are
-//!   [`CustomOp1`](candle_core::CustomOp1)/[`CustomOp2`](candle_core::CustomOp2)
+//! * Autograd: [`rms_norm`], [`fused_add_rms_norm`], [`rope`] ([`rope_with`]), [`swiglu`],
+//!   [`swiglu_fused`], [`geglu`] and [`geglu_fused`] are [`CustomOp1`](candle_core::CustomOp1),
+//!   [`CustomOp2`](candle_core::CustomOp2) or [`CustomOp3`](candle_core::CustomOp3)
 //!   implementations (private types behind these functions) with a backward, so
 //!   `loss.backward()` runs this crate's backward. Each op's backward is the gradient of the
 //!   value its forward returns. An op holds what its backward needs (RMSNorm: the forward's
@@ -26,7 +26,7 @@
 //!   private: each function checks shapes and dtypes in candle's terms first and builds a
 //!   fresh op per call (an op's saved state belongs to one forward). A custom op has one
 //!   output, so [`rope`] writes q and k rotated into one `[q | k]` buffer (reading q and k
-//!   where they are) and returns two views of it.
+//!   where they are) and returns two views of it, as [`fused_add_rms_norm`] does `[y | s]`.
 //! * Explicit: [`rms_norm_forward`] (which also returns `rstd`), [`rms_norm_backward`],
 //!   [`rope_backward`] ([`rope_backward_with`]), [`swiglu_backward`],
 //!   [`swiglu_fused_backward`], [`geglu_backward`] and [`geglu_fused_backward`] return new tensors and build no graph, for code that keeps its
@@ -83,11 +83,13 @@ use candle_core::{
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use std::sync::Arc;
 
+mod fused_add_rms_norm;
 pub mod nn;
 mod rms_norm;
 mod rope;
 mod swiglu;
 
+pub use fused_add_rms_norm::fused_add_rms_norm;
 pub use rms_norm::{RmsNormConfig, rms_norm, rms_norm_backward, rms_norm_forward};
 pub use rope::{RopeConfig, rope, rope_backward, rope_backward_with, rope_with};
 pub use swiglu::{

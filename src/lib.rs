@@ -1,8 +1,9 @@
 //! # liger-rs
 //!
-//! Fused LLM training kernels — RMSNorm ([`rms_norm_forward`]), RoPE ([`rope_forward`]),
-//! SwiGLU ([`swiglu_forward`]) and GEGLU ([`geglu_forward`], tanh or exact erf GELU), forward
-//! and backward — written in Rust, compiled to PTX, and launched on your own [`cudarc`] device
+//! Fused LLM training kernels — RMSNorm ([`rms_norm_forward`]), the fused residual add and
+//! RMSNorm ([`fused_add_rms_norm_forward`]), RoPE ([`rope_forward`]), SwiGLU
+//! ([`swiglu_forward`]) and GEGLU ([`geglu_forward`], tanh or exact erf GELU), forward and
+//! backward — written in Rust, compiled to PTX, and launched on your own [`cudarc`] device
 //! buffers.
 //!
 //! * **Device code** lives in the `kernels-gpu` crate (`#![no_std]`, shipped inside this
@@ -105,6 +106,7 @@ mod bad_input;
 pub mod candle;
 mod dtype;
 mod error;
+mod fused_add_rms_norm;
 mod geglu;
 // The device crate's file, as the package ships it (`packaging/kernels-gpu/` links to
 // `kernels-gpu/` in a checkout): the kernels' identities and shared constants, defined once.
@@ -134,6 +136,10 @@ pub use candle_core;
 pub use cudarc;
 pub use dtype::Dtype;
 pub use error::{Error, Result};
+pub use fused_add_rms_norm::{
+    fused_add_rms_norm_backward, fused_add_rms_norm_backward_inplace, fused_add_rms_norm_forward,
+    fused_add_rms_norm_forward_inplace,
+};
 pub use geglu::{
     Gelu, geglu_backward, geglu_backward_fused, geglu_backward_fused_inplace,
     geglu_backward_inplace, geglu_forward, geglu_forward_fused,

@@ -142,7 +142,7 @@ impl RmsNormArgs {
         }
     }
 
-    fn check(&self) -> Result<LaunchSettings> {
+    pub(crate) fn check(&self) -> Result<LaunchSettings> {
         let settings = row_settings(self.cols)?;
         if !(self.eps.is_finite() && self.eps >= 0.0) {
             return Err(invalid("args.eps", "a finite value ≥ 0", self.eps));
@@ -154,13 +154,13 @@ impl RmsNormArgs {
     }
 
     /// What `x` must hold.
-    fn x_need(&self) -> Result<Need> {
+    pub(crate) fn x_need(&self) -> Result<Need> {
         let span = span("args.x_stride", self.rows, self.cols, self.x_stride)?;
         Ok(Need::AtLeast(span, "rows × x_stride"))
     }
 
     /// What `y`, `dy` and `dx` must hold.
-    fn y_need(&self) -> Result<Need> {
+    pub(crate) fn y_need(&self) -> Result<Need> {
         let span = span("args.y_stride", self.rows, self.cols, self.y_stride)?;
         Ok(Need::AtLeast(span, "rows × y_stride"))
     }
@@ -387,11 +387,22 @@ struct BackwardKernel {
 }
 
 /// The backward's direction: [`Direction::Backward`] where `dw` is wanted, else the dX-only
-/// [`Direction::BackwardDx`] (a frozen weight, or none), whose kernels hold no dW.
-fn backward_direction(dw: bool) -> Direction {
-    match dw {
-        true => Direction::Backward,
-        false => Direction::BackwardDx,
+/// [`Direction::BackwardDx`] (a frozen weight, or none), whose kernels hold no dW; `add`: their
+/// fused residual add twins.
+fn backward_direction(dw: bool, add: bool) -> Direction {
+    match (dw, add) {
+        (true, false) => Direction::Backward,
+        (false, false) => Direction::BackwardDx,
+        (true, true) => Direction::AddBackward,
+        (false, true) => Direction::AddBackwardDx,
+    }
+}
+
+/// The forward's direction (`add`: the fused residual add's).
+fn forward_direction(add: bool) -> Direction {
+    match add {
+        false => Direction::Forward,
+        true => Direction::AddForward,
     }
 }
 
@@ -399,7 +410,12 @@ fn backward_direction(dw: bool) -> Direction {
 /// exists ([`has_shared_dw`]) and it can run: with dW wanted, and its `cols` f32 of dW within
 /// the 48 KiB a block gets without opting in (the register kernels' thread limit keeps vector
 /// rows below that anyway).
-fn shared_dw_kernel<T: Dtype>(plan: Plan, args: &RmsNormArgs, dw: bool) -> Option<(Kernel, u32)> {
+fn shared_dw_kernel<T: Dtype>(
+    plan: Plan,
+    args: &RmsNormArgs,
+    dw: bool,
+    add: bool,
+) -> Option<(Kernel, u32)> {
     let Plan::Vector { per_thread, .. } = plan else {
         return None;
     };
@@ -409,7 +425,7 @@ fn shared_dw_kernel<T: Dtype>(plan: Plan, args: &RmsNormArgs, dw: bool) -> Optio
     }
     let layout = RmsNormLayout::SharedDw;
     Some((
-        vector_kernel::<T>(Direction::Backward, layout, per_thread, args),
+        vector_kernel::<T>(backward_direction(true, add), layout, per_thread, args),
         smem as u32,
     ))
 }
@@ -425,14 +441,15 @@ fn backward_kernel<T: Dtype>(
     plan: Plan,
     args: &RmsNormArgs,
     dw: bool,
+    add: bool,
 ) -> Result<BackwardKernel> {
-    let kernel = plan.kernel::<T>(backward_direction(dw), args);
+    let kernel = plan.kernel::<T>(backward_direction(dw, add), args);
     let in_registers = BackwardKernel {
         kernel,
         smem: REDUCE_SMEM_BYTES,
         shared_dw: false,
     };
-    let Some((shared, smem)) = shared_dw_kernel::<T>(plan, args, dw) else {
+    let Some((shared, smem)) = shared_dw_kernel::<T>(plan, args, dw, add) else {
         return Ok(in_registers);
     };
     let threads = plan.threads();
@@ -472,9 +489,10 @@ fn backward_launch<T: Dtype>(
     plan: Plan,
     args: &RmsNormArgs,
     dw: bool,
+    add: bool,
 ) -> Result<BackwardLaunch> {
     let threads = plan.threads();
-    let bwd = backward_kernel::<T>(kernels, plan, args, dw)?;
+    let bwd = backward_kernel::<T>(kernels, plan, args, dw, add)?;
     let func = kernels.function(bwd.kernel)?;
     let resident = kernels.resident_blocks(&func, threads, bwd.smem)?;
     let mut grid = args.rows.min(resident).min(i32::MAX as usize);
@@ -530,11 +548,12 @@ fn forward_kernel<T: Dtype>(
     kernels: &Kernels,
     plan: Plan,
     args: &RmsNormArgs,
+    add: bool,
 ) -> Result<(Kernel, u32)> {
-    let kernel = plan.kernel::<T>(Direction::Forward, args);
+    let kernel = plan.kernel::<T>(forward_direction(add), args);
     let func = kernels.function(kernel)?;
     let resident = kernels.resident_blocks(&func, plan.threads(), REDUCE_SMEM_BYTES)?;
-    let twin = forward_twin::<T>(plan, args);
+    let twin = forward_twin::<T>(plan, args, add);
     let (whole, grid) = item_grid(args.rows, resident, twin.is_some());
     match twin {
         Some(twin) if whole => Ok((twin, grid)),
@@ -545,10 +564,10 @@ fn forward_kernel<T: Dtype>(
 /// The one-row-per-block twin (`_vr{K}`) of a vector `plan`'s forward. One vector per
 /// thread is a row too short to pay for a block of its own (bf16 2048: −17 %), so `_v1` has
 /// none and stays grid-stride.
-fn forward_twin<T: Dtype>(plan: Plan, args: &RmsNormArgs) -> Option<Kernel> {
+fn forward_twin<T: Dtype>(plan: Plan, args: &RmsNormArgs, add: bool) -> Option<Kernel> {
     match plan {
         Plan::Vector { per_thread, .. } if per_thread >= 2 => Some(vector_kernel::<T>(
-            Direction::Forward,
+            forward_direction(add),
             RmsNormLayout::Row,
             per_thread,
             args,
@@ -624,22 +643,56 @@ pub fn rms_norm_forward<T: Dtype>(
     let Some(call) = validate(stream, &table, bufs)? else {
         return Ok(());
     };
-    let [x_ptr, w_ptr, y_ptr, r_ptr] = call.ptrs;
+    let [x, w, y, rstd] = call.ptrs;
+    let ptrs = FwdPtrs {
+        x,
+        add: None,
+        w,
+        y,
+        rstd,
+    };
+    launch_forward::<T>(stream, args, settings, ptrs)
+}
+
+/// The device pointers of a validated forward (0 for a weight left out); `add`: the fused
+/// residual add's `r` and `s`, which take `x`'s stride.
+pub(crate) struct FwdPtrs {
+    pub(crate) x: u64,
+    pub(crate) add: Option<(u64, u64)>,
+    pub(crate) w: u64,
+    pub(crate) y: u64,
+    pub(crate) rstd: u64,
+}
+
+/// Launches the forward (RMSNorm's, or with `p.add` the fused residual add's) over buffers
+/// that the caller validated and whose guards it holds until this returns.
+pub(crate) fn launch_forward<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &RmsNormArgs,
+    settings: LaunchSettings,
+    p: FwdPtrs,
+) -> Result<()> {
+    let add = p.add.is_some();
+    let (r_ptr, s_ptr) = p.add.unwrap_or((0, 0));
     let kernels = kernels(stream.context())?;
+    let mut ptrs = vec![p.x, p.w, p.y];
+    if add {
+        ptrs.extend([r_ptr, s_ptr]);
+    }
     let plan = Plan::choose::<T>(
         settings,
         args.cols,
-        &[x_ptr, w_ptr, y_ptr],
+        &ptrs,
         &[args.x_stride, args.y_stride],
         fwd_rule::<T>(),
         |k| {
             capacity(
                 &kernels,
-                vector_kernel::<T>(Direction::Forward, Grid, k, args),
+                vector_kernel::<T>(forward_direction(add), Grid, k, args),
             )
         },
     )?;
-    let (kernel, grid) = forward_kernel::<T>(&kernels, plan, args)?;
+    let (kernel, grid) = forward_kernel::<T>(&kernels, plan, args, add)?;
     let func = kernels.function(kernel)?;
     let cfg = LaunchConfig {
         grid_dim: (grid, 1, 1),
@@ -649,19 +702,22 @@ pub fn rms_norm_forward<T: Dtype>(
     let (x_stride, y_stride) = (args.x_stride as u64, args.y_stride as u64);
     let (rows, cols) = (args.rows as u64, args.cols as u64);
     let mut launch = stream.launch_builder(&func);
+    launch.arg(&p.x).arg(&x_stride);
+    if add {
+        launch.arg(&r_ptr).arg(&x_stride).arg(&s_ptr).arg(&x_stride);
+    }
     launch
-        .arg(&x_ptr)
-        .arg(&x_stride)
-        .arg(&w_ptr)
-        .arg(&y_ptr)
+        .arg(&p.w)
+        .arg(&p.y)
         .arg(&y_stride)
-        .arg(&r_ptr)
+        .arg(&p.rstd)
         .arg(&rows)
         .arg(&cols)
         .arg(&args.eps)
         .arg(&args.offset);
-    // SAFETY: argument order and types match `rms_norm_kernels!` in kernels-gpu; every pointer
-    // was checked above to cover `rows` rows of its stride (`rstd`: `rows` f32).
+    // SAFETY: argument order and types match `fwd_entry!` in kernels-gpu (the fused add's
+    // `r` and `s` after `x`); every pointer was checked by the caller to cover `rows` rows of
+    // its stride (`rstd`: `rows` f32), and `s` may be `x` or `r` only at their stride.
     unsafe { launch.launch(cfg) }?;
     Ok(())
 }
@@ -832,8 +888,52 @@ fn backward<'b, T: Dtype>(
     let Some(call) = validate(stream, &table, bufs)? else {
         return Ok(());
     };
-    let [dy_ptr, x_ptr, w_ptr, r_ptr, dx_ptr, dw_ptr] = call.ptrs;
-    let dx_ptr = if in_place { dy_ptr } else { dx_ptr };
+    let [dy, x, w, rstd, dx, dw] = call.ptrs;
+    let dx = if in_place { dy } else { dx };
+    let ptrs = BwdPtrs {
+        dy,
+        ds: None,
+        x,
+        w,
+        rstd,
+        dx,
+        dw,
+    };
+    launch_backward::<T>(stream, args, settings, ptrs)
+}
+
+/// The device pointers of a validated backward (0 for a weight or `dw` left out; `dx` is `dy`
+/// in place); `ds`: the fused residual add's incoming gradient of the sum, at `dy`'s stride.
+pub(crate) struct BwdPtrs {
+    pub(crate) dy: u64,
+    pub(crate) ds: Option<u64>,
+    pub(crate) x: u64,
+    pub(crate) w: u64,
+    pub(crate) rstd: u64,
+    pub(crate) dx: u64,
+    pub(crate) dw: u64,
+}
+
+/// Launches the backward (RMSNorm's, or with `p.ds` the fused residual add's) and, with `dw`,
+/// the dW reduction, over buffers that the caller validated and whose guards it holds until
+/// this returns.
+pub(crate) fn launch_backward<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &RmsNormArgs,
+    settings: LaunchSettings,
+    p: BwdPtrs,
+) -> Result<()> {
+    let BwdPtrs {
+        dy: dy_ptr,
+        ds,
+        x: x_ptr,
+        w: w_ptr,
+        rstd: r_ptr,
+        dx: dx_ptr,
+        dw: dw_ptr,
+    } = p;
+    let add = ds.is_some();
+    let ds_ptr = ds.unwrap_or(0);
     let with_dw = dw_ptr != 0;
     if args.rows == 0 {
         // Only with dW (else the call is empty): dW of no rows is zero.
@@ -846,18 +946,22 @@ fn backward<'b, T: Dtype>(
     }
 
     let kernels = kernels(stream.context())?;
+    let mut ptrs = vec![dy_ptr, x_ptr, w_ptr, dx_ptr];
+    if add {
+        ptrs.push(ds_ptr);
+    }
     let plan = Plan::choose::<T>(
         settings,
         args.cols,
-        &[dy_ptr, x_ptr, w_ptr, dx_ptr],
+        &ptrs,
         &[args.x_stride, args.y_stride],
         &BWD_RULE,
         |k| {
-            let kernel = vector_kernel::<T>(backward_direction(with_dw), Grid, k, args);
+            let kernel = vector_kernel::<T>(backward_direction(with_dw, add), Grid, k, args);
             capacity(&kernels, kernel)
         },
     )?;
-    let launch = backward_launch::<T>(stream.context(), &kernels, plan, args, with_dw)?;
+    let launch = backward_launch::<T>(stream.context(), &kernels, plan, args, with_dw, add)?;
     let (grid, cluster) = (launch.grid, launch.cluster);
     let parts = grid / cluster;
     let (x_stride, y_stride) = (args.x_stride as u64, args.y_stride as u64);
@@ -875,9 +979,11 @@ fn backward<'b, T: Dtype>(
     // The backward, then (with dW) the dW reduction over `partial`, the scratch of
     // `parts × cols` f32 (0 without dW: the `bwd_dx` kernels do not use it).
     let run = |p_ptr: u64| -> Result<()> {
-        let mut params = [
-            arg(&dy_ptr),
-            arg(&y_stride),
+        let mut params = vec![arg(&dy_ptr), arg(&y_stride)];
+        if add {
+            params.extend([arg(&ds_ptr), arg(&y_stride)]);
+        }
+        params.extend([
             arg(&x_ptr),
             arg(&x_stride),
             arg(&w_ptr),
@@ -888,11 +994,12 @@ fn backward<'b, T: Dtype>(
             arg(&rows),
             arg(&cols),
             arg(&args.offset),
-        ];
-        // SAFETY: argument order and types match `rms_norm_kernels!`; buffers were checked
-        // above, the partial buffer holds `parts × cols` f32 (one row per block, or per
-        // cluster), every element written by its block (the scalar kernel at its first row,
-        // the vector kernel at its end) or its cluster (`write_cluster_partial`).
+        ]);
+        // SAFETY: argument order and types match `bwd_entry!` (the fused add's `ds` after
+        // `dy`); buffers were checked by the caller, the partial buffer holds `parts × cols`
+        // f32 (one row per block, or per cluster), every element written by its block (the
+        // scalar kernel at its first row, the vector kernel at its end) or its cluster
+        // (`write_cluster_partial`).
         unsafe { launch_ex(stream, &func, cfg, &mut params, how) }?;
         if p_ptr == 0 {
             return Ok(());
@@ -989,10 +1096,19 @@ pub(crate) mod tests {
                 for offset in [0.0, 1.0] {
                     let args = RmsNormArgs::new(1, 8).with_mode(mode).with_offset(offset);
                     for (direction, rule) in [
-                        (Direction::Forward, fwd_rule::<T>()),
-                        (Direction::Backward, &BWD_RULE),
-                        (Direction::BackwardDx, &BWD_RULE),
+                        (forward_direction(false), fwd_rule::<T>()),
+                        (forward_direction(true), fwd_rule::<T>()),
+                        (backward_direction(true, false), &BWD_RULE),
+                        (backward_direction(false, false), &BWD_RULE),
+                        (backward_direction(true, true), &BWD_RULE),
+                        (backward_direction(false, true), &BWD_RULE),
                     ] {
+                        let add = matches!(
+                            direction,
+                            Direction::AddForward
+                                | Direction::AddBackward
+                                | Direction::AddBackwardDx
+                        );
                         let scalar = Plan::Scalar { threads: 32 };
                         out.push(scalar.kernel::<T>(direction, &args));
                         for (per_thread, threads) in rule
@@ -1005,10 +1121,15 @@ pub(crate) mod tests {
                             };
                             out.push(plan.kernel::<T>(direction, &args));
                             match direction {
-                                Direction::Forward => out.extend(forward_twin::<T>(plan, &args)),
+                                Direction::Forward | Direction::AddForward => {
+                                    out.extend(forward_twin::<T>(plan, &args, add))
+                                }
                                 _ => {
-                                    let dw = direction == Direction::Backward;
-                                    let twin = shared_dw_kernel::<T>(plan, &args, dw);
+                                    let dw = matches!(
+                                        direction,
+                                        Direction::Backward | Direction::AddBackward
+                                    );
+                                    let twin = shared_dw_kernel::<T>(plan, &args, dw, add);
                                     out.extend(twin.map(|k| k.0))
                                 }
                             }
@@ -1051,12 +1172,25 @@ pub(crate) mod tests {
             "rms_norm_bwd_f32_none"
         );
         assert_eq!(
-            name(s.kernel::<f32>(backward_direction(false), &none)),
+            name(s.kernel::<f32>(backward_direction(false, false), &none)),
             "rms_norm_bwd_dx_f32_none"
         );
         assert_eq!(
-            name(v.kernel::<bf16>(backward_direction(false), &gemma)),
+            name(v.kernel::<bf16>(backward_direction(false, false), &gemma)),
             "rms_norm_bwd_dx_v2_bf16_gemma"
+        );
+        // The fused residual add's twins.
+        assert_eq!(
+            name(v.kernel::<bf16>(forward_direction(true), &gemma)),
+            "rms_norm_add_fwd_v2_bf16_gemma"
+        );
+        assert_eq!(
+            name(s.kernel::<f32>(backward_direction(true, true), &none)),
+            "rms_norm_add_bwd_f32_none"
+        );
+        assert_eq!(
+            name(v.kernel::<bf16>(backward_direction(false, true), &gemma)),
+            "rms_norm_add_bwd_dx_v2_bf16_gemma"
         );
         assert_eq!(
             name(Kernel::RmsNormDwReduce {
@@ -1067,12 +1201,16 @@ pub(crate) mod tests {
         // 16-bit rows with a 1 + w weight: the lane-by-lane twins.
         let offset = llama.with_offset(1.0);
         assert_eq!(
-            name(shared_dw_kernel::<bf16>(v, &offset, true).unwrap().0),
+            name(shared_dw_kernel::<bf16>(v, &offset, true, false).unwrap().0),
             "rms_norm_bwd_vs2_bf16_llama_offset"
         );
+        assert_eq!(
+            name(shared_dw_kernel::<bf16>(v, &offset, true, true).unwrap().0),
+            "rms_norm_add_bwd_vs2_bf16_llama_offset"
+        );
         // f32 rows of two vectors keep dW in registers: no `_vs2`.
-        assert_eq!(shared_dw_kernel::<f32>(v, &offset, true), None);
-        assert_eq!(shared_dw_kernel::<bf16>(v, &offset, false), None);
+        assert_eq!(shared_dw_kernel::<f32>(v, &offset, true, false), None);
+        assert_eq!(shared_dw_kernel::<bf16>(v, &offset, false, false), None);
     }
 
     #[test]
@@ -1158,7 +1296,7 @@ pub(crate) mod tests {
         let (cols, rule) = (args.cols, fwd_rule::<T>());
         let plan = Plan::choose::<T>(settings, cols, &[ALIGNED; 3], &[cols; 2], rule, capacity);
         let plan = plan.unwrap();
-        let (kernel, grid) = forward_kernel::<T>(kernels, plan, args).unwrap();
+        let (kernel, grid) = forward_kernel::<T>(kernels, plan, args, false).unwrap();
         (kernel.name(), grid, plan.threads())
     }
 
@@ -1183,7 +1321,7 @@ pub(crate) mod tests {
         let capacity = |k| {
             capacity(
                 kernels,
-                vector_kernel::<T>(backward_direction(dw), Grid, k, args),
+                vector_kernel::<T>(backward_direction(dw, false), Grid, k, args),
             )
         };
         let cols = args.cols;
@@ -1195,7 +1333,7 @@ pub(crate) mod tests {
             &BWD_RULE,
             capacity,
         );
-        let launch = backward_launch::<T>(ctx, kernels, plan.unwrap(), args, dw).unwrap();
+        let launch = backward_launch::<T>(ctx, kernels, plan.unwrap(), args, dw, false).unwrap();
         Launched {
             kernel: launch.kernel.name(),
             threads: launch.threads,

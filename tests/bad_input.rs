@@ -29,9 +29,10 @@ use common::{Failures, Need, Rng, gpu, skip};
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use liger_rs::{
-    CosSinLayout, Dtype, Error, PositionIds, RmsNormArgs, SwigluArgs, rms_norm_backward,
-    rms_norm_backward_inplace, rms_norm_forward, rope_backward, rope_backward_into, rope_forward,
-    rope_forward_into,
+    CosSinLayout, Dtype, Error, PositionIds, RmsNormArgs, SwigluArgs, fused_add_rms_norm_backward,
+    fused_add_rms_norm_backward_inplace, fused_add_rms_norm_forward,
+    fused_add_rms_norm_forward_inplace, rms_norm_backward, rms_norm_backward_inplace,
+    rms_norm_forward, rope_backward, rope_backward_into, rope_forward, rope_forward_into,
 };
 // The fused RoPE launchers, apart from the shared list above.
 use liger_rs::{rope_backward_fused, rope_forward_fused};
@@ -78,6 +79,57 @@ impl Launch for Rms {
             Rms::BackwardInplace => {
                 let (mut dy_dx, rstd) = (live.t("dy_dx"), live.f32("rstd"));
                 rms_norm_backward_inplace(stream, args, &mut *dy_dx, &*x, weight, &*rstd, dw)
+            }
+        }
+    }
+}
+
+impl Launch for FusedAdd {
+    fn launch<T: Dtype>(
+        self,
+        stream: &Stream,
+        args: &RmsNormArgs,
+        live: &mut Live<T>,
+    ) -> liger_rs::Result<()> {
+        let weight = live.opt_t("weight");
+        let weight = weight.as_deref().map(|w| w as _);
+        let mut dw = live.opt_t("dw");
+        let dw = dw.as_deref_mut().map(|d| d as _);
+        match self {
+            FusedAdd::Forward => {
+                let (x, r, mut s) = (live.t("x"), live.t("r"), live.t("s"));
+                let (mut y, mut rstd) = (live.t("y"), live.f32("rstd"));
+                fused_add_rms_norm_forward(
+                    stream, args, &*x, &*r, weight, &mut *s, &mut *y, &mut *rstd,
+                )
+            }
+            FusedAdd::ForwardInplace => {
+                let (mut x_s, r) = (live.t("x_s"), live.t("r"));
+                let (mut y, mut rstd) = (live.t("y"), live.f32("rstd"));
+                fused_add_rms_norm_forward_inplace(
+                    stream, args, &mut *x_s, &*r, weight, &mut *y, &mut *rstd,
+                )
+            }
+            FusedAdd::Backward => {
+                let (dy, ds, s) = (live.t("dy"), live.t("ds"), live.t("s"));
+                let (rstd, mut dx) = (live.f32("rstd"), live.t("dx"));
+                fused_add_rms_norm_backward(
+                    stream, args, &*dy, &*ds, &*s, weight, &*rstd, &mut *dx, dw,
+                )
+            }
+            FusedAdd::BackwardInplace => {
+                let (dy, mut ds_dx, s) = (live.t("dy"), live.t("ds_dx"), live.t("s"));
+                let rstd = live.f32("rstd");
+                fused_add_rms_norm_backward_inplace(
+                    stream,
+                    args,
+                    &*dy,
+                    &mut *ds_dx,
+                    &*s,
+                    weight,
+                    &*rstd,
+                    dw,
+                )
             }
         }
     }
@@ -509,6 +561,14 @@ fn gpu_rms_norm_bad_input_never_reaches_a_kernel() {
 }
 
 #[test]
+fn gpu_fused_add_rms_norm_bad_input_never_reaches_a_kernel() {
+    gpu_walk(
+        "gpu_fused_add_rms_norm_bad_input_never_reaches_a_kernel",
+        &FUSED_ADD,
+    );
+}
+
+#[test]
 fn gpu_rope_bad_input_never_reaches_a_kernel() {
     gpu_walk("gpu_rope_bad_input_never_reaches_a_kernel", &ROPE);
 }
@@ -658,6 +718,6 @@ fn audit<O: Op>(ops: &[O]) -> usize {
 
 #[test]
 fn the_tables_walk_every_argument() {
-    let rows = audit(&RMS) + audit(&ROPE) + audit(&SWIGLU) + audit(&GEGLU);
+    let rows = audit(&RMS) + audit(&FUSED_ADD) + audit(&ROPE) + audit(&SWIGLU) + audit(&GEGLU);
     println!("{rows} rows in all");
 }

@@ -20,8 +20,9 @@
 //! An entry name is its parts joined by `_`: the op, the direction, the variant (none for the
 //! scalar kernels), the element type, then the op's last part (RMSNorm: the casting mode,
 //! RoPE: the cos/sin rows, GEGLU: the form of GELU), e.g. `rms_norm_fwd_vr2_bf16_llama`,
-//! `rms_norm_bwd_dx_v2_f16_none`, `rope_bwd_g_f16_ids32`, `swiglu_fwd_vt_f32`,
-//! `geglu_bwd_v_bf16_erf`; RMSNorm's dW reduction is `rms_norm_dw_reduce_{elem}`.
+//! `rms_norm_bwd_dx_v2_f16_none`, `rms_norm_add_fwd_vr2_bf16_llama` (the fused residual add),
+//! `rope_bwd_g_f16_ids32`, `swiglu_fwd_vt_f32`, `geglu_bwd_v_bf16_erf`; RMSNorm's dW reduction
+//! is `rms_norm_dw_reduce_{elem}`.
 
 /// An enum whose values name parts of entry names, and a macro `$lit!(Value)` that gives the
 /// same name as a literal for `concat!` (a value's name is spelt once, here).
@@ -89,6 +90,12 @@ names! {
         BackwardDx = "bwd_dx",
         /// RMSNorm's reduction of the backward's dW partial rows.
         DwReduce = "dw_reduce",
+        /// The fused residual add and RMSNorm forward: `s = x + r` written out and normalised.
+        AddForward = "add_fwd",
+        /// Its backward: RMSNorm's backward of `s` plus the sum's incoming gradient, with dW.
+        AddBackward = "add_bwd",
+        /// As [`Direction::AddBackward`] without dW (as [`Direction::BackwardDx`]).
+        AddBackwardDx = "add_bwd_dx",
     }
 }
 
@@ -222,7 +229,9 @@ pub enum RmsNormShape {
 pub enum Kernel {
     /// An RMSNorm forward or backward.
     RmsNorm {
-        /// [`Direction::Forward`], [`Direction::Backward`] or [`Direction::BackwardDx`].
+        /// [`Direction::Forward`], [`Direction::Backward`] or [`Direction::BackwardDx`], or
+        /// their fused-add twins [`Direction::AddForward`], [`Direction::AddBackward`],
+        /// [`Direction::AddBackwardDx`].
         direction: Direction,
         /// Scalar or vector.
         shape: RmsNormShape,

@@ -12,6 +12,13 @@
 //! `backward_vec`), and the `_vs{K}` backward, launched in thread-block clusters, writes one
 //! partial row per cluster (`write_cluster_partial`).
 //!
+//! The fused residual add (`add_fwd`, `add_bwd`, `add_bwd_dx`: the same bodies with `ADD`,
+//! one kernel for each RMSNorm kernel) normalises `s = D(x + r)`, writing `s` as well (over `x`
+//! or `r` allowed), and its backward writes `D(dX + ds)`, RMSNorm's dX of `s` plus the sum's
+//! incoming gradient before one rounding (over `dy` or `ds` allowed). Every element of `s`
+//! (of `dx`) is written by the thread that read its `x` and `r` (its `dy` and `ds`) before,
+//! and by no other, which is what makes those in-place forms safe.
+//!
 //! `dx = r·m − r³/n·(Σ m·x)·x` is evaluated as `r·(m − mean(m·h)·h)` with `h = x·r`: every
 //! factor stays near 1 whatever the row's scale (`r³` underflows f32 once the row's RMS
 //! passes 2⁴², and `Σ m·x` overflows near the bf16 maximum).
@@ -114,11 +121,17 @@ fn inverse_rms<T: Elem, const MODE: u32>(
     1.0 / sqrt(sum_sq / cols as f32 + eps)
 }
 
-/// A forward's arguments, as its entry point receives them (sizes as `usize`).
+/// A forward's arguments, as its entry point receives them (sizes as `usize`). The fused
+/// add's kernels (`ADD`) normalise `s = D(x + res)` and write it to `s`; the others leave `res`
+/// and `s` null.
 #[derive(Clone, Copy)]
 struct Fwd<T> {
     x: *const T,
     x_stride: usize,
+    res: *const T,
+    res_stride: usize,
+    s: *mut T,
+    s_stride: usize,
     w: *const T,
     y: *mut T,
     y_stride: usize,
@@ -129,11 +142,15 @@ struct Fwd<T> {
     offset: f32,
 }
 
-/// A backward's arguments, as its entry point receives them (sizes as `usize`).
+/// A backward's arguments, as its entry point receives them (sizes as `usize`). The fused
+/// add's kernels (`ADD`) add the sum's incoming gradient `ds` to dX before rounding it; the
+/// others leave `ds` null.
 #[derive(Clone, Copy)]
 struct Bwd<T> {
     dy: *const T,
     dy_stride: usize,
+    ds: *const T,
+    ds_stride: usize,
     x: *const T,
     x_stride: usize,
     w: *const T,
@@ -146,16 +163,36 @@ struct Bwd<T> {
     offset: f32,
 }
 
-/// The scalar forward.
+/// The scalar forward; `ADD` first writes the row's sum `s = D(x + res)` to `s`, then
+/// normalises `s` as RMSNorm normalises `x` (the same code, so RMSNorm's compiles as it did
+/// before the fused add). Each thread reads back only the elements of `s` it wrote, so `s`
+/// may be `x` or `res`.
 #[inline(always)]
-unsafe fn forward<T: Elem, const MODE: u32>(a: Fwd<T>) {
+unsafe fn forward<T: Elem, const MODE: u32, const ADD: bool>(a: Fwd<T>) {
     // One line for the struct, not one per field (rustfmt's layout of a struct pattern).
     #[rustfmt::skip]
-    let Fwd { x, x_stride, w, y, y_stride, rstd, rows, cols, eps, offset } = a;
+    let Fwd { x, x_stride, res, res_stride, s, s_stride, w, y, y_stride, rstd, rows, cols, eps, offset } = a;
+    // `ADD`: the row normalised is the sum.
+    let (add_x, add_x_stride) = (x, x_stride);
+    let (x, x_stride) = match ADD {
+        true => (s.cast_const(), s_stride),
+        false => (x, x_stride),
+    };
     let (tid, nt) = (thread_idx(), block_dim());
     let mut row = block_idx();
     let mut parity = 0;
     while row < rows {
+        if ADD {
+            let xa = unsafe { add_x.add(row * add_x_stride) };
+            let ra = unsafe { res.add(row * res_stride) };
+            let sr = unsafe { s.add(row * s_stride) };
+            let mut c = tid;
+            while c < cols {
+                let sum = unsafe { (*xa.add(c)).to_f32() + (*ra.add(c)).to_f32() };
+                unsafe { *sr.add(c) = T::from_f32(sum) };
+                c += nt;
+            }
+        }
         let xr = unsafe { x.add(row * x_stride) };
         let yr = unsafe { y.add(row * y_stride) };
         let mut acc = 0.0f32;
@@ -214,13 +251,16 @@ fn scaled_grad<T: Elem, const MODE: u32>(dy: f32, w: Option<f32>, offset: f32) -
     }
 }
 
-/// The scalar backward; `DW` accumulates the weight's dW partial row (see [`computes_dw`]).
+/// The scalar backward; `DW` accumulates the weight's dW partial row (see [`computes_dw`]),
+/// `ADD` adds `ds` to each dX element before rounding it (read by the thread that then writes
+/// that element, so `dx` may be `ds`).
 #[inline(always)]
-unsafe fn backward<T: Elem, const MODE: u32, const DW: bool>(a: Bwd<T>) {
+unsafe fn backward<T: Elem, const MODE: u32, const DW: bool, const ADD: bool>(a: Bwd<T>) {
     // One line for the fields, not one per field (rustfmt's layout of a struct pattern).
     #[rustfmt::skip]
     let Bwd {
-        dy, dy_stride, x, x_stride, w, rstd, dx, dx_stride, dw_partial, rows, cols, offset,
+        dy, dy_stride, ds, ds_stride, x, x_stride, w, rstd, dx, dx_stride, dw_partial, rows,
+        cols, offset,
     } = a;
     let (tid, nt) = (thread_idx(), block_dim());
     // `wrapping_add`: `dw_partial` is null without dW, and `add` off null is undefined.
@@ -256,7 +296,11 @@ unsafe fn backward<T: Elem, const MODE: u32, const DW: bool>(a: Bwd<T>) {
             let v = unsafe { *xr.add(c) }.to_f32();
             let wc = load_w(c);
             let m = scaled_grad::<T, MODE>(g, wc, offset);
-            unsafe { *dxr.add(c) = T::from_f32(r * (m - mean * (v * r))) };
+            let mut out = r * (m - mean * (v * r));
+            if ADD {
+                out += unsafe { *ds.add(row * ds_stride + c) }.to_f32();
+            }
+            unsafe { *dxr.add(c) = T::from_f32(out) };
             if DW && wc.is_some() {
                 let normed = if MODE == mode::LLAMA {
                     T::round(v * r)
@@ -301,12 +345,23 @@ unsafe fn store_row<const K: usize>(row: *mut V16, vecs: usize, out: impl Fn(usi
 }
 
 /// The vector forward: `ONE` runs one row per block (`_vr{K}`), else a resident grid walks the
-/// rows (`_v{K}`).
+/// rows (`_v{K}`). `ADD` loads `x` and `res`, normalises their packed sum `s = D(x + res)` from
+/// registers and stores it to `s` (the same thread loaded those elements of `x` and `res`
+/// first, and no other thread touches them, so `s` may be `x` or `res`; a prefetched next row
+/// is another row).
 #[inline(always)]
-unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize, const ONE: bool>(a: Fwd<T>) {
+unsafe fn forward_vec<
+    T: Elem,
+    const MODE: u32,
+    const K: usize,
+    const ONE: bool,
+    const ADD: bool,
+>(
+    a: Fwd<T>,
+) {
     // One line for the struct, not one per field (rustfmt's layout of a struct pattern).
     #[rustfmt::skip]
-    let Fwd { x, x_stride, w, y, y_stride, rstd, rows, cols, eps, offset } = a;
+    let Fwd { x, x_stride, res, res_stride, s, s_stride, w, y, y_stride, rstd, rows, cols, eps, offset } = a;
     let tid = thread_idx();
     let vecs = cols / T::LANES;
     let has_w = !w.is_null();
@@ -322,15 +377,27 @@ unsafe fn forward_vec<T: Elem, const MODE: u32, const K: usize, const ONE: bool>
         true => unsafe { load_row::<K>(x.add(row * x_stride) as *const V16, vecs) },
         false => [V16::ZERO; K],
     };
+    // The residual `res` (`ADD`), loaded alongside `x`.
+    let load_r = |row: usize| match ADD && row < rows {
+        true => unsafe { load_row::<K>(res.add(row * res_stride) as *const V16, vecs) },
+        false => [V16::ZERO; K],
+    };
     let mut row = block_idx();
     let mut parity = 0;
     let mut next = load_x(row);
+    let mut next_r = load_r(row);
     while row < rows {
         // The next row's loads are issued before this row's reduction, so they are in flight
         // while this block waits at its barrier and stores (`ONE`: no next row).
-        let xv = next;
+        let mut xv = next;
+        if ADD {
+            unroll::<K>(|k| xv[k] = T::add_rn(xv[k], next_r[k]));
+            let sr = unsafe { s.add(row * s_stride) } as *mut V16;
+            unsafe { store_row::<K>(sr, vecs, |k| xv[k]) };
+        }
         if !ONE {
             next = load_x(row + grid_dim());
+            next_r = load_r(row + grid_dim());
         }
         let mut acc = 0.0f32;
         unroll::<K>(|k| {
@@ -409,13 +476,15 @@ unsafe fn backward_vec<
     const K: usize,
     const SMEM_DW: bool,
     const DW: bool,
+    const ADD: bool,
 >(
     a: Bwd<T>,
 ) {
     // One line for the fields, not one per field (rustfmt's layout of a struct pattern).
     #[rustfmt::skip]
     let Bwd {
-        dy, dy_stride, x, x_stride, w, rstd, dx, dx_stride, dw_partial, rows, cols, offset,
+        dy, dy_stride, x, x_stride, w, rstd, dx, dx_stride, dw_partial, rows, cols, offset, ds,
+        ds_stride,
     } = a;
     // f32 with dW in registers (`_v2`, the f32 rows above 512 columns): the dW reduction may
     // be launched at once, its launch hidden behind this grid (16384×2048 on an H200: −2.6 µs;
@@ -517,6 +586,30 @@ unsafe fn backward_vec<
         let mean = block_sum(acc, parity) / cols as f32;
         parity ^= 1;
         let dxr = unsafe { dx.add(row * dx_stride) } as *mut V16;
+        if ADD {
+            // dX plus the sum's gradient, rounded once. A loop of its own, so that RMSNorm's
+            // (below) compiles as it did before the fused add existed. Each thread reads its
+            // elements of `ds` before writing the same elements of `dx`, so `dx` may be `ds`.
+            let dsr = unsafe { ds.add(row * ds_stride) } as *const V16;
+            unroll::<K>(|k| {
+                let j = tid + k * nt;
+                if j < vecs {
+                    let d = unsafe { V16::load(dsr.add(j)) };
+                    let mut out = [0.0f32; 8];
+                    lanes::<T, V16>(|i| {
+                        let m = if packed_m {
+                            T::lane(&mv[k], i)
+                        } else {
+                            scaled_grad::<T, MODE>(T::lane(&gv[k], i), wc(k, i), offset)
+                        };
+                        out[i] = r * fma(-mean, T::lane(&xv[k], i) * r, m) + T::lane(&d, i);
+                    });
+                    unsafe { T::pack::<V16>(&out).store(dxr.add(j)) };
+                }
+            });
+            row += grid_dim();
+            continue;
+        }
         unroll::<K>(|k| {
             let j = tid + k * nt;
             if j < vecs {
@@ -679,9 +772,18 @@ const fn shared_dw(layout: RmsNormLayout) -> bool {
 }
 
 /// Whether a backward `direction` accumulates dW partial rows (`DW` of [`backward`] and
-/// [`backward_vec`]): [`Direction::Backward`] does, [`Direction::BackwardDx`] does not.
+/// [`backward_vec`]): [`Direction::Backward`] and [`Direction::AddBackward`] do, the dX-only
+/// directions do not.
 const fn computes_dw(direction: Direction) -> bool {
-    matches!(direction, Direction::Backward)
+    matches!(direction, Direction::Backward | Direction::AddBackward)
+}
+
+/// Whether `direction` is the fused residual add's (`ADD` of the forward and backward bodies).
+const fn adds(direction: Direction) -> bool {
+    matches!(
+        direction,
+        Direction::AddForward | Direction::AddBackward | Direction::AddBackwardDx
+    )
 }
 
 /// One entry point named `$name` with the parameters `$param: $ty` (as the host passes
@@ -702,62 +804,112 @@ macro_rules! entry {
     };
 }
 
-/// One forward entry point (see [`entry`]): `$body` is the generic body (`forward::<T, MODE>`
-/// or `forward_vec::<T, MODE, K, …>`) of element type `$ty`.
+/// One forward entry point (see [`entry`]) of direction `$dir`: `$body` is the generic body
+/// (`forward::<T, MODE, ADD>` or `forward_vec::<T, MODE, K, …>`) of element type `$ty`. The
+/// fused add's forward takes `r` and `s` (with their strides) after `x`.
 macro_rules! fwd_entry {
-    ($name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
+    (Forward, $name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
         entry!($name, $doc, $safety, (
             x: *const $ty, x_stride: u64, w: *const $ty, y: *mut $ty, y_stride: u64,
             rstd: *mut f32, rows: u64, cols: u64, eps: f32, offset: f32,
         ) => $body(Fwd {
-            x, x_stride: x_stride as usize, w, y, y_stride: y_stride as usize, rstd,
+            x, x_stride: x_stride as usize, res: core::ptr::null(), res_stride: 0,
+            s: core::ptr::null_mut(), s_stride: 0, w, y, y_stride: y_stride as usize, rstd,
+            rows: rows as usize, cols: cols as usize, eps, offset,
+        }));
+    };
+    (AddForward, $name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
+        entry!($name, $doc, $safety, (
+            x: *const $ty, x_stride: u64, r: *const $ty, r_stride: u64, s: *mut $ty,
+            s_stride: u64, w: *const $ty, y: *mut $ty, y_stride: u64, rstd: *mut f32,
+            rows: u64, cols: u64, eps: f32, offset: f32,
+        ) => $body(Fwd {
+            x, x_stride: x_stride as usize, res: r, res_stride: r_stride as usize, s,
+            s_stride: s_stride as usize, w, y, y_stride: y_stride as usize, rstd,
             rows: rows as usize, cols: cols as usize, eps, offset,
         }));
     };
 }
 
-/// One backward entry point (see [`fwd_entry`]).
+/// One backward entry point (see [`fwd_entry`]); the fused add's backward takes `ds` (with
+/// its stride) after `dy`.
 macro_rules! bwd_entry {
-    ($name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
+    (Backward, $($rest:tt)*) => { bwd_entry!(@plain $($rest)*); };
+    (BackwardDx, $($rest:tt)*) => { bwd_entry!(@plain $($rest)*); };
+    (AddBackward, $($rest:tt)*) => { bwd_entry!(@add $($rest)*); };
+    (AddBackwardDx, $($rest:tt)*) => { bwd_entry!(@add $($rest)*); };
+    (@plain $name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
         entry!($name, $doc, $safety, (
             dy: *const $ty, dy_stride: u64, x: *const $ty, x_stride: u64, w: *const $ty,
             rstd: *const f32, dx: *mut $ty, dx_stride: u64, dw_partial: *mut f32, rows: u64,
             cols: u64, offset: f32,
         ) => $body(Bwd {
-            dy, dy_stride: dy_stride as usize, x, x_stride: x_stride as usize, w, rstd, dx,
-            dx_stride: dx_stride as usize, dw_partial, rows: rows as usize,
-            cols: cols as usize, offset,
+            dy, dy_stride: dy_stride as usize, ds: core::ptr::null(), ds_stride: 0, x,
+            x_stride: x_stride as usize, w, rstd, dx, dx_stride: dx_stride as usize,
+            dw_partial, rows: rows as usize, cols: cols as usize, offset,
+        }));
+    };
+    (@add $name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
+        entry!($name, $doc, $safety, (
+            dy: *const $ty, dy_stride: u64, ds: *const $ty, ds_stride: u64, x: *const $ty,
+            x_stride: u64, w: *const $ty, rstd: *const f32, dx: *mut $ty, dx_stride: u64,
+            dw_partial: *mut f32, rows: u64, cols: u64, offset: f32,
+        ) => $body(Bwd {
+            dy, dy_stride: dy_stride as usize, ds, ds_stride: ds_stride as usize, x,
+            x_stride: x_stride as usize, w, rstd, dx, dx_stride: dx_stride as usize,
+            dw_partial, rows: rows as usize, cols: cols as usize, offset,
         }));
     };
 }
 
-/// The scalar kernels of one element type and casting mode, and with [`Mode::Llama`] the
-/// element type's dW reduction.
+/// The scalar kernels of one element type and casting mode (RMSNorm's and the fused residual
+/// add's), and the element type's dW reduction.
 macro_rules! rms_norm_kernels {
-    (@bwd $elem:ident, $mode:ident, $dir:ident, $doc:literal, $safety:literal) => {
-        bwd_entry!(
+    (@fwd $elem:ident, $mode:ident, $dir:ident, $doc:literal, $safety:literal) => {
+        fwd_entry!(
+            $dir,
             kernel_name!(RmsNorm, $dir, Scalar, $elem, $mode),
             elem_type!($elem),
-            backward::<elem_type!($elem), { Mode::$mode as u32 }, { computes_dw(Direction::$dir) }>,
+            forward::<elem_type!($elem), { Mode::$mode as u32 }, { adds(Direction::$dir) }>,
+            $doc,
+            $safety
+        );
+    };
+    (@bwd $elem:ident, $mode:ident, $dir:ident, $doc:literal, $safety:literal) => {
+        bwd_entry!(
+            $dir,
+            kernel_name!(RmsNorm, $dir, Scalar, $elem, $mode),
+            elem_type!($elem),
+            backward::<
+                elem_type!($elem),
+                { Mode::$mode as u32 },
+                { computes_dw(Direction::$dir) },
+                { adds(Direction::$dir) },
+            >,
             $doc,
             $safety
         );
     };
     ($elem:ident: $($mode:ident),*) => {
         $(
-            fwd_entry!(
-                kernel_name!(RmsNorm, Forward, Scalar, $elem, $mode),
-                elem_type!($elem),
-                forward::<elem_type!($elem), { Mode::$mode as u32 }>,
+            rms_norm_kernels!(@fwd $elem, $mode, Forward,
                 "RMSNorm forward for one dtype and casting mode (see the module docs).",
-                "Pointers cover `rows` rows of their strides and `cols` columns; `w` may be null."
-            );
+                "Pointers cover `rows` rows of their strides and `cols` columns; `w` may be null.");
+            rms_norm_kernels!(@fwd $elem, $mode, AddForward,
+                "Fused residual add and RMSNorm forward: `s = D(x + r)`, then RMSNorm of `s`.",
+                "As the RMSNorm forward; `s` may equal `x` or `r` (same strides).");
             rms_norm_kernels!(@bwd $elem, $mode, Backward,
                 "RMSNorm backward for one dtype and casting mode (see the module docs).",
                 "As the forward; `dx` may equal `dy`; `dw_partial` holds `gridDim.x × cols` f32 when `w` is not null.");
             rms_norm_kernels!(@bwd $elem, $mode, BackwardDx,
                 "RMSNorm backward of dX alone for one dtype and casting mode (see the module docs).",
                 "As the forward; `dx` may equal `dy`; `dw_partial` is not used.");
+            rms_norm_kernels!(@bwd $elem, $mode, AddBackward,
+                "Fused residual add and RMSNorm backward: `D(dX + ds)` and dW partial rows.",
+                "As the RMSNorm backward; `dx` may equal `dy` or `ds` (same strides).");
+            rms_norm_kernels!(@bwd $elem, $mode, AddBackwardDx,
+                "Fused residual add and RMSNorm backward of `D(dX + ds)` alone (no dW).",
+                "As the RMSNorm backward; `dx` may equal `dy` or `ds`; `dw_partial` is not used.");
         )*
         entry!(
             kernel_name!(RmsNorm, DwReduce, $elem),
@@ -778,42 +930,51 @@ rms_norm_kernels!(Bf16: Llama, Gemma, None);
 /// The vector kernels of one element type and mode: forward with 1, 2, 4 vectors per thread
 /// (grid-stride `_v{K}`, one row per block `_vr{K}` for K = 2, 4), backward with 1 and 2 (its
 /// dW accumulators need the registers), `_vs1` and where `shared` ([`has_shared_dw`]) `_vs2`,
-/// and the dX-only backward `bwd_dx` with 1 and 2 (dW in neither registers nor shared memory).
+/// and the dX-only backward `bwd_dx` with 1 and 2 (dW in neither registers nor shared memory);
+/// then the same set for the fused residual add.
 macro_rules! rms_norm_vec_family {
     ($elem:ident, $mode:ident, shared = $shared:tt) => {
         const _: () = assert!(has_shared_dw(ElemType::$elem, 2) == $shared);
-        rms_norm_vec_family!(@fwd $elem, $mode, Grid 1);
-        rms_norm_vec_family!(@fwd $elem, $mode, Grid 2);
-        rms_norm_vec_family!(@fwd $elem, $mode, Grid 4);
-        rms_norm_vec_family!(@fwd $elem, $mode, Row 2);
-        rms_norm_vec_family!(@fwd $elem, $mode, Row 4);
-        rms_norm_vec_family!(@bwd $elem, $mode, Backward, Grid 1);
-        rms_norm_vec_family!(@bwd $elem, $mode, Backward, Grid 2);
-        rms_norm_vec_family!(@bwd $elem, $mode, Backward, SharedDw 1);
-        rms_norm_vec_family!(@if $shared, @bwd $elem, $mode, Backward, SharedDw 2);
-        rms_norm_vec_family!(@bwd $elem, $mode, BackwardDx, Grid 1);
-        rms_norm_vec_family!(@bwd $elem, $mode, BackwardDx, Grid 2);
+        rms_norm_vec_family!(@dirs $elem, $mode, $shared, Forward, Backward, BackwardDx);
+        rms_norm_vec_family!(@dirs $elem, $mode, $shared, AddForward, AddBackward, AddBackwardDx);
+    };
+    // One set of kernels: RMSNorm's, or the fused add's (the same shapes).
+    (@dirs $elem:ident, $mode:ident, $shared:tt, $fwd:ident, $bwd:ident, $bwd_dx:ident) => {
+        rms_norm_vec_family!(@fwd $elem, $mode, $fwd, Grid 1);
+        rms_norm_vec_family!(@fwd $elem, $mode, $fwd, Grid 2);
+        rms_norm_vec_family!(@fwd $elem, $mode, $fwd, Grid 4);
+        rms_norm_vec_family!(@fwd $elem, $mode, $fwd, Row 2);
+        rms_norm_vec_family!(@fwd $elem, $mode, $fwd, Row 4);
+        rms_norm_vec_family!(@bwd $elem, $mode, $bwd, Grid 1);
+        rms_norm_vec_family!(@bwd $elem, $mode, $bwd, Grid 2);
+        rms_norm_vec_family!(@bwd $elem, $mode, $bwd, SharedDw 1);
+        rms_norm_vec_family!(@if $shared, @bwd $elem, $mode, $bwd, SharedDw 2);
+        rms_norm_vec_family!(@bwd $elem, $mode, $bwd_dx, Grid 1);
+        rms_norm_vec_family!(@bwd $elem, $mode, $bwd_dx, Grid 2);
     };
     (@if true, $($rest:tt)*) => {
         rms_norm_vec_family!($($rest)*);
     };
     (@if false, $($rest:tt)*) => {};
-    (@fwd $elem:ident, $mode:ident, $layout:ident $k:literal) => {
+    (@fwd $elem:ident, $mode:ident, $dir:ident, $layout:ident $k:literal) => {
         fwd_entry!(
-            kernel_name!(RmsNorm, Forward, $layout $k, $elem, $mode),
+            $dir,
+            kernel_name!(RmsNorm, $dir, $layout $k, $elem, $mode),
             elem_type!($elem),
             forward_vec::<
                 elem_type!($elem),
                 { Mode::$mode as u32 },
                 $k,
                 { one_row(RmsNormLayout::$layout) },
+                { adds(Direction::$dir) },
             >,
-            "Vectorised RMSNorm forward (`K` vectors of 16 bytes per thread, see the module docs; `_vr`: one row per block, the grid covers every row).",
+            "Vectorised RMSNorm forward (`K` vectors of 16 bytes per thread, see the module docs; `_vr`: one row per block, the grid covers every row; `add_fwd`: the fused residual add).",
             "As the scalar forward, and every row of `x` and `y` and `w` start 16-byte aligned with `cols` a multiple of the lanes per vector."
         );
     };
     (@bwd $elem:ident, $mode:ident, $dir:ident, $layout:ident $k:literal) => {
         bwd_entry!(
+            $dir,
             kernel_name!(RmsNorm, $dir, $layout $k, $elem, $mode),
             elem_type!($elem),
             backward_vec::<
@@ -822,8 +983,9 @@ macro_rules! rms_norm_vec_family {
                 $k,
                 { shared_dw(RmsNormLayout::$layout) },
                 { computes_dw(Direction::$dir) },
+                { adds(Direction::$dir) },
             >,
-            "Vectorised persistent RMSNorm backward (see `backward_vec`; `_vs`: dW in shared memory; `bwd_dx`: no dW, `dw_partial` not used).",
+            "Vectorised persistent RMSNorm backward (see `backward_vec`; `_vs`: dW in shared memory; `bwd_dx`: no dW, `dw_partial` not used; `add_`: the fused residual add's, `D(dX + ds)`).",
             "As the scalar backward, with the forward's alignment rules for `dy`, `x`, `w`, `dx`."
         );
     };

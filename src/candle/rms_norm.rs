@@ -76,7 +76,7 @@ impl RmsNormConfig {
         RmsNormConfig { mode, ..self }
     }
 
-    fn args(&self, rows: usize, cols: usize) -> RmsNormArgs {
+    pub(super) fn args(&self, rows: usize, cols: usize) -> RmsNormArgs {
         RmsNormArgs::new(rows, cols)
             .with_eps(self.eps)
             .with_offset(self.offset)
@@ -85,7 +85,7 @@ impl RmsNormConfig {
 
     /// The checks of the launchers' `args.eps` and `args.offset`, for the CPU path (the
     /// reference takes any value).
-    fn check(&self) -> Result<()> {
+    pub(super) fn check(&self) -> Result<()> {
         if !(self.eps.is_finite() && self.eps >= 0.0) {
             return Err(crate_err(invalid(
                 "args.eps",

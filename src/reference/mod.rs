@@ -5,7 +5,7 @@
 //! (`f32`, `f16`, `bf16`) decides where values are rounded; with `f64` every cast point is the
 //! identity, which gives the exact math (used for finite-difference gradient checks).
 //!
-//! The RMSNorm, RoPE and SwiGLU functions mirror their launchers (and GEGLU's take SwiGLU's
+//! The RMSNorm, fused add + RMSNorm, RoPE and SwiGLU functions mirror their launchers (and GEGLU's take SwiGLU's
 //! arguments): the same argument struct first, then the buffers in the launcher's order (host
 //! slices, contiguous rows), results returned (RoPE rotates in place, as its launcher does),
 //! and RMSNorm's rstd in the type the GPU stores ([`Element::Rstd`]), so a launcher's inputs
@@ -21,11 +21,13 @@
 //! assert_eq!((out.y.len(), grads.dx.len()), (8, 8));
 //! # Ok::<(), liger_rs::Error>(())
 //! ```
+pub mod fused_add_rms_norm;
 pub mod geglu;
 pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;
 
+pub use fused_add_rms_norm::{fused_add_rms_norm_backward, fused_add_rms_norm_forward};
 pub use geglu::{geglu_backward, geglu_forward};
 pub use rms_norm::{rms_norm_backward, rms_norm_backward_dx, rms_norm_forward};
 pub use rope::{rope_backward, rope_forward};

@@ -52,7 +52,7 @@ pub struct RmsNormGrads<T> {
 
 /// Checks the shape of `args` for the reference, which takes contiguous rows: `cols ≥ 1`
 /// and both strides equal to `cols`. Returns `rows × cols`.
-fn check_args(args: &RmsNormArgs) -> Result<usize> {
+pub(crate) fn check_args(args: &RmsNormArgs) -> Result<usize> {
     let cols = args.cols;
     if cols == 0 {
         return Err(invalid("args.cols", "at least 1 column", cols));
@@ -76,7 +76,7 @@ fn check_args(args: &RmsNormArgs) -> Result<usize> {
 }
 
 /// Checks that `data` holds exactly `len` elements (`what` says what the count is).
-fn check_len<T>(arg: &'static str, data: &[T], len: usize, what: &str) -> Result<()> {
+pub(crate) fn check_len<T>(arg: &'static str, data: &[T], len: usize, what: &str) -> Result<()> {
     if data.len() != len {
         return Err(invalid(arg, format!("length {len} ({what})"), data.len()));
     }
@@ -163,7 +163,7 @@ pub fn rms_norm_backward<T: Element>(
     weight: Option<&[T]>,
     rstd: &[T::Rstd],
 ) -> Result<RmsNormGrads<T>> {
-    backward(args, dy, x, weight, rstd, weight.is_some())
+    backward(args, dy, None, x, weight, rstd, weight.is_some())
 }
 
 /// The RMSNorm backward of `dx` alone, for a frozen weight (or none): `dw` is `None` and not
@@ -184,13 +184,16 @@ pub fn rms_norm_backward_dx<T: Element>(
     weight: Option<&[T]>,
     rstd: &[T::Rstd],
 ) -> Result<RmsNormGrads<T>> {
-    backward(args, dy, x, weight, rstd, false)
+    backward(args, dy, None, x, weight, rstd, false)
 }
 
-/// The backward of [`rms_norm_backward`], with `dw` (a weight is given) or without.
-fn backward<T: Element>(
+/// The backward of [`rms_norm_backward`], with `dw` (a weight is given) or without; `ds`
+/// (the fused residual add's incoming gradient of the sum, shaped as `dy`) is added to each
+/// unrounded dX element before its one rounding.
+pub(crate) fn backward<T: Element>(
     args: &RmsNormArgs,
     dy: &[T],
+    ds: Option<&[T]>,
     x: &[T],
     weight: Option<&[T]>,
     rstd: &[T::Rstd],
@@ -199,6 +202,9 @@ fn backward<T: Element>(
     let len = check_args(args)?;
     check_len("dy", dy, len, "rows × cols")?;
     check_len("x", x, len, "rows × cols")?;
+    if let Some(ds) = ds {
+        check_len("ds", ds, len, "rows × cols")?;
+    }
     let (rows, cols, mode) = (args.rows, args.cols, args.mode);
     check_weight(weight, cols)?;
     check_len("rstd", rstd, rows, "rows")?;
@@ -227,7 +233,10 @@ fn backward<T: Element>(
         let coef = r * r * r * dot / cols as f64;
         for c in 0..cols {
             let (g, v) = (dyr[c].to_f64(), xr[c].to_f64());
-            dx.push(T::from_f64(r * grad(g, c) - coef * v));
+            let d = r * grad(g, c) - coef * v;
+            // Without `ds` nothing is added (`+ 0.0` would turn a −0 into +0).
+            let d = ds.map_or(d, |ds| d + ds[dx.len()].to_f64());
+            dx.push(T::from_f64(d));
             if with_dw {
                 let normed = if mode == CastingMode::Llama {
                     T::cast(T::cast_f32(v * r))
