@@ -4,7 +4,7 @@ use crate::CastingMode;
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
 use crate::identity::{
-    Direction, Kernel, Mode, RmsNormLayout, RmsNormLayout::Grid, RmsNormShape, SUM_SLOTS,
+    Direction, Kernel, Mode, RmsNormLayout, RmsNormLayout::Resident, RmsNormShape, SUM_SLOTS,
     has_shared_dw,
 };
 use crate::launch::{Launch, arg, item_grid, launch_ex};
@@ -240,14 +240,14 @@ impl VecRule {
 }
 
 /// Forward, 16-bit types: K = 1, 2, 4, up to 128 threads. Against 256 (H200 A/B,
-/// PERFORMANCE.md, "RMSNorm forward"): bf16 16384×2048 +4 % (`_vr2` at 128 threads instead of
-/// `_v1` at 256), 2048×4096 +5 %, level elsewhere; bf16 16384×4096 with `_vr2` at 256 instead of
-/// `_vr4` at 128 level.
+/// PERFORMANCE.md, "RMSNorm forward"): bf16 16384×2048 +4 % (`_vw2` at 128 threads instead of
+/// `_v1` at 256), 2048×4096 +5 %, level elsewhere; bf16 16384×4096 with `_vw2` at 256 instead of
+/// `_vw4` at 128 level.
 const FWD_RULE_16: VecRule = VecRule {
     steps: &[(1, 128), (2, 128), (4, 128)],
 };
-/// Forward, f32: the same, but K = 2 up to 256 threads: f32 16384×2048 runs `_vr2` at 256
-/// threads instead of `_vr4` at 128, 70.4–70.6 → 69.3–69.6 µs on an H200 (PERFORMANCE.md,
+/// Forward, f32: the same, but K = 2 up to 256 threads: f32 16384×2048 runs `_vw2` at 256
+/// threads instead of `_vw4` at 128, 70.4–70.6 → 69.3–69.6 µs on an H200 (PERFORMANCE.md,
 /// "RMSNorm forward").
 const FWD_RULE_F32: VecRule = VecRule {
     steps: &[(1, 128), (2, 256), (4, 128)],
@@ -270,19 +270,19 @@ fn fwd_rule<T: Dtype>() -> &'static VecRule {
 
 /// Which kernel a call runs and with how many threads per block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Plan {
+enum Path {
     /// Scalar kernels, Liger's row-block shape (any alignment, any `cols`).
     Scalar { threads: u32 },
     /// 16-byte vector kernels `_v{per_thread}` (aligned rows, `cols` a multiple of the lanes).
     Vector { per_thread: usize, threads: u32 },
 }
 
-impl Plan {
-    /// The vector plan when every pointer and row stride is 16-byte aligned and `cols` is a
+impl Path {
+    /// The vector path when every pointer and row stride is 16-byte aligned and `cols` is a
     /// multiple of the lanes per vector: the first step of `rule` whose vectors per thread keep
     /// the block within its threads, else the most vectors per thread whose block fits;
     /// `capacity(k)` is the most threads per block the `_v{k}` kernel can launch with (its
-    /// register use decides). Otherwise the scalar plan.
+    /// register use decides). Otherwise the scalar path.
     fn choose<T: Dtype>(
         settings: LaunchSettings,
         cols: usize,
@@ -290,8 +290,8 @@ impl Plan {
         strides: &[usize],
         rule: &VecRule,
         capacity: impl Fn(usize) -> Result<usize>,
-    ) -> Result<Plan> {
-        let scalar = Plan::Scalar {
+    ) -> Result<Path> {
+        let scalar = Path::Scalar {
             threads: settings.threads(),
         };
         let size = std::mem::size_of::<T>();
@@ -304,7 +304,7 @@ impl Plan {
         }
         let vecs = cols / lanes;
         let threads = |k: usize| vecs.div_ceil(k).next_multiple_of(32);
-        let vector = |k: usize| Plan::Vector {
+        let vector = |k: usize| Path::Vector {
             per_thread: k,
             threads: threads(k) as u32,
         };
@@ -323,16 +323,16 @@ impl Plan {
 
     fn threads(self) -> u32 {
         match self {
-            Plan::Scalar { threads } | Plan::Vector { threads, .. } => threads,
+            Path::Scalar { threads } | Path::Vector { threads, .. } => threads,
         }
     }
 
-    /// The kernel of `direction` that runs this plan (a vector plan: its grid-stride one).
+    /// The kernel of `direction` that runs this path (a vector path: its grid-stride one).
     fn kernel<T: Dtype>(self, direction: Direction, args: &RmsNormArgs) -> Kernel {
         let shape = match self {
-            Plan::Scalar { .. } => RmsNormShape::Scalar,
-            Plan::Vector { per_thread, .. } => RmsNormShape::Vector {
-                layout: RmsNormLayout::Grid,
+            Path::Scalar { .. } => RmsNormShape::Scalar,
+            Path::Vector { per_thread, .. } => RmsNormShape::Vector {
+                layout: RmsNormLayout::Resident,
                 per_thread,
             },
         };
@@ -406,17 +406,17 @@ fn forward_direction(add: bool) -> Direction {
     }
 }
 
-/// The `_vs{K}` twin of a vector `plan`'s backward and its dynamic shared memory, where one
+/// The `_vs{K}` twin of a vector `path`'s backward and its dynamic shared memory, where one
 /// exists ([`has_shared_dw`]) and it can run: with dW wanted, and its `cols` f32 of dW within
 /// the 48 KiB a block gets without opting in (the register kernels' thread limit keeps vector
 /// rows below that anyway).
 fn shared_dw_kernel<T: Dtype>(
-    plan: Plan,
+    path: Path,
     args: &RmsNormArgs,
     dw: bool,
     add: bool,
 ) -> Option<(Kernel, u32)> {
-    let Plan::Vector { per_thread, .. } = plan else {
+    let Path::Vector { per_thread, .. } = path else {
         return None;
     };
     let smem = REDUCE_SMEM_BYTES as usize + args.cols * 4;
@@ -430,29 +430,29 @@ fn shared_dw_kernel<T: Dtype>(
     ))
 }
 
-/// The backward kernel for `plan` (`dw`: with dW). With dW, a vector plan may have two kernels
+/// The backward kernel for `path` (`dw`: with dW). With dW, a vector path may have two kernels
 /// ([`shared_dw_kernel`]): `_v{K}` keeps each block's dW partial row in registers, `_vs{K}` in
 /// shared memory. Shared memory runs when it fits more blocks per SM and every block gets at
 /// least [`SMEM_DW_MIN_ROWS`] rows (its per-block set-up and per-element round trip pay off
-/// only over many rows). Without dW the `bwd_dx` kernel of the plan runs: it holds no dW in
+/// only over many rows). Without dW the `bwd_dx` kernel of the path runs: it holds no dW in
 /// registers, so its `_v{K}` fits as many blocks as a `_vs{K}` would, or more.
 fn backward_kernel<T: Dtype>(
     kernels: &Kernels,
-    plan: Plan,
+    path: Path,
     args: &RmsNormArgs,
     dw: bool,
     add: bool,
 ) -> Result<BackwardKernel> {
-    let kernel = plan.kernel::<T>(backward_direction(dw, add), args);
+    let kernel = path.kernel::<T>(backward_direction(dw, add), args);
     let in_registers = BackwardKernel {
         kernel,
         smem: REDUCE_SMEM_BYTES,
         shared_dw: false,
     };
-    let Some((shared, smem)) = shared_dw_kernel::<T>(plan, args, dw, add) else {
+    let Some((shared, smem)) = shared_dw_kernel::<T>(path, args, dw, add) else {
         return Ok(in_registers);
     };
-    let threads = plan.threads();
+    let threads = path.threads();
     let resident_registers =
         kernels.resident_blocks(&kernels.function(kernel)?, threads, REDUCE_SMEM_BYTES)?;
     let resident_shared = kernels.resident_blocks(&kernels.function(shared)?, threads, smem)?;
@@ -479,20 +479,20 @@ struct BackwardLaunch {
     cluster: usize,
 }
 
-/// The backward launch for `plan` in `ctx` (`dw`: with dW): [`backward_kernel`], a grid of the
+/// The backward launch for `path` in `ctx` (`dw`: with dW): [`backward_kernel`], a grid of the
 /// blocks that fit at once (at most one per row, and at most [`DW_PARTIAL_MAX`] partial-row
 /// elements with dW), and with the sm_90 build the shared-memory dW kernels in clusters
 /// ([`cluster_grid`]).
 fn backward_launch<T: Dtype>(
     ctx: &CudaContext,
     kernels: &Kernels,
-    plan: Plan,
+    path: Path,
     args: &RmsNormArgs,
     dw: bool,
     add: bool,
 ) -> Result<BackwardLaunch> {
-    let threads = plan.threads();
-    let bwd = backward_kernel::<T>(kernels, plan, args, dw, add)?;
+    let threads = path.threads();
+    let bwd = backward_kernel::<T>(kernels, path, args, dw, add)?;
     let func = kernels.function(bwd.kernel)?;
     let resident = kernels.resident_blocks(&func, threads, bwd.smem)?;
     let mut grid = args.rows.min(resident).min(i32::MAX as usize);
@@ -539,21 +539,21 @@ fn shared_dw(rows: usize, in_registers: usize, in_shared: usize) -> bool {
     in_shared > in_registers && rows >= SMEM_DW_MIN_ROWS * in_shared
 }
 
-/// The forward kernel for `plan` and its grid. Grid-stride row loops run as many blocks as
-/// can be resident at once (SMs × blocks per SM at the plan's threads), at most one per row;
+/// The forward kernel for `path` and its grid. Grid-stride row loops run as many blocks as
+/// can be resident at once (SMs × blocks per SM at the path's threads), at most one per row;
 /// the vector kernels prefetch a block's next row while finishing the current one. With many
-/// waves of rows ([`whole_grid`]) a vector plan of two or more vectors per thread runs its
+/// waves of rows ([`whole_grid`]) a vector path of two or more vectors per thread runs its
 /// one-row-per-block twin instead ([`forward_twin`]; f32 4096: +9 %).
 fn forward_kernel<T: Dtype>(
     kernels: &Kernels,
-    plan: Plan,
+    path: Path,
     args: &RmsNormArgs,
     add: bool,
 ) -> Result<(Kernel, u32)> {
-    let kernel = plan.kernel::<T>(forward_direction(add), args);
+    let kernel = path.kernel::<T>(forward_direction(add), args);
     let func = kernels.function(kernel)?;
-    let resident = kernels.resident_blocks(&func, plan.threads(), REDUCE_SMEM_BYTES)?;
-    let twin = forward_twin::<T>(plan, args, add);
+    let resident = kernels.resident_blocks(&func, path.threads(), REDUCE_SMEM_BYTES)?;
+    let twin = forward_twin::<T>(path, args, add);
     let (whole, grid) = item_grid(args.rows, resident, twin.is_some());
     match twin {
         Some(twin) if whole => Ok((twin, grid)),
@@ -561,14 +561,14 @@ fn forward_kernel<T: Dtype>(
     }
 }
 
-/// The one-row-per-block twin (`_vr{K}`) of a vector `plan`'s forward. One vector per
+/// The one-row-per-block twin (`_vw{K}`) of a vector `path`'s forward. One vector per
 /// thread is a row too short to pay for a block of its own (bf16 2048: −17 %), so `_v1` has
 /// none and stays grid-stride.
-fn forward_twin<T: Dtype>(plan: Plan, args: &RmsNormArgs, add: bool) -> Option<Kernel> {
-    match plan {
-        Plan::Vector { per_thread, .. } if per_thread >= 2 => Some(vector_kernel::<T>(
+fn forward_twin<T: Dtype>(path: Path, args: &RmsNormArgs, add: bool) -> Option<Kernel> {
+    match path {
+        Path::Vector { per_thread, .. } if per_thread >= 2 => Some(vector_kernel::<T>(
             forward_direction(add),
-            RmsNormLayout::Row,
+            RmsNormLayout::Whole,
             per_thread,
             args,
         )),
@@ -679,7 +679,7 @@ pub(crate) fn launch_forward<T: Dtype>(
     if add {
         ptrs.extend([r_ptr, s_ptr]);
     }
-    let plan = Plan::choose::<T>(
+    let path = Path::choose::<T>(
         settings,
         args.cols,
         &ptrs,
@@ -688,15 +688,15 @@ pub(crate) fn launch_forward<T: Dtype>(
         |k| {
             capacity(
                 &kernels,
-                vector_kernel::<T>(forward_direction(add), Grid, k, args),
+                vector_kernel::<T>(forward_direction(add), Resident, k, args),
             )
         },
     )?;
-    let (kernel, grid) = forward_kernel::<T>(&kernels, plan, args, add)?;
+    let (kernel, grid) = forward_kernel::<T>(&kernels, path, args, add)?;
     let func = kernels.function(kernel)?;
     let cfg = LaunchConfig {
         grid_dim: (grid, 1, 1),
-        block_dim: (plan.threads(), 1, 1),
+        block_dim: (path.threads(), 1, 1),
         shared_mem_bytes: REDUCE_SMEM_BYTES,
     };
     let (x_stride, y_stride) = (args.x_stride as u64, args.y_stride as u64);
@@ -950,18 +950,18 @@ pub(crate) fn launch_backward<T: Dtype>(
     if add {
         ptrs.push(ds_ptr);
     }
-    let plan = Plan::choose::<T>(
+    let path = Path::choose::<T>(
         settings,
         args.cols,
         &ptrs,
         &[args.x_stride, args.y_stride],
         &BWD_RULE,
         |k| {
-            let kernel = vector_kernel::<T>(backward_direction(with_dw, add), Grid, k, args);
+            let kernel = vector_kernel::<T>(backward_direction(with_dw, add), Resident, k, args);
             capacity(&kernels, kernel)
         },
     )?;
-    let launch = backward_launch::<T>(stream.context(), &kernels, plan, args, with_dw, add)?;
+    let launch = backward_launch::<T>(stream.context(), &kernels, path, args, with_dw, add)?;
     let (grid, cluster) = (launch.grid, launch.cluster);
     let parts = grid / cluster;
     let (x_stride, y_stride) = (args.x_stride as u64, args.y_stride as u64);
@@ -1035,44 +1035,44 @@ pub(crate) mod tests {
     use cudarc::driver::result::memset_d8_async;
     use half::{bf16, f16};
 
-    fn plan<T: Dtype>(cols: usize, ptrs: &[u64], strides: &[usize], cap: usize) -> Plan {
+    fn path<T: Dtype>(cols: usize, ptrs: &[u64], strides: &[usize], cap: usize) -> Path {
         let settings = row_settings(cols).unwrap();
-        Plan::choose::<T>(settings, cols, ptrs, strides, fwd_rule::<T>(), |_| Ok(cap)).unwrap()
+        Path::choose::<T>(settings, cols, ptrs, strides, fwd_rule::<T>(), |_| Ok(cap)).unwrap()
     }
 
     #[test]
-    fn vector_plan_needs_alignment_and_whole_vectors() {
-        let vector = |per_thread, threads| Plan::Vector {
+    fn vector_path_needs_alignment_and_whole_vectors() {
+        let vector = |per_thread, threads| Path::Vector {
             per_thread,
             threads,
         };
         assert_eq!(
-            plan::<bf16>(4096, &[256, 512], &[4096], 1024),
+            path::<bf16>(4096, &[256, 512], &[4096], 1024),
             vector(4, 128)
         );
-        assert_eq!(plan::<bf16>(2048, &[256], &[2048], 1024), vector(2, 128));
-        assert_eq!(plan::<bf16>(1024, &[256], &[1024], 1024), vector(1, 128));
+        assert_eq!(path::<bf16>(2048, &[256], &[2048], 1024), vector(2, 128));
+        assert_eq!(path::<bf16>(1024, &[256], &[1024], 1024), vector(1, 128));
         // f32: K = 2 up to 256 threads.
-        assert_eq!(plan::<f32>(1024, &[256], &[1024], 1024), vector(2, 128));
-        assert_eq!(plan::<f32>(2048, &[256], &[2048], 1024), vector(2, 256));
+        assert_eq!(path::<f32>(1024, &[256], &[1024], 1024), vector(2, 128));
+        assert_eq!(path::<f32>(2048, &[256], &[2048], 1024), vector(2, 256));
         // No K keeps its step's threads: the most vectors per thread.
-        assert_eq!(plan::<f32>(4096, &[256], &[4096], 1024), vector(4, 256));
-        assert_eq!(plan::<bf16>(16384, &[256], &[16384], 1024), vector(4, 512));
-        assert_eq!(plan::<f32>(100, &[256], &[100], 1024), vector(1, 32));
+        assert_eq!(path::<f32>(4096, &[256], &[4096], 1024), vector(4, 256));
+        assert_eq!(path::<bf16>(16384, &[256], &[16384], 1024), vector(4, 512));
+        assert_eq!(path::<f32>(100, &[256], &[100], 1024), vector(1, 32));
         // A kernel whose registers allow only 256 threads caps the choice.
-        assert_eq!(plan::<bf16>(11008, &[256], &[11008], 1024), vector(4, 352));
+        assert_eq!(path::<bf16>(11008, &[256], &[11008], 1024), vector(4, 352));
         // Misaligned pointer, odd stride, partial vector, too wide: the scalar kernels.
-        let scalar = |cols| Plan::Scalar {
+        let scalar = |cols| Path::Scalar {
             threads: row_settings(cols).unwrap().threads(),
         };
-        assert_eq!(plan::<bf16>(11008, &[256], &[11008], 256), scalar(11008));
-        assert_eq!(plan::<bf16>(4096, &[256, 2], &[4096], 1024), scalar(4096));
-        assert_eq!(plan::<bf16>(4096, &[256], &[4100], 1024), scalar(4096));
-        assert_eq!(plan::<bf16>(4097, &[256], &[4097], 1024), scalar(4097));
-        assert_eq!(plan::<bf16>(65536, &[256], &[65536], 1024), scalar(65536));
+        assert_eq!(path::<bf16>(11008, &[256], &[11008], 256), scalar(11008));
+        assert_eq!(path::<bf16>(4096, &[256, 2], &[4096], 1024), scalar(4096));
+        assert_eq!(path::<bf16>(4096, &[256], &[4100], 1024), scalar(4096));
+        assert_eq!(path::<bf16>(4097, &[256], &[4097], 1024), scalar(4097));
+        assert_eq!(path::<bf16>(65536, &[256], &[65536], 1024), scalar(65536));
         // Wider than one pass: the scalar kernels with the widest block.
-        assert_eq!(plan::<f32>(65540, &[256], &[65540], 1024), scalar(65540));
-        assert_eq!(scalar(1 << 20), Plan::Scalar { threads: 1024 });
+        assert_eq!(path::<f32>(65540, &[256], &[65540], 1024), scalar(65540));
+        assert_eq!(scalar(1 << 20), Path::Scalar { threads: 1024 });
     }
 
     #[test]
@@ -1086,7 +1086,7 @@ pub(crate) mod tests {
         );
     }
 
-    /// Every kernel the launchers can ask for: each plan of each rule at every block size,
+    /// Every kernel the launchers can ask for: each path of each rule at every block size,
     /// its twins, in every mode, with and without a weight offset, the dX-only backward, and
     /// the dW reductions.
     pub(crate) fn launchable_kernels() -> Vec<Kernel> {
@@ -1109,27 +1109,27 @@ pub(crate) mod tests {
                                 | Direction::AddBackward
                                 | Direction::AddBackwardDx
                         );
-                        let scalar = Plan::Scalar { threads: 32 };
+                        let scalar = Path::Scalar { threads: 32 };
                         out.push(scalar.kernel::<T>(direction, &args));
                         for (per_thread, threads) in rule
                             .per_thread()
                             .flat_map(|k| (5..=10).map(move |t| (k, 1 << t)))
                         {
-                            let plan = Plan::Vector {
+                            let path = Path::Vector {
                                 per_thread,
                                 threads,
                             };
-                            out.push(plan.kernel::<T>(direction, &args));
+                            out.push(path.kernel::<T>(direction, &args));
                             match direction {
                                 Direction::Forward | Direction::AddForward => {
-                                    out.extend(forward_twin::<T>(plan, &args, add))
+                                    out.extend(forward_twin::<T>(path, &args, add))
                                 }
                                 _ => {
                                     let dw = matches!(
                                         direction,
                                         Direction::Backward | Direction::AddBackward
                                     );
-                                    let twin = shared_dw_kernel::<T>(plan, &args, dw, add);
+                                    let twin = shared_dw_kernel::<T>(path, &args, dw, add);
                                     out.extend(twin.map(|k| k.0))
                                 }
                             }
@@ -1145,7 +1145,7 @@ pub(crate) mod tests {
 
     #[test]
     fn kernel_names_are_their_parts() {
-        let v = Plan::Vector {
+        let v = Path::Vector {
             per_thread: 2,
             threads: 256,
         };
@@ -1159,13 +1159,13 @@ pub(crate) mod tests {
         assert_eq!(
             name(vector_kernel::<f16>(
                 Direction::Forward,
-                RmsNormLayout::Row,
+                RmsNormLayout::Whole,
                 4,
                 &llama
             )),
-            "rms_norm_fwd_vr4_f16_llama"
+            "rms_norm_fwd_vw4_f16_llama"
         );
-        let s = Plan::Scalar { threads: 128 };
+        let s = Path::Scalar { threads: 128 };
         let none = RmsNormArgs::new(1, 8).with_mode(CastingMode::None);
         assert_eq!(
             name(s.kernel::<f32>(Direction::Backward, &none)),
@@ -1242,7 +1242,7 @@ pub(crate) mod tests {
     #[test]
     fn llama_offsets_other_than_zero_take_the_lane_by_lane_kernels_in_16_bit_types() {
         let llama = RmsNormArgs::new(1, 8);
-        let v = Plan::Vector {
+        let v = Path::Vector {
             per_thread: 1,
             threads: 32,
         };
@@ -1261,7 +1261,7 @@ pub(crate) mod tests {
             // In f32 the rounding D is the identity: the packed product is the same expression.
             assert_eq!(vector_mode::<f32>(&args), Mode::Llama);
             // The scalar kernels take any offset.
-            let s = Plan::Scalar { threads: 128 };
+            let s = Path::Scalar { threads: 128 };
             assert_eq!(
                 s.kernel::<bf16>(Direction::Forward, &args).name(),
                 "rms_norm_fwd_bf16_llama"
@@ -1275,7 +1275,7 @@ pub(crate) mod tests {
         }
     }
 
-    /// 16-byte aligned stand-ins for device pointers: the plans look only at alignment.
+    /// 16-byte aligned stand-ins for device pointers: the paths look only at alignment.
     const ALIGNED: u64 = 1 << 20;
 
     fn gpu_args(rows: usize, cols: usize, mode: CastingMode, offset: f32) -> RmsNormArgs {
@@ -1290,14 +1290,14 @@ pub(crate) mod tests {
         let capacity = |k| {
             capacity(
                 kernels,
-                vector_kernel::<T>(Direction::Forward, Grid, k, args),
+                vector_kernel::<T>(Direction::Forward, Resident, k, args),
             )
         };
         let (cols, rule) = (args.cols, fwd_rule::<T>());
-        let plan = Plan::choose::<T>(settings, cols, &[ALIGNED; 3], &[cols; 2], rule, capacity);
-        let plan = plan.unwrap();
-        let (kernel, grid) = forward_kernel::<T>(kernels, plan, args, false).unwrap();
-        (kernel.name(), grid, plan.threads())
+        let path = Path::choose::<T>(settings, cols, &[ALIGNED; 3], &[cols; 2], rule, capacity);
+        let path = path.unwrap();
+        let (kernel, grid) = forward_kernel::<T>(kernels, path, args, false).unwrap();
+        (kernel.name(), grid, path.threads())
     }
 
     /// A [`BackwardLaunch`] with its kernel's name.
@@ -1321,11 +1321,11 @@ pub(crate) mod tests {
         let capacity = |k| {
             capacity(
                 kernels,
-                vector_kernel::<T>(backward_direction(dw, false), Grid, k, args),
+                vector_kernel::<T>(backward_direction(dw, false), Resident, k, args),
             )
         };
         let cols = args.cols;
-        let plan = Plan::choose::<T>(
+        let path = Path::choose::<T>(
             settings,
             cols,
             &[ALIGNED; 4],
@@ -1333,7 +1333,7 @@ pub(crate) mod tests {
             &BWD_RULE,
             capacity,
         );
-        let launch = backward_launch::<T>(ctx, kernels, plan.unwrap(), args, dw, false).unwrap();
+        let launch = backward_launch::<T>(ctx, kernels, path.unwrap(), args, dw, false).unwrap();
         Launched {
             kernel: launch.kernel.name(),
             threads: launch.threads,
@@ -1431,12 +1431,12 @@ pub(crate) mod tests {
         // `gpu_forward_rows_walk_grid_stride_or_take_a_block_each`: one row per block from
         // four waves of resident blocks, grid-stride below.
         for (elem, args, kernel, grid, threads) in [
-            (Bf16, llama(7000, 2048), "vr2_bf16_llama", 7000, 128),
-            (F32, llama(4000, 2048), "vr2_f32_llama", 4000, 256),
-            (F16, llama(2200, 8192), "vr4_f16_llama", 2200, 256),
-            (F16, gemma, "vr4_f16_gemma", 2200, 256),
-            (F32, llama(2000, 4096), "vr4_f32_llama", 2000, 256),
-            (Bf16, llama(9600, 4096), "vr4_bf16_llama", 9600, 128),
+            (Bf16, llama(7000, 2048), "vw2_bf16_llama", 7000, 128),
+            (F32, llama(4000, 2048), "vw2_f32_llama", 4000, 256),
+            (F16, llama(2200, 8192), "vw4_f16_llama", 2200, 256),
+            (F16, gemma, "vw4_f16_gemma", 2200, 256),
+            (F32, llama(2000, 4096), "vw4_f32_llama", 2000, 256),
+            (Bf16, llama(9600, 4096), "vw4_bf16_llama", 9600, 128),
             (Bf16, llama(2000, 2048), "v2_bf16_llama", 1188, 128),
             (F32, llama(1500, 2048), "v2_f32_llama", 660, 256),
             (Bf16, llama(1500, 4096), "v4_bf16_llama", 660, 128),

@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 /// Most threads per block.
 const MAX_THREADS: usize = 256;
-/// Most threads per block of the forward `_vt` kernels: on an H200, 128 measured +0.4 % (f32
+/// Most threads per block of the forward `_vw` kernels: on an H200, 128 measured +0.4 % (f32
 /// 16384×8192) and +1.2 % (bf16 2048×14336) over [`MAX_THREADS`], level for 16-bit
 /// 16384×14336; the backward keeps [`MAX_THREADS`] (128 measured −0.3 % with two 16-byte
 /// vectors, −0.1 % with one 8-byte vector in the CUDA C stand-in).
@@ -38,7 +38,7 @@ const FWD_THREADS_WHOLE: usize = 128;
 /// Largest `rows`, `cols` and row stride the vector kernels take (they index in 32 bits).
 const VEC_MAX: usize = i32::MAX as usize;
 
-/// Tile of a one-tile-per-block `_vt` kernel: vector bytes, vectors per thread and most
+/// Tile of a one-tile-per-block `_vw` kernel: vector bytes, vectors per thread and most
 /// threads per block.
 #[derive(Debug, Clone, Copy)]
 struct Whole {
@@ -47,14 +47,14 @@ struct Whole {
     max_threads: usize,
 }
 
-/// The forward `_vt` tile (every dtype): 16-byte vectors.
+/// The forward `_vw` tile (every dtype): 16-byte vectors.
 const FWD_WHOLE: Whole = Whole {
     vector_bytes: 16,
     per_thread: FWD_VECS_TILE,
     max_threads: FWD_THREADS_WHOLE,
 };
 
-/// The backward `_vt` tile (every dtype): 8-byte vectors.
+/// The backward `_vw` tile (every dtype): 8-byte vectors.
 const BWD_WHOLE: Whole = Whole {
     vector_bytes: BWD_TILE_VECTOR_BYTES,
     per_thread: BWD_VECS_TILE,
@@ -400,7 +400,7 @@ enum Path {
     /// `swiglu_{fwd,bwd}_{dtype}`: any alignment, any shape.
     Scalar,
     /// `swiglu_{fwd,bwd}_v_{dtype}` (grid-stride over tiles): 16-byte vectors, `per_thread` of
-    /// each operand per thread per tile; or `_vt_` (one tile per block), shaped by [`Whole`].
+    /// each operand per thread per tile; or `_vw_` (one tile per block), shaped by [`Whole`].
     Vector { per_thread: usize },
 }
 
@@ -437,7 +437,7 @@ impl Path {
         let path = match (self, whole_grid) {
             (Path::Scalar, _) => SwigluPath::Scalar,
             (Path::Vector { .. }, false) => SwigluPath::Vector,
-            (Path::Vector { .. }, true) => SwigluPath::Tile,
+            (Path::Vector { .. }, true) => SwigluPath::Whole,
         };
         let elem = T::ELEM;
         match glu {
@@ -481,7 +481,7 @@ fn config<T: Dtype>(
 /// A launch's shape: the kernel variant, blocks and threads per block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Shape {
-    /// Whether the one-tile-per-block `_vt` twin runs (else the grid-stride kernel).
+    /// Whether the one-tile-per-block `_vw` twin runs (else the grid-stride kernel).
     whole: bool,
     grid: u32,
     threads: u32,
@@ -489,13 +489,13 @@ struct Shape {
 
 /// As many blocks as fit on the device at once (the kernels walk their tiles grid-stride),
 /// never more than there are tiles; or, for the vector path with many waves of tiles
-/// ([`whole_grid`]), the `_vt` twin with one block per tile. `resident(threads)` is the
+/// ([`whole_grid`]), the `_vw` twin with one block per tile. `resident(threads)` is the
 /// grid-stride kernel's resident blocks at `threads` per block.
 ///
 /// Scalar: `threads` per block for `cols` (see [`threads_for`]), a tile is `ITEMS · threads`
 /// columns of one row. Vector: the `rows × cols / lanes` vectors form one flat range, a tile
 /// is `per_thread · threads` consecutive vectors, up to 256 threads per block (16-byte
-/// vectors; `_vt`: the `whole` tile, in its own vectors).
+/// vectors; `_vw`: the `whole` tile, in its own vectors).
 fn launch_shape<T>(
     path: Path,
     whole: Whole,
@@ -521,7 +521,7 @@ fn launch_shape<T>(
     let resident = resident(threads as u32)?;
     // The vector kernels index `grid · per_tile` vectors in 32 bits.
     let max_grid = |per_tile: u64| (i32::MAX as u64 / per_tile).max(1);
-    // Only the vector path has `_vt` twins (and `vecs > 0`: `cols` is whole vectors).
+    // Only the vector path has `_vw` twins (and `vecs > 0`: `cols` is whole vectors).
     let whole = match path {
         Path::Vector { .. } if whole_grid(tiles, resident) => Some(vector_shape(
             vecs(whole.vector_bytes),
@@ -1093,7 +1093,7 @@ pub(crate) mod tests {
             launch_shape::<bf16>(path, whole, rows, cols, |_| Ok(resident)).unwrap()
         };
         let v = Path::Vector { per_thread: 3 };
-        // Scalar shapes (no whole vectors, even none at all): grid-stride, never `_vt`.
+        // Scalar shapes (no whole vectors, even none at all): grid-stride, never `_vw`.
         for (rows, cols) in [(1, 1), (3, 1), (70_000, 3), (2, 14337), (1, 70001)] {
             let s = shape(Path::Scalar, 4, rows, cols, 396);
             assert!(
@@ -1122,7 +1122,7 @@ pub(crate) mod tests {
         // Driver errors pass through.
         let err = launch_shape::<f32>(v, BWD_WHOLE, 8, 8, |_| Err(crate::Error::NoDriver));
         assert!(err.is_err());
-        // The forward's `_vt` tiles: 4 16-byte vectors × 128 threads, here over 16384 rows of
+        // The forward's `_vw` tiles: 4 16-byte vectors × 128 threads, here over 16384 rows of
         // 1792 vectors each.
         let s = launch_shape::<bf16>(v, FWD_WHOLE, 16384, 1792 * 8, |_| Ok(396));
         let s = s.unwrap();
@@ -1174,13 +1174,13 @@ pub(crate) mod tests {
         );
         assert_eq!(name(v.kernel::<bf16>(s, fwd, false)), "swiglu_fwd_v_bf16");
         assert_eq!(name(v.kernel::<f32>(s, bwd, false)), "swiglu_bwd_v_f32");
-        assert_eq!(name(v.kernel::<f16>(s, bwd, true)), "swiglu_bwd_vt_f16");
+        assert_eq!(name(v.kernel::<f16>(s, bwd, true)), "swiglu_bwd_vw_f16");
         let scalar = Path::Scalar;
         assert_eq!(name(scalar.kernel::<f16>(s, fwd, false)), "swiglu_fwd_f16");
         assert_eq!(name(scalar.kernel::<f16>(s, fwd, true)), "swiglu_fwd_f16");
         assert_eq!(
             name(v.kernel::<bf16>(tanh, fwd, true)),
-            "geglu_fwd_vt_bf16_tanh"
+            "geglu_fwd_vw_bf16_tanh"
         );
         assert_eq!(
             name(v.kernel::<f32>(erf, bwd, false)),
@@ -1227,7 +1227,7 @@ pub(crate) mod tests {
     #[test]
     fn gpu_h200_suite_shapes_take_their_documented_kernels() {
         // tests/swiglu.rs's SHAPES on an H200: 1300×8192 and 200001×56 have over four waves of
-        // tiles and run the one-tile-per-block `_vt` kernels, 24000×56 the grid-stride `_v`
+        // tiles and run the one-tile-per-block `_vw` kernels, 24000×56 the grid-stride `_v`
         // ones. The suite's buffers for these shapes are aligned (whole vectors per row), so
         // they take the vector path, where this starts.
         let Some((_ctx, k)) = crate::module::h200_kernels(

@@ -542,10 +542,10 @@ const MODE_OFFSETS: [(CastingMode, f32); 4] = [
 #[test]
 fn gpu_forward_rows_walk_grid_stride_or_take_a_block_each() {
     // Rows ≥ 4 waves of resident blocks run the forward's one-row-per-block kernels for K ≥ 2:
-    // 7000 × 2048 bf16 (`_vr2`, 128 threads; four waves of `_v2` are 4752 rows on an H200),
-    // 4000 × 2048 f32 (`_vr2`, 256 threads; four waves of `_v2` are 2640 rows), 2200 × 8192
-    // f16 and 2000 × 4096 f32 (`_vr4`, 256 threads) and the shared-memory dW test's 9600 × 4096
-    // 16-bit rows (`_vr4`). Between one and four
+    // 7000 × 2048 bf16 (`_vw2`, 128 threads; four waves of `_v2` are 4752 rows on an H200),
+    // 4000 × 2048 f32 (`_vw2`, 256 threads; four waves of `_v2` are 2640 rows), 2200 × 8192
+    // f16 and 2000 × 4096 f32 (`_vw4`, 256 threads) and the shared-memory dW test's 9600 × 4096
+    // 16-bit rows (`_vw4`). Between one and four
     // waves the `_v{K}` kernels walk rows grid-stride, prefetching each block's next row: on
     // an H200 2000 × 2048 bf16 (`_v2`, 1188 blocks), 1500 × 2048 f32 (`_v2` at 256 threads,
     // 660 blocks), 1500 × 4096 bf16 (`_v4`, 660 blocks) and 1000 × 4096 f32 (`_v4`, 396

@@ -13,15 +13,15 @@
 //! *general* (the forms its NeoX kernels do not take: `g`). A vector kernel's *grid* is how its
 //! blocks cover the items (RMSNorm rows, SwiGLU tiles, RoPE token steps): a *resident grid*, as
 //! many blocks as fit at once walking the items grid-stride (`v` alone), or a *whole grid*, one
-//! item per block over a grid of every item (RMSNorm `vr`, SwiGLU `vt`), which the host runs
-//! from four waves of items. RoPE's vector kernel keeps no next-item state and runs on either
-//! grid; RMSNorm's backward `vs` is a resident grid with dW in shared memory.
+//! item per block over a grid of every item (`vw`: RMSNorm's forward, SwiGLU, GEGLU), which the
+//! host runs from four waves of items. RoPE's vector kernel keeps no next-item state and runs on
+//! either grid; RMSNorm's backward `vs` is a resident grid with dW in shared memory.
 //!
 //! An entry name is its parts joined by `_`: the op, the direction, the variant (none for the
 //! scalar kernels), the element type, then the op's last part (RMSNorm: the casting mode,
-//! RoPE: the cos/sin rows, GEGLU: the form of GELU), e.g. `rms_norm_fwd_vr2_bf16_llama`,
-//! `rms_norm_bwd_dx_v2_f16_none`, `rms_norm_add_fwd_vr2_bf16_llama` (the fused residual add),
-//! `rope_bwd_g_f16_ids32`, `swiglu_fwd_vt_f32`, `geglu_bwd_v_bf16_erf`; RMSNorm's dW reduction
+//! RoPE: the cos/sin rows, GEGLU: the form of GELU), e.g. `rms_norm_fwd_vw2_bf16_llama`,
+//! `rms_norm_bwd_dx_v2_f16_none`, `rms_norm_add_fwd_vw2_bf16_llama` (the fused residual add),
+//! `rope_bwd_g_f16_ids32`, `swiglu_fwd_vw_f32`, `geglu_bwd_v_bf16_erf`; RMSNorm's dW reduction
 //! is `rms_norm_dw_reduce_{elem}`.
 
 /// An enum whose values name parts of entry names, and a macro `$lit!(Value)` that gives the
@@ -140,13 +140,13 @@ names! {
 
 names! {
     /// The grid of an RMSNorm vector kernel: the variant is this name followed by the 16-byte
-    /// vectors per thread (`vr2`).
+    /// vectors per thread (`vw2`).
     pub enum RmsNormLayout / rms_norm_layout_name {
         /// A resident grid walks the rows, each block loading its next row early.
-        Grid = "v",
+        Resident = "v",
         /// Forward, whole grid: one row per block over a grid of every row.
-        Row = "vr",
-        /// Backward: a resident grid as [`RmsNormLayout::Grid`], each block's dW partial row
+        Whole = "vw",
+        /// Backward: a resident grid as [`RmsNormLayout::Resident`], each block's dW partial row
         /// in shared memory.
         SharedDw = "vs",
     }
@@ -196,7 +196,7 @@ names! {
         /// 16-byte vectors on a resident grid, grid-stride over tiles.
         Vector = "v",
         /// 16-byte vectors on a whole grid: one tile per block over a grid of every tile.
-        Tile = "vt",
+        Whole = "vw",
     }
 }
 
@@ -279,9 +279,9 @@ pub enum Kernel {
 }
 
 /// A kernel's entry name from its parts, at compile time: the twin of [`Kernel::name`] for
-/// `export_name`. `kernel_name!(RmsNorm, Forward, Row 2, Bf16, Llama)`,
+/// `export_name`. `kernel_name!(RmsNorm, Forward, Whole 2, Bf16, Llama)`,
 /// `kernel_name!(RmsNorm, DwReduce, F32)`, `kernel_name!(Rope, Backward, General, F16, IdsI32)`,
-/// `kernel_name!(Swiglu, Forward, Scalar, F32)`, `kernel_name!(Geglu, Backward, Tile, Bf16, Erf)`;
+/// `kernel_name!(Swiglu, Forward, Scalar, F32)`, `kernel_name!(Geglu, Backward, Whole, Bf16, Erf)`;
 /// values as in the enums. Both crates mount
 /// this file as `crate::identity`.
 #[allow(unused_macros)]
@@ -469,17 +469,17 @@ pub mod swiglu {
     pub const FWD_VECS: usize = 3;
     /// The same for the backward `_v` kernels.
     pub const BWD_VECS: usize = 3;
-    /// 16-byte vectors of each operand per thread of the forward `_vt` kernels: with no next
+    /// 16-byte vectors of each operand per thread of the forward `_vw` kernels: with no next
     /// tile in registers they fit more than the `_v` kernels' [`FWD_VECS`].
     pub const FWD_VECS_TILE: usize = 4;
-    /// Bytes of each vector of the backward `_vt` kernels (every element type). On an H200,
+    /// Bytes of each vector of the backward `_vw` kernels (every element type). On an H200,
     /// 8 bytes per thread per operand measured the highest DRAM throughput for this
     /// five-stream pattern of every width (4, 8, 16 bytes), vector count (1, 2, 4) and block
     /// size (128, 256) tried: +0.9 % (f32 16384×8192) and +1.5 % (bf16 2048×14336) over two
     /// 16-byte vectors, level for 16-bit 16384×14336. The forward measured 1–6 % lower with
     /// it and keeps 16 bytes.
     pub const BWD_TILE_VECTOR_BYTES: usize = 8;
-    /// Vectors of [`BWD_TILE_VECTOR_BYTES`] of each operand per thread of the backward `_vt`
+    /// Vectors of [`BWD_TILE_VECTOR_BYTES`] of each operand per thread of the backward `_vw`
     /// kernels.
     pub const BWD_VECS_TILE: usize = 1;
 }

@@ -27,7 +27,7 @@
 //! of the lanes per vector, aligned pointers and strides): thread `t` owns vectors
 //! `t, t + nt, …, t + (K − 1)·nt` of every row and keeps them in registers, so `x` (and `dy`) is
 //! read once with 16-byte loads. The `_v{K}` forward walks a resident grid and loads its next row
-//! before reducing the current one; the `_vr{K}` forward (K = 2, 4) runs one row per block over
+//! before reducing the current one; the `_vw{K}` forward (K = 2, 4) runs one row per block over
 //! a grid of every row (no next-row registers, so more blocks fit per SM; the host picks it for
 //! many rows). The vector backward is persistent: each block keeps its dW partial row in registers (`_v{K}`) or shared memory
 //! (`_vs{K}`, see `backward_vec`) across all its rows and writes it once at the end.
@@ -344,7 +344,7 @@ unsafe fn store_row<const K: usize>(row: *mut V16, vecs: usize, out: impl Fn(usi
     });
 }
 
-/// The vector forward: `ONE` runs one row per block (`_vr{K}`), else a resident grid walks the
+/// The vector forward: `ONE` runs one row per block (`_vw{K}`), else a resident grid walks the
 /// rows (`_v{K}`). `ADD` loads `x` and `res`, normalises their packed sum `s = D(x + res)` from
 /// registers and stores it to `s` (the same thread loaded those elements of `x` and `res`
 /// first, and no other thread touches them, so `s` may be `x` or `res`; a prefetched next row
@@ -763,7 +763,7 @@ unsafe fn dw_reduce<T: Elem>(partial: *const f32, parts: usize, cols: usize, dw:
 
 /// Whether a forward `layout` runs one row per block (`ONE` of [`forward_vec`]).
 const fn one_row(layout: RmsNormLayout) -> bool {
-    matches!(layout, RmsNormLayout::Row)
+    matches!(layout, RmsNormLayout::Whole)
 }
 
 /// Whether a backward `layout` keeps dW in shared memory (`SMEM_DW` of [`backward_vec`]).
@@ -928,7 +928,7 @@ rms_norm_kernels!(F16: Llama, Gemma, None);
 rms_norm_kernels!(Bf16: Llama, Gemma, None);
 
 /// The vector kernels of one element type and mode: forward with 1, 2, 4 vectors per thread
-/// (grid-stride `_v{K}`, one row per block `_vr{K}` for K = 2, 4), backward with 1 and 2 (its
+/// (grid-stride `_v{K}`, one row per block `_vw{K}` for K = 2, 4), backward with 1 and 2 (its
 /// dW accumulators need the registers), `_vs1` and where `shared` ([`has_shared_dw`]) `_vs2`,
 /// and the dX-only backward `bwd_dx` with 1 and 2 (dW in neither registers nor shared memory);
 /// then the same set for the fused residual add.
@@ -940,17 +940,17 @@ macro_rules! rms_norm_vec_family {
     };
     // One set of kernels: RMSNorm's, or the fused add's (the same shapes).
     (@dirs $elem:ident, $mode:ident, $shared:tt, $fwd:ident, $bwd:ident, $bwd_dx:ident) => {
-        rms_norm_vec_family!(@fwd $elem, $mode, $fwd, Grid 1);
-        rms_norm_vec_family!(@fwd $elem, $mode, $fwd, Grid 2);
-        rms_norm_vec_family!(@fwd $elem, $mode, $fwd, Grid 4);
-        rms_norm_vec_family!(@fwd $elem, $mode, $fwd, Row 2);
-        rms_norm_vec_family!(@fwd $elem, $mode, $fwd, Row 4);
-        rms_norm_vec_family!(@bwd $elem, $mode, $bwd, Grid 1);
-        rms_norm_vec_family!(@bwd $elem, $mode, $bwd, Grid 2);
+        rms_norm_vec_family!(@fwd $elem, $mode, $fwd, Resident 1);
+        rms_norm_vec_family!(@fwd $elem, $mode, $fwd, Resident 2);
+        rms_norm_vec_family!(@fwd $elem, $mode, $fwd, Resident 4);
+        rms_norm_vec_family!(@fwd $elem, $mode, $fwd, Whole 2);
+        rms_norm_vec_family!(@fwd $elem, $mode, $fwd, Whole 4);
+        rms_norm_vec_family!(@bwd $elem, $mode, $bwd, Resident 1);
+        rms_norm_vec_family!(@bwd $elem, $mode, $bwd, Resident 2);
         rms_norm_vec_family!(@bwd $elem, $mode, $bwd, SharedDw 1);
         rms_norm_vec_family!(@if $shared, @bwd $elem, $mode, $bwd, SharedDw 2);
-        rms_norm_vec_family!(@bwd $elem, $mode, $bwd_dx, Grid 1);
-        rms_norm_vec_family!(@bwd $elem, $mode, $bwd_dx, Grid 2);
+        rms_norm_vec_family!(@bwd $elem, $mode, $bwd_dx, Resident 1);
+        rms_norm_vec_family!(@bwd $elem, $mode, $bwd_dx, Resident 2);
     };
     (@if true, $($rest:tt)*) => {
         rms_norm_vec_family!($($rest)*);

@@ -28,7 +28,7 @@
 //! `t, t + blockDim.x, …` (coalesced vector loads and stores). The `_v` kernels take `K`
 //! (`FWD_VECS`, `BWD_VECS`) 16-byte vectors (`V16`) per thread and load their next tile
 //! before computing the current one, so all `K` vectors of every operand are in flight at
-//! once. Their `_vt` twins, which the host picks for many waves of tiles, run one tile per
+//! once. Their `_vw` twins, which the host picks for many waves of tiles, run one tile per
 //! block over a grid of every tile, with no next tile: the forward's take `FWD_VECS_TILE`
 //! 16-byte vectors per thread, the backward's one 8-byte vector ([`V8`]) of each operand,
 //! which on an H200 gives the five-stream pattern its highest DRAM throughput of every width,
@@ -545,10 +545,10 @@ macro_rules! glu_kernel {
 }
 pub(crate) use glu_kernel;
 
-// The backward `_vt` kernels load `V8`s, the vectors the host sizes their tiles in.
+// The backward `_vw` kernels load `V8`s, the vectors the host sizes their tiles in.
 const _: () = assert!(size_of::<V8>() == BWD_TILE_VECTOR_BYTES);
 
-/// Every kernel of one GLU op and element type: scalar, `_v` and `_vt`, each direction, with
+/// Every kernel of one GLU op and element type: scalar, `_v` and `_vw`, each direction, with
 /// gate `$gate` ([`glu_bodies!`]), named `$op` (and `$form`, GEGLU's last name part).
 macro_rules! glu_kernels {
     ($gate:ident, $op:ident [$($form:ident)?], $elem:ident) => {
@@ -556,8 +556,8 @@ macro_rules! glu_kernels {
         $crate::swiglu::glu_kernel!($gate, $op [$($form)?], $elem, Backward, Scalar, backward, "Scalar kernel: any alignment, any `cols`.");
         $crate::swiglu::glu_kernel!($gate, $op [$($form)?], $elem, Forward, Vector, forward_vec::V16, FWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per 16-byte vector.");
         $crate::swiglu::glu_kernel!($gate, $op [$($form)?], $elem, Backward, Vector, backward_vec::V16, BWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per 16-byte vector.");
-        $crate::swiglu::glu_kernel!($gate, $op [$($form)?], $elem, Forward, Tile, forward_vec::V16, FWD_VECS_TILE, true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
-        $crate::swiglu::glu_kernel!($gate, $op [$($form)?], $elem, Backward, Tile, backward_vec::V8, BWD_VECS_TILE, true, "8-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules; the host counts its tiles in 8-byte vectors.");
+        $crate::swiglu::glu_kernel!($gate, $op [$($form)?], $elem, Forward, Whole, forward_vec::V16, FWD_VECS_TILE, true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
+        $crate::swiglu::glu_kernel!($gate, $op [$($form)?], $elem, Backward, Whole, backward_vec::V8, BWD_VECS_TILE, true, "8-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules; the host counts its tiles in 8-byte vectors.");
     };
 }
 pub(crate) use glu_kernels;
