@@ -4,10 +4,10 @@
 //! grid choice as RMSNorm ([`crate::rms_norm`]); reference:
 //! [`crate::reference::fused_add_rms_norm`].
 use crate::dtype::Dtype;
-use crate::error::{Result, invalid};
+use crate::error::Result;
 use crate::rms_norm::{BwdPtrs, FwdPtrs, RmsNormArgs, launch_backward, launch_forward};
 use crate::settings::LaunchSettings;
-use crate::validate::{Access, Buf, Need, Spec, Table, read, validate, write};
+use crate::validate::{Access, Buf, Spec, Table, read, validate, write};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use std::sync::Arc;
 
@@ -19,20 +19,21 @@ impl RmsNormArgs {
         &self,
         in_place: bool,
     ) -> Result<(LaunchSettings, Table<6>)> {
-        let settings = self.check()?;
-        let x = self.x_need()?;
+        // RMSNorm's table with the residual `r` after `x` and the sum `s` before `y`.
+        let (settings, table) = self.forward_table()?;
+        let [x, weight, y, rstd] = table.specs;
         let specs = [
             match in_place {
-                false => Spec::read("x", x),
-                true => Spec::in_place("x_s", x),
+                false => x,
+                true => Spec::in_place("x_s", x.need),
             },
-            Spec::read("r", x),
-            Spec::read("weight", Need::Exactly(self.cols, "cols")),
-            Spec::written("s", x),
-            Spec::written("y", self.y_need()?),
-            Spec::written("rstd", Need::AtLeast(self.rows, "rows")),
+            Spec::read("r", x.need),
+            weight,
+            Spec::written("s", x.need),
+            y,
+            rstd,
         ];
-        let empty = self.rows == 0;
+        let empty = table.empty;
         Ok((settings, Table { specs, empty }))
     }
 
@@ -46,24 +47,22 @@ impl RmsNormArgs {
         weight: bool,
         dw: bool,
     ) -> Result<(LaunchSettings, Table<7>)> {
-        let settings = self.check()?;
-        if dw && !weight {
-            return Err(invalid("dw", "None (no weight is given)", "a buffer"));
-        }
-        let y = self.y_need()?;
+        // RMSNorm's table with the sum's gradient `ds` after `dy` and `s` in place of `x`.
+        let (settings, table) = self.backward_table(false, weight, dw)?;
+        let [dy, x, weight, rstd, dx, dw] = table.specs;
         let specs = [
-            Spec::read("dy", y),
+            dy,
             match in_place {
-                false => Spec::read("ds", y),
-                true => Spec::in_place("ds_dx", y),
+                false => Spec::read("ds", dy.need),
+                true => Spec::in_place("ds_dx", dy.need),
             },
-            Spec::read("s", self.x_need()?),
-            Spec::read("weight", Need::Exactly(self.cols, "cols")),
-            Spec::read("rstd", Need::AtLeast(self.rows, "rows")),
-            Spec::written("dx", y),
-            Spec::written("dw", Need::Exactly(self.cols, "cols")),
+            Spec { name: "s", ..x },
+            weight,
+            rstd,
+            dx,
+            dw,
         ];
-        let empty = self.rows == 0 && !dw;
+        let empty = table.empty;
         Ok((settings, Table { specs, empty }))
     }
 }
