@@ -1273,15 +1273,21 @@ fn rope_call_in<'b, T: Dtype>(
     launch::<T>(stream, args, direction, &sizes, io, rows, layout.source())
 }
 
-/// The buffer of a fused call: it must hold q's span from its start and k's from `k_offset`.
-pub(crate) fn fused_spec(sizes: &RopeSizes, k_offset: usize, direction: Direction) -> Result<Spec> {
-    let k_end = k_offset.checked_add(sizes.k_len).ok_or_else(|| {
+/// Where k's span ends in a fused buffer (`k_offset` plus k's span), or an error naming
+/// `k_offset` where that overflows `usize`; shared so the launcher and the CPU reference agree.
+pub(crate) fn fused_k_end(sizes: &RopeSizes, k_offset: usize) -> Result<usize> {
+    k_offset.checked_add(sizes.k_len).ok_or_else(|| {
         invalid(
             "k_offset",
             "k_offset + the span of k within usize",
             k_offset,
         )
-    })?;
+    })
+}
+
+/// The buffer of a fused call: it must hold q's span from its start and k's from `k_offset`.
+pub(crate) fn fused_spec(sizes: &RopeSizes, k_offset: usize, direction: Direction) -> Result<Spec> {
+    let k_end = fused_k_end(sizes, k_offset)?;
     let need = match k_end > sizes.q_len {
         true => Need::AtLeast(k_end, "k_offset + the span of k"),
         false => Need::AtLeast(sizes.q_len, "the span of q"),

@@ -353,13 +353,7 @@ fn rope<T: Element>(
             p
         }
         Tensors::Fused(qkv, k_offset) => {
-            let k_end = k_offset.checked_add(sizes.k_len).ok_or_else(|| {
-                invalid(
-                    "k_offset",
-                    "k_offset + the span of k within usize",
-                    k_offset,
-                )
-            })?;
+            let k_end = crate::rope::fused_k_end(&sizes, k_offset)?;
             let name = if backward { "dqkv" } else { "qkv" };
             let need = sizes.q_len.max(k_end);
             if qkv.len() < need {
