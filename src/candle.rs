@@ -229,6 +229,22 @@ fn output<T: Elem>(stream: &Arc<CudaStream>, len: usize, op: &str) -> Result<Cud
     unsafe { stream.alloc::<T>(len) }.map_err(|e| crate_err(e.into()))
 }
 
+/// The gradient buffers of a norm's backward: `dx` of `rows × cols` elements, and `dw` of
+/// `cols` where the weight's gradient is wanted (a frozen or absent weight gets none).
+fn grad_outputs<T: Elem>(
+    stream: &Arc<CudaStream>,
+    (rows, cols): (usize, usize),
+    with_dw: bool,
+    op: &str,
+) -> Result<(CudaSlice<T>, Option<CudaSlice<T>>)> {
+    let dx = output::<T>(stream, rows * cols, op)?;
+    let dw = match with_dw {
+        true => Some(output::<T>(stream, cols, op)?),
+        false => None,
+    };
+    Ok((dx, dw))
+}
+
 fn wrap<T: Elem>(slice: CudaSlice<T>, device: &CudaDevice) -> CudaStorage {
     CudaStorage::wrap_cuda_slice(slice, device.clone())
 }

@@ -1,8 +1,8 @@
 //! Fused residual add + RMSNorm on candle tensors, with autograd.
 use super::rms_norm::{RmsNormConfig, check_weight};
 use super::{
-    Elem, HostElem, On, by_dtype, by_host_dtype, crate_err, cuda, host, host_slice, host_tensor,
-    on, output, rows_cols, same_dtype, same_shape, tensor, view, wrap,
+    Elem, HostElem, On, by_dtype, by_host_dtype, crate_err, cuda, grad_outputs, host, host_slice,
+    host_tensor, on, output, rows_cols, same_dtype, same_shape, tensor, view, wrap,
 };
 use crate::reference::Element;
 use candle_core::backend::BackendStorage;
@@ -263,11 +263,8 @@ fn backward(
         let ds_v = view::<T>(cuda(&ds_s, FUSED_ADD, "ds")?, ds_l, FUSED_ADD)?;
         let s_v = view::<T>(s_cuda, s_l, FUSED_ADD)?;
         let r_v = view::<f32>(cuda(&r_s, FUSED_ADD, "rstd")?, r_l, FUSED_ADD)?;
-        let mut dx = output::<T>(&stream, rows * cols, FUSED_ADD)?;
-        let mut dw = match w_view.is_some() && with_dw {
-            true => Some(output::<T>(&stream, cols, FUSED_ADD)?),
-            false => None,
-        };
+        let with_dw = w_view.is_some() && with_dw;
+        let (mut dx, mut dw) = grad_outputs::<T>(&stream, (rows, cols), with_dw, FUSED_ADD)?;
         crate::fused_add_rms_norm_backward(
             &stream,
             &cfg.args(rows, cols),

@@ -1,7 +1,7 @@
 //! RMSNorm on candle tensors: the autograd op, the explicit forward and backward.
 use super::{
-    Elem, HostElem, On, by_dtype, by_host_dtype, crate_err, cuda, host, host_slice, host_tensor,
-    on, output, rows_cols, same_dtype, same_shape, tensor, view, wrap,
+    Elem, HostElem, On, by_dtype, by_host_dtype, crate_err, cuda, grad_outputs, host, host_slice,
+    host_tensor, on, output, rows_cols, same_dtype, same_shape, tensor, view, wrap,
 };
 use crate::error::invalid;
 use crate::reference::Element;
@@ -441,11 +441,8 @@ fn bwd_cuda(
             .weight
             .map(|(s, l)| view::<T>(s, l, RMS_NORM))
             .transpose()?;
-        let mut dx = output::<T>(&stream, rows * cols, RMS_NORM)?;
-        let mut dw = match w.is_some() && with_dw {
-            true => Some(output::<T>(&stream, cols, RMS_NORM)?),
-            false => None,
-        };
+        let with_dw = w.is_some() && with_dw;
+        let (mut dx, mut dw) = grad_outputs::<T>(&stream, (rows, cols), with_dw, RMS_NORM)?;
         crate::rms_norm_backward(
             &stream,
             &cfg.args(rows, cols),
