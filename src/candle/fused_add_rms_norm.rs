@@ -1,5 +1,5 @@
 //! Fused residual add + RMSNorm on candle tensors, with autograd.
-use super::rms_norm::{RmsNormConfig, check_weight};
+use super::rms_norm::{RmsNormConfig, check_weight, rstd_tensor};
 use super::{
     Elem, HostElem, On, by_dtype, by_host_dtype, crate_err, cuda, grad_outputs, host, host_slice,
     host_tensor, on, output, rows_cols, same_dtype, same_shape, tensor, view, wrap,
@@ -150,11 +150,8 @@ impl FusedAddOp {
                     .map_err(crate_err)?;
             let mut packed = out.y;
             packed.extend(out.s);
-            let rstd: Vec<f64> = out.rstd.into_iter().map(Element::to_f64).collect();
-            let rstd = match T::DTYPE {
-                DType::F64 => host_tensor(rstd, rows)?,
-                _ => host_tensor(rstd.into_iter().map(|v| v as f32).collect::<Vec<_>>(), rows)?,
-            };
+            let rstd = out.rstd.into_iter().map(Element::to_f64).collect();
+            let rstd = rstd_tensor::<T>(rstd, rows)?;
             Ok((T::to_cpu_storage_owned(packed), rstd))
         }
         let (packed, rstd) = by_host_dtype!(x.0.dtype(), FUSED_ADD, run(&self.cfg, x, r, weight))?;

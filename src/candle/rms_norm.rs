@@ -177,29 +177,29 @@ fn fwd_cpu(
     cfg: &RmsNormConfig,
     x: (&CpuStorage, &Layout),
     weight: Option<(&CpuStorage, &Layout)>,
-) -> Result<(CpuStorage, CpuStorage)> {
+) -> Result<(CpuStorage, Tensor)> {
     fn run<T: HostElem>(
         cfg: &RmsNormConfig,
         x: (&CpuStorage, &Layout),
         weight: Option<(&CpuStorage, &Layout)>,
-    ) -> Result<(CpuStorage, CpuStorage)> {
-        let cols = rows_cols(x.1.shape()).1;
+    ) -> Result<(CpuStorage, Tensor)> {
+        let (rows, cols) = rows_cols(x.1.shape());
         let xs = host_slice::<T>(x.0, x.1, RMS_NORM)?;
         let w = weight
             .map(|(s, l)| host_slice::<T>(s, l, RMS_NORM))
             .transpose()?;
         let (y, rstd) = fwd_host(cfg, xs, w, cols)?;
-        Ok((T::to_cpu_storage_owned(y), rstd_storage::<T>(rstd)))
+        Ok((T::to_cpu_storage_owned(y), rstd_tensor::<T>(rstd, rows)?))
     }
     by_host_dtype!(x.0.dtype(), RMS_NORM, run(cfg, x, weight))
 }
 
-/// `rstd` as stored: f32 values (exact: the reference rounds them so), or f64 for f64.
-fn rstd_storage<T: HostElem>(rstd: Vec<f64>) -> CpuStorage {
-    if T::DTYPE == DType::F64 {
-        CpuStorage::F64(rstd)
-    } else {
-        CpuStorage::F32(rstd.into_iter().map(|r| r as f32).collect())
+/// `rstd` as stored, a host tensor of shape `rows`: f32 values (exact: the reference rounds
+/// them so), or f64 for f64 tensors; shared by every CPU forward that keeps it.
+pub(super) fn rstd_tensor<T: HostElem>(rstd: Vec<f64>, rows: impl Into<Shape>) -> Result<Tensor> {
+    match T::DTYPE {
+        DType::F64 => host_tensor(rstd, rows),
+        _ => host_tensor(rstd.into_iter().map(|r| r as f32).collect::<Vec<_>>(), rows),
     }
 }
 
@@ -280,11 +280,7 @@ pub fn rms_norm_forward(
         ) -> Result<(Tensor, Tensor)> {
             let w = weight.map(host::<T>).transpose()?;
             let (y, rstd) = fwd_host(cfg, &host::<T>(x)?, w.as_deref(), rows_cols(x.shape()).1)?;
-            let rstd = match rstd_storage::<T>(rstd) {
-                CpuStorage::F64(r) => host_tensor(r, rows)?,
-                CpuStorage::F32(r) => host_tensor(r, rows)?,
-                _ => unreachable!("rstd_storage makes f32 or f64"),
-            };
+            let rstd = rstd_tensor::<T>(rstd, rows)?;
             Ok((host_tensor(y, x.shape().clone())?, rstd))
         }
         return by_host_dtype!(x.dtype(), RMS_NORM, run(cfg, &x, weight.as_ref(), rows));
@@ -492,12 +488,6 @@ impl RmsNormOp {
         weight: Option<(&CpuStorage, &Layout)>,
     ) -> Result<(CpuStorage, Shape)> {
         let (y, rstd) = fwd_cpu(&self.cfg, x, weight)?;
-        let rows = rows_cols(x.1.shape()).0;
-        let rstd = match rstd {
-            CpuStorage::F64(r) => host_tensor(r, rows)?,
-            CpuStorage::F32(r) => host_tensor(r, rows)?,
-            _ => unreachable!("rstd_storage makes f32 or f64"),
-        };
         self.keep(rstd);
         Ok((y, x.1.shape().clone()))
     }
