@@ -555,25 +555,8 @@ pub fn rope_forward<T: Dtype>(
 ///
 /// # Errors
 ///
-/// Checked before anything is launched, leaving every buffer untouched:
-///
-/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.head_dim` is 0 or odd,
-///   `args.rotary_dim` is 0, odd or above `head_dim`, `args.q_heads` or `args.k_heads` is 0,
-///   (q_heads + k_heads) × rotary_dim / 2 reaches 2³¹ or a length overflows `usize`; `dq` or `dk`
-///   is not exactly its shape's length; `cos` does not have the length `layout` needs (`sin` must
-///   match it), device position ids are not `batch × seq_len` long, or a host position id lies
-///   outside the table. Each error names the argument and, where it has one, the expected value.
-/// * [`Error::WrongContext`](crate::Error::WrongContext): `dq`, `dk`, `cos`, `sin` or device
-///   position ids belong to another CUDA context than `stream`.
-/// * [`Error::Aliasing`](crate::Error::Aliasing): `dq` or `dk` overlaps the other, `cos`, `sin` or
-///   device position ids.
-///
-/// From the driver:
-///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into the
-///   stream's context (at its first launch there), uploading host position ids (a stream-ordered
-///   allocation and a copy), or the launch, which also fails once an earlier kernel has faulted in
-///   the context.
+/// As [`rope_forward`]'s, with `dq` and `dk` in place of `q` and `k` (the names the errors
+/// give).
 pub fn rope_backward<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &RopeArgs,

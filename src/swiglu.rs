@@ -994,22 +994,8 @@ pub fn swiglu_backward_fused<T: Dtype>(
 ///
 /// # Errors
 ///
-/// Checked before anything is launched, leaving every buffer untouched:
-///
-/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.cols` is 0,
-///   `args.gate_multiplier` or `args.down_multiplier` is not finite, a stride is below its row's
-///   width or its rows span past `usize` (`args.a_stride` below 2 × `cols` included); or `dc` or
-///   `gate_up` is shorter than its rows need. Each error names the argument and, where it has one,
-///   the expected value.
-/// * [`Error::WrongContext`](crate::Error::WrongContext): `dc` or `gate_up` belongs to another CUDA
-///   context than `stream`.
-/// * [`Error::Aliasing`](crate::Error::Aliasing): `gate_up` overlaps `dc`.
-///
-/// From the driver:
-///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into the
-///   stream's context (at its first launch there) or the launch, which also fails once an earlier
-///   kernel has faulted in the context.
+/// As [`swiglu_backward_fused`]'s, with `gate_up` read and written in place of `d_gate_up`:
+/// `gate_up` overlapping `dc` is [`Error::Aliasing`](crate::Error::Aliasing).
 pub fn swiglu_backward_fused_inplace<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &SwigluArgs,
