@@ -46,13 +46,17 @@ fn tables(positions: usize, d: usize) -> (Vec<bf16>, Vec<bf16>) {
     (cos, sin)
 }
 
-/// Largest |got − want| / max(|want|, rms(want)): a few bf16 ulps (2⁻⁸ each) is agreement.
+/// Largest |got − want| / max(|want|, rms(want)): a few bf16 ulps (2⁻⁸ each) is agreement; a
+/// NaN anywhere is the worst error, ∞ (`f64::max` would drop it).
 fn worst_error(got: &[bf16], want: &[bf16]) -> f64 {
     let rms = (want.iter().map(|v| v.to_f64().powi(2)).sum::<f64>() / want.len() as f64).sqrt();
     got.iter()
         .zip(want)
         .map(|(g, w)| (g.to_f64() - w.to_f64()).abs() / w.to_f64().abs().max(rms))
-        .fold(0.0, f64::max)
+        .fold(
+            0.0,
+            |m, e| if e.is_nan() { f64::INFINITY } else { m.max(e) },
+        )
 }
 
 struct Timer<'a> {

@@ -624,7 +624,11 @@ fn report(cfg: &Config, runs: &[Run]) -> bool {
     let n = AGREE_STEPS.min(a.losses.len());
     let gap = (0..n)
         .map(|i| relative_gap(a.losses[i], b.losses[i]))
-        .fold(0f64, f64::max);
+        // A NaN loss (a diverged run) is the largest gap, not one that `f64::max` drops.
+        .fold(
+            0f64,
+            |m, g| if g.is_nan() { f64::INFINITY } else { m.max(g) },
+        );
     let last = a.losses.len() - 1;
     println!(
         "largest relative gap over the first {n} steps: {gap:.2e}; at the last step: {:.2e}",
