@@ -749,7 +749,9 @@ fn gpu_device_ids_are_clamped() {
     let mut rng = Rng::new(500);
     let q: Vec<bf16> = uniform(&mut rng, b * s * hq * d);
     let k: Vec<bf16> = uniform(&mut rng, b * s * hk * d);
-    let (cos, sin) = cos_sin::<bf16>(&(0..max_pos as i64).collect::<Vec<_>>(), d, false);
+    // Row 0 holds position 1, not the identity rotation: a token whose (clamped) id is 0 must
+    // be rotated, so skipping a negative id would fail.
+    let (cos, sin) = cos_sin::<bf16>(&(1..=max_pos as i64).collect::<Vec<_>>(), d, false);
     let (cos_d, sin_d) = (upload(&stream, &cos), upload(&stream, &sin));
     let ids64: [i64; 8] = [i64::MIN, -1, 0, 5, 6, 1 << 40, i64::MAX, 3];
     let ids32: [i32; 8] = [i32::MIN, -1, 0, 5, 6, 1 << 20, i32::MAX, 3];
