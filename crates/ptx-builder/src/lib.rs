@@ -408,6 +408,21 @@ impl PtxBuild {
         for var in CLEARED_ENV {
             cmd.env_remove(var);
         }
+        // Profile and unstable settings would change the PTX without changing its cache key.
+        for (var, _) in std::env::vars_os() {
+            let name = var.to_string_lossy();
+            if name.starts_with("CARGO_PROFILE_") || name.starts_with("CARGO_UNSTABLE_") {
+                cmd.env_remove(&var);
+            }
+        }
+        // An unchanged crate root with a changed manifest or lock can leave an older unit's
+        // `.s` the newest in `deps`: touching the root makes this build write the newest one.
+        let root = crate_copy.join("src").join("lib.rs");
+        fs::File::options()
+            .write(true)
+            .open(&root)
+            .and_then(|f| f.set_modified(SystemTime::now()))
+            .map_err(|e| BuildError::Ptx(format!("cannot touch {}: {e}", root.display())))?;
         cmd.current_dir(crate_copy)
             .env("RUSTC", rustc)
             .env("CARGO_ENCODED_RUSTFLAGS", flags)
