@@ -221,9 +221,10 @@ fn cached(cache: &[(usize, Arc<Kernels>)], ctx: &CudaContext) -> Option<Arc<Kern
 /// Frees the scratch that the RMSNorm backward keeps between calls on `ctx`'s streams (its dW
 /// partial rows, see [`rms_norm_backward`](crate::rms_norm_backward)); later calls allocate
 /// again. Safe to call from any thread at any time: each buffer is freed only after the work
-/// queued on it so far (stream-ordered behind an event, without blocking the host), and a
-/// buffer held by a call in progress on another thread is left to that call. Nothing happens
-/// for a context no call has used. Never synchronises.
+/// queued on it so far (where the device supports stream-ordered allocation, behind an event
+/// without blocking the host; elsewhere the host waits for that event first), and a buffer held
+/// by a call in progress on another thread is left to that call. Nothing happens for a context
+/// no call has used.
 ///
 /// # Errors
 /// [`Error::Driver`] when the driver refuses to queue a free; that buffer is then leaked,

@@ -968,7 +968,7 @@ macro_rules! rms_norm_vec_family {
                 { one_row(RmsNormLayout::$layout) },
                 { adds(Direction::$dir) },
             >,
-            "Vectorised RMSNorm forward (`K` vectors of 16 bytes per thread, see the module docs; `_vr`: one row per block, the grid covers every row; `add_fwd`: the fused residual add).",
+            "Vectorised RMSNorm forward (`K` vectors of 16 bytes per thread, see the module docs; `_vw`: one row per block, the grid covers every row; `add_fwd`: the fused residual add).",
             "As the scalar forward, and every row of `x` and `y` and `w` start 16-byte aligned with `cols` a multiple of the lanes per vector."
         );
     };
