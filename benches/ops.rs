@@ -6,14 +6,16 @@
 //! `LIGER_BENCH_CSV=path` also writes the rows as CSV; `LIGER_BENCH_OPS=rms_norm,swiglu` (any
 //! of rms_norm, rope, swiglu, geglu) limits the run to those ops (e.g. to profile one kernel);
 //! rms_norm includes the fused residual add + RMSNorm and its unfused baseline (an NVRTC add
-//! kernel, then our RMSNorm), whose ratio it prints.
+//! kernel, then our RMSNorm), whose ratio it prints; rope includes, besides the NeoX rows,
+//! interleaved pairs (`rope_i`), q and k as views into one fused QKV buffer (`rope_qkv`) and
+//! Qwen2-VL's multimodal tables (`mrope`); geglu has the tanh form and the exact (erf) form.
 //! Without a GPU it prints one line and exits 0.
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, sys::CUevent_flags};
 use liger_rs::{
     CosSinLayout, Dtype, Gelu, RmsNormArgs, RopeArgs, SwigluArgs, geglu_backward, geglu_forward,
-    rms_norm_backward_inplace, rms_norm_forward, rope_backward, rope_forward, swiglu_backward,
-    swiglu_forward,
+    rms_norm_backward_inplace, rms_norm_forward, rope_backward, rope_backward_fused, rope_forward,
+    rope_forward_fused, swiglu_backward, swiglu_forward,
 };
 use std::sync::Arc;
 
@@ -317,36 +319,108 @@ fn fused_add_rms_norm(stream: &Arc<CudaStream>, rows: usize, cols: usize, out: &
     );
 }
 
-/// RoPE on q [b, s, hq, d] and k [b, s, hk, d] with [s, d] tables, in place (HF layout).
-fn rope<T: Dtype>(stream: &Arc<CudaStream>, shape: [usize; 5], out: &mut Vec<Row>) {
+/// Qwen2-VL's `mrope_section` for head_dim 128: pairs from the temporal, height and width tables.
+const MROPE_SECTION: [usize; 3] = [16, 24, 24];
+
+/// The RoPE forms the bench times, on the same q [b, s, hq, d] and k [b, s, hk, d].
+#[derive(Clone, Copy)]
+enum RopeForm {
+    /// NeoX halves, [s, d] tables, contiguous q and k (HF's Llama; `rope_*`).
+    Neox,
+    /// Interleaved pairs `(x[2i], x[2i + 1])` with [s, d/2] tables, one cos/sin per pair as
+    /// Liger's llama4 rope takes its complex `freqs_cis` (`rope_i_*`).
+    Interleaved,
+    /// q and k as token-strided views into one fused QKV projection buffer [b, s, (hq + 2·hk)·d],
+    /// rotated in place; the v columns are neither read nor written (`rope_qkv_*`).
+    FusedQkv,
+    /// Qwen2-VL's multimodal RoPE: [3, b, s, d] tables (temporal, height, width), as Liger's
+    /// qwen2vl mrope takes them, split by [`MROPE_SECTION`] (`mrope_*`).
+    Multimodal,
+}
+
+/// RoPE forward and backward in place in one of the [`RopeForm`]s, q and k token-major (HF's
+/// layout before its `transpose(1, 2)`). Minimum bytes: q and k read and written once,
+/// 2·(|q| + |k|)·s in every form. The cos/sin tables are not counted (on these shapes what a
+/// call reads of them is under 2 % of q and k's bytes, the [3, b, s, d] multimodal tables
+/// included), nor is the v part of the fused QKV buffer, which is not touched.
+fn rope<T: Dtype>(stream: &Arc<CudaStream>, form: RopeForm, shape: [usize; 5], out: &mut Vec<Row>) {
     let [b, s, hq, hk, d] = shape;
     let args = RopeArgs::new(d)
         .with_batch(b)
         .with_seq_len(s)
         .with_heads(hq, hk);
+    let fused = (hq + 2 * hk) * d;
+    let (args, table_len, layout, fwd_op, bwd_op) = match form {
+        RopeForm::Neox => (
+            args,
+            s * d,
+            CosSinLayout::PerPosition,
+            "rope_fwd",
+            "rope_bwd",
+        ),
+        RopeForm::Interleaved => (
+            args.with_interleaved().with_half_tables(),
+            s * d / 2,
+            CosSinLayout::PerPosition,
+            "rope_i_fwd",
+            "rope_i_bwd",
+        ),
+        RopeForm::FusedQkv => (
+            args.with_strides(fused, fused),
+            s * d,
+            CosSinLayout::PerPosition,
+            "rope_qkv_fwd",
+            "rope_qkv_bwd",
+        ),
+        RopeForm::Multimodal => (
+            args,
+            3 * b * s * d,
+            CosSinLayout::Multimodal {
+                sections: MROPE_SECTION,
+            },
+            "mrope_fwd",
+            "mrope_bwd",
+        ),
+    };
     let (nq, nk) = (b * s * hq * d, b * s * hk * d);
-    let mut q = random::<T>(stream, nq, 4);
-    let mut k = random::<T>(stream, nk, 5);
-    let cos = random::<T>(stream, s * d, 6);
-    let sin = random::<T>(stream, s * d, 7);
-    let layout = CosSinLayout::PerPosition;
-    let fwd = time_us(stream, || {
-        rope_forward(stream, &args, &mut q, &mut k, &cos, &sin, &layout).expect("rope fwd")
-    });
-    let bwd = time_us(stream, || {
-        rope_backward(stream, &args, &mut q, &mut k, &cos, &sin, &layout).expect("rope bwd")
-    });
+    let cos = random::<T>(stream, table_len, 6);
+    let sin = random::<T>(stream, table_len, 7);
+    let (fwd, bwd) = match form {
+        RopeForm::FusedQkv => {
+            let mut qkv = random::<T>(stream, b * s * fused, 4);
+            let fwd = time_us(stream, || {
+                rope_forward_fused(stream, &args, &mut qkv, hq * d, &cos, &sin, &layout)
+                    .expect(fwd_op)
+            });
+            let bwd = time_us(stream, || {
+                rope_backward_fused(stream, &args, &mut qkv, hq * d, &cos, &sin, &layout)
+                    .expect(bwd_op)
+            });
+            (fwd, bwd)
+        }
+        _ => {
+            let mut q = random::<T>(stream, nq, 4);
+            let mut k = random::<T>(stream, nk, 5);
+            let fwd = time_us(stream, || {
+                rope_forward(stream, &args, &mut q, &mut k, &cos, &sin, &layout).expect(fwd_op)
+            });
+            let bwd = time_us(stream, || {
+                rope_backward(stream, &args, &mut q, &mut k, &cos, &sin, &layout).expect(bwd_op)
+            });
+            (fwd, bwd)
+        }
+    };
     let shape = format!("{b}x{s}x{hq}/{hk}x{d}");
     let bytes = 2.0 * (nq + nk) as f64 * std::mem::size_of::<T>() as f64;
     out.push(Row {
-        op: "rope_fwd",
+        op: fwd_op,
         shape: shape.clone(),
         dtype: T::NAME,
         us: fwd,
         bytes,
     });
     out.push(Row {
-        op: "rope_bwd",
+        op: bwd_op,
         shape,
         dtype: T::NAME,
         us: bwd,
@@ -437,10 +511,19 @@ fn main() {
         }
     }
     if run("rope") {
-        rope::<bf16>(&stream, [4, 4096, 32, 8, 128], &mut rows);
-        rope::<f32>(&stream, [4, 4096, 32, 8, 128], &mut rows);
-        rope::<f16>(&stream, [4, 4096, 32, 8, 128], &mut rows);
-        rope::<bf16>(&stream, [1, 1024, 32, 8, 128], &mut rows);
+        let llama = [4, 4096, 32, 8, 128];
+        rope::<bf16>(&stream, RopeForm::Neox, llama, &mut rows);
+        rope::<f32>(&stream, RopeForm::Neox, llama, &mut rows);
+        rope::<f16>(&stream, RopeForm::Neox, llama, &mut rows);
+        rope::<bf16>(&stream, RopeForm::Neox, [1, 1024, 32, 8, 128], &mut rows);
+        for form in [
+            RopeForm::Interleaved,
+            RopeForm::FusedQkv,
+            RopeForm::Multimodal,
+        ] {
+            rope::<bf16>(&stream, form, llama, &mut rows);
+            rope::<f32>(&stream, form, llama, &mut rows);
+        }
     }
     if run("swiglu") {
         glu::<bf16>(&stream, None, 16384, 14336, &mut rows);
