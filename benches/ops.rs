@@ -9,6 +9,8 @@
 //! kernel, then our RMSNorm), whose ratio it prints; rope includes, besides the NeoX rows,
 //! interleaved pairs (`rope_i`), q and k as views into one fused QKV buffer (`rope_qkv`) and
 //! Qwen2-VL's multimodal tables (`mrope`); geglu has the tanh form and the exact (erf) form.
+//! `scripts/gpu/liger_anchors.py` times Liger-Kernel on the rows the large-shape anchors lack
+//! (fused add, GEGLU tanh, `rope_i`, `rope_qkv`, `mrope`) with the same op and shape strings.
 //! Without a GPU it prints one line and exits 0.
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, sys::CUevent_flags};
