@@ -342,13 +342,15 @@ impl Failures {
         }
     }
 
-    /// Panics listing every failed case; otherwise prints how many passed.
+    /// Panics listing every failed case, or if no case ran (a test that runs none must say
+    /// why through [`skip`]); otherwise prints how many passed.
     pub fn finish(self) {
         let Failures {
             test,
             cases,
             failed,
         } = self;
+        assert!(cases > 0, "{test}: no case ran");
         assert!(
             failed.is_empty(),
             "{test}: {} of {cases} cases failed:\n{}",
