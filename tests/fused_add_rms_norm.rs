@@ -5,6 +5,7 @@
 //! `ds`, every output poisoned first; bad input.
 mod common;
 
+use common::rms::{grad_slack, ulps};
 use common::{
     Failures, Rng, assert_close, download, expect_invalid, gpu, poisoned, poisoned_on_device,
     skip_when_small, upload, widen,
@@ -12,7 +13,7 @@ use common::{
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use liger_rs::reference::{
-    Element, fused_add_rms_norm_backward as ref_backward, fused_add_rms_norm_forward as ref_forward,
+    fused_add_rms_norm_backward as ref_backward, fused_add_rms_norm_forward as ref_forward,
 };
 use liger_rs::{
     CastingMode, Dtype, RmsNormArgs, fused_add_rms_norm_backward,
@@ -45,54 +46,6 @@ const SHAPES: [(usize, usize); 18] = [
     (1000, 64),
 ];
 
-/// Unit roundoff of f32 arithmetic.
-const F32_EPS: f64 = 1.0 / (1u64 << 24) as f64;
-
-/// Allowed ulps of `T` in `y`, `rstd` and `dx`/`dw` against the f64 reference (as RMSNorm's
-/// tests allow, tests/rms_norm.rs: f32 sums in another order move an intermediate across a
-/// rounding boundary of `T` now and then).
-fn ulps<T: Element>(mode: CastingMode) -> [f64; 3] {
-    if T::NAME == "f32" {
-        return [84.0; 3];
-    }
-    let f32_ulps_in_t = 2f64.powi(T::MANTISSA_DIGITS as i32 - 24);
-    match mode {
-        CastingMode::None => [4.0, 2.0, 2.0],
-        _ => [2.0, 8.0 * f32_ulps_in_t, 2.0],
-    }
-}
-
-/// Per-element slack of `dx = D(r·m − c·s + ds)` (8 f32 roundings of `|r·m| + |c·s|`, 2 of
-/// `|ds|`) and of `dw` (f32 accumulation over the rows), as RMSNorm's tests allow.
-fn grad_slack<T: Element>(
-    dy: &[T],
-    ds: &[T],
-    s: &[T],
-    w: Option<&[T]>,
-    rstd: &[f64],
-    cols: usize,
-    offset: f32,
-) -> (Vec<f64>, Vec<f64>) {
-    let rows = rstd.len();
-    let mut dx_slack = Vec::with_capacity(s.len());
-    let mut abs_terms = vec![0.0; cols];
-    for (row, &r) in rstd.iter().enumerate() {
-        let at = |c: usize| (dy[row * cols + c].to_f64(), s[row * cols + c].to_f64());
-        let wp = |c: usize| w.map_or(1.0, |w| w[c].to_f64() + offset as f64);
-        let dot: f64 = (0..cols).map(|c| (at(c).0 * wp(c) * at(c).1).abs()).sum();
-        let coef = r * r * r * dot / cols as f64;
-        for (c, term) in abs_terms.iter_mut().enumerate() {
-            let (g, v) = at(c);
-            let rm = (r * g * wp(c)).abs();
-            let d = ds[row * cols + c].to_f64().abs();
-            dx_slack.push(8.0 * F32_EPS * (rm + coef * v.abs()) + 2.0 * F32_EPS * d);
-            *term += (g * v * r).abs();
-        }
-    }
-    let k = (8.0 + 2.0 * (rows as f64).sqrt()) * F32_EPS;
-    (dx_slack, abs_terms.into_iter().map(|t| k * t).collect())
-}
-
 /// Where the forward writes the sum.
 #[derive(Debug, Clone, Copy)]
 enum SumInto {
@@ -117,7 +70,7 @@ struct Case {
 }
 
 /// Runs case `c` on random data and checks every output: `s` bit for bit (one rounding of
-/// an exact sum), `y`, `rstd`, `dx` and `dw` within [`ulps`] and [`grad_slack`].
+/// an exact sum), `y`, `rstd`, `dx` and `dw` within `ulps` and `grad_slack` (`common::rms`).
 fn run_case<T: Dtype>(stream: &Arc<CudaStream>, c: &Case) {
     let desc = format!(
         "{}×{} {} {} weight={} dw={} sum={:?} grad_inplace={} offset={} seed={}",
@@ -214,7 +167,15 @@ fn run_case<T: Dtype>(stream: &Arc<CudaStream>, c: &Case) {
             download(stream, &dx)
         }
     };
-    let (dx_slack, dw_slack) = grad_slack(&dy, &ds, &s_got, weight_host, &rstd_gpu, cols, c.offset);
+    let (dx_slack, dw_slack) = grad_slack(
+        &dy,
+        Some(&ds),
+        &s_got,
+        weight_host,
+        &rstd_gpu,
+        cols,
+        c.offset,
+    );
     assert_close::<T>(
         "dx",
         &desc,
@@ -437,7 +398,8 @@ fn strided_case(
     let (dy_c, ds_c) = (compact(&dy, ys), compact(&ds, ys));
     let grads = ref_backward(&contiguous, &dy_c, &ds_c, &want.s, Some(&w), &rstd_gpu).unwrap();
     let rstd_gpu = widen(&rstd_gpu);
-    let (dx_slack, dw_slack) = grad_slack(&dy_c, &ds_c, &want.s, Some(&w), &rstd_gpu, cols, 0.0);
+    let (dx_slack, dw_slack) =
+        grad_slack(&dy_c, Some(&ds_c), &want.s, Some(&w), &rstd_gpu, cols, 0.0);
     assert_close::<bf16>(
         "dx",
         "strided",
@@ -558,7 +520,7 @@ fn huge_case(stream: &Arc<CudaStream>, cols: usize) {
     let rstd = widen(&rstd_w);
     assert_close::<bf16>("rstd", &desc, &rstd, &widen(&want.rstd), ulps_r, &[]);
     let grads = ref_backward(&window_args, dy, ds, &want.s, Some(&w), &rstd_w).unwrap();
-    let (dx_slack, dw_slack) = grad_slack(dy, ds, &want.s, Some(&w), &rstd, cols, 0.0);
+    let (dx_slack, dw_slack) = grad_slack(dy, Some(ds), &want.s, Some(&w), &rstd, cols, 0.0);
     assert_close::<bf16>(
         "dx",
         &desc,

@@ -7,6 +7,7 @@
 //! once, and the test over 2³² elements skips.
 mod common;
 
+use common::rms::{grad_slack, ulps};
 use common::{
     DataRows, Failures, Rng, assert_close, download, expect_invalid, gpu, min_normal, poisoned,
     poisoned_on_device, skip_when_small, upload, widen,
@@ -206,64 +207,6 @@ const SHAPES: [(usize, usize); 25] = [
     (129, 2048),
 ];
 
-/// Unit roundoff of f32 arithmetic.
-const F32_EPS: f64 = 1.0 / (1u64 << 24) as f64;
-
-/// Allowed rounding differences (ulps of `T`) in `y`, `rstd` and `dx`/`dw`, against the f64
-/// reference with the same cast points. GPU and reference differ only where f32 arithmetic
-/// (sum order, f32 instead of f64 products) moves an intermediate across a rounding boundary
-/// of `T`; each crossing costs one ulp of `T`. `y` has two rounding points (three in none
-/// mode, whose rstd is itself a `T` value); an f32 rstd may differ by a few f32 ulps (the sum
-/// of up to 10⁵ squares runs in another order: ≤ 98 per thread, then a tree).
-/// For f32 tensors the allowance is ~1e-5 relative (84 ulps).
-fn ulps<T: Element>(mode: CastingMode) -> [f64; 3] {
-    if T::NAME == "f32" {
-        return [84.0; 3];
-    }
-    let f32_ulps_in_t = 2f64.powi(T::MANTISSA_DIGITS as i32 - 24);
-    match mode {
-        // none: the mean is rounded to T from an f32 sum; when that sum sits next to a
-        // rounding boundary of T the mean may round the other way than the f64 one (1 ulp),
-        // which √ and 1/x carry into rstd as up to 2 ulps of T (seen: f16, 1000×64), and y
-        // (x·r rounded, times the weight, rounded) one more on top of its 3 roundings (seen:
-        // 4 ulps in f16, 6400×4096).
-        CastingMode::None => [4.0, 2.0, 2.0],
-        _ => [2.0, 8.0 * f32_ulps_in_t, 2.0],
-    }
-}
-
-/// Per-element slack for `dx = D(r·m − c·x)` and `dw = D(Σ_rows dy·n)`, whose f32 terms can be
-/// far larger than the result (a single column cancels almost completely). `dx`: 8 f32
-/// roundings of `|r·m| + |c·x|` (the reference rounds `m` at the kernel's cast points, so
-/// `m` itself agrees). `dw`: f32
-/// accumulation over the rows, `(8 + 2√rows)` roundings of `Σ|dy·x·r|`.
-fn grad_slack<T: Element>(
-    dy: &[T],
-    x: &[T],
-    w: Option<&[T]>,
-    rstd: &[f64],
-    cols: usize,
-    offset: f32,
-) -> (Vec<f64>, Vec<f64>) {
-    let rows = rstd.len();
-    let mut dx_slack = Vec::with_capacity(x.len());
-    let mut abs_terms = vec![0.0; cols];
-    for (row, &r) in rstd.iter().enumerate() {
-        let at = |c: usize| (dy[row * cols + c].to_f64(), x[row * cols + c].to_f64());
-        let wp = |c: usize| w.map_or(1.0, |w| w[c].to_f64() + offset as f64);
-        let dot: f64 = (0..cols).map(|c| (at(c).0 * wp(c) * at(c).1).abs()).sum();
-        let coef = r * r * r * dot / cols as f64;
-        for (c, term) in abs_terms.iter_mut().enumerate() {
-            let (g, v) = at(c);
-            let rm = (r * g * wp(c)).abs();
-            dx_slack.push(8.0 * F32_EPS * (rm + coef * v.abs()));
-            *term += (g * v * r).abs();
-        }
-    }
-    let k = (8.0 + 2.0 * (rows as f64).sqrt()) * F32_EPS;
-    (dx_slack, abs_terms.into_iter().map(|t| k * t).collect())
-}
-
 struct Case {
     rows: usize,
     cols: usize,
@@ -374,7 +317,8 @@ fn check_case<T: Dtype>(
     };
     let grads = backward(&data_args, &dy_c, &x_c, weight_host, &rstd_c).unwrap();
     assert_eq!(grads.dw.is_some(), with_dw, "{desc}");
-    let (dx_slack, dw_slack) = grad_slack(&dy_c, &x_c, weight_host, &rstd_gpu, cols, c.offset);
+    let (dx_slack, dw_slack) =
+        grad_slack(&dy_c, None, &x_c, weight_host, &rstd_gpu, cols, c.offset);
     let dx_got = widen(&data.compact(&dx, cols, cols, 0));
     assert_close::<T>("dx", desc, &dx_got, &widen(&grads.dx), ulps_g, &dx_slack);
     data.assert_zero_rows("dx", desc, &dx, cols, cols, 0);
@@ -780,7 +724,7 @@ fn huge_case(stream: &Arc<CudaStream>, cols: usize) {
     assert_close::<bf16>("y", &desc, &windows(&y_d), &widen(&want.y), ulps_y, &[]);
     assert_close::<bf16>("rstd", &desc, &rstd, &widen(&want.rstd), ulps_r, &[]);
     let grads = ref_backward(&window_args, &dy, &x, Some(&w), &rstd_w).unwrap();
-    let (dx_slack, dw_slack) = grad_slack(&dy, &x, Some(&w), &rstd, cols, 0.0);
+    let (dx_slack, dw_slack) = grad_slack(&dy, None, &x, Some(&w), &rstd, cols, 0.0);
     let want_dx = widen(&grads.dx);
     assert_close::<bf16>("dx", &desc, &windows(&dy_d), &want_dx, ulps_g, &dx_slack);
     let frozen = windows(&dx_d);
@@ -863,7 +807,7 @@ fn strided_case(
     let (dy_c, x_c) = (compact(&dy, ys), compact(&x, xs));
     let grads = ref_backward(&contiguous, &dy_c, &x_c, Some(&w), &rstd_gpu).unwrap();
     let rstd_gpu = widen(&rstd_gpu);
-    let (dx_slack, dw_slack) = grad_slack(&dy_c, &x_c, Some(&w), &rstd_gpu, cols, 0.0);
+    let (dx_slack, dw_slack) = grad_slack(&dy_c, None, &x_c, Some(&w), &rstd_gpu, cols, 0.0);
     assert_close::<bf16>("dx", "strided", &dx_c, &widen(&grads.dx), ulps_g, &dx_slack);
     let dw_gpu = widen(&download(stream, &dw));
     let dw_want = widen(&grads.dw.unwrap());

@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 pub mod glu;
+pub mod rms;
 pub mod skip;
 
 use liger_rs::cudarc::driver::result::memset_d8_async;
