@@ -7,8 +7,8 @@
 //! case keeps its shape, hence its kernel and grid: cases over 2²⁰ elements hold data in a few
 //! windows of rows only ([`DataRows`]), and the test over 2³² elements skips.
 use super::{
-    DataRows, Failures, Rng, assert_close, download, gpu, poisoned, poisoned_on_device,
-    skip_when_small, ulp, upload, widen,
+    DataRows, Failures, Poison, Rng, assert_close, assert_written, download, gpu, poisoned,
+    poisoned_on_device, poisoned_with, skip_when_small, ulp, upload, widen,
 };
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream};
@@ -538,19 +538,19 @@ pub fn sweep<T: Dtype>(op: Op, test: &str, seed_base: u64) {
 }
 
 /// One row of `a`, `b`, `dc` (`args` for `rows = 1`) through the forward and the backward
-/// into NaN-poisoned buffers: `c`, `da`, `db`, each checked against the reference within the
-/// sweep's tolerance, widened.
+/// into buffers poisoned with `poison`: `c`, `da`, `db`, each checked against the reference
+/// within the sweep's tolerance, widened.
 fn one_row<T: Dtype>(
     stream: &Stream,
     op: Op,
     args: &SwigluArgs,
     [a, b, dc]: [&[T]; 3],
+    poison: Poison,
     desc: &str,
 ) -> [Vec<f64>; 3] {
     let n = a.len();
     let (a_d, b_d, dc_d) = (upload(stream, a), upload(stream, b), upload(stream, dc));
-    let mut c_d = poisoned::<T>(stream, n);
-    let (mut da_d, mut db_d) = (poisoned::<T>(stream, n), poisoned::<T>(stream, n));
+    let [mut c_d, mut da_d, mut db_d] = [(); 3].map(|_| poisoned_with::<T>(stream, n, poison));
     glu_call!(
         op,
         swiglu_forward / geglu_forward(stream, args, &a_d, &b_d, &mut c_d)
@@ -592,7 +592,7 @@ fn extremes<T: Dtype>(stream: &Stream, op: Op, a: Vec<T>) {
             .with_gate_multiplier(gm)
             .with_down_multiplier(dm);
         let case = format!("{desc}, pass {pass}");
-        let [c, da, db] = one_row(stream, op, &args, [&a, &b, &dc], &case);
+        let [c, da, db] = one_row(stream, op, &args, [&a, &b, &dc], Poison::Nan, &case);
         if pass == 1 {
             for i in 0..n {
                 let x = a[i].to_f64();
@@ -657,7 +657,9 @@ pub fn extreme_gates(op: Op, test: &str) {
 }
 
 /// NaN and ±∞ inputs give what the reference gives: NaN propagates, an infinite
-/// gate takes the silu limits, an infinite `b` or `dc` multiplies through.
+/// gate takes the silu limits, an infinite `b` or `dc` multiplies through. Where the
+/// reference is NaN a NaN poison would pass unwritten, so the row runs into each poison and
+/// the outputs must agree bit for bit ([`assert_written`]).
 fn non_finite<T: Dtype>(stream: &Stream, op: Op) {
     let (nan, inf) = (f64::NAN, f64::INFINITY);
     let rows: [(f64, f64, f64); 8] = [
@@ -677,7 +679,11 @@ fn non_finite<T: Dtype>(stream: &Stream, op: Op) {
     let n = a.len();
     let args = SwigluArgs::new(1, n);
     let desc = format!("{op:?} non-finite inputs {}", T::NAME);
-    one_row(stream, op, &args, [&a, &b, &dc], &desc);
+    let [nan_run, finite_run] =
+        [Poison::Nan, Poison::Finite].map(|p| one_row(stream, op, &args, [&a, &b, &dc], p, &desc));
+    for (i, what) in ["c", "da", "db"].into_iter().enumerate() {
+        assert_written(what, &desc, &nan_run[i], &finite_run[i]);
+    }
 }
 
 /// [`non_finite`] for each dtype.

@@ -1,5 +1,5 @@
 //! Helpers shared by the op tests: the GPU (or a skip, see [`skip`]), the shapes' size
-//! ([`sized`]), seeded random data, NaN poisoning and tolerance checks against the f64
+//! ([`sized`]), seeded random data, poisoned outputs and tolerance checks against the f64
 //! reference.
 #![allow(dead_code)] // each test binary uses its own subset
 
@@ -208,19 +208,64 @@ pub fn poisoned<T: Dtype>(stream: &Arc<CudaStream>, n: usize) -> CudaSlice<T> {
 /// A device buffer of `n` elements with every bit set (NaN in f32, f16 and bf16), filled on
 /// the device: for buffers too large to poison through a host copy.
 pub fn poisoned_on_device<T: Dtype>(stream: &Arc<CudaStream>, n: usize) -> CudaSlice<T> {
-    // SAFETY: `poison` writes every byte before anything reads the buffer.
-    let mut buf = unsafe { stream.alloc::<T>(n) }.expect("allocate");
-    poison(stream, &mut buf);
-    buf
+    poisoned_with(stream, n, Poison::Nan)
 }
 
 /// Sets every bit of `buf` (NaN in f32, f16 and bf16) on the device, ordered on `stream`.
 pub fn poison<T: Dtype>(stream: &Arc<CudaStream>, buf: &mut CudaSlice<T>) {
+    poison_with(stream, buf, Poison::Nan);
+}
+
+/// What an output holds before the call that must write it. NaN fails every comparison with
+/// a finite reference value but passes one with a NaN, so where the reference holds NaN a
+/// case runs once into each poison and [`assert_written`] requires the same bits of both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Poison {
+    /// Every bit set: NaN in f32, f16 and bf16.
+    Nan,
+    /// Every byte 0x3C: finite in f32 (≈ 0.0115), f16 (≈ 1.06) and bf16 (≈ 0.0115), and
+    /// unlike [`Poison::Nan`] in every byte.
+    Finite,
+}
+
+/// A device buffer of `n` elements, each byte `poison`'s, filled on the device.
+pub fn poisoned_with<T: Dtype>(stream: &Arc<CudaStream>, n: usize, poison: Poison) -> CudaSlice<T> {
+    // SAFETY: `poison_with` writes every byte before anything reads the buffer.
+    let mut buf = unsafe { stream.alloc::<T>(n) }.expect("allocate");
+    poison_with(stream, &mut buf, poison);
+    buf
+}
+
+/// Sets every byte of `buf` to `poison`'s on the device, ordered on `stream`.
+pub fn poison_with<T: Dtype>(stream: &Arc<CudaStream>, buf: &mut CudaSlice<T>, poison: Poison) {
+    let byte = match poison {
+        Poison::Nan => 0xFF,
+        Poison::Finite => 0x3C,
+    };
     let bytes = buf.len() * std::mem::size_of::<T>();
     let (ptr, _record) = buf.device_ptr_mut(stream);
     // SAFETY: `ptr` covers `bytes` bytes of this stream's context; the memset is ordered on
     // `stream` before any later use of the buffer.
-    unsafe { memset_d8_async(ptr, 0xFF, bytes, stream.cu_stream()) }.expect("poison");
+    unsafe { memset_d8_async(ptr, byte, bytes, stream.cu_stream()) }.expect("poison");
+}
+
+/// Asserts that output `what` of the same calls run into [`Poison::Nan`] (`nan_run`) and into
+/// [`Poison::Finite`] (`finite_run`) holds the same bits: the kernels are deterministic, and an
+/// element neither run wrote keeps its run's poison, which differ.
+pub fn assert_written<T: Element>(what: &str, case: &str, nan_run: &[T], finite_run: &[T]) {
+    assert_eq!(nan_run.len(), finite_run.len(), "{what} length, {case}");
+    let bits = |v: T| v.to_f64().to_bits();
+    let differ = nan_run
+        .iter()
+        .zip(finite_run)
+        .position(|(&a, &b)| bits(a) != bits(b));
+    if let Some(i) = differ {
+        panic!(
+            "{what}: element {i} is {:?} after the run into NaN poison but {:?} after the run \
+             into finite poison: not written, {case}",
+            nan_run[i], finite_run[i]
+        );
+    }
 }
 
 pub fn upload<T: Dtype>(stream: &Arc<CudaStream>, data: &[T]) -> CudaSlice<T> {
