@@ -246,7 +246,8 @@ fn run_case<T: Dtype>(stream: &std::sync::Arc<liger_rs::cudarc::driver::CudaStre
 /// Runs the forward and backward of case `c` (its shape, mode, weight, dW or a frozen weight,
 /// offset, in place or not) on the given data with `eps` and checks every output against the
 /// reference: the rows of `data` against the reference on those rows, the other (zero) rows
-/// exactly (y and dx zero, rstd the reference's for a zero row); zero rows add nothing to dW.
+/// exactly (y and dx zero, rstd the reference's for a zero row; in place, where dy's zero rows
+/// hold ones, dx against the reference of such a row); zero rows add nothing to dW.
 /// Where the reference holds NaN the case runs again into finite poison (see
 /// [`assert_written`]).
 #[allow(clippy::too_many_arguments)]
@@ -266,7 +267,19 @@ fn check_case<T: Dtype>(
         .with_offset(c.offset)
         .with_eps(eps);
     let [ulps_y, ulps_r, ulps_g] = ulps::<T>(c.mode);
-    let got = launch_case(stream, c, &args, [x, w, dy], Poison::Nan, desc);
+    // In place, dy's zero rows hold ones (x's stay zero, so they add nothing to dW): a row the
+    // backward leaves untouched keeps its ones instead of passing for the zero dx of a zero dy.
+    let ones_in_place = c.inplace && !data.are_all();
+    let dy_ones;
+    let dy_in = if ones_in_place {
+        let mut v = dy.to_vec();
+        data.fill_zero_rows(&mut v, cols, cols, T::from_f64(1.0));
+        dy_ones = v;
+        &dy_ones[..]
+    } else {
+        dy
+    };
+    let got = launch_case(stream, c, &args, [x, w, dy_in], Poison::Nan, desc);
 
     let (x_c, dy_c) = (
         data.compact(x, cols, cols, 0),
@@ -304,7 +317,11 @@ fn check_case<T: Dtype>(
         grad_slack(&dy_c, None, &x_c, weight_host, &rstd_gpu, cols, c.offset);
     let dx_got = widen(&data.compact(&got.dx, cols, cols, 0));
     assert_close::<T>("dx", desc, &dx_got, &widen(&grads.dx), ulps_g, &dx_slack);
-    data.assert_zero_rows("dx", desc, &got.dx, cols, cols, 0);
+    if ones_in_place {
+        check_ones_rows(c, &args, data, weight_host, &got, desc);
+    } else {
+        data.assert_zero_rows("dx", desc, &got.dx, cols, cols, 0);
+    }
     if let (Some(got_dw), Some(want_dw)) = (&got.dw, &grads.dw) {
         let (got_dw, want_dw) = (widen(got_dw), widen(want_dw));
         assert_close::<T>("dw", desc, &got_dw, &want_dw, ulps_g, &dw_slack);
@@ -316,13 +333,59 @@ fn check_case<T: Dtype>(
         || nan(&grads.dx)
         || grads.dw.as_deref().is_some_and(nan);
     if nan_wanted {
-        let again = launch_case(stream, c, &args, [x, w, dy], Poison::Finite, desc);
+        let again = launch_case(stream, c, &args, [x, w, dy_in], Poison::Finite, desc);
         assert_written("y", desc, &got.y, &again.y);
         assert_written("rstd", desc, &got.rstd, &again.rstd);
         assert_written("dx", desc, &got.dx, &again.dx);
         if let (Some(dw), Some(dw_again)) = (&got.dw, &again.dw) {
             assert_written("dw", desc, dw, dw_again);
         }
+    }
+}
+
+/// Checks the in-place dx of the zero rows of case `c`, whose dy holds ones there, against
+/// the reference for one row of x = 0 and dy = 1 at that row's rstd; a row with the bits and
+/// rstd of the row checked last had the same inputs, so it is not compared again.
+fn check_ones_rows<T: Dtype>(
+    c: &Case,
+    args: &RmsNormArgs,
+    data: &DataRows,
+    w: Option<&[T]>,
+    got: &Outputs<T>,
+    desc: &str,
+) {
+    let cols = c.cols;
+    let mut one_row = *args;
+    one_row.rows = 1;
+    let (x0, ones) = (vec![T::from_f64(0.0); cols], vec![T::from_f64(1.0); cols]);
+    let ulps_g = ulps::<T>(c.mode)[2];
+    let row = |r: usize| &got.dx[r * cols..(r + 1) * cols];
+    let same = |a: &[T], b: &[T]| {
+        a.iter()
+            .zip(b)
+            .all(|(u, v)| u.to_f64().to_bits() == v.to_f64().to_bits())
+    };
+    let mut last: Option<usize> = None;
+    for r in data.zero_rows() {
+        let rstd = got.rstd[r];
+        if let Some(l) = last
+            && got.rstd[l].to_bits() == rstd.to_bits()
+            && same(row(l), row(r))
+        {
+            continue;
+        }
+        let want = ref_backward_dx(&one_row, &ones, &x0, w, &[rstd]).unwrap();
+        let (slack, _) = grad_slack(&ones, None, &x0, w, &[rstd as f64], cols, c.offset);
+        let what = format!("dx of zero row {r} (dy ones, in place)");
+        assert_close::<T>(
+            &what,
+            desc,
+            &widen(row(r)),
+            &widen(&want.dx),
+            ulps_g,
+            &slack,
+        );
+        last = Some(r);
     }
 }
 

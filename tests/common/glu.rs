@@ -435,6 +435,17 @@ fn run_case<T: Dtype>(stream: &Stream, op: Op, c: &Case) {
         assert!(download(stream, &b_d) == b_h, "forward changed b, {desc}");
     }
 
+    // In place, the zero rows of the buffers the backward overwrites hold ones (their dc is
+    // zero, so their gradients stay zero): a row left untouched keeps its ones instead of
+    // passing for a written zero.
+    let ones_in_zero_rows = |buf: &mut CudaSlice<T>, host: &[T], width: usize, stride: usize| {
+        if !data_rows.are_all() {
+            let mut v = host.to_vec();
+            data_rows.fill_zero_rows(&mut v, width, stride, T::from_f64(1.0));
+            stream.memcpy_htod(&v, buf).expect("upload ones");
+        }
+    };
+
     // Backward: into poisoned buffers or over the inputs.
     let (da, db) = match (c.fused, c.inplace) {
         (false, false) => {
@@ -456,6 +467,8 @@ fn run_case<T: Dtype>(stream: &Stream, op: Op, c: &Case) {
             (compact(&da_h, sa, 0), compact(&db_h, sb, 0))
         }
         (false, true) => {
+            ones_in_zero_rows(&mut a_d, &a_h, cols, sa);
+            ones_in_zero_rows(&mut b_d, &b_h, cols, sb);
             glu_call!(
                 op,
                 swiglu_backward_inplace
@@ -486,6 +499,7 @@ fn run_case<T: Dtype>(stream: &Stream, op: Op, c: &Case) {
             (compact(&g_h, sa, 0), compact(&g_h, sa, cols))
         }
         (true, true) => {
+            ones_in_zero_rows(&mut a_d, &a_h, 2 * cols, sa);
             glu_call!(
                 op,
                 swiglu_backward_fused_inplace

@@ -69,7 +69,9 @@ const WINDOW_ELEMENTS: usize = 1 << 17;
 /// than 2²⁰ elements, three windows of up to 16 rows (at the start, in the middle, at the
 /// end). The other rows hold zeros, whose outputs are known exactly and checked as such, so
 /// the GPU still runs every row (the row count picks the kernel and its grid) while the host
-/// computes the reference for a few.
+/// computes the reference for a few. A buffer a call overwrites in place holds ones in those
+/// rows instead ([`DataRows::fill_zero_rows`]), so that a row it leaves untouched cannot pass
+/// for a written zero.
 pub struct DataRows {
     rows: usize,
     /// The windows, or `None`: every row.
@@ -138,6 +140,14 @@ impl DataRows {
         self.iter()
             .flat_map(|r| buf[r * stride + offset..r * stride + offset + cols].to_vec())
             .collect()
+    }
+
+    /// Sets columns `0..cols` of the zero rows of `buf` (rows `stride` elements apart) to
+    /// `value`.
+    pub fn fill_zero_rows<T: Copy>(&self, buf: &mut [T], cols: usize, stride: usize, value: T) {
+        for r in self.zero_rows() {
+            buf[r * stride..r * stride + cols].fill(value);
+        }
     }
 
     /// Asserts that columns `offset..offset + cols` of the zero rows of `buf` (rows `stride`
