@@ -7,8 +7,8 @@ mod common;
 
 use common::rms::{grad_slack, ulps};
 use common::{
-    Failures, Rng, assert_close, download, expect_invalid, gpu, poisoned, poisoned_on_device,
-    skip_when_small, upload, widen,
+    Failures, Rng, assert_close, download, download_rows, expect_invalid, gpu, poisoned,
+    poisoned_on_device, sampled_rows, skip_when_small, upload, upload_rows, widen,
 };
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
@@ -423,8 +423,10 @@ fn strided_case(
 fn gpu_fused_add_offsets_beyond_2_pow_32_elements() {
     // x_s, r, y, dy and ds_dx of 2³² / cols + 8 bf16 rows: over 2³² elements (8 GiB each), so
     // any 32-bit element or byte offset wraps; 4096 columns take the vector kernels, 4100 the
-    // scalar ones. All rows are zero except three 8-row windows of random data (at the start,
-    // around element 2³¹, at the end), which must match the reference.
+    // scalar ones. All rows are zero except those of `common::sampled_rows`, which hold random
+    // data and must match the reference: 8-row windows at the start, around elements 2³¹ and
+    // 2³² (4100 columns: the row that straddles 2³²) and at the end (the last row), and 256
+    // rows spread over the rest.
     let test = "gpu_fused_add_offsets_beyond_2_pow_32_elements";
     let Some(stream) = gpu(test) else {
         return;
@@ -443,36 +445,22 @@ fn gpu_fused_add_offsets_beyond_2_pow_32_elements() {
 fn huge_case(stream: &Arc<CudaStream>, cols: usize) {
     let win = 8;
     let rows = (1usize << 32) / cols + win;
-    let starts = [0, (1usize << 31) / cols - win / 2, rows - win];
-    let desc = format!("{rows}×{cols} bf16, windows at rows {starts:?}");
+    let data = sampled_rows(rows, win, &[(1 << 31) / cols, (1 << 32) / cols]);
+    let n_data: usize = data.iter().map(|r| r.len()).sum();
+    let desc = format!("{rows}×{cols} bf16, {n_data} rows of data");
     let n = rows * cols;
     let mut rng = Rng::new(910 + cols as u64);
     let w: Vec<bf16> = rng.vec(cols, 1.0, 0.5);
     let w_d = upload(stream, &w);
     let mut bufs: [CudaSlice<bf16>; 4] =
         std::array::from_fn(|_| stream.alloc_zeros::<bf16>(n).expect("8 GiB"));
-    // x (then s), r, dy, ds (then dx): their windows' data, in window order.
-    let mut host: [Vec<bf16>; 4] = Default::default();
-    for &r0 in &starts {
-        let range = r0 * cols..(r0 + win) * cols;
-        for (k, (buf, h)) in bufs.iter_mut().zip(&mut host).enumerate() {
-            let data: Vec<bf16> = rng.vec(win * cols, 0.0, if k < 2 { 1.5 } else { 1.0 });
-            stream
-                .memcpy_htod(&data, &mut buf.slice_mut(range.clone()))
-                .unwrap();
-            h.extend(data);
-        }
+    // x (then s), r, dy, ds (then dx): the data of their sampled rows, in row order.
+    let host: [Vec<bf16>; 4] =
+        std::array::from_fn(|k| rng.vec(n_data * cols, 0.0, if k < 2 { 1.5 } else { 1.0 }));
+    for (buf, h) in bufs.iter_mut().zip(&host) {
+        upload_rows(stream, buf, &data, cols, h);
     }
-    let windows = |buf: &CudaSlice<bf16>| -> Vec<bf16> {
-        starts
-            .iter()
-            .flat_map(|&r0| {
-                stream
-                    .clone_dtoh(&buf.slice(r0 * cols..(r0 + win) * cols))
-                    .unwrap()
-            })
-            .collect()
-    };
+    let data_of = |buf: &CudaSlice<bf16>| download_rows(stream, buf, &data, cols);
     let [mut x_s, r_d, dy_d, mut ds_dx] = bufs;
     let args = RmsNormArgs::new(rows, cols);
     let weight = Some(&w_d as &dyn DevicePtr<bf16>);
@@ -500,31 +488,31 @@ fn huge_case(stream: &Arc<CudaStream>, cols: usize) {
         rstd_all.iter().all(|r| r.is_finite()),
         "an rstd row was not written, {desc}"
     );
-    let rstd_w: Vec<f32> = starts
+    let rstd_w: Vec<f32> = data
         .iter()
-        .flat_map(|&r0| rstd_all[r0..r0 + win].to_vec())
+        .flat_map(|r| rstd_all[r.clone()].to_vec())
         .collect();
-    let window_args = RmsNormArgs::new(rstd_w.len(), cols);
+    let data_args = RmsNormArgs::new(n_data, cols);
     let [x, r, dy, ds] = &host;
-    let want = ref_forward(&window_args, x, r, Some(&w)).unwrap();
-    assert_eq!(windows(&x_s), want.s, "s, {desc}");
+    let want = ref_forward(&data_args, x, r, Some(&w)).unwrap();
+    assert_eq!(data_of(&x_s), want.s, "s, {desc}");
     let [ulps_y, ulps_r, ulps_g] = ulps::<bf16>(CastingMode::Llama);
     assert_close::<bf16>(
         "y",
         &desc,
-        &widen(&windows(&y_d)),
+        &widen(&data_of(&y_d)),
         &widen(&want.y),
         ulps_y,
         &[],
     );
     let rstd = widen(&rstd_w);
     assert_close::<bf16>("rstd", &desc, &rstd, &widen(&want.rstd), ulps_r, &[]);
-    let grads = ref_backward(&window_args, dy, ds, &want.s, Some(&w), &rstd_w).unwrap();
+    let grads = ref_backward(&data_args, dy, ds, &want.s, Some(&w), &rstd_w).unwrap();
     let (dx_slack, dw_slack) = grad_slack(dy, Some(ds), &want.s, Some(&w), &rstd, cols, 0.0);
     assert_close::<bf16>(
         "dx",
         &desc,
-        &widen(&windows(&ds_dx)),
+        &widen(&data_of(&ds_dx)),
         &widen(&grads.dx),
         ulps_g,
         &dx_slack,

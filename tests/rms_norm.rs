@@ -9,8 +9,9 @@ mod common;
 
 use common::rms::{grad_slack, ulps};
 use common::{
-    DataRows, Failures, Poison, Rng, assert_close, assert_written, download, expect_invalid, gpu,
-    min_normal, poisoned, poisoned_on_device, poisoned_with, skip_when_small, upload, widen,
+    DataRows, Failures, Poison, Rng, assert_close, assert_written, download, download_rows,
+    expect_invalid, gpu, min_normal, poisoned, poisoned_on_device, poisoned_with, sampled_rows,
+    skip_when_small, upload, upload_rows, widen,
 };
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
@@ -736,10 +737,11 @@ fn gpu_very_wide_rows_with_more_rows_than_scratch_blocks() {
 fn gpu_offsets_beyond_2_pow_32_elements() {
     // x, y and dy of 2³² / cols + 8 rows: over 2³² bf16 elements (8 GiB each), so any 32-bit
     // element or byte offset wraps; 4096 columns take the vector kernels, 4100 the scalar
-    // ones. All rows are zero except three 8-row windows of random data (at the start, around
-    // element 2³¹, at the end). Zero rows add nothing to dW, so the windows alone must match
-    // the reference: y, rstd, dx (in place over dy, and for a frozen weight into its own
-    // buffer) and dW.
+    // ones. All rows are zero except those of `common::sampled_rows`, which hold random data:
+    // 8-row windows at the start, around elements 2³¹ and 2³² (4100 columns: the row that
+    // straddles 2³²) and at the end (the last row), and 256 rows spread over the rest. Zero
+    // rows add nothing to dW, so the data rows alone must match the reference: y, rstd, dx
+    // (in place over dy, and for a frozen weight into its own buffer) and dW.
     let test = "gpu_offsets_beyond_2_pow_32_elements";
     let Some(stream) = gpu(test) else {
         return;
@@ -755,41 +757,53 @@ fn gpu_offsets_beyond_2_pow_32_elements() {
     }
 }
 
+#[test]
+fn sampled_rows_hold_the_ends_the_marks_and_a_spread() {
+    // The rows of `huge_case` for 4100 columns: row 523776 holds element 2³¹, row 1047552
+    // straddles 2³².
+    let rows = (1usize << 32) / 4100 + 8;
+    let runs = sampled_rows(rows, 8, &[523776, 1047552]);
+    assert!(runs.windows(2).all(|p| p[0].end < p[1].start), "{runs:?}");
+    assert!(
+        runs.iter().all(|r| !r.is_empty() && r.end <= rows),
+        "{runs:?}"
+    );
+    let has = |row: usize| runs.iter().any(|r| r.contains(&row));
+    let must = [
+        0,
+        7,
+        523772,
+        523776,
+        523779,
+        1047548,
+        1047552,
+        1047555,
+        rows - 1,
+    ];
+    assert!(must.iter().all(|&r| has(r)), "{runs:?}");
+    let n: usize = runs.iter().map(|r| r.len()).sum();
+    assert!((256..=256 + 4 * 8).contains(&n), "{n} rows");
+    let largest_gap = runs.windows(2).map(|p| p[1].start - p[0].end).max();
+    assert!(largest_gap <= Some(rows / 256), "{largest_gap:?}");
+}
+
 fn huge_case(stream: &Arc<CudaStream>, cols: usize) {
     let win = 8;
     let rows = (1usize << 32) / cols + win;
-    let starts = [0, (1usize << 31) / cols - win / 2, rows - win];
-    let desc = format!("{rows}×{cols} bf16, windows at rows {starts:?}");
+    let data = sampled_rows(rows, win, &[(1 << 31) / cols, (1 << 32) / cols]);
+    let n_data: usize = data.iter().map(|r| r.len()).sum();
+    let desc = format!("{rows}×{cols} bf16, {n_data} rows of data");
     let n = rows * cols;
     let mut rng = Rng::new(900 + cols as u64);
     let w: Vec<bf16> = rng.vec(cols, 1.0, 0.5);
     let w_d = upload(stream, &w);
     let mut x_d = stream.alloc_zeros::<bf16>(n).expect("8 GiB for x");
     let mut dy_d = stream.alloc_zeros::<bf16>(n).expect("8 GiB for dy");
-    let (mut x, mut dy) = (Vec::new(), Vec::new());
-    for &r0 in &starts {
-        let range = r0 * cols..(r0 + win) * cols;
-        let xw: Vec<bf16> = rng.vec(win * cols, 0.0, 2.0);
-        let dyw: Vec<bf16> = rng.vec(win * cols, 0.0, 1.0);
-        stream
-            .memcpy_htod(&xw, &mut x_d.slice_mut(range.clone()))
-            .unwrap();
-        stream
-            .memcpy_htod(&dyw, &mut dy_d.slice_mut(range))
-            .unwrap();
-        x.extend(xw);
-        dy.extend(dyw);
-    }
-    let windows = |buf: &CudaSlice<bf16>| -> Vec<f64> {
-        let rows = starts
-            .iter()
-            .map(|&r0| buf.slice(r0 * cols..(r0 + win) * cols));
-        widen(
-            &rows
-                .flat_map(|v| stream.clone_dtoh(&v).unwrap())
-                .collect::<Vec<_>>(),
-        )
-    };
+    let x: Vec<bf16> = rng.vec(n_data * cols, 0.0, 2.0);
+    let dy: Vec<bf16> = rng.vec(n_data * cols, 0.0, 1.0);
+    upload_rows(stream, &mut x_d, &data, cols, &x);
+    upload_rows(stream, &mut dy_d, &data, cols, &dy);
+    let data_of = |buf: &CudaSlice<bf16>| widen(&download_rows(stream, buf, &data, cols));
     let args = RmsNormArgs::new(rows, cols);
     let weight = Some(&w_d as &dyn DevicePtr<bf16>);
     let mut y_d = poisoned_on_device::<bf16>(stream, n);
@@ -807,21 +821,21 @@ fn huge_case(stream: &Arc<CudaStream>, cols: usize) {
         rstd_all.iter().all(|r| r.is_finite()),
         "an rstd row was not written, {desc}"
     );
-    let rstd_w: Vec<f32> = starts
+    let rstd_w: Vec<f32> = data
         .iter()
-        .flat_map(|&r0| rstd_all[r0..r0 + win].to_vec())
+        .flat_map(|r| rstd_all[r.clone()].to_vec())
         .collect();
     let rstd = widen(&rstd_w);
     let [ulps_y, ulps_r, ulps_g] = ulps::<bf16>(CastingMode::Llama);
-    let window_args = RmsNormArgs::new(rstd_w.len(), cols);
-    let want = ref_forward(&window_args, &x, Some(&w)).unwrap();
-    assert_close::<bf16>("y", &desc, &windows(&y_d), &widen(&want.y), ulps_y, &[]);
+    let data_args = RmsNormArgs::new(n_data, cols);
+    let want = ref_forward(&data_args, &x, Some(&w)).unwrap();
+    assert_close::<bf16>("y", &desc, &data_of(&y_d), &widen(&want.y), ulps_y, &[]);
     assert_close::<bf16>("rstd", &desc, &rstd, &widen(&want.rstd), ulps_r, &[]);
-    let grads = ref_backward(&window_args, &dy, &x, Some(&w), &rstd_w).unwrap();
+    let grads = ref_backward(&data_args, &dy, &x, Some(&w), &rstd_w).unwrap();
     let (dx_slack, dw_slack) = grad_slack(&dy, None, &x, Some(&w), &rstd, cols, 0.0);
     let want_dx = widen(&grads.dx);
-    assert_close::<bf16>("dx", &desc, &windows(&dy_d), &want_dx, ulps_g, &dx_slack);
-    let frozen = windows(&dx_d);
+    assert_close::<bf16>("dx", &desc, &data_of(&dy_d), &want_dx, ulps_g, &dx_slack);
+    let frozen = data_of(&dx_d);
     assert_close::<bf16>(
         "dx, frozen weight",
         &desc,

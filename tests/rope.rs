@@ -8,7 +8,8 @@
 mod common;
 
 use common::{
-    Failures, Rng, assert_close, download, expect_invalid, gpu, sized, skip_when_small, upload,
+    Failures, Rng, assert_close, download, download_rows, expect_invalid, gpu, sampled_rows, sized,
+    skip_when_small, upload, upload_rows,
 };
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
@@ -832,10 +833,11 @@ fn gpu_device_ids_are_clamped() {
 #[test]
 fn gpu_offsets_beyond_2_pow_32_elements() {
     // q: 1 × (2²⁰ + 8) tokens × 32 heads × 128 = 2³² + 32768 bf16 elements (8 GiB): any 32-bit
-    // element or byte offset wraps. q and k are zero except three 8-token windows of random
-    // data (at the start, around element 2³¹, at the end) whose cos/sin rows come from host
-    // ids; each window must match the reference computed on that window alone (a wrapped
-    // write from the end would land in the first window and break it).
+    // element or byte offset wraps. q and k are zero except the tokens of
+    // `common::sampled_rows`, which hold random data whose cos/sin rows come from host ids:
+    // 8-token windows at the start, around q elements 2³¹ and 2³² and at the end (the last
+    // token), and 256 tokens spread over the rest; they must match the reference computed on
+    // them alone (a wrapped read or write lands on another token and breaks it).
     let test = "gpu_offsets_beyond_2_pow_32_elements";
     let Some(stream) = gpu(test) else {
         return;
@@ -854,47 +856,34 @@ fn gpu_offsets_beyond_2_pow_32_elements() {
     let max_pos = 16;
     let (cos, sin) = cos_sin::<bf16>(&(0..max_pos as i64).collect::<Vec<_>>(), d, false);
     let (cos_d, sin_d) = (upload(&stream, &cos), upload(&stream, &sin));
-    let mut ids = vec![0i64; s];
-    let starts = [0, (1usize << 31) / (hq * d) - win / 2, s - win];
+    let (q_row, k_row) = (hq * d, hk * d);
+    // q elements 2³¹ and 2³².
+    let data = sampled_rows(s, win, &[(1 << 31) / q_row, (1 << 32) / q_row]);
+    let n_data: usize = data.iter().map(|r| r.len()).sum();
     let mut rng = Rng::new(600);
-    let mut windows = Vec::new();
-    for &t0 in &starts {
-        let q: Vec<bf16> = uniform(&mut rng, win * hq * d);
-        let k: Vec<bf16> = uniform(&mut rng, win * hk * d);
-        let w_ids: Vec<i64> = (0..win)
-            .map(|_| (rng.next_u64() % max_pos) as i64)
-            .collect();
-        ids[t0..t0 + win].copy_from_slice(&w_ids);
-        let mut qv = q_d.slice_mut(t0 * hq * d..(t0 + win) * hq * d);
-        stream.memcpy_htod(&q, &mut qv).unwrap();
-        let mut kv = k_d.slice_mut(t0 * hk * d..(t0 + win) * hk * d);
-        stream.memcpy_htod(&k, &mut kv).unwrap();
-        windows.push((t0, q, k, w_ids));
+    let q: Vec<bf16> = uniform(&mut rng, n_data * q_row);
+    let k: Vec<bf16> = uniform(&mut rng, n_data * k_row);
+    let data_ids: Vec<i64> = (0..n_data)
+        .map(|_| (rng.next_u64() % max_pos) as i64)
+        .collect();
+    upload_rows(&stream, &mut q_d, &data, q_row, &q);
+    upload_rows(&stream, &mut k_d, &data, k_row, &k);
+    let mut ids = vec![0i64; s];
+    let data_tokens = data.iter().flat_map(|r| r.clone());
+    for (t, &id) in data_tokens.zip(&data_ids) {
+        ids[t] = id;
     }
     let layout = CosSinLayout::Gathered(PositionIds::Host(&ids));
     rope_forward(&stream, &args, &mut q_d, &mut k_d, &cos_d, &sin_d, &layout).unwrap();
-    let wargs = RopeArgs::new(d).with_seq_len(win).with_heads(hq, hk);
-    for (t0, q, k, w_ids) in windows {
-        let got_q: Vec<bf16> = stream
-            .clone_dtoh(&q_d.slice(t0 * hq * d..(t0 + win) * hq * d))
-            .unwrap();
-        let got_k: Vec<bf16> = stream
-            .clone_dtoh(&k_d.slice(t0 * hk * d..(t0 + win) * hk * d))
-            .unwrap();
-        let (mut qw, mut kw) = (q.clone(), k.clone());
-        ref_forward(
-            &wargs,
-            &mut qw,
-            &mut kw,
-            &cos,
-            &sin,
-            CosSinRows::Gathered(&w_ids),
-        )
-        .unwrap();
-        let case = format!("window at token {t0}");
-        check("q", &case, &got_q, &qw, &q, d, d);
-        check("k", &case, &got_k, &kw, &k, d, d);
-    }
+    let got_q = download_rows(&stream, &q_d, &data, q_row);
+    let got_k = download_rows(&stream, &k_d, &data, k_row);
+    let data_args = RopeArgs::new(d).with_seq_len(n_data).with_heads(hq, hk);
+    let (mut qw, mut kw) = (q.clone(), k.clone());
+    let rows = CosSinRows::Gathered(&data_ids);
+    ref_forward(&data_args, &mut qw, &mut kw, &cos, &sin, rows).unwrap();
+    let case = format!("{n_data} tokens of data");
+    check("q", &case, &got_q, &qw, &q, d, d);
+    check("k", &case, &got_k, &kw, &k, d, d);
 }
 
 #[test]

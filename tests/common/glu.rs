@@ -7,8 +7,9 @@
 //! case keeps its shape, hence its kernel and grid: cases over 2²⁰ elements hold data in a few
 //! windows of rows only ([`DataRows`]), and the test over 2³² elements skips.
 use super::{
-    DataRows, Failures, Poison, Rng, assert_close, assert_written, download, gpu, poisoned,
-    poisoned_on_device, poisoned_with, skip_when_small, ulp, upload, widen,
+    DataRows, Failures, Poison, Rng, assert_close, assert_written, download, download_rows, gpu,
+    poisoned, poisoned_on_device, poisoned_with, sampled_rows, skip_when_small, ulp, upload,
+    upload_rows, widen,
 };
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream};
@@ -716,10 +717,11 @@ pub fn nan_and_inf(op: Op, test: &str) {
 pub fn offsets_beyond_2_pow_32_elements(op: Op, test: &str) {
     // A fused gate-up buffer of 2³² / (2·cols) + 64 rows: over 2³² bf16 elements (8 GiB), c
     // and dc over 2³¹ (4 GiB), so any 32-bit element or byte offset wraps; 14336 columns take
-    // the vector kernels, 14337 the scalar ones. All rows are zero except 8-row windows of
-    // random data at the start, around gate-up element 2³¹, around c element 2³¹ (gate-up
-    // element 2³²) and at the end: each must match the reference on its own, forward and
-    // backward (in place over gate-up).
+    // the vector kernels, 14337 the scalar ones. All rows are zero except those of
+    // `common::sampled_rows`, which hold random data and must match the reference, forward and
+    // backward (in place over gate-up): 8-row windows at the start, around gate-up element 2³¹,
+    // around c element 2³¹ (gate-up element 2³²) and at the end (the last row), and 256 rows
+    // spread over the rest.
     let Some(stream) = gpu(test) else {
         return;
     };
@@ -737,36 +739,22 @@ pub fn offsets_beyond_2_pow_32_elements(op: Op, test: &str) {
 fn huge_case(stream: &Stream, op: Op, cols: usize) {
     let (win, width) = (8, 2 * cols);
     let rows = (1usize << 32) / width + 64;
-    let starts = [
-        0,
-        (1usize << 31) / width - win / 2,
-        (1usize << 31) / cols - win / 2,
-        rows - win,
-    ];
-    let desc = format!("{op:?} {rows}×{cols} fused bf16, windows at rows {starts:?}");
+    // Gate-up elements 2³¹ and 2³² (c and dc element 2³¹).
+    let data = sampled_rows(rows, win, &[(1 << 31) / width, (1 << 32) / width]);
+    let n_data: usize = data.iter().map(|r| r.len()).sum();
+    let desc = format!("{op:?} {rows}×{cols} fused bf16, {n_data} rows of data");
     let mut rng = Rng::new(1000 + cols as u64);
     let mut gate_up_d = stream
         .alloc_zeros::<bf16>(rows * width)
         .expect("8 GiB gate-up");
     let mut dc_d = stream.alloc_zeros::<bf16>(rows * cols).expect("4 GiB dc");
-    let (mut a, mut b, mut dc) = (Vec::new(), Vec::new(), Vec::new());
-    for &r0 in &starts {
-        let aw: Vec<bf16> = (0..win * cols).map(|_| gate_value(&mut rng)).collect();
-        let bw: Vec<bf16> = rng.vec(win * cols, 0.0, 1.0);
-        let dcw: Vec<bf16> = rng.vec(win * cols, 0.0, 1.0);
-        let joined = join_gate_up(&aw, &bw, cols).unwrap();
-        let mut g = gate_up_d.slice_mut(r0 * width..(r0 + win) * width);
-        stream.memcpy_htod(&joined, &mut g).unwrap();
-        let mut d = dc_d.slice_mut(r0 * cols..(r0 + win) * cols);
-        stream.memcpy_htod(&dcw, &mut d).unwrap();
-        a.extend(aw);
-        b.extend(bw);
-        dc.extend(dcw);
-    }
-    let windows = |buf: &CudaSlice<bf16>, w: usize| -> Vec<bf16> {
-        let rows = starts.iter().map(|&r0| buf.slice(r0 * w..(r0 + win) * w));
-        rows.flat_map(|v| stream.clone_dtoh(&v).unwrap()).collect()
-    };
+    let a: Vec<bf16> = (0..n_data * cols).map(|_| gate_value(&mut rng)).collect();
+    let b: Vec<bf16> = rng.vec(n_data * cols, 0.0, 1.0);
+    let dc: Vec<bf16> = rng.vec(n_data * cols, 0.0, 1.0);
+    let joined = join_gate_up(&a, &b, cols).unwrap();
+    upload_rows(stream, &mut gate_up_d, &data, width, &joined);
+    upload_rows(stream, &mut dc_d, &data, cols, &dc);
+    let data_of = |buf: &CudaSlice<bf16>, w: usize| download_rows(stream, buf, &data, w);
     let args = SwigluArgs::fused(rows, cols);
     let [slack_c, slack_da, slack_db] = slacks(op, &a, &b, &dc, 1.0, 1.0);
 
@@ -778,7 +766,7 @@ fn huge_case(stream: &Stream, op: Op, cols: usize) {
     .expect(&desc);
     let ref_args = SwigluArgs::new(a.len() / cols, cols);
     let want_c = widen(&op.ref_forward(&ref_args, &a, &b).unwrap());
-    let got_c = widen(&windows(&c_d, cols));
+    let got_c = widen(&data_of(&c_d, cols));
     assert_close::<bf16>("c", &desc, &got_c, &want_c, ULPS, &slack_c);
 
     glu_call!(
@@ -787,7 +775,7 @@ fn huge_case(stream: &Stream, op: Op, cols: usize) {
             / geglu_backward_fused_inplace(stream, &args, &dc_d, &mut gate_up_d)
     )
     .expect(&desc);
-    let (da, db) = split_gate_up(&windows(&gate_up_d, width), cols).unwrap();
+    let (da, db) = split_gate_up(&data_of(&gate_up_d, width), cols).unwrap();
     let grads = op.ref_backward(&ref_args, &dc, &a, &b).unwrap();
     assert_close::<bf16>("da", &desc, &widen(&da), &widen(&grads.da), ULPS, &slack_da);
     assert_close::<bf16>("db", &desc, &widen(&db), &widen(&grads.db), ULPS, &slack_db);

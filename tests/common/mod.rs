@@ -12,6 +12,7 @@ use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut};
 use liger_rs::reference::Element;
 use liger_rs::{Dtype, Error};
 pub use skip::{Need, skip};
+use std::ops::Range;
 use std::sync::Arc;
 
 /// The default stream of device 0, or `None` after skipping `test` (see [`skip`]).
@@ -57,6 +58,74 @@ pub fn skip_when_small(test: &str, why: &str) -> bool {
         skip(test, &why, Need::FullShapes);
     }
     small
+}
+
+/// Single rows a test over 2³² elements spreads over its buffers ([`sampled_rows`]).
+const SPREAD_ROWS: usize = 256;
+
+/// The rows of a test over 2³² elements that hold random data and are checked against the
+/// reference, as disjoint runs in order: `win` rows at the start, around each row of `marks`
+/// (where an element offset crosses 2³¹ or 2³²) and at the end, and 256 single rows spread
+/// evenly over all `rows`. The other rows hold zeros and are never copied: a few hundred rows
+/// travel instead of gigabytes.
+pub fn sampled_rows(rows: usize, win: usize, marks: &[usize]) -> Vec<Range<usize>> {
+    let win = win.min(rows);
+    let around = |m: usize| {
+        let start = m.saturating_sub(win / 2).min(rows - win);
+        start..start + win
+    };
+    let spread = |i: usize| {
+        let r = (2 * i + 1) * rows / (2 * SPREAD_ROWS);
+        r..r + 1
+    };
+    let mut runs = vec![0..win, rows - win..rows];
+    runs.extend(marks.iter().map(|&m| around(m)));
+    runs.extend((0..SPREAD_ROWS).map(spread));
+    runs.sort_by_key(|r| r.start);
+    let mut merged: Vec<Range<usize>> = Vec::new();
+    for r in runs {
+        match merged.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => merged.push(r),
+        }
+    }
+    merged
+}
+
+/// Writes `data` (the rows of `runs`, one after another, `width` elements each) into those
+/// rows of `buf`.
+pub fn upload_rows<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    buf: &mut CudaSlice<T>,
+    runs: &[Range<usize>],
+    width: usize,
+    data: &[T],
+) {
+    let mut at = 0;
+    for r in runs {
+        let n = r.len() * width;
+        let mut rows = buf.slice_mut(r.start * width..r.end * width);
+        stream
+            .memcpy_htod(&data[at..at + n], &mut rows)
+            .expect("upload rows");
+        at += n;
+    }
+    assert_eq!(at, data.len(), "data for the rows of {runs:?}");
+}
+
+/// The rows of `runs` of `buf` (`width` elements each), one after another.
+pub fn download_rows<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    buf: &CudaSlice<T>,
+    runs: &[Range<usize>],
+    width: usize,
+) -> Vec<T> {
+    runs.iter()
+        .flat_map(|r| {
+            let rows = buf.slice(r.start * width..r.end * width);
+            stream.clone_dtoh(&rows).expect("download rows")
+        })
+        .collect()
 }
 
 /// Cases of more elements than this hold data in [`DataRows`] windows with the small shapes.
