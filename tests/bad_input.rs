@@ -14,7 +14,7 @@
 //! that its arguments name (none may keep the 0xFF bytes) and change no other byte: not its
 //! inputs, not the gaps between strided rows, not an element past what it needs, not the
 //! arena between buffers. A buffer it reads and writes in place, whose new values may equal
-//! the old, is only checked to change nowhere else.
+//! the old, must change in every row it writes and nowhere else.
 //!
 //! `the_tables_walk_every_argument` checks the tables themselves, without a GPU: every buffer
 //! is walked one short and one long, every field of the args struct is changed by some row,
@@ -568,8 +568,8 @@ fn materialize<T: Dtype>(
 
 /// Checks the arenas of a call of `op` with `args` that was accepted: every element of an
 /// output (`Role::Out`) that the call writes ([`Launch::writes`]) has lost the arena's 0xFF
-/// bytes, and no byte changed anywhere else but where it writes a buffer it reads and writes
-/// in place (whose elements may keep their values).
+/// bytes, every row it writes of a buffer it reads and writes in place changed (its elements
+/// may keep their values, a row of random data does not), and no byte changed anywhere else.
 fn check_writes<O: Launch>(
     op: O,
     args: &O::Args,
@@ -581,11 +581,22 @@ fn check_writes<O: Launch>(
     let mut may_change: Vec<Vec<bool>> = before.iter().map(|a| vec![false; a.len()]).collect();
     for p in placed.iter().filter(|p| p.role != Role::In) {
         let (name, size) = (op.rename(p.name), p.kind.size(t_size));
-        for i in op
-            .writes(args, p.name)
-            .into_iter()
-            .flat_map(Region::elements)
-        {
+        let regions = op.writes(args, p.name);
+        if p.role == Role::InOut {
+            // Random data rewritten in place may keep an element's value, never a whole row's.
+            for (g, r) in regions.iter().enumerate().filter(|(_, r)| r.width > 0) {
+                for row in 0..r.rows {
+                    let first = p.start + (r.start + row * r.stride) * size;
+                    let bytes = first..first + r.width * size;
+                    assert!(
+                        before[p.arena][bytes.clone()] != after[p.arena][bytes],
+                        "{case}: accepted, but row {row} of region {g} of `{name}`, written in \
+                         place, is unchanged"
+                    );
+                }
+            }
+        }
+        for i in regions.into_iter().flat_map(Region::elements) {
             assert!(i < p.len, "{case}: `{name}` has no element {i}");
             let bytes = p.start + i * size..p.start + (i + 1) * size;
             let poisoned = after[p.arena][bytes.clone()].iter().all(|&b| b == 0xFF);
