@@ -10,8 +10,11 @@
 //!
 //! Every buffer of a call lives in one arena filled with 0xFF bytes (NaN in every dtype), with
 //! seeded data in the buffers the call reads. A rejected call must leave the arena bit for bit
-//! as it was: nothing was launched. An accepted call must write every buffer it outputs, which
-//! also shows that the comparison sees a launch.
+//! as it was: nothing was launched. An accepted call must write every element of its outputs
+//! that its arguments name (none may keep the 0xFF bytes) and change no other byte: not its
+//! inputs, not the gaps between strided rows, not an element past what it needs, not the
+//! arena between buffers. A buffer it reads and writes in place, whose new values may equal
+//! the old, must change in every row it writes and nowhere else.
 //!
 //! `the_tables_walk_every_argument` checks the tables themselves, without a GPU: every buffer
 //! is walked one short and one long, every field of the args struct is changed by some row,
@@ -19,7 +22,10 @@
 //! where the row says. The library's unit tests (`src/bad_input.rs`) run the same rows
 //! through each launcher's checks with buffers as plain values, so every row's outcome is
 //! checked without a GPU too; what only this walk shows is that nothing is launched on a
-//! rejection and every output is written on acceptance, with real contexts and memory.
+//! rejection and that an accepted call writes what it must and nothing else, with real
+//! contexts and memory. `the_written_regions_end_where_the_buffers_do` checks, without a GPU,
+//! that what the walk expects an accepted call to write ends where the buffer's needed length
+//! does.
 mod common;
 #[path = "bad_input/tables.rs"]
 mod tables;
@@ -53,6 +59,46 @@ trait Launch: Op {
         args: &Self::Args,
         live: &mut Live<T>,
     ) -> liger_rs::Result<()>;
+
+    /// The elements of output `name` (its name in the table; written or read and written)
+    /// that an accepted call with `args` writes.
+    fn writes(self, args: &Self::Args, name: &'static str) -> Vec<Region>;
+}
+
+/// Elements `start + r·stride + j` of a buffer, for `r < rows` and `j < width`.
+#[derive(Debug, Clone, Copy)]
+struct Region {
+    start: usize,
+    rows: usize,
+    width: usize,
+    stride: usize,
+}
+
+impl Region {
+    /// `rows` rows of `width` elements, `stride` apart, from the buffer's start.
+    fn rows(rows: usize, width: usize, stride: usize) -> Region {
+        Region {
+            start: 0,
+            rows,
+            width,
+            stride,
+        }
+    }
+
+    /// The first `n` elements.
+    fn first(n: usize) -> Region {
+        Region::rows(1, n, n)
+    }
+
+    fn elements(self) -> impl Iterator<Item = usize> {
+        (0..self.rows)
+            .flat_map(move |r| (0..self.width).map(move |j| self.start + r * self.stride + j))
+    }
+}
+
+/// Panics for a name that is no output of `op`'s call.
+fn no_output(op: impl Op, name: &str) -> ! {
+    panic!("`{name}` is no output of {}", op.name())
 }
 
 impl Launch for Rms {
@@ -80,6 +126,15 @@ impl Launch for Rms {
                 let (mut dy_dx, rstd) = (live.t("dy_dx"), live.f32("rstd"));
                 rms_norm_backward_inplace(stream, args, &mut *dy_dx, &*x, weight, &*rstd, dw)
             }
+        }
+    }
+
+    fn writes(self, a: &RmsNormArgs, name: &'static str) -> Vec<Region> {
+        match name {
+            "y" | "dx" | "dy_dx" => vec![Region::rows(a.rows, a.cols, a.y_stride)],
+            "rstd" => vec![Region::first(a.rows)],
+            "dw" => vec![Region::first(a.cols)],
+            _ => no_output(self, name),
         }
     }
 }
@@ -131,6 +186,16 @@ impl Launch for FusedAdd {
                     dw,
                 )
             }
+        }
+    }
+
+    fn writes(self, a: &RmsNormArgs, name: &'static str) -> Vec<Region> {
+        match name {
+            "s" | "x_s" => vec![Region::rows(a.rows, a.cols, a.x_stride)],
+            "y" | "dx" | "ds_dx" => vec![Region::rows(a.rows, a.cols, a.y_stride)],
+            "rstd" => vec![Region::first(a.rows)],
+            "dw" => vec![Region::first(a.cols)],
+            _ => no_output(self, name),
         }
     }
 }
@@ -196,6 +261,27 @@ impl Launch for Rope {
                 stream, a, &*q, &*k, &*cos, &*sin, &layout, &mut *qo, &mut *ko,
             ),
             _ => unreachable!("out-of-place calls have q_out and k_out"),
+        }
+    }
+
+    /// In place, q's and k's token rows (the rotary dims at least, the tail dims may be
+    /// rewritten with their values), at their strides; out of place, all of q_out and k_out.
+    fn writes(self, call: &RopeCall, name: &'static str) -> Vec<Region> {
+        let a = &call.args;
+        let tokens = tables::tokens(call);
+        let (q_row, k_row) = (a.q_heads * a.head_dim, a.k_heads * a.head_dim);
+        let q = Region::rows(tokens, q_row, a.q_stride.unwrap_or(q_row));
+        let k = Region::rows(tokens, k_row, a.k_stride.unwrap_or(k_row));
+        match name {
+            "q" => vec![q],
+            "k" => vec![k],
+            "q_out" => vec![Region::first(tokens * q_row)],
+            "k_out" => vec![Region::first(tokens * k_row)],
+            "qkv" => {
+                let start = call.k_offset.expect("a fused call's k offset");
+                vec![q, Region { start, ..k }]
+            }
+            _ => no_output(self, name),
         }
     }
 }
@@ -285,6 +371,16 @@ impl<O: GluLauncher> Launch for O {
     ) -> liger_rs::Result<()> {
         let (launcher, glu) = self.parts();
         launch_glu(launcher, glu, stream, args, live)
+    }
+
+    fn writes(self, a: &SwigluArgs, name: &'static str) -> Vec<Region> {
+        match name {
+            "c" => vec![Region::rows(a.rows, a.cols, a.c_stride)],
+            "a" | "da" => vec![Region::rows(a.rows, a.cols, a.a_stride)],
+            "b" | "db" => vec![Region::rows(a.rows, a.cols, a.b_stride)],
+            "gate_up" | "d_gate_up" => vec![Region::rows(a.rows, 2 * a.cols, a.a_stride)],
+            _ => no_output(self, name),
+        }
     }
 }
 
@@ -470,8 +566,69 @@ fn materialize<T: Dtype>(
     (arenas, live)
 }
 
+/// Checks the arenas of a call of `op` with `args` that was accepted: every element of an
+/// output (`Role::Out`) that the call writes ([`Launch::writes`]) has lost the arena's 0xFF
+/// bytes, every row it writes of a buffer it reads and writes in place changed (its elements
+/// may keep their values, a row of random data does not), and no byte changed anywhere else.
+fn check_writes<O: Launch>(
+    op: O,
+    args: &O::Args,
+    (placed, t_size): (&[Placed], usize),
+    before: &[Vec<u8>],
+    after: &[Vec<u8>],
+    case: &str,
+) {
+    let mut may_change: Vec<Vec<bool>> = before.iter().map(|a| vec![false; a.len()]).collect();
+    for p in placed.iter().filter(|p| p.role != Role::In) {
+        let (name, size) = (op.rename(p.name), p.kind.size(t_size));
+        let regions = op.writes(args, p.name);
+        if p.role == Role::InOut {
+            // Random data rewritten in place may keep an element's value, never a whole row's.
+            for (g, r) in regions.iter().enumerate().filter(|(_, r)| r.width > 0) {
+                for row in 0..r.rows {
+                    let first = p.start + (r.start + row * r.stride) * size;
+                    let bytes = first..first + r.width * size;
+                    assert!(
+                        before[p.arena][bytes.clone()] != after[p.arena][bytes],
+                        "{case}: accepted, but row {row} of region {g} of `{name}`, written in \
+                         place, is unchanged"
+                    );
+                }
+            }
+        }
+        for i in regions.into_iter().flat_map(Region::elements) {
+            assert!(i < p.len, "{case}: `{name}` has no element {i}");
+            let bytes = p.start + i * size..p.start + (i + 1) * size;
+            let poisoned = after[p.arena][bytes.clone()].iter().all(|&b| b == 0xFF);
+            assert!(
+                p.role != Role::Out || !poisoned,
+                "{case}: accepted, but `{name}` element {i} was not written"
+            );
+            may_change[p.arena][bytes].fill(true);
+        }
+    }
+    for (arena, (b, a)) in before.iter().zip(after).enumerate() {
+        let changed = (0..b.len()).find(|&i| b[i] != a[i] && !may_change[arena][i]);
+        if let Some(at) = changed {
+            let owner = placed
+                .iter()
+                .find(|p| p.arena == arena && (p.start..p.start + p.bytes).contains(&at));
+            let place = match owner {
+                Some(p) => format!(
+                    "`{}` element {}",
+                    op.rename(p.name),
+                    (at - p.start) / p.kind.size(t_size)
+                ),
+                None => "outside every buffer".to_string(),
+            };
+            panic!("{case}: accepted, but byte {at} of arena {arena} ({place}) changed");
+        }
+    }
+}
+
 /// Runs `call` of `op` on dtype `T` and checks it against `want`: rejected as described with
-/// every arena bit for bit as before, or accepted with every output written.
+/// every arena bit for bit as before, or accepted having written every element it must and
+/// nothing else ([`check_writes`]).
 fn run_row<T: Dtype, O: Launch>(gpu: &Gpu, op: O, call: &Call<O::Args>, want: Want, case: &str) {
     let (placed, size) = place(&call.bufs, size_of::<T>());
     let seed = case
@@ -484,14 +641,8 @@ fn run_row<T: Dtype, O: Launch>(gpu: &Gpu, op: O, call: &Call<O::Args>, want: Wa
     match want.renamed(|n| op.rename(n)) {
         Want::Ok => {
             assert!(got.is_ok(), "{case}: expected Ok, got {got:?}");
-            for p in placed.iter().filter(|p| p.role != Role::In) {
-                let bytes = p.start..p.start + p.bytes;
-                assert!(
-                    before[p.arena][bytes.clone()] != after[p.arena][bytes],
-                    "{case}: accepted, but `{}` was not written",
-                    op.rename(p.name)
-                );
-            }
+            let layout = (&placed[..], size_of::<T>());
+            check_writes(op, &call.args, layout, &before, &after, case);
         }
         want => {
             assert!(
@@ -720,4 +871,37 @@ fn audit<O: Op>(ops: &[O]) -> usize {
 fn the_tables_walk_every_argument() {
     let rows = audit(&RMS) + audit(&FUSED_ADD) + audit(&ROPE) + audit(&SWIGLU) + audit(&GEGLU);
     println!("{rows} rows in all");
+}
+
+/// Checks [`Launch::writes`] of `ops` against their tables: on every row the launcher must
+/// accept, what it writes of each output ends exactly where the output's needed length does.
+fn audit_writes<O: Launch>(ops: &[O]) {
+    for &op in ops {
+        for r in table(op).into_iter().filter(|r| r.want == Want::Ok) {
+            let mut call = op.base();
+            (r.change)(&mut call);
+            for b in call.bufs.iter().filter(|b| b.role != Role::In) {
+                let regions = op.writes(&call.args, b.name);
+                let last = regions.into_iter().flat_map(Region::elements).max();
+                assert_eq!(
+                    last.map_or(0, |i| i + 1),
+                    (b.need)(&call.args),
+                    "{} `{}` {}: where the writes to `{}` end",
+                    op.name(),
+                    r.arg,
+                    r.what,
+                    b.name
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_written_regions_end_where_the_buffers_do() {
+    audit_writes(&RMS);
+    audit_writes(&FUSED_ADD);
+    audit_writes(&ROPE);
+    audit_writes(&SWIGLU);
+    audit_writes(&GEGLU);
 }

@@ -5,14 +5,15 @@
 //! `ds`, every output poisoned first; bad input.
 mod common;
 
+use common::rms::{grad_slack, ulps};
 use common::{
-    Failures, Rng, assert_close, download, expect_invalid, gpu, poisoned, poisoned_on_device,
-    skip_when_small, upload, widen,
+    Failures, Rng, assert_close, download, download_rows, expect_invalid, gpu, poisoned,
+    poisoned_on_device, sampled_rows, skip_when_small, upload, upload_rows, widen,
 };
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use liger_rs::reference::{
-    Element, fused_add_rms_norm_backward as ref_backward, fused_add_rms_norm_forward as ref_forward,
+    fused_add_rms_norm_backward as ref_backward, fused_add_rms_norm_forward as ref_forward,
 };
 use liger_rs::{
     CastingMode, Dtype, RmsNormArgs, fused_add_rms_norm_backward,
@@ -45,54 +46,6 @@ const SHAPES: [(usize, usize); 18] = [
     (1000, 64),
 ];
 
-/// Unit roundoff of f32 arithmetic.
-const F32_EPS: f64 = 1.0 / (1u64 << 24) as f64;
-
-/// Allowed ulps of `T` in `y`, `rstd` and `dx`/`dw` against the f64 reference (as RMSNorm's
-/// tests allow, tests/rms_norm.rs: f32 sums in another order move an intermediate across a
-/// rounding boundary of `T` now and then).
-fn ulps<T: Element>(mode: CastingMode) -> [f64; 3] {
-    if T::NAME == "f32" {
-        return [84.0; 3];
-    }
-    let f32_ulps_in_t = 2f64.powi(T::MANTISSA_DIGITS as i32 - 24);
-    match mode {
-        CastingMode::None => [4.0, 2.0, 2.0],
-        _ => [2.0, 8.0 * f32_ulps_in_t, 2.0],
-    }
-}
-
-/// Per-element slack of `dx = D(r·m − c·s + ds)` (8 f32 roundings of `|r·m| + |c·s|`, 2 of
-/// `|ds|`) and of `dw` (f32 accumulation over the rows), as RMSNorm's tests allow.
-fn grad_slack<T: Element>(
-    dy: &[T],
-    ds: &[T],
-    s: &[T],
-    w: Option<&[T]>,
-    rstd: &[f64],
-    cols: usize,
-    offset: f32,
-) -> (Vec<f64>, Vec<f64>) {
-    let rows = rstd.len();
-    let mut dx_slack = Vec::with_capacity(s.len());
-    let mut abs_terms = vec![0.0; cols];
-    for (row, &r) in rstd.iter().enumerate() {
-        let at = |c: usize| (dy[row * cols + c].to_f64(), s[row * cols + c].to_f64());
-        let wp = |c: usize| w.map_or(1.0, |w| w[c].to_f64() + offset as f64);
-        let dot: f64 = (0..cols).map(|c| (at(c).0 * wp(c) * at(c).1).abs()).sum();
-        let coef = r * r * r * dot / cols as f64;
-        for (c, term) in abs_terms.iter_mut().enumerate() {
-            let (g, v) = at(c);
-            let rm = (r * g * wp(c)).abs();
-            let d = ds[row * cols + c].to_f64().abs();
-            dx_slack.push(8.0 * F32_EPS * (rm + coef * v.abs()) + 2.0 * F32_EPS * d);
-            *term += (g * v * r).abs();
-        }
-    }
-    let k = (8.0 + 2.0 * (rows as f64).sqrt()) * F32_EPS;
-    (dx_slack, abs_terms.into_iter().map(|t| k * t).collect())
-}
-
 /// Where the forward writes the sum.
 #[derive(Debug, Clone, Copy)]
 enum SumInto {
@@ -117,7 +70,7 @@ struct Case {
 }
 
 /// Runs case `c` on random data and checks every output: `s` bit for bit (one rounding of
-/// an exact sum), `y`, `rstd`, `dx` and `dw` within [`ulps`] and [`grad_slack`].
+/// an exact sum), `y`, `rstd`, `dx` and `dw` within `ulps` and `grad_slack` (`common::rms`).
 fn run_case<T: Dtype>(stream: &Arc<CudaStream>, c: &Case) {
     let desc = format!(
         "{}×{} {} {} weight={} dw={} sum={:?} grad_inplace={} offset={} seed={}",
@@ -214,7 +167,15 @@ fn run_case<T: Dtype>(stream: &Arc<CudaStream>, c: &Case) {
             download(stream, &dx)
         }
     };
-    let (dx_slack, dw_slack) = grad_slack(&dy, &ds, &s_got, weight_host, &rstd_gpu, cols, c.offset);
+    let (dx_slack, dw_slack) = grad_slack(
+        &dy,
+        Some(&ds),
+        &s_got,
+        weight_host,
+        &rstd_gpu,
+        cols,
+        c.offset,
+    );
     assert_close::<T>(
         "dx",
         &desc,
@@ -437,7 +398,8 @@ fn strided_case(
     let (dy_c, ds_c) = (compact(&dy, ys), compact(&ds, ys));
     let grads = ref_backward(&contiguous, &dy_c, &ds_c, &want.s, Some(&w), &rstd_gpu).unwrap();
     let rstd_gpu = widen(&rstd_gpu);
-    let (dx_slack, dw_slack) = grad_slack(&dy_c, &ds_c, &want.s, Some(&w), &rstd_gpu, cols, 0.0);
+    let (dx_slack, dw_slack) =
+        grad_slack(&dy_c, Some(&ds_c), &want.s, Some(&w), &rstd_gpu, cols, 0.0);
     assert_close::<bf16>(
         "dx",
         "strided",
@@ -461,8 +423,10 @@ fn strided_case(
 fn gpu_fused_add_offsets_beyond_2_pow_32_elements() {
     // x_s, r, y, dy and ds_dx of 2³² / cols + 8 bf16 rows: over 2³² elements (8 GiB each), so
     // any 32-bit element or byte offset wraps; 4096 columns take the vector kernels, 4100 the
-    // scalar ones. All rows are zero except three 8-row windows of random data (at the start,
-    // around element 2³¹, at the end), which must match the reference.
+    // scalar ones. All rows are zero except those of `common::sampled_rows`, which hold random
+    // data and must match the reference: 8-row windows at the start, around elements 2³¹ and
+    // 2³² (4100 columns: the row that straddles 2³²) and at the end (the last row), and 256
+    // rows spread over the rest.
     let test = "gpu_fused_add_offsets_beyond_2_pow_32_elements";
     let Some(stream) = gpu(test) else {
         return;
@@ -481,36 +445,22 @@ fn gpu_fused_add_offsets_beyond_2_pow_32_elements() {
 fn huge_case(stream: &Arc<CudaStream>, cols: usize) {
     let win = 8;
     let rows = (1usize << 32) / cols + win;
-    let starts = [0, (1usize << 31) / cols - win / 2, rows - win];
-    let desc = format!("{rows}×{cols} bf16, windows at rows {starts:?}");
+    let data = sampled_rows(rows, win, &[(1 << 31) / cols, (1 << 32) / cols]);
+    let n_data: usize = data.iter().map(|r| r.len()).sum();
+    let desc = format!("{rows}×{cols} bf16, {n_data} rows of data");
     let n = rows * cols;
     let mut rng = Rng::new(910 + cols as u64);
     let w: Vec<bf16> = rng.vec(cols, 1.0, 0.5);
     let w_d = upload(stream, &w);
     let mut bufs: [CudaSlice<bf16>; 4] =
         std::array::from_fn(|_| stream.alloc_zeros::<bf16>(n).expect("8 GiB"));
-    // x (then s), r, dy, ds (then dx): their windows' data, in window order.
-    let mut host: [Vec<bf16>; 4] = Default::default();
-    for &r0 in &starts {
-        let range = r0 * cols..(r0 + win) * cols;
-        for (k, (buf, h)) in bufs.iter_mut().zip(&mut host).enumerate() {
-            let data: Vec<bf16> = rng.vec(win * cols, 0.0, if k < 2 { 1.5 } else { 1.0 });
-            stream
-                .memcpy_htod(&data, &mut buf.slice_mut(range.clone()))
-                .unwrap();
-            h.extend(data);
-        }
+    // x (then s), r, dy, ds (then dx): the data of their sampled rows, in row order.
+    let host: [Vec<bf16>; 4] =
+        std::array::from_fn(|k| rng.vec(n_data * cols, 0.0, if k < 2 { 1.5 } else { 1.0 }));
+    for (buf, h) in bufs.iter_mut().zip(&host) {
+        upload_rows(stream, buf, &data, cols, h);
     }
-    let windows = |buf: &CudaSlice<bf16>| -> Vec<bf16> {
-        starts
-            .iter()
-            .flat_map(|&r0| {
-                stream
-                    .clone_dtoh(&buf.slice(r0 * cols..(r0 + win) * cols))
-                    .unwrap()
-            })
-            .collect()
-    };
+    let data_of = |buf: &CudaSlice<bf16>| download_rows(stream, buf, &data, cols);
     let [mut x_s, r_d, dy_d, mut ds_dx] = bufs;
     let args = RmsNormArgs::new(rows, cols);
     let weight = Some(&w_d as &dyn DevicePtr<bf16>);
@@ -538,31 +488,31 @@ fn huge_case(stream: &Arc<CudaStream>, cols: usize) {
         rstd_all.iter().all(|r| r.is_finite()),
         "an rstd row was not written, {desc}"
     );
-    let rstd_w: Vec<f32> = starts
+    let rstd_w: Vec<f32> = data
         .iter()
-        .flat_map(|&r0| rstd_all[r0..r0 + win].to_vec())
+        .flat_map(|r| rstd_all[r.clone()].to_vec())
         .collect();
-    let window_args = RmsNormArgs::new(rstd_w.len(), cols);
+    let data_args = RmsNormArgs::new(n_data, cols);
     let [x, r, dy, ds] = &host;
-    let want = ref_forward(&window_args, x, r, Some(&w)).unwrap();
-    assert_eq!(windows(&x_s), want.s, "s, {desc}");
+    let want = ref_forward(&data_args, x, r, Some(&w)).unwrap();
+    assert_eq!(data_of(&x_s), want.s, "s, {desc}");
     let [ulps_y, ulps_r, ulps_g] = ulps::<bf16>(CastingMode::Llama);
     assert_close::<bf16>(
         "y",
         &desc,
-        &widen(&windows(&y_d)),
+        &widen(&data_of(&y_d)),
         &widen(&want.y),
         ulps_y,
         &[],
     );
     let rstd = widen(&rstd_w);
     assert_close::<bf16>("rstd", &desc, &rstd, &widen(&want.rstd), ulps_r, &[]);
-    let grads = ref_backward(&window_args, dy, ds, &want.s, Some(&w), &rstd_w).unwrap();
-    let (dx_slack, dw_slack) = grad_slack(dy, ds, &want.s, Some(&w), &rstd, cols, 0.0);
+    let grads = ref_backward(&data_args, dy, ds, &want.s, Some(&w), &rstd_w).unwrap();
+    let (dx_slack, dw_slack) = grad_slack(dy, Some(ds), &want.s, Some(&w), &rstd, cols, 0.0);
     assert_close::<bf16>(
         "dx",
         &desc,
-        &widen(&windows(&ds_dx)),
+        &widen(&data_of(&ds_dx)),
         &widen(&grads.dx),
         ulps_g,
         &dx_slack,

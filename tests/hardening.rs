@@ -9,10 +9,10 @@
 //! With the small shapes (`LIGER_RS_TEST_SHAPES=small`, sized for compute-sanitizer) the
 //! RMSNorm rows are 600 instead of 3000 or 2500 (more than the 528 blocks of the 2048- and
 //! 4096-column vector backward's grid on an H200, so its partial rows and kept scratch are as
-//! large) and the loops repeat fewer times.
+//! large), the loops repeat fewer times and the capture with cudarc managing streams skips.
 mod common;
 
-use common::{Need, Rng, download, gpu, sized, skip, upload};
+use common::{Need, Rng, download, gpu, sized, skip, skip_when_small, upload};
 use half::bf16;
 use liger_rs::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream};
@@ -178,9 +178,10 @@ fn gpu_rms_norm_backward_replays_from_a_captured_graph() {
         tracked.per_thread_stream(),
     )
     .unwrap();
-    if common::small_shapes() {
-        // compute-sanitizer reports the refused capture's API errors, which are the point here.
-        println!("the capture refused with cudarc managing streams runs with the full shapes");
+    let managed_case = format!("{test} (created stream, cudarc managing streams)");
+    let why = "compute-sanitizer reports the API errors of a refused capture, which are this \
+               case's point";
+    if skip_when_small(&managed_case, why) {
         return;
     }
     let managed = liger_rs::cuda_context(0).unwrap();

@@ -7,9 +7,11 @@
 //! once, and the test over 2³² elements skips.
 mod common;
 
+use common::rms::{grad_slack, ulps};
 use common::{
-    DataRows, Failures, Rng, assert_close, download, expect_invalid, gpu, min_normal, poisoned,
-    poisoned_on_device, skip_when_small, upload, widen,
+    DataRows, Failures, Poison, Rng, assert_close, assert_written, download, download_rows,
+    expect_invalid, gpu, min_normal, poisoned, poisoned_on_device, poisoned_with, sampled_rows,
+    skip_when_small, upload, upload_rows, widen,
 };
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
@@ -206,64 +208,6 @@ const SHAPES: [(usize, usize); 25] = [
     (129, 2048),
 ];
 
-/// Unit roundoff of f32 arithmetic.
-const F32_EPS: f64 = 1.0 / (1u64 << 24) as f64;
-
-/// Allowed rounding differences (ulps of `T`) in `y`, `rstd` and `dx`/`dw`, against the f64
-/// reference with the same cast points. GPU and reference differ only where f32 arithmetic
-/// (sum order, f32 instead of f64 products) moves an intermediate across a rounding boundary
-/// of `T`; each crossing costs one ulp of `T`. `y` has two rounding points (three in none
-/// mode, whose rstd is itself a `T` value); an f32 rstd may differ by a few f32 ulps (the sum
-/// of up to 10⁵ squares runs in another order: ≤ 98 per thread, then a tree).
-/// For f32 tensors the allowance is ~1e-5 relative (84 ulps).
-fn ulps<T: Element>(mode: CastingMode) -> [f64; 3] {
-    if T::NAME == "f32" {
-        return [84.0; 3];
-    }
-    let f32_ulps_in_t = 2f64.powi(T::MANTISSA_DIGITS as i32 - 24);
-    match mode {
-        // none: the mean is rounded to T from an f32 sum; when that sum sits next to a
-        // rounding boundary of T the mean may round the other way than the f64 one (1 ulp),
-        // which √ and 1/x carry into rstd as up to 2 ulps of T (seen: f16, 1000×64), and y
-        // (x·r rounded, times the weight, rounded) one more on top of its 3 roundings (seen:
-        // 4 ulps in f16, 6400×4096).
-        CastingMode::None => [4.0, 2.0, 2.0],
-        _ => [2.0, 8.0 * f32_ulps_in_t, 2.0],
-    }
-}
-
-/// Per-element slack for `dx = D(r·m − c·x)` and `dw = D(Σ_rows dy·n)`, whose f32 terms can be
-/// far larger than the result (a single column cancels almost completely). `dx`: 8 f32
-/// roundings of `|r·m| + |c·x|` (the reference rounds `m` at the kernel's cast points, so
-/// `m` itself agrees). `dw`: f32
-/// accumulation over the rows, `(8 + 2√rows)` roundings of `Σ|dy·x·r|`.
-fn grad_slack<T: Element>(
-    dy: &[T],
-    x: &[T],
-    w: Option<&[T]>,
-    rstd: &[f64],
-    cols: usize,
-    offset: f32,
-) -> (Vec<f64>, Vec<f64>) {
-    let rows = rstd.len();
-    let mut dx_slack = Vec::with_capacity(x.len());
-    let mut abs_terms = vec![0.0; cols];
-    for (row, &r) in rstd.iter().enumerate() {
-        let at = |c: usize| (dy[row * cols + c].to_f64(), x[row * cols + c].to_f64());
-        let wp = |c: usize| w.map_or(1.0, |w| w[c].to_f64() + offset as f64);
-        let dot: f64 = (0..cols).map(|c| (at(c).0 * wp(c) * at(c).1).abs()).sum();
-        let coef = r * r * r * dot / cols as f64;
-        for (c, term) in abs_terms.iter_mut().enumerate() {
-            let (g, v) = at(c);
-            let rm = (r * g * wp(c)).abs();
-            dx_slack.push(8.0 * F32_EPS * (rm + coef * v.abs()));
-            *term += (g * v * r).abs();
-        }
-    }
-    let k = (8.0 + 2.0 * (rows as f64).sqrt()) * F32_EPS;
-    (dx_slack, abs_terms.into_iter().map(|t| k * t).collect())
-}
-
 struct Case {
     rows: usize,
     cols: usize,
@@ -301,12 +245,15 @@ fn run_case<T: Dtype>(stream: &std::sync::Arc<liger_rs::cudarc::driver::CudaStre
 }
 
 /// Runs the forward and backward of case `c` (its shape, mode, weight, dW or a frozen weight,
-/// offset, in place or not) on the given data with `eps` and checks every output against the reference: the rows
-/// of `data` against the reference on those rows, the other (zero) rows exactly (y and dx
-/// zero, rstd the reference's for a zero row); zero rows add nothing to dW.
+/// offset, in place or not) on the given data with `eps` and checks every output against the
+/// reference: the rows of `data` against the reference on those rows, the other (zero) rows
+/// exactly (y and dx zero, rstd the reference's for a zero row; in place, where dy's zero rows
+/// hold ones, dx against the reference of such a row); zero rows add nothing to dW.
+/// Where the reference holds NaN the case runs again into finite poison (see
+/// [`assert_written`]).
 #[allow(clippy::too_many_arguments)]
 fn check_case<T: Dtype>(
-    stream: &std::sync::Arc<liger_rs::cudarc::driver::CudaStream>,
+    stream: &Arc<CudaStream>,
     c: &Case,
     data: &DataRows,
     x: &[T],
@@ -315,19 +262,26 @@ fn check_case<T: Dtype>(
     eps: f32,
     desc: &str,
 ) {
-    let (n, cols) = (c.rows * c.cols, c.cols);
+    let cols = c.cols;
     let args = RmsNormArgs::new(c.rows, c.cols)
         .with_mode(c.mode)
         .with_offset(c.offset)
         .with_eps(eps);
     let [ulps_y, ulps_r, ulps_g] = ulps::<T>(c.mode);
+    // In place, dy's zero rows hold ones (x's stay zero, so they add nothing to dW): a row the
+    // backward leaves untouched keeps its ones instead of passing for the zero dx of a zero dy.
+    let ones_in_place = c.inplace && !data.are_all();
+    let dy_ones;
+    let dy_in = if ones_in_place {
+        let mut v = dy.to_vec();
+        data.fill_zero_rows(&mut v, cols, cols, T::from_f64(1.0));
+        dy_ones = v;
+        &dy_ones[..]
+    } else {
+        dy
+    };
+    let got = launch_case(stream, c, &args, [x, w, dy_in], Poison::Nan, desc);
 
-    let xd = upload(stream, x);
-    let wd = upload(stream, w);
-    let weight: Option<&dyn DevicePtr<T>> = c.weighted.then_some(&wd);
-    let mut y = poisoned::<T>(stream, n);
-    let mut rstd = poisoned::<f32>(stream, c.rows);
-    rms_norm_forward(stream, &args, &xd, weight, &mut y, &mut rstd).expect(desc);
     let (x_c, dy_c) = (
         data.compact(x, cols, cols, 0),
         data.compact(dy, cols, cols, 0),
@@ -337,65 +291,148 @@ fn check_case<T: Dtype>(
     let mut data_args = args;
     data_args.rows = x_c.len() / cols;
     let want = ref_forward(&data_args, &x_c, weight_host).unwrap();
-    let (y_all, rstd_all) = (download(stream, &y), download(stream, &rstd));
-    let rstd_c = data.compact(&rstd_all, 1, 1, 0);
+    let rstd_c = data.compact(&got.rstd, 1, 1, 0);
     let rstd_gpu = widen(&rstd_c);
-    let y_got = widen(&data.compact(&y_all, cols, cols, 0));
+    let y_got = widen(&data.compact(&got.y, cols, cols, 0));
     assert_close::<T>("y", desc, &y_got, &widen(&want.y), ulps_y, &[]);
     assert_close::<T>("rstd", desc, &rstd_gpu, &widen(&want.rstd), ulps_r, &[]);
     if !data.are_all() {
-        data.assert_zero_rows("y", desc, &y_all, cols, cols, 0);
+        data.assert_zero_rows("y", desc, &got.y, cols, cols, 0);
         let zero_row = vec![T::from_f64(0.0); cols];
         let mut one_row = args;
         one_row.rows = 1;
         let zero = ref_forward(&one_row, &zero_row, weight_host).unwrap();
-        let got: Vec<f64> = data.zero_rows().map(|r| rstd_all[r] as f64).collect();
+        let got: Vec<f64> = data.zero_rows().map(|r| got.rstd[r] as f64).collect();
         let want = vec![zero.rstd[0] as f64; got.len()];
         assert_close::<T>("rstd of zero rows", desc, &got, &want, ulps_r, &[]);
     }
 
-    let mut dw = poisoned::<T>(stream, c.cols);
-    let mut dy_d = upload(stream, dy);
-    let with_dw = c.weighted && c.dw;
-    let dx = if c.inplace {
-        let dwv: Option<&mut dyn DevicePtrMut<T>> = with_dw.then_some(&mut dw);
-        call_inplace(stream, &args, &mut dy_d, &xd, weight, &rstd, dwv, desc);
-        download(stream, &dy_d)
-    } else {
-        let mut dx = poisoned::<T>(stream, n);
-        let dwv: Option<&mut dyn DevicePtrMut<T>> = with_dw.then_some(&mut dw);
-        rms_norm_backward(stream, &args, &dy_d, &xd, weight, &rstd, &mut dx, dwv).expect(desc);
-        download(stream, &dx)
-    };
-    let backward = if with_dw {
+    let backward = if got.dw.is_some() {
         ref_backward
     } else {
         ref_backward_dx
     };
     let grads = backward(&data_args, &dy_c, &x_c, weight_host, &rstd_c).unwrap();
-    assert_eq!(grads.dw.is_some(), with_dw, "{desc}");
-    let (dx_slack, dw_slack) = grad_slack(&dy_c, &x_c, weight_host, &rstd_gpu, cols, c.offset);
-    let dx_got = widen(&data.compact(&dx, cols, cols, 0));
+    assert_eq!(grads.dw.is_some(), got.dw.is_some(), "{desc}");
+    let (dx_slack, dw_slack) =
+        grad_slack(&dy_c, None, &x_c, weight_host, &rstd_gpu, cols, c.offset);
+    let dx_got = widen(&data.compact(&got.dx, cols, cols, 0));
     assert_close::<T>("dx", desc, &dx_got, &widen(&grads.dx), ulps_g, &dx_slack);
-    data.assert_zero_rows("dx", desc, &dx, cols, cols, 0);
-    if let Some(want_dw) = grads.dw {
-        let got_dw = widen(&download(stream, &dw));
-        assert_close::<T>("dw", desc, &got_dw, &widen(&want_dw), ulps_g, &dw_slack);
+    if ones_in_place {
+        check_ones_rows(c, &args, data, weight_host, &got, desc);
+    } else {
+        data.assert_zero_rows("dx", desc, &got.dx, cols, cols, 0);
+    }
+    if let (Some(got_dw), Some(want_dw)) = (&got.dw, &grads.dw) {
+        let (got_dw, want_dw) = (widen(got_dw), widen(want_dw));
+        assert_close::<T>("dw", desc, &got_dw, &want_dw, ulps_g, &dw_slack);
+    }
+
+    let nan = |v: &[T]| v.iter().any(|e| e.to_f64().is_nan());
+    let nan_wanted = nan(&want.y)
+        || want.rstd.iter().any(|r| r.is_nan())
+        || nan(&grads.dx)
+        || grads.dw.as_deref().is_some_and(nan);
+    if nan_wanted {
+        let again = launch_case(stream, c, &args, [x, w, dy_in], Poison::Finite, desc);
+        assert_written("y", desc, &got.y, &again.y);
+        assert_written("rstd", desc, &got.rstd, &again.rstd);
+        assert_written("dx", desc, &got.dx, &again.dx);
+        if let (Some(dw), Some(dw_again)) = (&got.dw, &again.dw) {
+            assert_written("dw", desc, dw, dw_again);
+        }
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn call_inplace<T: Dtype>(
-    stream: &std::sync::Arc<liger_rs::cudarc::driver::CudaStream>,
+/// Checks the in-place dx of the zero rows of case `c`, whose dy holds ones there, against
+/// the reference for one row of x = 0 and dy = 1 at that row's rstd; a row with the bits and
+/// rstd of the row checked last had the same inputs, so it is not compared again.
+fn check_ones_rows<T: Dtype>(
+    c: &Case,
     args: &RmsNormArgs,
-    dy: &mut liger_rs::cudarc::driver::CudaSlice<T>,
-    x: &liger_rs::cudarc::driver::CudaSlice<T>,
-    weight: Option<&dyn DevicePtr<T>>,
-    rstd: &liger_rs::cudarc::driver::CudaSlice<f32>,
-    dw: Option<&mut dyn DevicePtrMut<T>>,
+    data: &DataRows,
+    w: Option<&[T]>,
+    got: &Outputs<T>,
     desc: &str,
 ) {
-    rms_norm_backward_inplace(stream, args, dy, x, weight, rstd, dw).expect(desc);
+    let cols = c.cols;
+    let mut one_row = *args;
+    one_row.rows = 1;
+    let (x0, ones) = (vec![T::from_f64(0.0); cols], vec![T::from_f64(1.0); cols]);
+    let ulps_g = ulps::<T>(c.mode)[2];
+    let row = |r: usize| &got.dx[r * cols..(r + 1) * cols];
+    let same = |a: &[T], b: &[T]| {
+        a.iter()
+            .zip(b)
+            .all(|(u, v)| u.to_f64().to_bits() == v.to_f64().to_bits())
+    };
+    let mut last: Option<usize> = None;
+    for r in data.zero_rows() {
+        let rstd = got.rstd[r];
+        if let Some(l) = last
+            && got.rstd[l].to_bits() == rstd.to_bits()
+            && same(row(l), row(r))
+        {
+            continue;
+        }
+        let want = ref_backward_dx(&one_row, &ones, &x0, w, &[rstd]).unwrap();
+        let (slack, _) = grad_slack(&ones, None, &x0, w, &[rstd as f64], cols, c.offset);
+        let what = format!("dx of zero row {r} (dy ones, in place)");
+        assert_close::<T>(
+            &what,
+            desc,
+            &widen(row(r)),
+            &widen(&want.dx),
+            ulps_g,
+            &slack,
+        );
+        last = Some(r);
+    }
+}
+
+/// What a case's forward and backward wrote: `y`, `rstd`, `dx` and, with a weight and dW, `dw`.
+struct Outputs<T> {
+    y: Vec<T>,
+    rstd: Vec<f32>,
+    dx: Vec<T>,
+    dw: Option<Vec<T>>,
+}
+
+/// Runs the forward and then the backward of case `c` (with `args`) on `x`, the weight `w`
+/// and `dy`, every output but an in-place dx poisoned with `poison` first.
+fn launch_case<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    c: &Case,
+    args: &RmsNormArgs,
+    [x, w, dy]: [&[T]; 3],
+    poison: Poison,
+    desc: &str,
+) -> Outputs<T> {
+    let n = c.rows * c.cols;
+    let (xd, wd) = (upload(stream, x), upload(stream, w));
+    let weight: Option<&dyn DevicePtr<T>> = c.weighted.then_some(&wd);
+    let mut y = poisoned_with::<T>(stream, n, poison);
+    let mut rstd = poisoned_with::<f32>(stream, c.rows, poison);
+    rms_norm_forward(stream, args, &xd, weight, &mut y, &mut rstd).expect(desc);
+
+    let with_dw = c.weighted && c.dw;
+    let mut dw = poisoned_with::<T>(stream, c.cols, poison);
+    let mut dy_d = upload(stream, dy);
+    let dwv: Option<&mut dyn DevicePtrMut<T>> = with_dw.then_some(&mut dw);
+    let dx = if c.inplace {
+        rms_norm_backward_inplace(stream, args, &mut dy_d, &xd, weight, &rstd, dwv).expect(desc);
+        dy_d
+    } else {
+        let mut dx = poisoned_with::<T>(stream, n, poison);
+        rms_norm_backward(stream, args, &dy_d, &xd, weight, &rstd, &mut dx, dwv).expect(desc);
+        dx
+    };
+    Outputs {
+        y: download(stream, &y),
+        rstd: download(stream, &rstd),
+        dx: download(stream, &dx),
+        dw: with_dw.then(|| download(stream, &dw)),
+    }
 }
 
 /// Runs every shape × mode × (weight and dW, frozen weight, no weight) × in-place case; a
@@ -452,13 +489,15 @@ fn max_finite<T: Element>() -> f64 {
     }
 }
 
-/// Special rows, each run with an ordinary random row after it (4 or 64 columns: scalar and
+/// Special rows, each run with an ordinary random row after it (67 or 64 columns: scalar and
 /// vector kernels, f32 and 16-bit), in every mode, forward and backward, against the
 /// reference: a NaN, +∞, −∞, a row near the largest finite value (its f32 sum of squares
 /// overflows for f32 and bf16: it must give the reference's finite result, not r = 0), a row
 /// of 2⁴⁵-sized values (r³ < 2⁻¹²⁶: the backward must not lose its second term), with eps = 0
 /// an all-zero row (r = ∞: y and dx NaN, as in the reference), and an ordinary row with
 /// subnormal weights (the packed 16-bit products must keep subnormal results, not flush them).
+/// Cases whose reference holds NaN run again into finite poison ([`check_case`]), so an
+/// element left unwritten cannot pass for a NaN.
 fn special_rows<T: Dtype>(stream: &std::sync::Arc<liger_rs::cudarc::driver::CudaStream>) {
     let max = max_finite::<T>();
     let big = 2f64.powi(45).min(max / 4.0);
@@ -698,10 +737,11 @@ fn gpu_very_wide_rows_with_more_rows_than_scratch_blocks() {
 fn gpu_offsets_beyond_2_pow_32_elements() {
     // x, y and dy of 2³² / cols + 8 rows: over 2³² bf16 elements (8 GiB each), so any 32-bit
     // element or byte offset wraps; 4096 columns take the vector kernels, 4100 the scalar
-    // ones. All rows are zero except three 8-row windows of random data (at the start, around
-    // element 2³¹, at the end). Zero rows add nothing to dW, so the windows alone must match
-    // the reference: y, rstd, dx (in place over dy, and for a frozen weight into its own
-    // buffer) and dW.
+    // ones. All rows are zero except those of `common::sampled_rows`, which hold random data:
+    // 8-row windows at the start, around elements 2³¹ and 2³² (4100 columns: the row that
+    // straddles 2³²) and at the end (the last row), and 256 rows spread over the rest. Zero
+    // rows add nothing to dW, so the data rows alone must match the reference: y, rstd, dx
+    // (in place over dy, and for a frozen weight into its own buffer) and dW.
     let test = "gpu_offsets_beyond_2_pow_32_elements";
     let Some(stream) = gpu(test) else {
         return;
@@ -717,41 +757,53 @@ fn gpu_offsets_beyond_2_pow_32_elements() {
     }
 }
 
+#[test]
+fn sampled_rows_hold_the_ends_the_marks_and_a_spread() {
+    // The rows of `huge_case` for 4100 columns: row 523776 holds element 2³¹, row 1047552
+    // straddles 2³².
+    let rows = (1usize << 32) / 4100 + 8;
+    let runs = sampled_rows(rows, 8, &[523776, 1047552]);
+    assert!(runs.windows(2).all(|p| p[0].end < p[1].start), "{runs:?}");
+    assert!(
+        runs.iter().all(|r| !r.is_empty() && r.end <= rows),
+        "{runs:?}"
+    );
+    let has = |row: usize| runs.iter().any(|r| r.contains(&row));
+    let must = [
+        0,
+        7,
+        523772,
+        523776,
+        523779,
+        1047548,
+        1047552,
+        1047555,
+        rows - 1,
+    ];
+    assert!(must.iter().all(|&r| has(r)), "{runs:?}");
+    let n: usize = runs.iter().map(|r| r.len()).sum();
+    assert!((256..=256 + 4 * 8).contains(&n), "{n} rows");
+    let largest_gap = runs.windows(2).map(|p| p[1].start - p[0].end).max();
+    assert!(largest_gap <= Some(rows / 256), "{largest_gap:?}");
+}
+
 fn huge_case(stream: &Arc<CudaStream>, cols: usize) {
     let win = 8;
     let rows = (1usize << 32) / cols + win;
-    let starts = [0, (1usize << 31) / cols - win / 2, rows - win];
-    let desc = format!("{rows}×{cols} bf16, windows at rows {starts:?}");
+    let data = sampled_rows(rows, win, &[(1 << 31) / cols, (1 << 32) / cols]);
+    let n_data: usize = data.iter().map(|r| r.len()).sum();
+    let desc = format!("{rows}×{cols} bf16, {n_data} rows of data");
     let n = rows * cols;
     let mut rng = Rng::new(900 + cols as u64);
     let w: Vec<bf16> = rng.vec(cols, 1.0, 0.5);
     let w_d = upload(stream, &w);
     let mut x_d = stream.alloc_zeros::<bf16>(n).expect("8 GiB for x");
     let mut dy_d = stream.alloc_zeros::<bf16>(n).expect("8 GiB for dy");
-    let (mut x, mut dy) = (Vec::new(), Vec::new());
-    for &r0 in &starts {
-        let range = r0 * cols..(r0 + win) * cols;
-        let xw: Vec<bf16> = rng.vec(win * cols, 0.0, 2.0);
-        let dyw: Vec<bf16> = rng.vec(win * cols, 0.0, 1.0);
-        stream
-            .memcpy_htod(&xw, &mut x_d.slice_mut(range.clone()))
-            .unwrap();
-        stream
-            .memcpy_htod(&dyw, &mut dy_d.slice_mut(range))
-            .unwrap();
-        x.extend(xw);
-        dy.extend(dyw);
-    }
-    let windows = |buf: &CudaSlice<bf16>| -> Vec<f64> {
-        let rows = starts
-            .iter()
-            .map(|&r0| buf.slice(r0 * cols..(r0 + win) * cols));
-        widen(
-            &rows
-                .flat_map(|v| stream.clone_dtoh(&v).unwrap())
-                .collect::<Vec<_>>(),
-        )
-    };
+    let x: Vec<bf16> = rng.vec(n_data * cols, 0.0, 2.0);
+    let dy: Vec<bf16> = rng.vec(n_data * cols, 0.0, 1.0);
+    upload_rows(stream, &mut x_d, &data, cols, &x);
+    upload_rows(stream, &mut dy_d, &data, cols, &dy);
+    let data_of = |buf: &CudaSlice<bf16>| widen(&download_rows(stream, buf, &data, cols));
     let args = RmsNormArgs::new(rows, cols);
     let weight = Some(&w_d as &dyn DevicePtr<bf16>);
     let mut y_d = poisoned_on_device::<bf16>(stream, n);
@@ -769,21 +821,21 @@ fn huge_case(stream: &Arc<CudaStream>, cols: usize) {
         rstd_all.iter().all(|r| r.is_finite()),
         "an rstd row was not written, {desc}"
     );
-    let rstd_w: Vec<f32> = starts
+    let rstd_w: Vec<f32> = data
         .iter()
-        .flat_map(|&r0| rstd_all[r0..r0 + win].to_vec())
+        .flat_map(|r| rstd_all[r.clone()].to_vec())
         .collect();
     let rstd = widen(&rstd_w);
     let [ulps_y, ulps_r, ulps_g] = ulps::<bf16>(CastingMode::Llama);
-    let window_args = RmsNormArgs::new(rstd_w.len(), cols);
-    let want = ref_forward(&window_args, &x, Some(&w)).unwrap();
-    assert_close::<bf16>("y", &desc, &windows(&y_d), &widen(&want.y), ulps_y, &[]);
+    let data_args = RmsNormArgs::new(n_data, cols);
+    let want = ref_forward(&data_args, &x, Some(&w)).unwrap();
+    assert_close::<bf16>("y", &desc, &data_of(&y_d), &widen(&want.y), ulps_y, &[]);
     assert_close::<bf16>("rstd", &desc, &rstd, &widen(&want.rstd), ulps_r, &[]);
-    let grads = ref_backward(&window_args, &dy, &x, Some(&w), &rstd_w).unwrap();
-    let (dx_slack, dw_slack) = grad_slack(&dy, &x, Some(&w), &rstd, cols, 0.0);
+    let grads = ref_backward(&data_args, &dy, &x, Some(&w), &rstd_w).unwrap();
+    let (dx_slack, dw_slack) = grad_slack(&dy, None, &x, Some(&w), &rstd, cols, 0.0);
     let want_dx = widen(&grads.dx);
-    assert_close::<bf16>("dx", &desc, &windows(&dy_d), &want_dx, ulps_g, &dx_slack);
-    let frozen = windows(&dx_d);
+    assert_close::<bf16>("dx", &desc, &data_of(&dy_d), &want_dx, ulps_g, &dx_slack);
+    let frozen = data_of(&dx_d);
     assert_close::<bf16>(
         "dx, frozen weight",
         &desc,
@@ -863,7 +915,7 @@ fn strided_case(
     let (dy_c, x_c) = (compact(&dy, ys), compact(&x, xs));
     let grads = ref_backward(&contiguous, &dy_c, &x_c, Some(&w), &rstd_gpu).unwrap();
     let rstd_gpu = widen(&rstd_gpu);
-    let (dx_slack, dw_slack) = grad_slack(&dy_c, &x_c, Some(&w), &rstd_gpu, cols, 0.0);
+    let (dx_slack, dw_slack) = grad_slack(&dy_c, None, &x_c, Some(&w), &rstd_gpu, cols, 0.0);
     assert_close::<bf16>("dx", "strided", &dx_c, &widen(&grads.dx), ulps_g, &dx_slack);
     let dw_gpu = widen(&download(stream, &dw));
     let dw_want = widen(&grads.dw.unwrap());

@@ -8,7 +8,8 @@
 mod common;
 
 use common::{
-    Failures, Rng, assert_close, download, expect_invalid, gpu, sized, skip_when_small, upload,
+    Failures, Rng, assert_close, download, download_rows, expect_invalid, gpu, sampled_rows, sized,
+    skip_when_small, upload, upload_rows,
 };
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
@@ -182,8 +183,8 @@ fn reference_rounds_products_and_sums_to_f32() {
 const SMALL: [(usize, usize, usize, usize, usize, usize); 3] =
     [(2, 3, 3, 1, 6, 4), (1, 4, 1, 2, 4, 4), (2, 2, 2, 2, 8, 2)];
 
-/// Positions, cos/sin table and row form for form index `f` (0 per position, 1 per batch,
-/// 2 gathered) in f64.
+/// The cos/sin table (f64) and position ids for form index `f` (0 per position, 1 per batch,
+/// 2 gathered): [`form_positions`]' rows.
 fn f64_tables(
     rng: &mut Rng,
     b: usize,
@@ -191,24 +192,10 @@ fn f64_tables(
     r: usize,
     f: usize,
 ) -> (Vec<f64>, Vec<f64>, Vec<i64>) {
-    match f {
-        0 => {
-            let p: Vec<i64> = (0..s as i64).collect();
-            let (c, sn) = cos_sin(&p, r, false);
-            (c, sn, vec![])
-        }
-        1 => {
-            let p: Vec<i64> = (0..(b * s) as i64).map(|t| 3 * t + 1).collect();
-            let (c, sn) = cos_sin(&p, r, false);
-            (c, sn, vec![])
-        }
-        _ => {
-            let ids = packed_ids(rng, b, s);
-            let p: Vec<i64> = (0..(s as i64 + 5)).collect();
-            let (c, sn) = cos_sin(&p, r, false);
-            (c, sn, ids)
-        }
-    }
+    let rows = [Form::PerPosition, Form::PerBatch, Form::Ids64][f.min(2)];
+    let (positions, ids) = form_positions(rows, b, s, rng);
+    let (c, sn) = cos_sin(&positions, r, false);
+    (c, sn, ids)
 }
 
 fn form(f: usize, ids: &[i64]) -> CosSinRows<'_> {
@@ -536,51 +523,27 @@ fn run_case<T: Dtype>(
     let k: Vec<T> = uniform(&mut rng, b * s * hk * d);
     let dq: Vec<T> = uniform(&mut rng, q.len());
     let dk: Vec<T> = uniform(&mut rng, k.len());
-    let (positions, ids): (Vec<i64>, Vec<i64>) = match form {
-        Form::PerPosition => ((0..s as i64).collect(), vec![]),
-        Form::PerBatch => (
-            (0..b)
-                .flat_map(|bi| (0..s).map(move |si| (7 * bi + si) as i64))
-                .collect(),
-            vec![],
-        ),
-        _ => ((0..s as i64 + 5).collect(), packed_ids(&mut rng, b, s)),
-    };
-    let (cos, sin) = cos_sin::<T>(&positions, r, poison);
-    let rows = match form {
-        Form::PerPosition => CosSinRows::PerPosition,
-        Form::PerBatch => CosSinRows::PerBatch,
-        _ => CosSinRows::Gathered(&ids),
-    };
-    let (cos_d, sin_d) = (upload(stream, &cos), upload(stream, &sin));
-    let ids32: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
-    let ids32_d: Option<CudaSlice<i32>> =
-        (matches!(form, Form::Ids32) && !ids.is_empty()).then(|| upload_ids(stream, &ids32));
-    let ids64_d: Option<CudaSlice<i64>> =
-        (matches!(form, Form::Ids64) && !ids.is_empty()).then(|| upload_ids(stream, &ids));
-    let layout = match form {
-        Form::PerPosition => CosSinLayout::PerPosition,
-        Form::PerBatch => CosSinLayout::PerBatch,
-        Form::Ids32 => CosSinLayout::Gathered(PositionIds::DeviceI32(
-            ids32_d.as_ref().expect("ids").as_view(),
-        )),
-        Form::Ids64 => CosSinLayout::Gathered(PositionIds::DeviceI64(
-            ids64_d.as_ref().expect("ids").as_view(),
-        )),
-        Form::Host => CosSinLayout::Gathered(PositionIds::Host(&ids)),
-    };
+    let t = Tables::<T>::new(stream, &args, form, poison, &mut rng);
+    let (cos, sin) = (&t.cos, &t.sin);
+    let (rows, layout) = (t.ref_rows(), t.layout());
 
     let (mut q_d, mut k_d) = (upload(stream, &q), upload(stream, &k));
-    rope_forward(stream, &args, &mut q_d, &mut k_d, &cos_d, &sin_d, &layout).expect(&desc);
+    rope_forward(
+        stream, &args, &mut q_d, &mut k_d, &t.cos_d, &t.sin_d, &layout,
+    )
+    .expect(&desc);
     let (mut q_want, mut k_want) = (q.clone(), k.clone());
-    ref_forward(&args, &mut q_want, &mut k_want, &cos, &sin, rows).expect(&desc);
+    ref_forward(&args, &mut q_want, &mut k_want, cos, sin, rows).expect(&desc);
     check("q", &desc, &download(stream, &q_d), &q_want, &q, d, r);
     check("k", &desc, &download(stream, &k_d), &k_want, &k, d, r);
 
     let (mut dq_d, mut dk_d) = (upload(stream, &dq), upload(stream, &dk));
-    rope_backward(stream, &args, &mut dq_d, &mut dk_d, &cos_d, &sin_d, &layout).expect(&desc);
+    rope_backward(
+        stream, &args, &mut dq_d, &mut dk_d, &t.cos_d, &t.sin_d, &layout,
+    )
+    .expect(&desc);
     let (mut dq_want, mut dk_want) = (dq.clone(), dk.clone());
-    ref_backward(&args, &mut dq_want, &mut dk_want, &cos, &sin, rows).expect(&desc);
+    ref_backward(&args, &mut dq_want, &mut dk_want, cos, sin, rows).expect(&desc);
     check("dq", &desc, &download(stream, &dq_d), &dq_want, &dq, d, r);
     check("dk", &desc, &download(stream, &dk_d), &dk_want, &dk, d, r);
 }
@@ -590,6 +553,86 @@ fn upload_ids<I: liger_rs::cudarc::driver::DeviceRepr>(
     ids: &[I],
 ) -> CudaSlice<I> {
     stream.clone_htod(ids).expect("upload ids")
+}
+
+/// The positions of the cos/sin rows of `rows` for `b × s` tokens, and the position ids of
+/// the gathered forms (empty otherwise): per position 0..S; per batch token `t` at `3t + 1`
+/// (every batch row its own rows); gathered a table of positions 0..S + 5 and packed-sequence
+/// ids drawn from `rng`.
+fn form_positions(rows: Form, b: usize, s: usize, rng: &mut Rng) -> (Vec<i64>, Vec<i64>) {
+    match rows {
+        Form::PerPosition => ((0..s as i64).collect(), vec![]),
+        Form::PerBatch => ((0..(b * s) as i64).map(|t| 3 * t + 1).collect(), vec![]),
+        _ => ((0..s as i64 + 5).collect(), packed_ids(rng, b, s)),
+    }
+}
+
+/// The cos/sin table of a GPU case whose rows come from `rows`: on the host (for the
+/// reference) and on the device, with the position ids in the form `rows` hands them over.
+struct Tables<T> {
+    rows: Form,
+    cos: Vec<T>,
+    sin: Vec<T>,
+    ids: Vec<i64>,
+    cos_d: CudaSlice<T>,
+    sin_d: CudaSlice<T>,
+    ids32_d: Option<CudaSlice<i32>>,
+    ids64_d: Option<CudaSlice<i64>>,
+}
+
+impl<T: Dtype> Tables<T> {
+    /// [`form_positions`]' HF-style rows for `args`' batch and sequence ([`cos_sin`]: second
+    /// halves NaN with `poison`), laid out as `args`' form reads them ([`table_in_form`]).
+    fn new(
+        stream: &Arc<CudaStream>,
+        args: &RopeArgs,
+        rows: Form,
+        poison: bool,
+        rng: &mut Rng,
+    ) -> Self {
+        let (positions, ids) = form_positions(rows, args.batch, args.seq_len, rng);
+        let (cos, sin) = cos_sin::<T>(&positions, args.rotary_dim, poison);
+        let (cos, sin) = (table_in_form(args, &cos), table_in_form(args, &sin));
+        let ids32: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+        let ids32_d =
+            (matches!(rows, Form::Ids32) && !ids.is_empty()).then(|| upload_ids(stream, &ids32));
+        let ids64_d =
+            (matches!(rows, Form::Ids64) && !ids.is_empty()).then(|| upload_ids(stream, &ids));
+        Tables {
+            rows,
+            cos_d: upload(stream, &cos),
+            sin_d: upload(stream, &sin),
+            cos,
+            sin,
+            ids,
+            ids32_d,
+            ids64_d,
+        }
+    }
+
+    /// The reference's row source.
+    fn ref_rows(&self) -> CosSinRows<'_> {
+        match self.rows {
+            Form::PerPosition => CosSinRows::PerPosition,
+            Form::PerBatch => CosSinRows::PerBatch,
+            _ => CosSinRows::Gathered(&self.ids),
+        }
+    }
+
+    /// The launchers' layout.
+    fn layout(&self) -> CosSinLayout<'_> {
+        match self.rows {
+            Form::PerPosition => CosSinLayout::PerPosition,
+            Form::PerBatch => CosSinLayout::PerBatch,
+            Form::Ids32 => CosSinLayout::Gathered(PositionIds::DeviceI32(
+                self.ids32_d.as_ref().expect("device ids").as_view(),
+            )),
+            Form::Ids64 => CosSinLayout::Gathered(PositionIds::DeviceI64(
+                self.ids64_d.as_ref().expect("device ids").as_view(),
+            )),
+            Form::Host => CosSinLayout::Gathered(PositionIds::Host(&self.ids)),
+        }
+    }
 }
 
 /// Runs every shape with a form that rotates with the shape and the dtype (so each dtype
@@ -790,10 +833,11 @@ fn gpu_device_ids_are_clamped() {
 #[test]
 fn gpu_offsets_beyond_2_pow_32_elements() {
     // q: 1 × (2²⁰ + 8) tokens × 32 heads × 128 = 2³² + 32768 bf16 elements (8 GiB): any 32-bit
-    // element or byte offset wraps. q and k are zero except three 8-token windows of random
-    // data (at the start, around element 2³¹, at the end) whose cos/sin rows come from host
-    // ids; each window must match the reference computed on that window alone (a wrapped
-    // write from the end would land in the first window and break it).
+    // element or byte offset wraps. q and k are zero except the tokens of
+    // `common::sampled_rows`, which hold random data whose cos/sin rows come from host ids:
+    // 8-token windows at the start, around q elements 2³¹ and 2³² and at the end (the last
+    // token), and 256 tokens spread over the rest; they must match the reference computed on
+    // them alone (a wrapped read or write lands on another token and breaks it).
     let test = "gpu_offsets_beyond_2_pow_32_elements";
     let Some(stream) = gpu(test) else {
         return;
@@ -812,47 +856,34 @@ fn gpu_offsets_beyond_2_pow_32_elements() {
     let max_pos = 16;
     let (cos, sin) = cos_sin::<bf16>(&(0..max_pos as i64).collect::<Vec<_>>(), d, false);
     let (cos_d, sin_d) = (upload(&stream, &cos), upload(&stream, &sin));
-    let mut ids = vec![0i64; s];
-    let starts = [0, (1usize << 31) / (hq * d) - win / 2, s - win];
+    let (q_row, k_row) = (hq * d, hk * d);
+    // q elements 2³¹ and 2³².
+    let data = sampled_rows(s, win, &[(1 << 31) / q_row, (1 << 32) / q_row]);
+    let n_data: usize = data.iter().map(|r| r.len()).sum();
     let mut rng = Rng::new(600);
-    let mut windows = Vec::new();
-    for &t0 in &starts {
-        let q: Vec<bf16> = uniform(&mut rng, win * hq * d);
-        let k: Vec<bf16> = uniform(&mut rng, win * hk * d);
-        let w_ids: Vec<i64> = (0..win)
-            .map(|_| (rng.next_u64() % max_pos) as i64)
-            .collect();
-        ids[t0..t0 + win].copy_from_slice(&w_ids);
-        let mut qv = q_d.slice_mut(t0 * hq * d..(t0 + win) * hq * d);
-        stream.memcpy_htod(&q, &mut qv).unwrap();
-        let mut kv = k_d.slice_mut(t0 * hk * d..(t0 + win) * hk * d);
-        stream.memcpy_htod(&k, &mut kv).unwrap();
-        windows.push((t0, q, k, w_ids));
+    let q: Vec<bf16> = uniform(&mut rng, n_data * q_row);
+    let k: Vec<bf16> = uniform(&mut rng, n_data * k_row);
+    let data_ids: Vec<i64> = (0..n_data)
+        .map(|_| (rng.next_u64() % max_pos) as i64)
+        .collect();
+    upload_rows(&stream, &mut q_d, &data, q_row, &q);
+    upload_rows(&stream, &mut k_d, &data, k_row, &k);
+    let mut ids = vec![0i64; s];
+    let data_tokens = data.iter().flat_map(|r| r.clone());
+    for (t, &id) in data_tokens.zip(&data_ids) {
+        ids[t] = id;
     }
     let layout = CosSinLayout::Gathered(PositionIds::Host(&ids));
     rope_forward(&stream, &args, &mut q_d, &mut k_d, &cos_d, &sin_d, &layout).unwrap();
-    let wargs = RopeArgs::new(d).with_seq_len(win).with_heads(hq, hk);
-    for (t0, q, k, w_ids) in windows {
-        let got_q: Vec<bf16> = stream
-            .clone_dtoh(&q_d.slice(t0 * hq * d..(t0 + win) * hq * d))
-            .unwrap();
-        let got_k: Vec<bf16> = stream
-            .clone_dtoh(&k_d.slice(t0 * hk * d..(t0 + win) * hk * d))
-            .unwrap();
-        let (mut qw, mut kw) = (q.clone(), k.clone());
-        ref_forward(
-            &wargs,
-            &mut qw,
-            &mut kw,
-            &cos,
-            &sin,
-            CosSinRows::Gathered(&w_ids),
-        )
-        .unwrap();
-        let case = format!("window at token {t0}");
-        check("q", &case, &got_q, &qw, &q, d, d);
-        check("k", &case, &got_k, &kw, &k, d, d);
-    }
+    let got_q = download_rows(&stream, &q_d, &data, q_row);
+    let got_k = download_rows(&stream, &k_d, &data, k_row);
+    let data_args = RopeArgs::new(d).with_seq_len(n_data).with_heads(hq, hk);
+    let (mut qw, mut kw) = (q.clone(), k.clone());
+    let rows = CosSinRows::Gathered(&data_ids);
+    ref_forward(&data_args, &mut qw, &mut kw, &cos, &sin, rows).unwrap();
+    let case = format!("{n_data} tokens of data");
+    check("q", &case, &got_q, &qw, &q, d, d);
+    check("k", &case, &got_k, &kw, &k, d, d);
 }
 
 #[test]
@@ -1489,33 +1520,9 @@ fn run_form_case<T: Dtype>(
         T::NAME
     );
     let mut rng = Rng::new(seed);
-    let (positions, ids): (Vec<i64>, Vec<i64>) = match rows {
-        Form::PerPosition => ((0..s as i64).collect(), vec![]),
-        Form::PerBatch => ((0..(b * s) as i64).map(|t| 5 * t + 2).collect(), vec![]),
-        _ => ((0..s as i64 + 5).collect(), packed_ids(&mut rng, b, s)),
-    };
-    let (cos, sin) = cos_sin::<T>(&positions, r, poison);
-    let (cos, sin) = (table_in_form(&args, &cos), table_in_form(&args, &sin));
-    let ref_rows = match rows {
-        Form::PerPosition => CosSinRows::PerPosition,
-        Form::PerBatch => CosSinRows::PerBatch,
-        _ => CosSinRows::Gathered(&ids),
-    };
-    let (cos_d, sin_d) = (upload(stream, &cos), upload(stream, &sin));
-    let ids32: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
-    let ids32_d = (!ids.is_empty()).then(|| upload_ids(stream, &ids32));
-    let ids64_d = (!ids.is_empty()).then(|| upload_ids(stream, &ids));
-    let layout = match rows {
-        Form::PerPosition => CosSinLayout::PerPosition,
-        Form::PerBatch => CosSinLayout::PerBatch,
-        Form::Ids32 => CosSinLayout::Gathered(PositionIds::DeviceI32(
-            ids32_d.as_ref().expect("ids").as_view(),
-        )),
-        Form::Ids64 => CosSinLayout::Gathered(PositionIds::DeviceI64(
-            ids64_d.as_ref().expect("ids").as_view(),
-        )),
-        Form::Host => CosSinLayout::Gathered(PositionIds::Host(&ids)),
-    };
+    let t = Tables::<T>::new(stream, &args, rows, poison, &mut rng);
+    let (cos, sin) = (&t.cos, &t.sin);
+    let (ref_rows, layout) = (t.ref_rows(), t.layout());
     for backward in [false, true] {
         let (names, rotate, rotate_into) = if backward {
             (
@@ -1534,10 +1541,13 @@ fn run_form_case<T: Dtype>(
         let k: Vec<T> = uniform(&mut rng, b * s * hk * d);
         let (mut qw, mut kw) = (q.clone(), k.clone());
         let rotate_ref = if backward { ref_backward } else { ref_forward };
-        rotate_ref(&args, &mut qw, &mut kw, &cos, &sin, ref_rows).expect(&desc);
+        rotate_ref(&args, &mut qw, &mut kw, cos, sin, ref_rows).expect(&desc);
 
         let (mut q_d, mut k_d) = (upload(stream, &q), upload(stream, &k));
-        rotate(stream, &args, &mut q_d, &mut k_d, &cos_d, &sin_d, &layout).expect(&desc);
+        rotate(
+            stream, &args, &mut q_d, &mut k_d, &t.cos_d, &t.sin_d, &layout,
+        )
+        .expect(&desc);
         let case = format!("in place, {desc}");
         check(names[0], &case, &download(stream, &q_d), &qw, &q, d, r);
         check(names[1], &case, &download(stream, &k_d), &kw, &k, d, r);
@@ -1546,7 +1556,7 @@ fn run_form_case<T: Dtype>(
         let mut q_out = common::poisoned::<T>(stream, q.len());
         let mut k_out = common::poisoned::<T>(stream, k.len());
         rotate_into(
-            stream, &args, &q_d, &k_d, &cos_d, &sin_d, &layout, &mut q_out, &mut k_out,
+            stream, &args, &q_d, &k_d, &t.cos_d, &t.sin_d, &layout, &mut q_out, &mut k_out,
         )
         .expect(&desc);
         let case = format!("out of place, {desc}");
@@ -1930,46 +1940,22 @@ fn run_fused_case<T: Dtype>(
         T::NAME
     );
     let mut rng = Rng::new(seed);
-    let (positions, ids): (Vec<i64>, Vec<i64>) = match rows {
-        Form::PerPosition => ((0..s as i64).collect(), vec![]),
-        Form::PerBatch => ((0..(b * s) as i64).map(|t| 3 * t + 1).collect(), vec![]),
-        _ => ((0..s as i64 + 5).collect(), packed_ids(&mut rng, b, s)),
-    };
-    let (cos, sin) = cos_sin::<T>(&positions, r, seed.is_multiple_of(2));
-    let (cos, sin) = (table_in_form(&args, &cos), table_in_form(&args, &sin));
-    let ref_rows = match rows {
-        Form::PerPosition => CosSinRows::PerPosition,
-        Form::PerBatch => CosSinRows::PerBatch,
-        _ => CosSinRows::Gathered(&ids),
-    };
-    let (cos_d, sin_d) = (upload(stream, &cos), upload(stream, &sin));
-    let ids32: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
-    let ids32_d = (!ids.is_empty()).then(|| upload_ids(stream, &ids32));
-    let ids64_d = (!ids.is_empty()).then(|| upload_ids(stream, &ids));
-    let layout = match rows {
-        Form::PerPosition => CosSinLayout::PerPosition,
-        Form::PerBatch => CosSinLayout::PerBatch,
-        Form::Ids32 => CosSinLayout::Gathered(PositionIds::DeviceI32(
-            ids32_d.as_ref().expect("ids").as_view(),
-        )),
-        Form::Ids64 => CosSinLayout::Gathered(PositionIds::DeviceI64(
-            ids64_d.as_ref().expect("ids").as_view(),
-        )),
-        Form::Host => CosSinLayout::Gathered(PositionIds::Host(&ids)),
-    };
+    let t = Tables::<T>::new(stream, &args, rows, seed.is_multiple_of(2), &mut rng);
+    let (cos, sin) = (&t.cos, &t.sin);
+    let (ref_rows, layout) = (t.ref_rows(), t.layout());
     for backward in [false, true] {
         let qkv: Vec<T> = uniform(&mut rng, f.len());
         let mut want = qkv.clone();
         let mut qkv_d = upload(stream, &qkv);
         if backward {
-            ref_backward_fused(&strided, &mut want, f.q_row, &cos, &sin, ref_rows).expect(&desc);
+            ref_backward_fused(&strided, &mut want, f.q_row, cos, sin, ref_rows).expect(&desc);
             rope_backward_fused(
-                stream, &strided, &mut qkv_d, f.q_row, &cos_d, &sin_d, &layout,
+                stream, &strided, &mut qkv_d, f.q_row, &t.cos_d, &t.sin_d, &layout,
             )
         } else {
-            ref_forward_fused(&strided, &mut want, f.q_row, &cos, &sin, ref_rows).expect(&desc);
+            ref_forward_fused(&strided, &mut want, f.q_row, cos, sin, ref_rows).expect(&desc);
             rope_forward_fused(
-                stream, &strided, &mut qkv_d, f.q_row, &cos_d, &sin_d, &layout,
+                stream, &strided, &mut qkv_d, f.q_row, &t.cos_d, &t.sin_d, &layout,
             )
         }
         .expect(&desc);
@@ -1991,7 +1977,7 @@ fn run_fused_case<T: Dtype>(
         let (mut q, mut k) = (f.gather(&qkv, false), f.gather(&qkv, true));
         let input = (q.clone(), k.clone());
         let rotate = if backward { ref_backward } else { ref_forward };
-        rotate(&args, &mut q, &mut k, &cos, &sin, ref_rows).expect(&desc);
+        rotate(&args, &mut q, &mut k, cos, sin, ref_rows).expect(&desc);
         let qkv_d = upload(stream, &qkv);
         let (q_view, k_view) = (qkv_d.slice(..), qkv_d.slice(f.q_row..));
         let mut q_out = common::poisoned::<T>(stream, q.len());
@@ -2002,7 +1988,7 @@ fn run_fused_case<T: Dtype>(
             rope_forward_into
         };
         into(
-            stream, &strided, &q_view, &k_view, &cos_d, &sin_d, &layout, &mut q_out, &mut k_out,
+            stream, &strided, &q_view, &k_view, &t.cos_d, &t.sin_d, &layout, &mut q_out, &mut k_out,
         )
         .expect(&desc);
         let case = format!("strided views out of place, backward={backward}, {desc}");

@@ -7,8 +7,9 @@
 //! case keeps its shape, hence its kernel and grid: cases over 2²⁰ elements hold data in a few
 //! windows of rows only ([`DataRows`]), and the test over 2³² elements skips.
 use super::{
-    DataRows, Failures, Rng, assert_close, download, gpu, poisoned, poisoned_on_device,
-    skip_when_small, ulp, upload, widen,
+    DataRows, Failures, Poison, Rng, assert_close, assert_written, download, download_rows, gpu,
+    poisoned, poisoned_on_device, poisoned_with, sampled_rows, skip_when_small, ulp, upload,
+    upload_rows, widen,
 };
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream};
@@ -435,6 +436,17 @@ fn run_case<T: Dtype>(stream: &Stream, op: Op, c: &Case) {
         assert!(download(stream, &b_d) == b_h, "forward changed b, {desc}");
     }
 
+    // In place, the zero rows of the buffers the backward overwrites hold ones (their dc is
+    // zero, so their gradients stay zero): a row left untouched keeps its ones instead of
+    // passing for a written zero.
+    let ones_in_zero_rows = |buf: &mut CudaSlice<T>, host: &[T], width: usize, stride: usize| {
+        if !data_rows.are_all() {
+            let mut v = host.to_vec();
+            data_rows.fill_zero_rows(&mut v, width, stride, T::from_f64(1.0));
+            stream.memcpy_htod(&v, buf).expect("upload ones");
+        }
+    };
+
     // Backward: into poisoned buffers or over the inputs.
     let (da, db) = match (c.fused, c.inplace) {
         (false, false) => {
@@ -456,6 +468,8 @@ fn run_case<T: Dtype>(stream: &Stream, op: Op, c: &Case) {
             (compact(&da_h, sa, 0), compact(&db_h, sb, 0))
         }
         (false, true) => {
+            ones_in_zero_rows(&mut a_d, &a_h, cols, sa);
+            ones_in_zero_rows(&mut b_d, &b_h, cols, sb);
             glu_call!(
                 op,
                 swiglu_backward_inplace
@@ -486,6 +500,7 @@ fn run_case<T: Dtype>(stream: &Stream, op: Op, c: &Case) {
             (compact(&g_h, sa, 0), compact(&g_h, sa, cols))
         }
         (true, true) => {
+            ones_in_zero_rows(&mut a_d, &a_h, 2 * cols, sa);
             glu_call!(
                 op,
                 swiglu_backward_fused_inplace
@@ -538,19 +553,19 @@ pub fn sweep<T: Dtype>(op: Op, test: &str, seed_base: u64) {
 }
 
 /// One row of `a`, `b`, `dc` (`args` for `rows = 1`) through the forward and the backward
-/// into NaN-poisoned buffers: `c`, `da`, `db`, each checked against the reference within the
-/// sweep's tolerance, widened.
+/// into buffers poisoned with `poison`: `c`, `da`, `db`, each checked against the reference
+/// within the sweep's tolerance, widened.
 fn one_row<T: Dtype>(
     stream: &Stream,
     op: Op,
     args: &SwigluArgs,
     [a, b, dc]: [&[T]; 3],
+    poison: Poison,
     desc: &str,
 ) -> [Vec<f64>; 3] {
     let n = a.len();
     let (a_d, b_d, dc_d) = (upload(stream, a), upload(stream, b), upload(stream, dc));
-    let mut c_d = poisoned::<T>(stream, n);
-    let (mut da_d, mut db_d) = (poisoned::<T>(stream, n), poisoned::<T>(stream, n));
+    let [mut c_d, mut da_d, mut db_d] = [(); 3].map(|_| poisoned_with::<T>(stream, n, poison));
     glu_call!(
         op,
         swiglu_forward / geglu_forward(stream, args, &a_d, &b_d, &mut c_d)
@@ -592,7 +607,7 @@ fn extremes<T: Dtype>(stream: &Stream, op: Op, a: Vec<T>) {
             .with_gate_multiplier(gm)
             .with_down_multiplier(dm);
         let case = format!("{desc}, pass {pass}");
-        let [c, da, db] = one_row(stream, op, &args, [&a, &b, &dc], &case);
+        let [c, da, db] = one_row(stream, op, &args, [&a, &b, &dc], Poison::Nan, &case);
         if pass == 1 {
             for i in 0..n {
                 let x = a[i].to_f64();
@@ -657,7 +672,9 @@ pub fn extreme_gates(op: Op, test: &str) {
 }
 
 /// NaN and ±∞ inputs give what the reference gives: NaN propagates, an infinite
-/// gate takes the silu limits, an infinite `b` or `dc` multiplies through.
+/// gate takes the silu limits, an infinite `b` or `dc` multiplies through. Where the
+/// reference is NaN a NaN poison would pass unwritten, so the row runs into each poison and
+/// the outputs must agree bit for bit ([`assert_written`]).
 fn non_finite<T: Dtype>(stream: &Stream, op: Op) {
     let (nan, inf) = (f64::NAN, f64::INFINITY);
     let rows: [(f64, f64, f64); 8] = [
@@ -677,7 +694,11 @@ fn non_finite<T: Dtype>(stream: &Stream, op: Op) {
     let n = a.len();
     let args = SwigluArgs::new(1, n);
     let desc = format!("{op:?} non-finite inputs {}", T::NAME);
-    one_row(stream, op, &args, [&a, &b, &dc], &desc);
+    let [nan_run, finite_run] =
+        [Poison::Nan, Poison::Finite].map(|p| one_row(stream, op, &args, [&a, &b, &dc], p, &desc));
+    for (i, what) in ["c", "da", "db"].into_iter().enumerate() {
+        assert_written(what, &desc, &nan_run[i], &finite_run[i]);
+    }
 }
 
 /// [`non_finite`] for each dtype.
@@ -696,10 +717,11 @@ pub fn nan_and_inf(op: Op, test: &str) {
 pub fn offsets_beyond_2_pow_32_elements(op: Op, test: &str) {
     // A fused gate-up buffer of 2³² / (2·cols) + 64 rows: over 2³² bf16 elements (8 GiB), c
     // and dc over 2³¹ (4 GiB), so any 32-bit element or byte offset wraps; 14336 columns take
-    // the vector kernels, 14337 the scalar ones. All rows are zero except 8-row windows of
-    // random data at the start, around gate-up element 2³¹, around c element 2³¹ (gate-up
-    // element 2³²) and at the end: each must match the reference on its own, forward and
-    // backward (in place over gate-up).
+    // the vector kernels, 14337 the scalar ones. All rows are zero except those of
+    // `common::sampled_rows`, which hold random data and must match the reference, forward and
+    // backward (in place over gate-up): 8-row windows at the start, around gate-up element 2³¹,
+    // around c element 2³¹ (gate-up element 2³²) and at the end (the last row), and 256 rows
+    // spread over the rest.
     let Some(stream) = gpu(test) else {
         return;
     };
@@ -717,36 +739,22 @@ pub fn offsets_beyond_2_pow_32_elements(op: Op, test: &str) {
 fn huge_case(stream: &Stream, op: Op, cols: usize) {
     let (win, width) = (8, 2 * cols);
     let rows = (1usize << 32) / width + 64;
-    let starts = [
-        0,
-        (1usize << 31) / width - win / 2,
-        (1usize << 31) / cols - win / 2,
-        rows - win,
-    ];
-    let desc = format!("{op:?} {rows}×{cols} fused bf16, windows at rows {starts:?}");
+    // Gate-up elements 2³¹ and 2³² (c and dc element 2³¹).
+    let data = sampled_rows(rows, win, &[(1 << 31) / width, (1 << 32) / width]);
+    let n_data: usize = data.iter().map(|r| r.len()).sum();
+    let desc = format!("{op:?} {rows}×{cols} fused bf16, {n_data} rows of data");
     let mut rng = Rng::new(1000 + cols as u64);
     let mut gate_up_d = stream
         .alloc_zeros::<bf16>(rows * width)
         .expect("8 GiB gate-up");
     let mut dc_d = stream.alloc_zeros::<bf16>(rows * cols).expect("4 GiB dc");
-    let (mut a, mut b, mut dc) = (Vec::new(), Vec::new(), Vec::new());
-    for &r0 in &starts {
-        let aw: Vec<bf16> = (0..win * cols).map(|_| gate_value(&mut rng)).collect();
-        let bw: Vec<bf16> = rng.vec(win * cols, 0.0, 1.0);
-        let dcw: Vec<bf16> = rng.vec(win * cols, 0.0, 1.0);
-        let joined = join_gate_up(&aw, &bw, cols).unwrap();
-        let mut g = gate_up_d.slice_mut(r0 * width..(r0 + win) * width);
-        stream.memcpy_htod(&joined, &mut g).unwrap();
-        let mut d = dc_d.slice_mut(r0 * cols..(r0 + win) * cols);
-        stream.memcpy_htod(&dcw, &mut d).unwrap();
-        a.extend(aw);
-        b.extend(bw);
-        dc.extend(dcw);
-    }
-    let windows = |buf: &CudaSlice<bf16>, w: usize| -> Vec<bf16> {
-        let rows = starts.iter().map(|&r0| buf.slice(r0 * w..(r0 + win) * w));
-        rows.flat_map(|v| stream.clone_dtoh(&v).unwrap()).collect()
-    };
+    let a: Vec<bf16> = (0..n_data * cols).map(|_| gate_value(&mut rng)).collect();
+    let b: Vec<bf16> = rng.vec(n_data * cols, 0.0, 1.0);
+    let dc: Vec<bf16> = rng.vec(n_data * cols, 0.0, 1.0);
+    let joined = join_gate_up(&a, &b, cols).unwrap();
+    upload_rows(stream, &mut gate_up_d, &data, width, &joined);
+    upload_rows(stream, &mut dc_d, &data, cols, &dc);
+    let data_of = |buf: &CudaSlice<bf16>, w: usize| download_rows(stream, buf, &data, w);
     let args = SwigluArgs::fused(rows, cols);
     let [slack_c, slack_da, slack_db] = slacks(op, &a, &b, &dc, 1.0, 1.0);
 
@@ -758,7 +766,7 @@ fn huge_case(stream: &Stream, op: Op, cols: usize) {
     .expect(&desc);
     let ref_args = SwigluArgs::new(a.len() / cols, cols);
     let want_c = widen(&op.ref_forward(&ref_args, &a, &b).unwrap());
-    let got_c = widen(&windows(&c_d, cols));
+    let got_c = widen(&data_of(&c_d, cols));
     assert_close::<bf16>("c", &desc, &got_c, &want_c, ULPS, &slack_c);
 
     glu_call!(
@@ -767,7 +775,7 @@ fn huge_case(stream: &Stream, op: Op, cols: usize) {
             / geglu_backward_fused_inplace(stream, &args, &dc_d, &mut gate_up_d)
     )
     .expect(&desc);
-    let (da, db) = split_gate_up(&windows(&gate_up_d, width), cols).unwrap();
+    let (da, db) = split_gate_up(&data_of(&gate_up_d, width), cols).unwrap();
     let grads = op.ref_backward(&ref_args, &dc, &a, &b).unwrap();
     assert_close::<bf16>("da", &desc, &widen(&da), &widen(&grads.da), ULPS, &slack_da);
     assert_close::<bf16>("db", &desc, &widen(&db), &widen(&grads.db), ULPS, &slack_db);

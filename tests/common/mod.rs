@@ -1,9 +1,10 @@
 //! Helpers shared by the op tests: the GPU (or a skip, see [`skip`]), the shapes' size
-//! ([`sized`]), seeded random data, NaN poisoning and tolerance checks against the f64
+//! ([`sized`]), seeded random data, poisoned outputs and tolerance checks against the f64
 //! reference.
 #![allow(dead_code)] // each test binary uses its own subset
 
 pub mod glu;
+pub mod rms;
 pub mod skip;
 
 use liger_rs::cudarc::driver::result::memset_d8_async;
@@ -11,6 +12,7 @@ use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut};
 use liger_rs::reference::Element;
 use liger_rs::{Dtype, Error};
 pub use skip::{Need, skip};
+use std::ops::Range;
 use std::sync::Arc;
 
 /// The default stream of device 0, or `None` after skipping `test` (see [`skip`]).
@@ -58,6 +60,74 @@ pub fn skip_when_small(test: &str, why: &str) -> bool {
     small
 }
 
+/// Single rows a test over 2³² elements spreads over its buffers ([`sampled_rows`]).
+const SPREAD_ROWS: usize = 256;
+
+/// The rows of a test over 2³² elements that hold random data and are checked against the
+/// reference, as disjoint runs in order: `win` rows at the start, around each row of `marks`
+/// (where an element offset crosses 2³¹ or 2³²) and at the end, and 256 single rows spread
+/// evenly over all `rows`. The other rows hold zeros and are never copied: a few hundred rows
+/// travel instead of gigabytes.
+pub fn sampled_rows(rows: usize, win: usize, marks: &[usize]) -> Vec<Range<usize>> {
+    let win = win.min(rows);
+    let around = |m: usize| {
+        let start = m.saturating_sub(win / 2).min(rows - win);
+        start..start + win
+    };
+    let spread = |i: usize| {
+        let r = (2 * i + 1) * rows / (2 * SPREAD_ROWS);
+        r..r + 1
+    };
+    let mut runs = vec![0..win, rows - win..rows];
+    runs.extend(marks.iter().map(|&m| around(m)));
+    runs.extend((0..SPREAD_ROWS).map(spread));
+    runs.sort_by_key(|r| r.start);
+    let mut merged: Vec<Range<usize>> = Vec::new();
+    for r in runs {
+        match merged.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => merged.push(r),
+        }
+    }
+    merged
+}
+
+/// Writes `data` (the rows of `runs`, one after another, `width` elements each) into those
+/// rows of `buf`.
+pub fn upload_rows<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    buf: &mut CudaSlice<T>,
+    runs: &[Range<usize>],
+    width: usize,
+    data: &[T],
+) {
+    let mut at = 0;
+    for r in runs {
+        let n = r.len() * width;
+        let mut rows = buf.slice_mut(r.start * width..r.end * width);
+        stream
+            .memcpy_htod(&data[at..at + n], &mut rows)
+            .expect("upload rows");
+        at += n;
+    }
+    assert_eq!(at, data.len(), "data for the rows of {runs:?}");
+}
+
+/// The rows of `runs` of `buf` (`width` elements each), one after another.
+pub fn download_rows<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    buf: &CudaSlice<T>,
+    runs: &[Range<usize>],
+    width: usize,
+) -> Vec<T> {
+    runs.iter()
+        .flat_map(|r| {
+            let rows = buf.slice(r.start * width..r.end * width);
+            stream.clone_dtoh(&rows).expect("download rows")
+        })
+        .collect()
+}
+
 /// Cases of more elements than this hold data in [`DataRows`] windows with the small shapes.
 const SPARSE_FROM: usize = 1 << 20;
 /// Elements per [`DataRows`] window, at most (and at least one row, at most 16).
@@ -68,7 +138,9 @@ const WINDOW_ELEMENTS: usize = 1 << 17;
 /// than 2²⁰ elements, three windows of up to 16 rows (at the start, in the middle, at the
 /// end). The other rows hold zeros, whose outputs are known exactly and checked as such, so
 /// the GPU still runs every row (the row count picks the kernel and its grid) while the host
-/// computes the reference for a few.
+/// computes the reference for a few. A buffer a call overwrites in place holds ones in those
+/// rows instead ([`DataRows::fill_zero_rows`]), so that a row it leaves untouched cannot pass
+/// for a written zero.
 pub struct DataRows {
     rows: usize,
     /// The windows, or `None`: every row.
@@ -139,6 +211,14 @@ impl DataRows {
             .collect()
     }
 
+    /// Sets columns `0..cols` of the zero rows of `buf` (rows `stride` elements apart) to
+    /// `value`.
+    pub fn fill_zero_rows<T: Copy>(&self, buf: &mut [T], cols: usize, stride: usize, value: T) {
+        for r in self.zero_rows() {
+            buf[r * stride..r * stride + cols].fill(value);
+        }
+    }
+
     /// Asserts that columns `offset..offset + cols` of the zero rows of `buf` (rows `stride`
     /// elements apart) are zero: the output of an op on zero inputs.
     pub fn assert_zero_rows<T: Element>(
@@ -207,19 +287,64 @@ pub fn poisoned<T: Dtype>(stream: &Arc<CudaStream>, n: usize) -> CudaSlice<T> {
 /// A device buffer of `n` elements with every bit set (NaN in f32, f16 and bf16), filled on
 /// the device: for buffers too large to poison through a host copy.
 pub fn poisoned_on_device<T: Dtype>(stream: &Arc<CudaStream>, n: usize) -> CudaSlice<T> {
-    // SAFETY: `poison` writes every byte before anything reads the buffer.
-    let mut buf = unsafe { stream.alloc::<T>(n) }.expect("allocate");
-    poison(stream, &mut buf);
-    buf
+    poisoned_with(stream, n, Poison::Nan)
 }
 
 /// Sets every bit of `buf` (NaN in f32, f16 and bf16) on the device, ordered on `stream`.
 pub fn poison<T: Dtype>(stream: &Arc<CudaStream>, buf: &mut CudaSlice<T>) {
+    poison_with(stream, buf, Poison::Nan);
+}
+
+/// What an output holds before the call that must write it. NaN fails every comparison with
+/// a finite reference value but passes one with a NaN, so where the reference holds NaN a
+/// case runs once into each poison and [`assert_written`] requires the same bits of both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Poison {
+    /// Every bit set: NaN in f32, f16 and bf16.
+    Nan,
+    /// Every byte 0x3C: finite in f32 (≈ 0.0115), f16 (≈ 1.06) and bf16 (≈ 0.0115), and
+    /// unlike [`Poison::Nan`] in every byte.
+    Finite,
+}
+
+/// A device buffer of `n` elements, each byte `poison`'s, filled on the device.
+pub fn poisoned_with<T: Dtype>(stream: &Arc<CudaStream>, n: usize, poison: Poison) -> CudaSlice<T> {
+    // SAFETY: `poison_with` writes every byte before anything reads the buffer.
+    let mut buf = unsafe { stream.alloc::<T>(n) }.expect("allocate");
+    poison_with(stream, &mut buf, poison);
+    buf
+}
+
+/// Sets every byte of `buf` to `poison`'s on the device, ordered on `stream`.
+pub fn poison_with<T: Dtype>(stream: &Arc<CudaStream>, buf: &mut CudaSlice<T>, poison: Poison) {
+    let byte = match poison {
+        Poison::Nan => 0xFF,
+        Poison::Finite => 0x3C,
+    };
     let bytes = buf.len() * std::mem::size_of::<T>();
     let (ptr, _record) = buf.device_ptr_mut(stream);
     // SAFETY: `ptr` covers `bytes` bytes of this stream's context; the memset is ordered on
     // `stream` before any later use of the buffer.
-    unsafe { memset_d8_async(ptr, 0xFF, bytes, stream.cu_stream()) }.expect("poison");
+    unsafe { memset_d8_async(ptr, byte, bytes, stream.cu_stream()) }.expect("poison");
+}
+
+/// Asserts that output `what` of the same calls run into [`Poison::Nan`] (`nan_run`) and into
+/// [`Poison::Finite`] (`finite_run`) holds the same bits: the kernels are deterministic, and an
+/// element neither run wrote keeps its run's poison, which differ.
+pub fn assert_written<T: Element>(what: &str, case: &str, nan_run: &[T], finite_run: &[T]) {
+    assert_eq!(nan_run.len(), finite_run.len(), "{what} length, {case}");
+    let bits = |v: T| v.to_f64().to_bits();
+    let differ = nan_run
+        .iter()
+        .zip(finite_run)
+        .position(|(&a, &b)| bits(a) != bits(b));
+    if let Some(i) = differ {
+        panic!(
+            "{what}: element {i} is {:?} after the run into NaN poison but {:?} after the run \
+             into finite poison: not written, {case}",
+            nan_run[i], finite_run[i]
+        );
+    }
 }
 
 pub fn upload<T: Dtype>(stream: &Arc<CudaStream>, data: &[T]) -> CudaSlice<T> {
@@ -342,13 +467,15 @@ impl Failures {
         }
     }
 
-    /// Panics listing every failed case; otherwise prints how many passed.
+    /// Panics listing every failed case, or if no case ran (a test that runs none must say
+    /// why through [`skip`]); otherwise prints how many passed.
     pub fn finish(self) {
         let Failures {
             test,
             cases,
             failed,
         } = self;
+        assert!(cases > 0, "{test}: no case ran");
         assert!(
             failed.is_empty(),
             "{test}: {} of {cases} cases failed:\n{}",
