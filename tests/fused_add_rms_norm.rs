@@ -7,8 +7,8 @@ mod common;
 
 use common::rms::{grad_slack, ulps};
 use common::{
-    Failures, Rng, assert_close, download, download_rows, expect_invalid, gpu, poisoned,
-    poisoned_on_device, sampled_rows, skip_when_small, upload, upload_rows, widen,
+    Failures, Rng, assert_close, download, download_rows, expect_invalid, gpu, gpu_for_huge,
+    poisoned, poisoned_on_device, sampled_rows, skip_when_small, upload, upload_rows, widen,
 };
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
@@ -428,15 +428,9 @@ fn gpu_fused_add_offsets_beyond_2_pow_32_elements() {
     // 2³² (4100 columns: the row that straddles 2³²) and at the end (the last row), and 256
     // rows spread over the rest.
     let test = "gpu_fused_add_offsets_beyond_2_pow_32_elements";
-    let Some(stream) = gpu(test) else {
+    let Some(stream) = gpu_for_huge(test) else {
         return;
     };
-    if skip_when_small(
-        test,
-        "64-bit offsets need buffers of over 2³² elements (8 GiB)",
-    ) {
-        return;
-    }
     for cols in [4096, 4100] {
         huge_case(&stream, cols);
     }

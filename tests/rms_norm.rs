@@ -10,8 +10,8 @@ mod common;
 use common::rms::{grad_slack, ulps};
 use common::{
     DataRows, Failures, Poison, Rng, assert_close, assert_written, download, download_rows,
-    expect_invalid, gpu, min_normal, poisoned, poisoned_on_device, poisoned_with, sampled_rows,
-    skip_when_small, upload, upload_rows, widen,
+    expect_invalid, gpu, gpu_for_huge, min_normal, poisoned, poisoned_on_device, poisoned_with,
+    sampled_rows, upload, upload_rows, widen,
 };
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
@@ -743,15 +743,9 @@ fn gpu_offsets_beyond_2_pow_32_elements() {
     // rows add nothing to dW, so the data rows alone must match the reference: y, rstd, dx
     // (in place over dy, and for a frozen weight into its own buffer) and dW.
     let test = "gpu_offsets_beyond_2_pow_32_elements";
-    let Some(stream) = gpu(test) else {
+    let Some(stream) = gpu_for_huge(test) else {
         return;
     };
-    if skip_when_small(
-        test,
-        "64-bit offsets need buffers of over 2³² elements (8 GiB)",
-    ) {
-        return;
-    }
     for cols in [4096, 4100] {
         huge_case(&stream, cols);
     }

@@ -8,8 +8,8 @@
 mod common;
 
 use common::{
-    Failures, Rng, assert_close, download, download_rows, expect_invalid, gpu, sampled_rows, sized,
-    skip_when_small, upload, upload_rows,
+    Failures, Rng, assert_close, download, download_rows, expect_invalid, gpu, gpu_for_huge,
+    sampled_rows, sized, upload, upload_rows,
 };
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
@@ -839,15 +839,9 @@ fn gpu_offsets_beyond_2_pow_32_elements() {
     // token), and 256 tokens spread over the rest; they must match the reference computed on
     // them alone (a wrapped read or write lands on another token and breaks it).
     let test = "gpu_offsets_beyond_2_pow_32_elements";
-    let Some(stream) = gpu(test) else {
+    let Some(stream) = gpu_for_huge(test) else {
         return;
     };
-    if skip_when_small(
-        test,
-        "64-bit offsets need buffers of over 2³² elements (8 GiB)",
-    ) {
-        return;
-    }
     let (hq, hk, d, win) = (32, 1, 128, 8);
     let s = (1usize << 20) + win;
     let args = RopeArgs::new(d).with_seq_len(s).with_heads(hq, hk);

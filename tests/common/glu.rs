@@ -8,7 +8,7 @@
 //! windows of rows only ([`DataRows`]), and the test over 2³² elements skips.
 use super::{
     DataRows, Failures, Poison, Rng, assert_close, assert_written, download, download_rows, gpu,
-    poisoned, poisoned_on_device, poisoned_with, sampled_rows, skip_when_small, ulp, upload,
+    gpu_for_huge, poisoned, poisoned_on_device, poisoned_with, sampled_rows, ulp, upload,
     upload_rows, widen,
 };
 use half::{bf16, f16};
@@ -722,15 +722,9 @@ pub fn offsets_beyond_2_pow_32_elements(op: Op, test: &str) {
     // backward (in place over gate-up): 8-row windows at the start, around gate-up element 2³¹,
     // around c element 2³¹ (gate-up element 2³²) and at the end (the last row), and 256 rows
     // spread over the rest.
-    let Some(stream) = gpu(test) else {
+    let Some(stream) = gpu_for_huge(test) else {
         return;
     };
-    if skip_when_small(
-        test,
-        "64-bit offsets need buffers of over 2³² elements (8 GiB)",
-    ) {
-        return;
-    }
     for cols in [14336, 14337] {
         huge_case(&stream, op, cols);
     }

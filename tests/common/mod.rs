@@ -60,6 +60,14 @@ pub fn skip_when_small(test: &str, why: &str) -> bool {
     small
 }
 
+/// The GPU's stream for a test over 2³² elements, or `None` where it skips: no GPU ([`gpu`]),
+/// or the small shapes ([`skip_when_small`]).
+pub fn gpu_for_huge(test: &str) -> Option<Arc<CudaStream>> {
+    let stream = gpu(test)?;
+    let why = "64-bit offsets need buffers of over 2³² elements (8 GiB)";
+    (!skip_when_small(test, why)).then_some(stream)
+}
+
 /// Single rows a test over 2³² elements spreads over its buffers ([`sampled_rows`]).
 const SPREAD_ROWS: usize = 256;
 
