@@ -1,5 +1,5 @@
 //! GEGLU: the GPU kernels against the CPU reference (`liger_rs::reference::geglu`, itself
-//! checked against known values and finite differences in its unit tests), in both forms of
+//! checked against known values in its unit tests and against finite differences here), in both forms of
 //! GELU, through SwiGLU's suite (`common::glu`): every dtype × layout (separate, fused gate-up)
 //! × mode (out of place, in place) on many shapes with both multipliers, poisoned outputs and
 //! untouched gaps; extreme gates (±large, every finite f16/bf16, overflow of `a·gm`), NaN and
@@ -13,6 +13,12 @@ use liger_rs::Gelu;
 
 const TANH: Op = Op::Geglu(Gelu::Tanh);
 const ERF: Op = Op::Geglu(Gelu::Erf);
+
+#[test]
+fn reference_backward_matches_finite_differences() {
+    glu::reference_backward_matches_finite_differences(TANH);
+    glu::reference_backward_matches_finite_differences(ERF);
+}
 
 #[test]
 fn gpu_tanh_matches_reference_f32() {

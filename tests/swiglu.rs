@@ -5,7 +5,7 @@
 mod common;
 
 use common::glu::{self, Op};
-use common::{Rng, download, expect_invalid, gpu, poisoned, upload};
+use common::{download, expect_invalid, gpu, poisoned, upload};
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use liger_rs::reference::Element;
@@ -151,55 +151,9 @@ fn reference_rejects_bad_shapes() {
     assert_eq!(join_gate_up(&a, &b, 3).unwrap(), ab);
 }
 
-/// `Σ w·c` for the f64 forward (every cast point is the identity in f64).
-fn loss(a: &[f64], b: &[f64], w: &[f64], gm: f32) -> f64 {
-    let c = fwd(a, b, gm).unwrap();
-    c.iter().zip(w).map(|(c, w)| c * w).sum()
-}
-
 #[test]
 fn reference_backward_matches_finite_differences() {
-    // With dc = w the backward returns dm·∂(Σ w·c)/∂(a, b); central differences in f64
-    // (h = 1e-6: truncation ~h²·|c'''| ≈ 1e-12, cancellation ~1e-16·|loss|/h ≈ 1e-9).
-    let h = 1e-6;
-    for (seed, gm, dm) in [
-        (1, 1.0f32, 1.0f32),
-        (2, 1.7, 0.6),
-        (3, -0.8, 2.5),
-        (4, 0.3, 1.0),
-    ] {
-        let mut rng = Rng::new(seed);
-        let n = 24;
-        let mut a: Vec<f64> = rng.vec(n, 0.0, 2.5);
-        a[0] = 9.0; // far into the linear tail
-        a[1] = -9.0; // far into the vanishing tail
-        a[2] = -1.2785; // near the zero of silu'
-        let b: Vec<f64> = rng.vec(n, 0.0, 1.0);
-        let w: Vec<f64> = rng.vec(n, 0.0, 1.0);
-        let grads = bwd(&w, &a, &b, gm, dm).unwrap();
-        let case = format!("seed {seed}, gm {gm}, dm {dm}");
-        let dm = dm as f64;
-        for i in 0..n {
-            let (mut ap, mut am) = (a.clone(), a.clone());
-            ap[i] += h;
-            am[i] -= h;
-            let fd = dm * (loss(&ap, &b, &w, gm) - loss(&am, &b, &w, gm)) / (2.0 * h);
-            assert!(
-                (fd - grads.da[i]).abs() < 1e-7 * (1.0 + fd.abs()),
-                "da[{i}] {} vs fd {fd}, {case}",
-                grads.da[i]
-            );
-            let (mut bp, mut bm) = (b.clone(), b.clone());
-            bp[i] += h;
-            bm[i] -= h;
-            let fd = dm * (loss(&a, &bp, &w, gm) - loss(&a, &bm, &w, gm)) / (2.0 * h);
-            assert!(
-                (fd - grads.db[i]).abs() < 1e-7 * (1.0 + fd.abs()),
-                "db[{i}] {} vs fd {fd}, {case}",
-                grads.db[i]
-            );
-        }
-    }
+    glu::reference_backward_matches_finite_differences(Op::Swiglu);
 }
 
 /// bf16's largest finite value.

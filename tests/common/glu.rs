@@ -123,6 +123,61 @@ impl Op {
     }
 }
 
+/// Gates where the activation is hard to differentiate numerically at gate multiplier `gm`:
+/// far into the linear regime, far into the vanishing tail, near the zero of act'.
+fn hard_gates(op: Op, gm: f32) -> [f64; 3] {
+    let gm = gm as f64;
+    match op {
+        Op::Swiglu => [9.0, -9.0, -1.2785],
+        Op::Geglu(_) => [9.0 / gm.abs(), -4.5 / gm.abs(), -0.752 / gm],
+    }
+}
+
+/// The reference backward of `op` is `dm` times the gradient of `Σ w·c` for the forward's
+/// `c`, with `dc = w`, by central differences in f64 (h = 1e-6: truncation ~h²·|c'''| ≈
+/// 1e-12, cancellation ~1e-16·|loss|/h ≈ 1e-9), at random gates and [`hard_gates`].
+pub fn reference_backward_matches_finite_differences(op: Op) {
+    let h = 1e-6;
+    for (seed, gm, dm) in [
+        (1, 1.0f32, 1.0f32),
+        (2, 1.7, 0.6),
+        (3, -0.8, 2.5),
+        (4, 0.3, 1.0),
+    ] {
+        let mut rng = Rng::new(seed);
+        let n = 24;
+        let mut a: Vec<f64> = rng.vec(n, 0.0, 2.5);
+        a[..3].copy_from_slice(&hard_gates(op, gm));
+        let b: Vec<f64> = rng.vec(n, 0.0, 1.0);
+        let w: Vec<f64> = rng.vec(n, 0.0, 1.0);
+        let args = SwigluArgs::new(1, n)
+            .with_gate_multiplier(gm)
+            .with_down_multiplier(dm);
+        let grads = op.ref_backward(&args, &w, &a, &b).unwrap();
+        let loss = |a: &[f64], b: &[f64]| -> f64 {
+            let c = op.ref_forward(&args, a, b).unwrap();
+            c.iter().zip(&w).map(|(c, w)| c * w).sum()
+        };
+        let case = format!("{op:?}, seed {seed}, gm {gm}, dm {dm}");
+        let dm = dm as f64;
+        for i in 0..n {
+            let (mut ap, mut am, mut bp, mut bm) = (a.clone(), a.clone(), b.clone(), b.clone());
+            ap[i] += h;
+            am[i] -= h;
+            bp[i] += h;
+            bm[i] -= h;
+            let fd_a = dm * (loss(&ap, &b) - loss(&am, &b)) / (2.0 * h);
+            let fd_b = dm * (loss(&a, &bp) - loss(&a, &bm)) / (2.0 * h);
+            for (what, fd, got) in [("da", fd_a, grads.da[i]), ("db", fd_b, grads.db[i])] {
+                assert!(
+                    (fd - got).abs() < 1e-7 * (1.0 + fd.abs()),
+                    "{what}[{i}] {got} vs fd {fd}, {case}"
+                );
+            }
+        }
+    }
+}
+
 /// `glu_call!(op, swiglu_x / geglu_x(stream, args, buffers…))`: the launcher of `op` —
 /// `liger_rs::swiglu_x(stream, args, buffers…)`, or `liger_rs::geglu_x(stream, args, gelu,
 /// buffers…)` in `op`'s form of GELU.
