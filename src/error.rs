@@ -74,7 +74,7 @@ impl fmt::Display for Error {
                 f,
                 "no CUDA device {ordinal}: the driver reports {count} device(s)"
             ),
-            Error::Driver(e) => write!(f, "CUDA driver error: {e:?}"),
+            Error::Driver(_) => write!(f, "a CUDA driver call failed"),
             Error::InvalidArgument { arg, expected, got } => {
                 write!(f, "invalid `{arg}`: expected {expected}, got {got}")
             }
@@ -123,8 +123,9 @@ impl fmt::Debug for Error {
     }
 }
 
-/// `source()` is the driver's error for [`Error::Driver`], so error reports that walk the
-/// chain (`anyhow`, `eyre`) show the CUDA result code on a line of its own.
+/// `source()` is the driver's error for [`Error::Driver`], whose own `Display` leaves the CUDA
+/// result to it, so that reports that walk the chain (`anyhow`, `eyre`) show it once; `Debug`
+/// (what `?` in `main` prints) shows it too.
 ///
 /// ```
 /// use std::error::Error as _;
@@ -132,6 +133,7 @@ impl fmt::Debug for Error {
 ///     liger_rs::cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY,
 /// ));
 /// assert!(e.source().is_some());
+/// assert_eq!(e.to_string(), "a CUDA driver call failed");
 /// assert!(liger_rs::Error::NoDriver.source().is_none());
 /// ```
 impl std::error::Error for Error {

@@ -51,6 +51,27 @@ pub const BASELINE_PTX_ENV: &str = "LIGER_RS_BASELINE_PTX";
 /// that brought programmatic edges to graphs (so a captured backward keeps its early start).
 const SM90_MIN_DRIVER: i32 = 12030;
 
+/// This thread in relaxed stream-capture mode until dropped (then back to its own mode), so
+/// that a kernel's first load may happen while a stream is captured into a graph: under a
+/// global or thread-local capture, CUDA refuses module loads as potentially unsafe calls.
+struct RelaxedCapture(sys::CUstreamCaptureMode);
+
+impl RelaxedCapture {
+    fn enter() -> Result<Self> {
+        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: exchanges this thread's capture mode through a valid pointer.
+        unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }.result()?;
+        Ok(Self(mode))
+    }
+}
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        // SAFETY: as in `enter`; restoring the mode `enter` read cannot fail.
+        let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut self.0) };
+    }
+}
+
 /// One context's kernels: those loaded so far, and their occupancy.
 pub(crate) struct Kernels {
     ctx: Arc<CudaContext>,
@@ -84,7 +105,10 @@ impl Kernels {
         // A name the build lacks fails as the driver's lookup of it would.
         let not_found = || Error::Driver(DriverError(sys::CUresult::CUDA_ERROR_NOT_FOUND));
         let ptx = self.ptx.module(&name).ok_or_else(not_found)?;
-        let module = self.ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx))?;
+        let module = {
+            let _relaxed = RelaxedCapture::enter()?;
+            self.ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx))?
+        };
         let f = module.load_function(&name)?;
         *slot = Some(f.clone());
         Ok(f)

@@ -976,6 +976,11 @@ pub(crate) fn launch_backward<T: Dtype>(
         c => Launch::Cluster(c as u32),
     };
     let func = kernels.function(launch.kernel)?;
+    // Loaded before the backward is queued: a failed first load must leave no dX without dW.
+    let reduce = match with_dw {
+        true => Some(kernels.function(Kernel::RmsNormDwReduce { elem: T::ELEM })?),
+        false => None,
+    };
     // The backward, then (with dW) the dW reduction over `partial`, the scratch of
     // `parts × cols` f32 (0 without dW: the `bwd_dx` kernels do not use it).
     let run = |p_ptr: u64| -> Result<()> {
@@ -1001,10 +1006,9 @@ pub(crate) fn launch_backward<T: Dtype>(
         // scalar kernel at its first row, the vector kernel at its end) or its cluster
         // (`write_cluster_partial`).
         unsafe { launch_ex(stream, &func, cfg, &mut params, how) }?;
-        if p_ptr == 0 {
+        let Some(reduce) = &reduce else {
             return Ok(());
-        }
-        let reduce = kernels.function(Kernel::RmsNormDwReduce { elem: T::ELEM })?;
+        };
         let parts = parts as u64;
         let cfg = LaunchConfig {
             grid_dim: (args.cols.div_ceil(DW_REDUCE_COLS as usize) as u32, 1, 1),
@@ -1019,7 +1023,7 @@ pub(crate) fn launch_backward<T: Dtype>(
         // SAFETY: matches the dW reduction of `rms_norm_kernels!`, whose sm_90 build waits
         // for the backward before reading `partial`; `partial` holds `parts × cols`, `dw`
         // `cols`, and the backward just queued wrote every element the reduction reads.
-        unsafe { launch_ex(stream, &reduce, cfg, &mut params, how) }
+        unsafe { launch_ex(stream, reduce, cfg, &mut params, how) }
     };
     match with_dw {
         false => run(0),

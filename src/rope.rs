@@ -7,9 +7,7 @@ use crate::identity::rope::{form, vec_heads};
 use crate::identity::{Kernel, RopePath, Rows as Source};
 use crate::launch::item_grid;
 use crate::module::kernels;
-use crate::validate::{
-    Access, Buf, Need, Spec, Strided, Table, read, rows_overlap, validate, write,
-};
+use crate::validate::{Access, Buf, Need, Spec, Strided, Table, overlaps, read, validate, write};
 use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
@@ -1278,20 +1276,16 @@ pub(crate) fn fused_spec(sizes: &RopeSizes, k_offset: usize, direction: Directio
     Ok(Spec::in_place(buffer_names(direction)[4], need))
 }
 
-/// q's rows from element 0 and k's from `k_offset` must share no element: row by row where
-/// their strides are equal ([`rows_overlap`]: disjoint column ranges of the same token rows
-/// pass), else by their spans.
+/// q's rows from element 0 and k's from `k_offset` must share no element ([`overlaps`]).
 pub(crate) fn check_fused_disjoint(
     sizes: &RopeSizes,
     k_offset: usize,
     direction: Direction,
 ) -> Result<()> {
-    let (q, k) = (sizes.q_rows, sizes.k_rows);
-    let overlap = if q.stride == k.stride {
-        rows_overlap(0, q, k_offset as u64, k)
-    } else {
-        sizes.q_len > 0 && sizes.k_len > 0 && k_offset < sizes.q_len
-    };
+    let overlap = overlaps(
+        (0, sizes.q_len as u64, Some(sizes.q_rows)),
+        (k_offset as u64, sizes.k_len as u64, Some(sizes.k_rows)),
+    );
     let [output, other, ..] = buffer_names(direction);
     match overlap {
         true => Err(crate::Error::Aliasing { output, other }),

@@ -72,6 +72,19 @@ pub(crate) fn rows_overlap(a_at: u64, a: Strided, b_at: u64, b: Strided) -> bool
     lo.max(1 - a.rows as i128) <= hi.min(b.rows as i128 - 1)
 }
 
+/// Whether two buffers, each `(start, length, rows)` in one unit (bytes or elements), share a
+/// unit: row by row where both are rows of one stride ([`rows_overlap`]: disjoint columns of
+/// the same rows pass), else by their extents from first to last unit.
+pub(crate) fn overlaps(
+    (a_at, a_len, a_rows): (u64, u64, Option<Strided>),
+    (b_at, b_len, b_rows): (u64, u64, Option<Strided>),
+) -> bool {
+    match (a_rows, b_rows) {
+        (Some(a), Some(b)) if a.stride == b.stride => rows_overlap(a_at, a, b_at, b),
+        _ => a_len > 0 && b_len > 0 && a_at < b_at + b_len && b_at < a_at + a_len,
+    }
+}
+
 /// One buffer argument of a call: its name as in the launcher's signature, what the launcher
 /// does with it, and what it must hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -229,12 +242,9 @@ pub(crate) fn check_disjoint<const N: usize>(
     let extents: [(u64, u64); N] =
         std::array::from_fn(|i| extent(&table.specs[i], &seen[i], ptrs[i]));
     let rows: [Option<Strided>; N] = std::array::from_fn(|i| byte_rows(&table.specs[i], &seen[i]));
-    let overlap = |i: usize, j: usize| match (rows[i], rows[j]) {
-        (Some(a), Some(b)) if a.stride == b.stride => rows_overlap(ptrs[i], a, ptrs[j], b),
-        _ => {
-            let ((a, a_len), (b, b_len)) = (extents[i], extents[j]);
-            a_len > 0 && b_len > 0 && a < b + b_len && b < a + a_len
-        }
+    let overlap = |i: usize, j: usize| {
+        let ((a, a_len), (b, b_len)) = (extents[i], extents[j]);
+        overlaps((a, a_len, rows[i]), (b, b_len, rows[j]))
     };
     for (i, out) in table.specs.iter().enumerate() {
         if out.role == Role::Read {

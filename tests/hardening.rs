@@ -649,3 +649,85 @@ fn no_driver_is_an_error_not_a_panic() {
         "{e:?}"
     );
 }
+
+/// Set in the child process of [`gpu_first_kernel_loads_inside_a_global_graph_capture`].
+const FRESH_PROCESS_ENV: &str = "LIGER_RS_TEST_FRESH_PROCESS";
+
+/// A context's first call and its kernels' first loads may happen inside a graph capture of
+/// the strictest mode (global, which refuses potentially unsafe calls from every thread): in a
+/// fresh process (this binary run again for this test alone, so nothing is loaded yet) the
+/// RMSNorm forward and backward with dW are captured before any eager call, and the graph
+/// gives the bits of the same calls made eagerly afterwards.
+#[test]
+fn gpu_first_kernel_loads_inside_a_global_graph_capture() {
+    let test = "gpu_first_kernel_loads_inside_a_global_graph_capture";
+    if std::env::var_os(FRESH_PROCESS_ENV).is_some() {
+        first_loads_inside_a_capture();
+        return;
+    }
+    if gpu(test).is_none() {
+        return;
+    }
+    let exe = std::env::current_exe().expect("this test binary");
+    let child = std::process::Command::new(exe)
+        .args([test, "--exact", "--nocapture"])
+        .env(FRESH_PROCESS_ENV, "1")
+        .output()
+        .expect("run this test in a fresh process");
+    let out = String::from_utf8_lossy(&child.stdout) + String::from_utf8_lossy(&child.stderr);
+    assert!(
+        child.status.success() && out.contains("1 passed"),
+        "the fresh process failed:\n{out}"
+    );
+}
+
+/// The child's part of [`gpu_first_kernel_loads_inside_a_global_graph_capture`].
+fn first_loads_inside_a_capture() {
+    let ctx = liger_rs::cuda_context(0).expect("the parent found a GPU");
+    // SAFETY: this handle's buffers are used on one stream only, in order.
+    unsafe { ctx.disable_event_tracking() };
+    let stream = ctx.new_stream().unwrap();
+    let (rows, cols) = (sized(3000, 600), 4096);
+    let mut rng = Rng::new(11);
+    let args = RmsNormArgs::new(rows, cols);
+    let x = upload(&stream, &rng.vec::<bf16>(rows * cols, 0.0, 1.0));
+    let w = upload(&stream, &rng.vec::<bf16>(cols, 1.0, 0.3));
+    let dy = upload(&stream, &rng.vec::<bf16>(rows * cols, 0.0, 1.0));
+    let mut y = common::poisoned::<bf16>(&stream, rows * cols);
+    let mut rstd = common::poisoned::<f32>(&stream, rows);
+    let mut dx = common::poisoned::<bf16>(&stream, rows * cols);
+    let mut dw = common::poisoned::<bf16>(&stream, cols);
+    let both = |y: &mut CudaSlice<bf16>,
+                rstd: &mut CudaSlice<f32>,
+                dx: &mut CudaSlice<bf16>,
+                dw: &mut CudaSlice<bf16>| {
+        rms_norm_forward(&stream, &args, &x, Some(&w), y, rstd)?;
+        rms_norm_backward(&stream, &args, &dy, &x, Some(&w), rstd, dx, Some(dw))
+    };
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+        .unwrap();
+    let captured = both(&mut y, &mut rstd, &mut dx, &mut dw);
+    let ended = stream.end_capture(CUgraphInstantiate_flags(0));
+    let graph = match (captured, ended) {
+        (Ok(()), Ok(Some(graph))) => graph,
+        (captured, ended) => panic!(
+            "first calls inside a global capture: {captured:?}, end of capture {:?}",
+            ended.map(|g| g.is_some())
+        ),
+    };
+    graph.launch().unwrap();
+    let replayed = (
+        bits(&download(&stream, &y)),
+        bits(&download(&stream, &dx)),
+        bits(&download(&stream, &dw)),
+    );
+    for buf in [&mut y, &mut dx, &mut dw] {
+        common::poison(&stream, buf);
+    }
+    common::poison(&stream, &mut rstd);
+    both(&mut y, &mut rstd, &mut dx, &mut dw).unwrap();
+    assert!(replayed.0 == bits(&download(&stream, &y)), "y differs");
+    assert!(replayed.1 == bits(&download(&stream, &dx)), "dx differs");
+    assert!(replayed.2 == bits(&download(&stream, &dw)), "dw differs");
+}
