@@ -1134,7 +1134,7 @@ impl RopeArgs {
 }
 
 /// Multimodal sections must split the `rotary_dim / 2` pairs.
-fn check_sections(sections: [usize; 3], rotary_dim: usize) -> Result<()> {
+pub(crate) fn check_sections(sections: [usize; 3], rotary_dim: usize) -> Result<()> {
     let sum = sections.iter().try_fold(0usize, |a, &s| a.checked_add(s));
     if sum != Some(rotary_dim / 2) {
         return Err(invalid(

@@ -25,6 +25,7 @@
 use super::Element;
 use crate::RopeArgs;
 use crate::error::{Result, invalid};
+use crate::rope::{check_host_ids, check_sections};
 
 /// Where each token's cos/sin row comes from (host form of [`crate::CosSinLayout`]); rows are
 /// [`RopeArgs::table_row_len`] long (`r` below).
@@ -190,23 +191,8 @@ pub(crate) fn rope_one<T: Element>(
     )
 }
 
-/// The sections of a multimodal layout, checked to split the `rotary_dim / 2` pairs.
-fn checked_sections(args: &RopeArgs, sections: [usize; 3]) -> Result<[usize; 3]> {
-    let sum = sections.iter().try_fold(0usize, |a, &s| a.checked_add(s));
-    if sum != Some(args.rotary_dim / 2) {
-        return Err(invalid(
-            "layout.sections",
-            format!(
-                "three sizes summing to rotary_dim / 2 = {}",
-                args.rotary_dim / 2
-            ),
-            format!("{sections:?}"),
-        ));
-    }
-    Ok(sections)
-}
-
-/// Position ids as rows of a `max_pos`-row table: each must lie in `0 .. max_pos`.
+/// Position ids as rows of a `max_pos`-row table: `want` of them, each in `0 .. max_pos` (the
+/// launchers' check of host ids).
 fn id_rows(ids: &[i64], want: usize, what: &str, max_pos: usize) -> Result<Vec<usize>> {
     if ids.len() != want {
         return Err(invalid(
@@ -215,21 +201,8 @@ fn id_rows(ids: &[i64], want: usize, what: &str, max_pos: usize) -> Result<Vec<u
             ids.len(),
         ));
     }
-    ids.iter()
-        .enumerate()
-        .map(|(i, &id)| {
-            usize::try_from(id)
-                .ok()
-                .filter(|&p| p < max_pos)
-                .ok_or_else(|| {
-                    invalid(
-                        "position_ids",
-                        format!("ids in 0 ..= {} (rows of the cos/sin table)", max_pos - 1),
-                        format!("position_ids[{i}] = {id}"),
-                    )
-                })
-        })
-        .collect()
+    check_host_ids(ids, max_pos)?;
+    Ok(ids.iter().map(|&id| id as usize).collect())
 }
 
 /// Checks everything, then returns each token's t, h and w cos/sin rows (the same row
@@ -256,13 +229,15 @@ fn token_rows<T>(
         CosSinRows::PerPosition => need(args.seq_len, &format!("seq_len × {row}"))?,
         CosSinRows::PerBatch => need(tokens, &format!("batch × seq_len × {row}"))?,
         CosSinRows::Multimodal { sections: s } => {
-            sections = checked_sections(args, s)?;
+            check_sections(s, args.rotary_dim)?;
+            sections = s;
             let n = tokens.saturating_mul(3);
             need(n, &format!("3 × batch × seq_len × {row}"))?
         }
         CosSinRows::Gathered(_) | CosSinRows::MultimodalGathered { .. } => {
             if let CosSinRows::MultimodalGathered { sections: s, .. } = rows {
-                sections = checked_sections(args, s)?;
+                check_sections(s, args.rotary_dim)?;
+                sections = s;
             }
             if cos.is_empty() || !cos.len().is_multiple_of(r) {
                 return Err(invalid(
