@@ -387,8 +387,9 @@ mod tests {
             let unused: Vec<_> = names.difference(&launchable).collect();
             assert!(unused.is_empty(), "never launched: {unused:?}");
         }
-        // 292 before the fused residual add, whose kernels are one per RMSNorm kernel (145).
-        assert_eq!(launchable.len(), 437);
+        // RoPE's 150 (3 element types × 2 directions × 25 paths and row sources: 4 scalar, 7
+        // vector, 7 vector-interleaved, 7 general) and the other ops' 347.
+        assert_eq!(launchable.len(), 497);
     }
 
     #[test]

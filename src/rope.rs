@@ -703,19 +703,26 @@ fn block_shape(pairs: usize) -> (u32, u32) {
     }
 }
 
-/// The path of a call of elements of `elem_bytes`: the general kernels (`rope_{dir}_g_*`)
-/// where the call needs them whatever its form (`general`: out of place, multimodal tables)
-/// or in any form but contiguous NeoX halves with full-width rows; else the vector kernels
-/// (`rope_{dir}_v_*`) where they apply; else the scalar kernels.
+/// The path of a call of elements of `elem_bytes` with cos/sin rows from `rows`: the general
+/// kernels (`rope_{dir}_g_*`) out of place (`out_of_place`) or head-major; else the vector
+/// kernels (`rope_{dir}_v_*`, interleaved `rope_{dir}_vi_*`) where they apply; else the scalar
+/// kernels for contiguous NeoX halves with full-width rows and no multimodal tables, and the
+/// general kernels for the rest.
 ///
-/// The vector kernels need 16-byte aligned `q`, `k`, `cos`, `sin` (`ptrs`); `head_dim` and
-/// `half = rotary_dim / 2` multiples of the lanes per vector (so each half of each head, and
-/// each cos/sin row, is whole aligned vectors; the dims past `rotary_dim` are then never
-/// touched, as in the scalar kernels); at most `BLOCK_THREADS` vectors per half (one thread
-/// each); and a token's `(q_heads + k_heads) × head_dim` below 2^31 (32-bit offsets within a
-/// token).
-fn path(args: &RopeArgs, general: bool, elem_bytes: usize, ptrs: [u64; 4]) -> RopePath {
-    if general || !args.neox_in_place() {
+/// The vector kernels need 16-byte aligned `q`, `k`, `cos`, `sin` (`ptrs`); `head_dim`,
+/// `half = rotary_dim / 2`, both token strides and both multimodal section starts multiples of
+/// the lanes per vector (so each half of each head, each cos/sin row and each section is whole
+/// aligned vectors; the dims past `rotary_dim` are then never touched, as in the scalar
+/// kernels); at most `BLOCK_THREADS` vectors per half (one thread each); and a token's
+/// `(q_heads + k_heads) × head_dim` below 2^31 (32-bit offsets within a token).
+fn path(
+    args: &RopeArgs,
+    out_of_place: bool,
+    rows: TableRows,
+    elem_bytes: usize,
+    ptrs: [u64; 4],
+) -> RopePath {
+    if out_of_place || args.head_major {
         return RopePath::General;
     }
     let lanes = 16 / elem_bytes;
@@ -723,15 +730,29 @@ fn path(args: &RopeArgs, general: bool, elem_bytes: usize, ptrs: [u64; 4]) -> Ro
     let token_elems = (args.q_heads.checked_add(args.k_heads))
         .and_then(|h| h.checked_mul(args.head_dim))
         .unwrap_or(usize::MAX);
-    let ok = ptrs.iter().all(|p| p.is_multiple_of(16))
-        && args.head_dim.is_multiple_of(lanes)
-        && half.is_multiple_of(lanes)
+    let (starts, multimodal) = match rows {
+        TableRows::Multimodal([t, h, _]) | TableRows::MultimodalGathered([t, h, _]) => {
+            ([t, t + h], true)
+        }
+        _ => ([0, 0], false),
+    };
+    let whole = [
+        args.head_dim,
+        half,
+        args.q_token_stride(),
+        args.k_token_stride(),
+        starts[0],
+        starts[1],
+    ];
+    let vector = ptrs.iter().all(|p| p.is_multiple_of(16))
+        && whole.iter().all(|n| n.is_multiple_of(lanes))
         && half / lanes <= BLOCK_THREADS
         && token_elems < 1 << 31;
-    if ok {
-        RopePath::Vector
-    } else {
-        RopePath::Scalar
+    match (vector, args.interleaved) {
+        (true, false) => RopePath::Vector,
+        (true, true) => RopePath::VectorInterleaved,
+        (false, _) if args.neox_in_place() && !multimodal => RopePath::Scalar,
+        (false, _) => RopePath::General,
     }
 }
 
@@ -1343,15 +1364,10 @@ fn launch<T: Dtype>(
     let (q_write, k_write) = io.out.unwrap_or((io.q, io.k));
     let kernels = kernels(stream.context())?;
     let elem_bytes = std::mem::size_of::<T>();
-    let multimodal = [
-        Source::Multimodal,
-        Source::MultimodalIdsI32,
-        Source::MultimodalIdsI64,
-    ];
-    let needs_general = io.out.is_some() || multimodal.contains(&source);
     let path = path(
         args,
-        needs_general,
+        io.out.is_some(),
+        rows,
         elem_bytes,
         [io.q, io.k, cos_ptr, sin_ptr],
     );
@@ -1371,9 +1387,10 @@ fn launch<T: Dtype>(
         table_rows,
     ]
     .map(|v| v as u64);
-    // The general kernels' form bits and work items per token.
-    let general = (path == RopePath::General).then(|| general_form(args, io.out.is_some()));
-    let cfg = if path == RopePath::Vector {
+    // The form bits and the general kernels' work items per token.
+    let (form, items) = general_form(args, io.out.is_some());
+    let vector = matches!(path, RopePath::Vector | RopePath::VectorInterleaved);
+    let cfg = if vector {
         let lanes = 16 / elem_bytes;
         let heads = args.q_heads + args.k_heads;
         let vec_heads = vec_heads(lanes);
@@ -1391,7 +1408,10 @@ fn launch<T: Dtype>(
             shared_mem_bytes: 0,
         }
     } else {
-        let items = general.map_or(sizes.pairs, |(_, items)| items);
+        let items = match path {
+            RopePath::General => items,
+            _ => sizes.pairs,
+        };
         let (tx, ty) = block_shape(items);
         let blocks = sizes.tokens.div_ceil(ty as usize).min(i32::MAX as usize);
         LaunchConfig {
@@ -1402,7 +1422,7 @@ fn launch<T: Dtype>(
     };
     let mut launch = stream.launch_builder(&func);
     launch.arg(&io.q).arg(&io.k);
-    if general.is_some() {
+    if path == RopePath::General {
         launch.arg(&q_write).arg(&k_write);
     }
     launch.arg(&cos_ptr).arg(&sin_ptr).arg(&ids_ptr);
@@ -1421,29 +1441,34 @@ fn launch<T: Dtype>(
         ],
     };
     let sections = packed_sections(rows);
-    if let Some((form, _)) = &general {
-        for v in &strides {
-            launch.arg(v);
-        }
-        launch.arg(&sections).arg(form);
+    match path {
+        RopePath::General => strides.iter().fold(&mut launch, |l, v| l.arg(v)),
+        RopePath::Scalar => &mut launch,
+        _ => launch.arg(&strides[0]).arg(&strides[1]),
+    };
+    if path != RopePath::Scalar {
+        launch.arg(&sections).arg(&form);
     }
     // SAFETY: argument order and types match `rope_entry!` in kernels-gpu: q and k (then, on
     // the general path, their outputs), cos, sin and ids, the 7 sizes as u64 (tokens, seq_len,
-    // q_heads, k_heads, head_dim, rotary_dim, table_rows), then on the general path the 4
-    // token strides and the packed sections as u64 and the form bits as u32. q/k were checked
-    // to hold their span, `(tokens − 1)·stride + heads × head_dim` elements (exactly, when
-    // contiguous; strided only token-major, where the strides apply; k absent, null and
-    // unused, when k_heads = 0), their outputs exactly tokens × heads × head_dim, every
-    // output to be its input (in place, with its stride) or disjoint from every other buffer,
-    // q and k rows disjoint (`check_disjoint`, or `check_fused_disjoint` in one buffer);
-    // cos/sin hold every row the variant selects (`seq_len` rows for `pos`, `tokens` for
-    // `batch`, `table_rows` for `ids*`, whose ids the kernel clamps, 3 × `tokens` for `mrope`,
-    // whose sections sum to rotary_dim / 2) in rows of `table_row_len` elements, as `form`
-    // tells the general kernels, and the ids buffer holds `tokens` ids of the variant's type. `rotary_dim` is even, 2 ..= head_dim, `tokens > 0` implies
-    // `seq_len ≥ 1`, and a token's items (pairs, plus tail dims out of place:
-    // `RopeArgs::table` checked heads × head_dim < 2^31) are below 2^31. A `_v_` kernel runs
-    // only where `path` established its alignment and divisibility requirements, with
-    // `blockDim.x = half / lanes` as it requires.
+    // q_heads, k_heads, head_dim, rotary_dim, table_rows), then the token strides (the general
+    // path's 4, the vector paths' q and k) and the packed sections as u64 and the form bits as
+    // u32 (none of these on the scalar path). q/k were checked to hold their span,
+    // `(tokens − 1)·stride + heads × head_dim` elements (exactly, when contiguous; strided only
+    // token-major, where the strides apply; k absent, null and unused, when k_heads = 0), their
+    // outputs exactly tokens × heads × head_dim, every output to be its input (in place, with
+    // its stride) or disjoint from every other buffer, q and k rows disjoint
+    // (`check_disjoint`, or `check_fused_disjoint` in one buffer); cos/sin hold every row the
+    // variant selects (`seq_len` rows for `pos`, `tokens` for `batch`, `table_rows` for
+    // `ids*`, whose ids the kernel clamps, 3 × `tokens` for `mrope`, whose sections sum to
+    // rotary_dim / 2) in rows of `table_row_len` elements, as `form` tells the kernels, and the
+    // ids buffer holds `tokens` ids of the variant's type (3 × `tokens` multimodal).
+    // `rotary_dim` is even, 2 ..= head_dim, `tokens > 0` implies `seq_len ≥ 1`, and a token's
+    // items (pairs, plus tail dims out of place: `RopeArgs::table` checked heads × head_dim <
+    // 2^31) are below 2^31. The scalar kernels run only on contiguous NeoX halves with
+    // full-width rows and no multimodal tables, and the `_v_`/`_vi_` kernels only where `path`
+    // established their alignment and divisibility requirements, with `blockDim.x = half /
+    // lanes` as they require.
     unsafe { launch.launch(cfg) }?;
     Ok(())
 }
@@ -1454,7 +1479,7 @@ pub(crate) mod tests {
     use crate::identity::{ElemType, Rows};
 
     /// Every kernel the launchers can ask for: each path takes each element type, direction
-    /// and cos/sin row source, but multimodal rows only the general path.
+    /// and cos/sin row source, but the scalar path no multimodal rows.
     pub(crate) fn launchable_kernels() -> Vec<Kernel> {
         let mut out = Vec::new();
         for &direction in &[Direction::Forward, Direction::Backward] {
@@ -1466,7 +1491,7 @@ pub(crate) mod tests {
                             Rows::MultimodalIdsI32,
                             Rows::MultimodalIdsI64,
                         ];
-                        if multimodal.contains(&rows) && path != RopePath::General {
+                        if multimodal.contains(&rows) && path == RopePath::Scalar {
                             continue;
                         }
                         out.push(Kernel::Rope {
@@ -1521,7 +1546,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn path_is_general_out_of_place_or_in_other_forms_and_vector_on_whole_aligned_halves() {
+    fn path_is_general_out_of_place_or_head_major_and_vector_on_whole_aligned_vectors() {
         let a = |d: usize, r: usize| {
             RopeArgs::new(d)
                 .with_batch(2)
@@ -1529,9 +1554,13 @@ pub(crate) mod tests {
                 .with_heads(32, 8)
                 .with_rotary_dim(r)
         };
+        let pos = TableRows::PerPosition;
+        let in_place =
+            |args: &RopeArgs, bytes: usize, ptrs: [u64; 4]| path(args, false, pos, bytes, ptrs);
         let aligned = [0x1000u64, 0x2000, 0x3000, 0x4000];
         // (d, r, bytes per element) → the path in place.
         let (v, s) = (RopePath::Vector, RopePath::Scalar);
+        let (vi, g) = (RopePath::VectorInterleaved, RopePath::General);
         let cases = [
             ((128, 128, 2), v),
             ((128, 128, 4), v),
@@ -1553,56 +1582,69 @@ pub(crate) mod tests {
         ];
         for ((d, r, bytes), want) in cases {
             assert_eq!(
-                path(&a(d, r), false, bytes, aligned),
+                in_place(&a(d, r), bytes, aligned),
                 want,
                 "d={d} r={r} {bytes}B"
             );
+            // Interleaved pairs: the same rule, on the interleaved vector kernels or the
+            // general ones; half-width tables change neither.
+            let (iv, ig) = (a(d, r).with_interleaved(), a(d, r).with_half_tables());
+            let want_i = if want == v { vi } else { g };
+            assert_eq!(
+                in_place(&iv, bytes, aligned),
+                want_i,
+                "d={d} r={r} {bytes}B"
+            );
+            let want_h = if want == v { v } else { g };
+            assert_eq!(
+                in_place(&ig, bytes, aligned),
+                want_h,
+                "d={d} r={r} {bytes}B"
+            );
         }
-        // Any misaligned pointer (a view at an odd offset) takes the scalar path.
+        // Any misaligned pointer (a view at an odd offset) leaves the vector paths.
         for i in 0..4 {
             let mut p = aligned;
             p[i] += 2;
-            assert_eq!(path(&a(128, 128), false, 2, p), s, "pointer {i}");
+            assert_eq!(in_place(&a(128, 128), 2, p), s, "pointer {i}");
+            assert_eq!(in_place(&a(128, 128).with_interleaved(), 2, p), g);
             p[i] += 6; // 8-byte aligned: still not 16
-            assert_eq!(path(&a(128, 128), false, 2, p), s, "pointer {i}");
+            assert_eq!(in_place(&a(128, 128), 2, p), s, "pointer {i}");
         }
         // More than BLOCK_THREADS vectors in a half, or 2^31 elements per token: scalar.
         let wide = RopeArgs::new(4096);
-        assert_eq!(path(&wide, false, 2, aligned), v); // 256 vectors per half
-        assert_eq!(path(&wide, false, 4, aligned), s); // 512
+        assert_eq!(in_place(&wide, 2, aligned), v); // 256 vectors per half
+        assert_eq!(in_place(&wide, 4, aligned), s); // 512
         let many = RopeArgs::new(64).with_heads(1 << 24, 1 << 24);
-        assert_eq!(path(&many, false, 2, aligned), s);
-        // Out of place, or any form but NeoX halves, is the general path whatever the alignment.
-        let g = RopePath::General;
-        assert_eq!(path(&a(128, 128), true, 2, aligned), g);
-        assert_eq!(path(&a(128, 128).with_interleaved(), false, 2, aligned), g);
-        assert_eq!(path(&a(128, 128).with_head_major(), false, 2, aligned), g);
-        assert_eq!(path(&a(128, 128).with_half_tables(), false, 2, aligned), g);
-        // Token rows apart from each other (views into a fused QKV buffer) are general; strides
-        // equal to the rows are contiguous and keep the fast path.
+        assert_eq!(in_place(&many, 2, aligned), s);
+        // Out of place, or head-major, is the general path whatever the alignment.
+        assert_eq!(path(&a(128, 128), true, pos, 2, aligned), g);
+        assert_eq!(in_place(&a(128, 128).with_head_major(), 2, aligned), g);
+        // Token rows apart from each other (views into a fused QKV buffer) keep the vector
+        // path when the strides are whole vectors; else the general path.
         let fused = (32 + 2 * 8) * 128;
         assert_eq!(
-            path(&a(128, 128).with_strides(fused, fused), false, 2, aligned),
-            g
-        );
-        assert_eq!(
-            path(
-                &a(128, 128).with_strides(32 * 128, fused),
-                false,
-                2,
-                aligned
-            ),
-            g
-        );
-        assert_eq!(
-            path(
-                &a(128, 128).with_strides(32 * 128, 8 * 128),
-                false,
-                2,
-                aligned
-            ),
+            in_place(&a(128, 128).with_strides(fused, fused), 2, aligned),
             v
         );
+        let odd = a(128, 128).with_strides(fused + 4, fused);
+        assert_eq!(in_place(&odd, 2, aligned), g);
+        assert_eq!(in_place(&odd, 4, aligned), v); // 4 f32 lanes
+        assert_eq!(
+            in_place(&a(128, 128).with_strides(32 * 128, 8 * 128), 2, aligned),
+            v
+        );
+        // Multimodal tables: vector where both section starts are whole vectors, else general
+        // (never scalar).
+        let mm = |t, h, w| TableRows::Multimodal([t, h, w]);
+        let gathered = TableRows::MultimodalGathered([16, 24, 24]);
+        assert_eq!(path(&a(128, 128), false, mm(16, 24, 24), 2, aligned), v);
+        assert_eq!(path(&a(128, 128), false, gathered, 2, aligned), v);
+        assert_eq!(path(&a(128, 128), false, mm(20, 24, 20), 2, aligned), g);
+        assert_eq!(path(&a(128, 128), false, mm(20, 24, 20), 4, aligned), v);
+        assert_eq!(path(&a(128, 128), false, mm(24, 20, 20), 2, aligned), g);
+        let misaligned = [0x1002, 0x2000, 0x3000, 0x4000];
+        assert_eq!(path(&a(128, 128), false, mm(16, 24, 24), 2, misaligned), g);
     }
 
     #[test]

@@ -1894,7 +1894,10 @@ fn reference_fused_qkv_checks_spans_and_overlaps() {
 
 /// The fused-QKV shapes `(B, S, Hq, Hk, d, r, pad)`: odd sizes, GQA either way, partial
 /// rotary, padded token rows (odd strides), many tokens.
-const FUSED_SHAPES: [(usize, usize, usize, usize, usize, usize, usize); 7] = [
+/// Fused QKV shapes `(B, S, Hq, Hk, d, r, pad)`: rows of `(Hq + 2·Hk)·d + pad` elements. The
+/// vector kernels take those whose rows and halves are whole 16-byte vectors (a pad of 4:
+/// f32's 4 lanes, not 16-bit types' 8), the general kernels the rest.
+const FUSED_SHAPES: [(usize, usize, usize, usize, usize, usize, usize); 8] = [
     (1, 1, 1, 1, 2, 2, 0),
     (2, 7, 3, 5, 6, 6, 1),
     (3, 11, 6, 2, 80, 32, 0),
@@ -1902,6 +1905,7 @@ const FUSED_SHAPES: [(usize, usize, usize, usize, usize, usize, usize); 7] = [
     (1, 33, 4, 1, 64, 40, 0),
     (2, 300, 32, 8, 128, 128, 0),
     (1, 257, 2, 2, 128, 128, 8),
+    (1, 20, 4, 2, 64, 64, 4),
 ];
 
 /// One GPU case of fused QKV views: forward and backward on a NaN-free fused buffer, in place
@@ -2300,13 +2304,17 @@ fn reference_multimodal_gathered_is_multimodal_on_the_gathered_rows() {
 /// A multimodal shape: `(B, S, Hq, Hk, d, r, sections)`.
 type MultimodalShape = (usize, usize, usize, usize, usize, usize, [usize; 3]);
 
-const MULTIMODAL_SHAPES: [MultimodalShape; 6] = [
+/// The vector kernels take the shapes whose halves and section starts are whole 16-byte
+/// vectors (`[16, 24, 24]` and `[8, 8, 16]` for every type, `[20, 20, 0]` for f32 alone), the
+/// general kernels the rest; shape `i` gathers through `[i32, i64, host][i % 3]` ids.
+const MULTIMODAL_SHAPES: [MultimodalShape; 7] = [
     (1, 1, 1, 1, 2, 2, [1, 0, 0]),
     (2, 7, 3, 5, 6, 6, [1, 1, 1]),
     (3, 11, 6, 2, 80, 32, [4, 6, 6]),
     (2, 9, 7, 3, 92, 92, [0, 23, 23]),
     (2, 64, 28, 4, 128, 128, [16, 24, 24]),
     (1, 257, 2, 2, 128, 80, [20, 20, 0]),
+    (2, 33, 4, 2, 64, 64, [8, 8, 16]),
 ];
 
 /// One GPU case of multimodal tables, in a form of `FORM_BITS`: forward and backward, in

@@ -157,8 +157,11 @@ names! {
     pub enum RopePath / rope_path_name {
         /// NeoX halves in place, one element pair per thread (no name part).
         Scalar = "",
-        /// NeoX halves in place, 16-byte vectors, on a resident or a whole grid of token steps.
+        /// NeoX halves in place, token-major (any token stride, any table width and row
+        /// source), 16-byte vectors, on a resident or a whole grid of token steps.
         Vector = "v",
+        /// As [`RopePath::Vector`] on interleaved pairs.
+        VectorInterleaved = "vi",
         /// Every form, in place or not (interleaved pairs, head-major, half-width tables).
         General = "g",
     }
@@ -176,12 +179,12 @@ names! {
         /// As [`Rows::IdsI32`] with i64 ids.
         IdsI64 = "ids64",
         /// Qwen2-VL's multimodal RoPE: three `[B, S, r]` tables (t, h, w) one after another,
-        /// row = token in the table that the pair's frequency section names (general path
-        /// only).
+        /// row = token in the table that the pair's frequency section names (not on the scalar
+        /// path).
         Multimodal = "mrope",
         /// Qwen2-VL's multimodal RoPE on a `[max_pos, r]` table gathered through i32 position
-        /// ids `[3, B, S]` (t, h, w; clamped), each pair by its frequency section (general
-        /// path only).
+        /// ids `[3, B, S]` (t, h, w; clamped), each pair by its frequency section (not on the
+        /// scalar path).
         MultimodalIdsI32 = "mrope_ids32",
         /// As [`Rows::MultimodalIdsI32`] with i64 ids.
         MultimodalIdsI64 = "mrope_ids64",

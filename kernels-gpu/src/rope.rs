@@ -19,8 +19,10 @@
 //! The cos/sin row of a token is chosen by the kernel variant (`ROWS`, see [`rows`]); with
 //! position ids the id is clamped into `[0, table_rows)`, so no id can read outside the table.
 //!
-//! Vector path (`rope_{fwd,bwd}_v_*`, see [`rotate_vec`]): 16-byte loads and stores when both
-//! halves of the rotary part are whole [`V16`]s. Same math, bit for bit.
+//! Vector path (`rope_{fwd,bwd}_v_*` NeoX, `rope_{fwd,bwd}_vi_*` interleaved pairs, see
+//! [`rotate_vec`]): in place, 16-byte loads and stores when every head half, table row and
+//! multimodal section is whole vectors; token rows any stride apart (fused QKV views),
+//! half-width tables and every row source, multimodal included. Same math, bit for bit.
 //!
 //! General path (`rope_{fwd,bwd}_g_*`, see [`rotate_any`]): the scalar mapping with separate
 //! inputs and outputs (in place when they are the same buffers), and the forms that [`flags`]
@@ -90,10 +92,9 @@ struct Args<T> {
     table_rows: usize,
 }
 
-/// The t, h and w cos/sin table rows of `token` for the multimodal variants: rows `token`,
-/// `tokens + token` and `2·tokens + token` of the three stacked tables, or the rows that the
-/// three id rows `[3, tokens]` name, clamped into `[0, table_rows)`. Only the general kernels
-/// take these variants.
+/// The t, h and w cos/sin table rows of `token` for the multimodal variants of the general
+/// kernels: rows `token`, `tokens + token` and `2·tokens + token` of the three stacked tables,
+/// or the rows that the three id rows `[3, tokens]` name, clamped into `[0, table_rows)`.
 #[inline(always)]
 unsafe fn multimodal_rows<T, const ROWS: u32>(token: usize, a: &Args<T>) -> [usize; 3] {
     let id = |k: usize| match ROWS {
@@ -337,46 +338,108 @@ fn opaque_v(v: V16) -> V16 {
     }
 }
 
-/// Position id of `token` for the gathered variants (0 past the end and for the others).
+/// Position id of `token` in id row `table` (0, or t/h/w of the multimodal ids) for the
+/// gathered variants (0 past the end and for the others).
 #[inline(always)]
-unsafe fn raw_id<const ROWS: u32>(ids: *const u8, token: usize, tokens: usize) -> i64 {
+unsafe fn raw_id<const ROWS: u32>(
+    ids: *const u8,
+    token: usize,
+    tokens: usize,
+    table: usize,
+) -> i64 {
+    let at = table * tokens + token;
     match ROWS {
         _ if token >= tokens => 0,
-        rows::IDS_I32 => (unsafe { *(ids as *const i32).add(token) }) as i64,
-        rows::IDS_I64 => unsafe { *(ids as *const i64).add(token) },
+        rows::IDS_I32 | rows::MULTIMODAL_IDS_I32 => {
+            (unsafe { *(ids as *const i32).add(at) }) as i64
+        }
+        rows::IDS_I64 | rows::MULTIMODAL_IDS_I64 => unsafe { *(ids as *const i64).add(at) },
         _ => 0,
     }
 }
 
-/// The vector path. Requires (host-checked) 16-byte aligned `q`, `k`, `cos`, `sin`;
-/// `head_dim` and `half = rotary_dim / 2` multiples of `T::LANES`, so every half of every head
-/// and every cos/sin row is made of whole aligned [`V16`]s; `half / T::LANES ≤ blockDim.x`
-/// (one vector of a half per thread, no loop); `(q_heads + k_heads)·head_dim < 2³¹`, so offsets
-/// within a token are 32-bit (token offsets stay 64-bit).
+/// The even lanes of `lo`, then those of `hi`, bit for bit: the entries pairs read from two
+/// consecutive vectors of a full-width interleaved table row (pair `i` reads `cos[2i]`).
+#[inline(always)]
+fn even_lanes<T: Elem>(lo: V16, hi: V16) -> V16 {
+    if T::PER_WORD == 1 {
+        V16 {
+            a: lo.a,
+            b: lo.c,
+            c: hi.a,
+            d: hi.c,
+        }
+    } else {
+        let two = |x: u32, y: u32| (x & 0xffff) | (y << 16);
+        V16 {
+            a: two(lo.a, lo.b),
+            b: two(lo.c, lo.d),
+            c: two(hi.a, hi.b),
+            d: two(hi.c, hi.d),
+        }
+    }
+}
+
+/// The vector path, in place on token-major q and k: NeoX halves, or interleaved pairs with
+/// `INTERLEAVED`; token rows `strides` elements apart (views into a fused QKV buffer);
+/// full-width or half-width ([`flags::HALF_TABLES`]) cos/sin rows; every row source,
+/// multimodal included. Requires (host-checked) 16-byte aligned `q`, `k`, `cos`, `sin`;
+/// `head_dim`, `half = rotary_dim / 2`, both strides and, multimodal, both section starts
+/// multiples of `T::LANES`, so every half of every head, every cos/sin row and every section is
+/// made of whole aligned [`V16`]s; `half / T::LANES ≤ blockDim.x` (one vector per thread, no
+/// loop); each token's rows within 2³¹ elements (32-bit in-token offsets; token offsets are
+/// 64-bit).
 ///
 /// Mapping: a 3-D block. `threadIdx.z` picks one of the block's `blockDim.z` tokens, tokens
-/// walked grid-stride (`token = blockIdx.x·blockDim.z + threadIdx.z`). `threadIdx.x` is the
-/// vector `v` within a half (threads with `v ≥ half / LANES` idle): the thread loads `cos[v]`
-/// and `sin[v]` once per token and reuses them for every head it rotates. `threadIdx.y` picks
+/// walked grid-stride (`token = blockIdx.x·blockDim.z + threadIdx.z`). `threadIdx.x` = `v` owns
+/// pairs `v·LANES .. (v+1)·LANES` of every head: NeoX, vector `v` of each half; interleaved,
+/// vectors `2v` and `2v + 1` of the head. It loads their cos/sin once per token (the row of
+/// their section, multimodal) and reuses them for every head it rotates. `threadIdx.y` picks
 /// heads `y, y + blockDim.y, …` of the token's `q_heads + k_heads` (q heads first, then k
 /// heads: q and k share the launch), [`vec_heads`] per step with all their loads in flight
 /// before the first store. Consecutive threads (x fastest, then y) touch consecutive 16-byte
-/// vectors of a half, then the next head, so a warp's accesses cover whole contiguous
-/// segments. No division in the loops (the per-position row follows the token incrementally).
+/// vectors of a head, so a warp's accesses cover whole contiguous segments. No division in
+/// the loops (the per-position row follows the token incrementally).
 #[inline(always)]
-unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool>(q: *mut T, k: *mut T, a: Args<T>) {
+unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool, const INTERLEAVED: bool>(
+    q: *mut T,
+    k: *mut T,
+    a: Args<T>,
+    strides: [usize; 2],
+    sections: [u32; 2],
+    form: u32,
+) {
     // Everything below counts 16-byte vectors; in-token offsets are u32 (host-checked).
     let vph = (a.rotary_dim / 2 / T::LANES) as u32;
     let vh = vec_heads(T::LANES);
     let head_vecs = (a.head_dim / T::LANES) as u32;
-    let row_vecs = a.rotary_dim / T::LANES;
     let (q_heads32, heads) = (a.q_heads as u32, (a.q_heads + a.k_heads) as u32);
     let v = thread_idx() as u32;
     if v >= vph {
         return;
     }
+    // The thread's first vector of a head, and the distance to its second.
+    let (first, second) = if INTERLEAVED {
+        (2 * v as usize, 1)
+    } else {
+        (v as usize, vph as usize)
+    };
+    // cos/sin: vectors per row, and the thread's vector in the row: vector `v` of a row of
+    // one entry per pair (the first half of a NeoX row, or a half-width row); the even lanes
+    // of vectors `2v` and `2v + 1` of a full-width interleaved row.
+    let half_tables = form & flags::HALF_TABLES != 0;
+    let wide = INTERLEAVED && !half_tables;
+    let row_vecs = if half_tables { vph } else { 2 * vph } as usize;
+    let table_vec = if wide { 2 * v } else { v } as usize;
+    // The multimodal table (t, h or w) of the thread's pairs: their section's.
+    let table = match rows::multimodal(ROWS) {
+        true if v * T::LANES as u32 >= sections[1] => 2,
+        true if v * T::LANES as u32 >= sections[0] => 1,
+        _ => 0,
+    };
     let by = block_dim_y() as u32;
     let (q, k) = (q as *mut V16, k as *mut V16);
+    let (q_stride, k_stride) = (strides[0] / T::LANES, strides[1] / T::LANES);
     let (cos, sin) = (a.cos as *const V16, a.sin as *const V16);
     let bz = block_dim_z();
     let mut token = block_idx() * bz + thread_idx_z();
@@ -389,21 +452,31 @@ unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool>(q: *mut T, k: *m
     };
     // Gathered rows: the next token's id is loaded one iteration ahead (and clamped only when
     // used), so the cos/sin loads never wait for it.
-    let mut id = unsafe { raw_id::<ROWS>(a.ids, token, a.tokens) };
+    let mut id = unsafe { raw_id::<ROWS>(a.ids, token, a.tokens, table) };
     while token < a.tokens {
         let row = match ROWS {
             rows::PER_POSITION => pos,
             rows::PER_BATCH => token,
+            rows::MULTIMODAL => table * a.tokens + token,
             _ => clamp_id(id, a.table_rows),
         };
-        id = unsafe { raw_id::<ROWS>(a.ids, token + step, a.tokens) };
-        let c = unsafe { V16::load(cos.add(row * row_vecs + v as usize)) };
-        let s = unsafe { V16::load(sin.add(row * row_vecs + v as usize)) };
+        id = unsafe { raw_id::<ROWS>(a.ids, token + step, a.tokens, table) };
+        let at = row * row_vecs + table_vec;
+        let (c, s) = unsafe {
+            if wide {
+                (
+                    even_lanes::<T>(V16::load(cos.add(at)), V16::load(cos.add(at + 1))),
+                    even_lanes::<T>(V16::load(sin.add(at)), V16::load(sin.add(at + 1))),
+                )
+            } else {
+                (V16::load(cos.add(at)), V16::load(sin.add(at)))
+            }
+        };
         // Head h of the token starts at `base + h·head_vecs`, base = q_tok for q heads and
         // k_tok − q_heads·head_vecs for k heads (so the k base needs no subtraction per head).
-        let q_tok = unsafe { q.add(token * a.q_heads * head_vecs as usize + v as usize) };
-        let k_tok = unsafe { k.add(token * a.k_heads * head_vecs as usize + v as usize) }
-            .wrapping_sub(a.q_heads * head_vecs as usize);
+        let q_tok = unsafe { q.add(token * q_stride + first) };
+        let k_tok =
+            unsafe { k.add(token * k_stride + first) }.wrapping_sub(a.q_heads * head_vecs as usize);
         let mut h0 = thread_idx_y() as u32;
         while h0 < heads {
             // All `2·vh` loads are issued before any math, so their latencies overlap:
@@ -428,7 +501,7 @@ unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool>(q: *mut T, k: *m
                 let base = if h < q_heads32 { q_tok } else { k_tok };
                 at[j] = base.wrapping_add((h * head_vecs) as usize);
                 x1[j] = unsafe { V16::load(at[j]) };
-                x2[j] = unsafe { V16::load(at[j].add(vph as usize)) };
+                x2[j] = unsafe { V16::load(at[j].add(second)) };
             });
             unroll::<MAX_VEC_HEADS>(|j| {
                 // cos/sin stay packed across heads and are widened per head (one shift or
@@ -436,19 +509,38 @@ unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool>(q: *mut T, k: *m
                 // whole loop (bf16 106 → 96 registers: 4 blocks per SM instead of 3, +2 %).
                 let (cw, sw) = (opaque_v(c), opaque_v(s));
                 if live[j] {
+                    // Lane `e` of the head's two vectors (x1 then x2), and the outputs.
+                    let x = |e: usize| match e < T::LANES {
+                        true => T::lane(&x1[j], e),
+                        false => T::lane(&x2[j], e - T::LANES),
+                    };
                     let (mut o1, mut o2) = ([0.0f32; 8], [0.0f32; 8]);
                     lanes::<T, V16>(|i| {
-                        let a = T::lane(&x1[j], i);
-                        let b = T::lane(&x2[j], i);
+                        // Pair i: lanes i of both vectors (NeoX), or lanes 2i and 2i + 1.
+                        let (e1, e2) = if INTERLEAVED {
+                            (2 * i, 2 * i + 1)
+                        } else {
+                            (i, i + T::LANES)
+                        };
+                        let (p, r) = (x(e1), x(e2));
                         let cc = T::lane(&cw, i);
                         let ss = T::lane(&sw, i);
                         let ss = if BWD { -ss } else { ss };
-                        o1[i] = a * cc - b * ss;
-                        o2[i] = b * cc + a * ss;
+                        let (y1, y2) = (p * cc - r * ss, r * cc + p * ss);
+                        if e1 < T::LANES {
+                            o1[e1] = y1;
+                        } else {
+                            o2[e1 - T::LANES] = y1;
+                        }
+                        if e2 < T::LANES {
+                            o1[e2] = y2;
+                        } else {
+                            o2[e2 - T::LANES] = y2;
+                        }
                     });
                     unsafe {
                         T::pack::<V16>(&o1).store(at[j]);
-                        T::pack::<V16>(&o2).store(at[j].add(vph as usize));
+                        T::pack::<V16>(&o2).store(at[j].add(second));
                     }
                 }
             });
@@ -513,13 +605,12 @@ macro_rules! rope_entry {
     };
 }
 
-/// The in-place NeoX kernels of one path ([`rotate`] or [`rotate_vec`]), element type, cos/sin
-/// row source and direction.
+/// The scalar kernels ([`rotate`]): in-place NeoX halves, contiguous, of one element type,
+/// cos/sin row source and direction.
 macro_rules! rope_kernel {
-    ($elem:ident, $path:ident, $body:ident, $rows:ident, $dir:ident) => {
+    ($elem:ident, $rows:ident, $dir:ident) => {
         rope_entry!(
-            /// RoPE for one dtype, direction and cos/sin row source (see the module docs); the
-            /// `_v_` variants are the vector path ([`rotate_vec`]).
+            /// RoPE for one dtype, direction and cos/sin row source (see the module docs).
             ///
             /// # Safety
             /// `q` holds `tokens × q_heads × head_dim` elements, `k` `tokens × k_heads ×
@@ -527,10 +618,67 @@ macro_rules! rope_kernel {
             /// (`seq_len`, `tokens` or `table_rows` rows of `rotary_dim`); `ids` holds `tokens`
             /// ids of the variant's integer type (unused, may be null, for the per-position and
             /// per-batch variants). `2 ≤ rotary_dim ≤ head_dim`,
-            /// `(q_heads + k_heads)·rotary_dim/2 < 2³¹`. The `_v_` variants also need the
-            /// alignment and divisibility listed at [`rotate_vec`].
-            $body, $path, $elem, $rows, $dir,
+            /// `(q_heads + k_heads)·rotary_dim/2 < 2³¹`.
+            rotate, Scalar, $elem, $rows, $dir,
             (q: *mut elem_type!($elem), k: *mut elem_type!($elem)), (), ()
+        );
+    };
+}
+
+/// [`rotate_vec`] on NeoX halves.
+#[inline(always)]
+unsafe fn rotate_vec_neox<T: Elem, const ROWS: u32, const BWD: bool>(
+    q: *mut T,
+    k: *mut T,
+    a: Args<T>,
+    strides: [usize; 2],
+    sections: [u32; 2],
+    form: u32,
+) {
+    unsafe { rotate_vec::<T, ROWS, BWD, false>(q, k, a, strides, sections, form) }
+}
+
+/// [`rotate_vec`] on interleaved pairs.
+#[inline(always)]
+unsafe fn rotate_vec_interleaved<T: Elem, const ROWS: u32, const BWD: bool>(
+    q: *mut T,
+    k: *mut T,
+    a: Args<T>,
+    strides: [usize; 2],
+    sections: [u32; 2],
+    form: u32,
+) {
+    unsafe { rotate_vec::<T, ROWS, BWD, true>(q, k, a, strides, sections, form) }
+}
+
+/// The vector kernels ([`rotate_vec`]) of one pair layout (`$body`), element type, cos/sin
+/// row source and direction.
+macro_rules! rope_vector_kernel {
+    ($elem:ident, $path:ident, $body:ident, $rows:ident, $dir:ident) => {
+        rope_entry!(
+            /// RoPE for one dtype, direction, pair layout and cos/sin row source on the vector
+            /// path ([`rotate_vec`]): in place, token-major rows `q_stride` and `k_stride`
+            /// elements apart, cos/sin rows as `form` says ([`flags::HALF_TABLES`]; its other
+            /// bits are ignored).
+            ///
+            /// # Safety
+            /// `q` holds `tokens` rows of `q_heads × head_dim` elements `q_stride` apart, `k`
+            /// `tokens` rows of `k_heads × head_dim` `k_stride` apart, no element in both;
+            /// `cos`/`sin` hold every row the variant can select (`seq_len`, `tokens`,
+            /// `table_rows` or, multimodal, `3·tokens` rows, of `rotary_dim` or, half-width,
+            /// `rotary_dim/2`); `ids` holds `tokens` ids of the variant's integer type
+            /// (`3·tokens` multimodal; unused, may be null, for the others); multimodal
+            /// `sections` is the first pair of table 1 in bits 0..32 and of table 2 in bits
+            /// 32..64. `2 ≤ rotary_dim ≤ head_dim`, `seq_len ≥ 1`, and the alignment and
+            /// divisibility listed at [`rotate_vec`].
+            $body, $path, $elem, $rows, $dir,
+            (q: *mut elem_type!($elem), k: *mut elem_type!($elem)),
+            (q_stride: u64, k_stride: u64, sections: u64, form: u32),
+            (
+                [q_stride as usize, k_stride as usize],
+                [sections as u32, (sections >> 32) as u32],
+                form
+            )
         );
     };
 }
@@ -590,8 +738,8 @@ const fn backward(dir: Direction) -> bool {
     matches!(dir, Direction::Backward)
 }
 
-/// Every RoPE kernel of one element type: each direction and cos/sin row source on the scalar,
-/// vector and general paths (multimodal rows on the general path only).
+/// Every RoPE kernel of one element type: each direction and cos/sin row source on the
+/// vector (both pair layouts) and general paths, and on the scalar path but multimodal rows.
 macro_rules! rope_kernels {
     ($elem:ident) => {
         rope_kernels!(@rows $elem, Forward);
@@ -602,14 +750,17 @@ macro_rules! rope_kernels {
         rope_kernels!(@paths $elem, $dir, PerBatch);
         rope_kernels!(@paths $elem, $dir, IdsI32);
         rope_kernels!(@paths $elem, $dir, IdsI64);
-        // Multimodal tables take the general path alone.
-        rope_general_kernel!($elem, Multimodal, $dir);
-        rope_general_kernel!($elem, MultimodalIdsI32, $dir);
-        rope_general_kernel!($elem, MultimodalIdsI64, $dir);
+        rope_kernels!(@any $elem, $dir, Multimodal);
+        rope_kernels!(@any $elem, $dir, MultimodalIdsI32);
+        rope_kernels!(@any $elem, $dir, MultimodalIdsI64);
     };
     (@paths $elem:ident, $dir:ident, $rows:ident) => {
-        rope_kernel!($elem, Scalar, rotate, $rows, $dir);
-        rope_kernel!($elem, Vector, rotate_vec, $rows, $dir);
+        rope_kernel!($elem, $rows, $dir);
+        rope_kernels!(@any $elem, $dir, $rows);
+    };
+    (@any $elem:ident, $dir:ident, $rows:ident) => {
+        rope_vector_kernel!($elem, Vector, rotate_vec_neox, $rows, $dir);
+        rope_vector_kernel!($elem, VectorInterleaved, rotate_vec_interleaved, $rows, $dir);
         rope_general_kernel!($elem, $rows, $dir);
     };
 }
