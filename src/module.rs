@@ -114,6 +114,11 @@ impl Kernels {
         Ok(f)
     }
 
+    /// The device's streaming multiprocessors.
+    pub(crate) fn sm_count(&self) -> usize {
+        self.sm_count as usize
+    }
+
     /// Blocks of `func` that fit on the whole device at once with `threads` threads and
     /// `smem` bytes of dynamic shared memory per block (SMs × resident blocks per SM, at least
     /// 1): the grid of a grid-stride kernel. Asked of the driver once per shape; a handle is
