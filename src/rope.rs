@@ -705,9 +705,9 @@ fn block_shape(pairs: usize) -> (u32, u32) {
 
 /// The path of a call of elements of `elem_bytes` with cos/sin rows from `rows`: the general
 /// kernels (`rope_{dir}_g_*`) out of place (`out_of_place`) or head-major; else the vector
-/// kernels (`rope_{dir}_v_*`, interleaved `rope_{dir}_vi_*`) where they apply; else the scalar
-/// kernels for contiguous NeoX halves with full-width rows and no multimodal tables, and the
-/// general kernels for the rest.
+/// kernels where they apply (`rope_{dir}_v_*` for contiguous NeoX halves with full-width rows
+/// and no multimodal tables, `_va_` for other NeoX calls, `_vi_` for interleaved pairs); else
+/// the scalar kernels for those contiguous NeoX calls, and the general kernels for the rest.
 ///
 /// The vector kernels need 16-byte aligned `q`, `k`, `cos`, `sin` (`ptrs`); `head_dim`,
 /// `half = rotary_dim / 2`, both token strides and both multimodal section starts multiples of
@@ -748,11 +748,13 @@ fn path(
         && whole.iter().all(|n| n.is_multiple_of(lanes))
         && half / lanes <= BLOCK_THREADS
         && token_elems < 1 << 31;
-    match (vector, args.interleaved) {
-        (true, false) => RopePath::Vector,
-        (true, true) => RopePath::VectorInterleaved,
-        (false, _) if args.neox_in_place() && !multimodal => RopePath::Scalar,
-        (false, _) => RopePath::General,
+    let common = args.neox_in_place() && !multimodal;
+    match (vector, args.interleaved, common) {
+        (true, true, _) => RopePath::VectorInterleaved,
+        (true, false, true) => RopePath::Vector,
+        (true, false, false) => RopePath::VectorAny,
+        (false, _, true) => RopePath::Scalar,
+        (false, _, false) => RopePath::General,
     }
 }
 
@@ -1389,7 +1391,10 @@ fn launch<T: Dtype>(
     .map(|v| v as u64);
     // The form bits and the general kernels' work items per token.
     let (form, items) = general_form(args, io.out.is_some());
-    let vector = matches!(path, RopePath::Vector | RopePath::VectorInterleaved);
+    let vector = matches!(
+        path,
+        RopePath::Vector | RopePath::VectorAny | RopePath::VectorInterleaved
+    );
     let cfg = if vector {
         let lanes = 16 / elem_bytes;
         let heads = args.q_heads + args.k_heads;
@@ -1465,10 +1470,10 @@ fn launch<T: Dtype>(
     // ids buffer holds `tokens` ids of the variant's type (3 × `tokens` multimodal).
     // `rotary_dim` is even, 2 ..= head_dim, `tokens > 0` implies `seq_len ≥ 1`, and a token's
     // items (pairs, plus tail dims out of place: `RopeArgs::table` checked heads × head_dim <
-    // 2^31) are below 2^31. The scalar kernels run only on contiguous NeoX halves with
-    // full-width rows and no multimodal tables, and the `_v_`/`_vi_` kernels only where `path`
-    // established their alignment and divisibility requirements, with `blockDim.x = half /
-    // lanes` as they require.
+    // 2^31) are below 2^31. The scalar and `_v_` kernels run only on contiguous NeoX halves
+    // with full-width rows and no multimodal tables, and the `_v_`, `_va_` and `_vi_` kernels
+    // only where `path` established their alignment and divisibility requirements, with
+    // `blockDim.x = half / lanes` as they require.
     unsafe { launch.launch(cfg) }?;
     Ok(())
 }
@@ -1479,7 +1484,7 @@ pub(crate) mod tests {
     use crate::identity::{ElemType, Rows};
 
     /// Every kernel the launchers can ask for: each path takes each element type, direction
-    /// and cos/sin row source, but the scalar path no multimodal rows.
+    /// and cos/sin row source, but the scalar and contiguous vector paths no multimodal rows.
     pub(crate) fn launchable_kernels() -> Vec<Kernel> {
         let mut out = Vec::new();
         for &direction in &[Direction::Forward, Direction::Backward] {
@@ -1491,7 +1496,8 @@ pub(crate) mod tests {
                             Rows::MultimodalIdsI32,
                             Rows::MultimodalIdsI64,
                         ];
-                        if multimodal.contains(&rows) && path == RopePath::Scalar {
+                        let contiguous = [RopePath::Scalar, RopePath::Vector];
+                        if multimodal.contains(&rows) && contiguous.contains(&path) {
                             continue;
                         }
                         out.push(Kernel::Rope {
@@ -1560,7 +1566,11 @@ pub(crate) mod tests {
         let aligned = [0x1000u64, 0x2000, 0x3000, 0x4000];
         // (d, r, bytes per element) → the path in place.
         let (v, s) = (RopePath::Vector, RopePath::Scalar);
-        let (vi, g) = (RopePath::VectorInterleaved, RopePath::General);
+        let (va, vi, g) = (
+            RopePath::VectorAny,
+            RopePath::VectorInterleaved,
+            RopePath::General,
+        );
         let cases = [
             ((128, 128, 2), v),
             ((128, 128, 4), v),
@@ -1586,8 +1596,8 @@ pub(crate) mod tests {
                 want,
                 "d={d} r={r} {bytes}B"
             );
-            // Interleaved pairs: the same rule, on the interleaved vector kernels or the
-            // general ones; half-width tables change neither.
+            // Interleaved pairs or half-width tables: the same rule, on the vector kernels of
+            // any form or the general ones.
             let (iv, ig) = (a(d, r).with_interleaved(), a(d, r).with_half_tables());
             let want_i = if want == v { vi } else { g };
             assert_eq!(
@@ -1595,7 +1605,7 @@ pub(crate) mod tests {
                 want_i,
                 "d={d} r={r} {bytes}B"
             );
-            let want_h = if want == v { v } else { g };
+            let want_h = if want == v { va } else { g };
             assert_eq!(
                 in_place(&ig, bytes, aligned),
                 want_h,
@@ -1625,11 +1635,11 @@ pub(crate) mod tests {
         let fused = (32 + 2 * 8) * 128;
         assert_eq!(
             in_place(&a(128, 128).with_strides(fused, fused), 2, aligned),
-            v
+            va
         );
         let odd = a(128, 128).with_strides(fused + 4, fused);
         assert_eq!(in_place(&odd, 2, aligned), g);
-        assert_eq!(in_place(&odd, 4, aligned), v); // 4 f32 lanes
+        assert_eq!(in_place(&odd, 4, aligned), va); // 4 f32 lanes
         assert_eq!(
             in_place(&a(128, 128).with_strides(32 * 128, 8 * 128), 2, aligned),
             v
@@ -1638,11 +1648,13 @@ pub(crate) mod tests {
         // (never scalar).
         let mm = |t, h, w| TableRows::Multimodal([t, h, w]);
         let gathered = TableRows::MultimodalGathered([16, 24, 24]);
-        assert_eq!(path(&a(128, 128), false, mm(16, 24, 24), 2, aligned), v);
-        assert_eq!(path(&a(128, 128), false, gathered, 2, aligned), v);
+        assert_eq!(path(&a(128, 128), false, mm(16, 24, 24), 2, aligned), va);
+        assert_eq!(path(&a(128, 128), false, gathered, 2, aligned), va);
         assert_eq!(path(&a(128, 128), false, mm(20, 24, 20), 2, aligned), g);
-        assert_eq!(path(&a(128, 128), false, mm(20, 24, 20), 4, aligned), v);
+        assert_eq!(path(&a(128, 128), false, mm(20, 24, 20), 4, aligned), va);
         assert_eq!(path(&a(128, 128), false, mm(24, 20, 20), 2, aligned), g);
+        let mm_i = a(128, 128).with_interleaved();
+        assert_eq!(path(&mm_i, false, mm(16, 24, 24), 2, aligned), vi);
         let misaligned = [0x1002, 0x2000, 0x3000, 0x4000];
         assert_eq!(path(&a(128, 128), false, mm(16, 24, 24), 2, misaligned), g);
     }

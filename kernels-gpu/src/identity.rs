@@ -157,10 +157,13 @@ names! {
     pub enum RopePath / rope_path_name {
         /// NeoX halves in place, one element pair per thread (no name part).
         Scalar = "",
-        /// NeoX halves in place, token-major (any token stride, any table width and row
-        /// source), 16-byte vectors, on a resident or a whole grid of token steps.
+        /// NeoX halves in place, contiguous, full-width tables, 16-byte vectors, on a resident
+        /// or a whole grid of token steps.
         Vector = "v",
-        /// As [`RopePath::Vector`] on interleaved pairs.
+        /// As [`RopePath::Vector`], token-major rows any stride apart, either table width,
+        /// every row source.
+        VectorAny = "va",
+        /// As [`RopePath::VectorAny`] on interleaved pairs.
         VectorInterleaved = "vi",
         /// Every form, in place or not (interleaved pairs, head-major, half-width tables).
         General = "g",

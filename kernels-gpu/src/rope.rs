@@ -19,10 +19,11 @@
 //! The cos/sin row of a token is chosen by the kernel variant (`ROWS`, see [`rows`]); with
 //! position ids the id is clamped into `[0, table_rows)`, so no id can read outside the table.
 //!
-//! Vector path (`rope_{fwd,bwd}_v_*` NeoX, `rope_{fwd,bwd}_vi_*` interleaved pairs, see
-//! [`rotate_vec`]): in place, 16-byte loads and stores when every head half, table row and
-//! multimodal section is whole vectors; token rows any stride apart (fused QKV views),
-//! half-width tables and every row source, multimodal included. Same math, bit for bit.
+//! Vector paths (see [`rotate_vec`]): in place, 16-byte loads and stores when every head half,
+//! table row and multimodal section is whole vectors. `rope_{fwd,bwd}_v_*`: contiguous NeoX
+//! halves, full-width tables; `_va_` (NeoX) and `_vi_` (interleaved pairs): token rows any
+//! stride apart (fused QKV views), half-width tables and every row source, multimodal
+//! included. Same math, bit for bit.
 //!
 //! General path (`rope_{fwd,bwd}_g_*`, see [`rotate_any`]): the scalar mapping with separate
 //! inputs and outputs (in place when they are the same buffers), and the forms that [`flags`]
@@ -381,9 +382,12 @@ fn even_lanes<T: Elem>(lo: V16, hi: V16) -> V16 {
 }
 
 /// The vector path, in place on token-major q and k: NeoX halves, or interleaved pairs with
-/// `INTERLEAVED`; token rows `strides` elements apart (views into a fused QKV buffer);
-/// full-width or half-width ([`flags::HALF_TABLES`]) cos/sin rows; every row source,
-/// multimodal included. Requires (host-checked) 16-byte aligned `q`, `k`, `cos`, `sin`;
+/// `INTERLEAVED`; with `ANY`, token rows `strides` elements apart (views into a fused QKV
+/// buffer), full-width or half-width ([`flags::HALF_TABLES`]) cos/sin rows and every row
+/// source, multimodal included; without, contiguous rows, full-width tables and no multimodal
+/// rows (`strides` and `form` unused). Without `ANY` the offsets take fewer registers: bf16
+/// NeoX 64 against 70, 6 resident blocks of the llama shape per SM against 5, which measured
+/// 87.7 against 90.4 µs (PERFORMANCE.md, "RoPE"). Requires (host-checked) 16-byte aligned `q`, `k`, `cos`, `sin`;
 /// `head_dim`, `half = rotary_dim / 2`, both strides and, multimodal, both section starts
 /// multiples of `T::LANES`, so every half of every head, every cos/sin row and every section is
 /// made of whole aligned [`V16`]s; `half / T::LANES ≤ blockDim.x` (one vector per thread, no
@@ -401,7 +405,13 @@ fn even_lanes<T: Elem>(lo: V16, hi: V16) -> V16 {
 /// vectors of a head, so a warp's accesses cover whole contiguous segments. No division in
 /// the loops (the per-position row follows the token incrementally).
 #[inline(always)]
-unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool, const INTERLEAVED: bool>(
+unsafe fn rotate_vec<
+    T: Elem,
+    const ROWS: u32,
+    const BWD: bool,
+    const INTERLEAVED: bool,
+    const ANY: bool,
+>(
     q: *mut T,
     k: *mut T,
     a: Args<T>,
@@ -427,9 +437,13 @@ unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool, const INTERLEAVE
     // cos/sin: vectors per row, and the thread's vector in the row: vector `v` of a row of
     // one entry per pair (the first half of a NeoX row, or a half-width row); the even lanes
     // of vectors `2v` and `2v + 1` of a full-width interleaved row.
-    let half_tables = form & flags::HALF_TABLES != 0;
+    let half_tables = ANY && form & flags::HALF_TABLES != 0;
     let wide = INTERLEAVED && !half_tables;
-    let row_vecs = if half_tables { vph } else { 2 * vph } as usize;
+    let row_vecs = if half_tables {
+        vph as usize
+    } else {
+        2 * vph as usize
+    };
     let table_vec = if wide { 2 * v } else { v } as usize;
     // The multimodal table (t, h or w) of the thread's pairs: their section's.
     let table = match rows::multimodal(ROWS) {
@@ -439,7 +453,13 @@ unsafe fn rotate_vec<T: Elem, const ROWS: u32, const BWD: bool, const INTERLEAVE
     };
     let by = block_dim_y() as u32;
     let (q, k) = (q as *mut V16, k as *mut V16);
-    let (q_stride, k_stride) = (strides[0] / T::LANES, strides[1] / T::LANES);
+    let (q_stride, k_stride) = match ANY {
+        true => (strides[0] / T::LANES, strides[1] / T::LANES),
+        false => (
+            a.q_heads * head_vecs as usize,
+            a.k_heads * head_vecs as usize,
+        ),
+    };
     let (cos, sin) = (a.cos as *const V16, a.sin as *const V16);
     let bz = block_dim_z();
     let mut token = block_idx() * bz + thread_idx_z();
@@ -625,7 +645,7 @@ macro_rules! rope_kernel {
     };
 }
 
-/// [`rotate_vec`] on NeoX halves.
+/// [`rotate_vec`] on contiguous NeoX halves with full-width tables.
 #[inline(always)]
 unsafe fn rotate_vec_neox<T: Elem, const ROWS: u32, const BWD: bool>(
     q: *mut T,
@@ -635,10 +655,23 @@ unsafe fn rotate_vec_neox<T: Elem, const ROWS: u32, const BWD: bool>(
     sections: [u32; 2],
     form: u32,
 ) {
-    unsafe { rotate_vec::<T, ROWS, BWD, false>(q, k, a, strides, sections, form) }
+    unsafe { rotate_vec::<T, ROWS, BWD, false, false>(q, k, a, strides, sections, form) }
 }
 
-/// [`rotate_vec`] on interleaved pairs.
+/// [`rotate_vec`] on NeoX halves, any strides, table width and row source.
+#[inline(always)]
+unsafe fn rotate_vec_neox_any<T: Elem, const ROWS: u32, const BWD: bool>(
+    q: *mut T,
+    k: *mut T,
+    a: Args<T>,
+    strides: [usize; 2],
+    sections: [u32; 2],
+    form: u32,
+) {
+    unsafe { rotate_vec::<T, ROWS, BWD, false, true>(q, k, a, strides, sections, form) }
+}
+
+/// [`rotate_vec`] on interleaved pairs, any strides, table width and row source.
 #[inline(always)]
 unsafe fn rotate_vec_interleaved<T: Elem, const ROWS: u32, const BWD: bool>(
     q: *mut T,
@@ -648,7 +681,7 @@ unsafe fn rotate_vec_interleaved<T: Elem, const ROWS: u32, const BWD: bool>(
     sections: [u32; 2],
     form: u32,
 ) {
-    unsafe { rotate_vec::<T, ROWS, BWD, true>(q, k, a, strides, sections, form) }
+    unsafe { rotate_vec::<T, ROWS, BWD, true, true>(q, k, a, strides, sections, form) }
 }
 
 /// The vector kernels ([`rotate_vec`]) of one pair layout (`$body`), element type, cos/sin
@@ -659,7 +692,8 @@ macro_rules! rope_vector_kernel {
             /// RoPE for one dtype, direction, pair layout and cos/sin row source on the vector
             /// path ([`rotate_vec`]): in place, token-major rows `q_stride` and `k_stride`
             /// elements apart, cos/sin rows as `form` says ([`flags::HALF_TABLES`]; its other
-            /// bits are ignored).
+            /// bits are ignored); the `_v_` kernels take contiguous rows (the strides equal to
+            /// them) and full-width tables alone.
             ///
             /// # Safety
             /// `q` holds `tokens` rows of `q_heads × head_dim` elements `q_stride` apart, `k`
@@ -739,7 +773,8 @@ const fn backward(dir: Direction) -> bool {
 }
 
 /// Every RoPE kernel of one element type: each direction and cos/sin row source on the
-/// vector (both pair layouts) and general paths, and on the scalar path but multimodal rows.
+/// general path and the vector paths of any strides (both pair layouts), and on the scalar and
+/// contiguous NeoX vector paths but multimodal rows.
 macro_rules! rope_kernels {
     ($elem:ident) => {
         rope_kernels!(@rows $elem, Forward);
@@ -756,10 +791,11 @@ macro_rules! rope_kernels {
     };
     (@paths $elem:ident, $dir:ident, $rows:ident) => {
         rope_kernel!($elem, $rows, $dir);
+        rope_vector_kernel!($elem, Vector, rotate_vec_neox, $rows, $dir);
         rope_kernels!(@any $elem, $dir, $rows);
     };
     (@any $elem:ident, $dir:ident, $rows:ident) => {
-        rope_vector_kernel!($elem, Vector, rotate_vec_neox, $rows, $dir);
+        rope_vector_kernel!($elem, VectorAny, rotate_vec_neox_any, $rows, $dir);
         rope_vector_kernel!($elem, VectorInterleaved, rotate_vec_interleaved, $rows, $dir);
         rope_general_kernel!($elem, $rows, $dir);
     };
