@@ -383,7 +383,9 @@ pub enum CosSinLayout<'a> {
     /// for the other layouts). This is HuggingFace's `apply_multimodal_rotary_pos_emb`:
     /// splitting `cos` by `mrope_section * 2` and taking chunk `j` from table `j mod 3` gives
     /// dim `i` and dim `i + rotary_dim / 2` the same table. The sections must sum to
-    /// `rotary_dim / 2`; each may be 0. Always the general kernels.
+    /// `rotary_dim / 2`; each may be 0. In place and token-major, the vector kernels take it
+    /// where every section starts at a whole 16-byte vector of pairs (8 pairs in 16-bit
+    /// types, 4 in f32; Qwen2-VL's `[16, 24, 24]` does), else the general kernels.
     Multimodal {
         /// Pairs taken from the t, h and w tables, in that order (`mrope_section`).
         sections: [usize; 3],
@@ -395,8 +397,8 @@ pub enum CosSinLayout<'a> {
     /// `position_ids[k·batch·seq_len + b·seq_len + s]` with `k` = 0, 1 or 2 by `sections` as
     /// in [`CosSinLayout::Multimodal`], which this equals when that layout's tables hold
     /// these rows. Ids are checked (host) or clamped (device) as for
-    /// [`CosSinLayout::Gathered`]; device ids must be `3 × batch × seq_len` long. Always the
-    /// general kernels.
+    /// [`CosSinLayout::Gathered`]; device ids must be `3 × batch × seq_len` long. Kernels as
+    /// for [`CosSinLayout::Multimodal`].
     MultimodalGathered {
         /// Pairs read through the t, h and w ids, in that order (`mrope_section`).
         sections: [usize; 3],
@@ -450,9 +452,10 @@ pub enum PositionIds<'a> {
 /// `cos`/`sin` are laid out as `layout` says (their lengths must match it exactly; `sin` like
 /// `cos`). `q` and `k` must not overlap each other (strided rows of the same stride: compared
 /// row by row), `cos`, `sin` or device position ids. One launch on `stream`, no
-/// synchronisation, no allocation (except for [`PositionIds::Host`]). NeoX pairs in the
-/// default layout with full-width rows take 16-byte vector kernels where the shape and
-/// alignment allow; the other forms take scalar kernels.
+/// synchronisation, no allocation (except for [`PositionIds::Host`]). Token-major calls take
+/// 16-byte vector kernels (either pair layout, any table width, token strides and row source)
+/// where pointers, head and rotary widths, strides and multimodal sections are whole vectors;
+/// head-major and the other calls take scalar kernels.
 ///
 /// ```no_run
 /// use liger_rs::{CosSinLayout, RopeArgs, rope_forward};
@@ -574,8 +577,9 @@ pub fn rope_backward<T: Dtype>(
 /// output `[batch, seq_len, (q_heads + 2·k_heads)·head_dim]` with both strides
 /// `(q_heads + 2·k_heads)·head_dim` and `k_offset = q_heads·head_dim`: q and k rotate in
 /// place, v and every other element of `qkv` are neither read nor written. The rotation,
-/// `cos`, `sin` and `layout` are those of [`rope_forward`]. Token-major q and k take the
-/// general kernels unless both are contiguous.
+/// `cos`, `sin` and `layout` are those of [`rope_forward`], and so are the kernels: vector
+/// kernels where both strides, `k_offset` and the widths are whole 16-byte vectors (as for a
+/// fused QKV buffer of bf16 heads of 128 and a 16-byte aligned start).
 ///
 /// `qkv` must hold q's span from its start and k's from `k_offset`; q's and k's rows must
 /// share no element. With equal strides this is checked row by row (disjoint column ranges
