@@ -59,6 +59,18 @@
 //! about 60), with no calls: one `ex2.approx.f32`, and `rcp.approx.ftz` (through
 //! [`recip_1_2`]) or one `rcp.rn.f32`.
 //!
+//! # 16-bit types
+//!
+//! In f16 and bf16 the tanh form is [`gelu_tanh_and_grad_short`]: `u` in plain f32
+//! (`z·(u₀ + u₂·z²)`, within 2 ulps) and SwiGLU's `sigmoid_pair(u)`, so `e^{−|u|}` carries
+//! about `3.3·|u|` ulps (`|u|` < 104 wherever gelu is normal in f32), against the pair
+//! arithmetic's few: at most `(4|u| + 24)·2⁻²⁴` relative (the tests' bound), 1.3·10⁻⁵ at z = −9,
+//! 300 times below a bf16 ulp, while the value is rounded to the 16-bit type before it is
+//! used (`c`) or stored (`db`, `da`). It takes about 25 instructions per element for value and
+//! derivative instead of 70, which bounded the 16-bit rows by compute (bf16 16384×14336
+//! backward 771 µs, behind Liger's 701; PERFORMANCE.md, "GEGLU"). f32 keeps the pair form,
+//! whose error the f32 outputs would show; the exact form keeps it in every type.
+//!
 //! # Accuracy
 //!
 //! Against the exact function of the f32 input `z` (the reference's `gelu(F(a·gm))`), every
@@ -78,8 +90,8 @@
 //! z < 0, the exact form's `Φ(−|z|)` for `|z| ≥ 1` and its `φ`. None of these
 //! bounds grows with `|z|`, unlike SwiGLU's (there the f32 exponent `−|z|·log2 e` costs
 //! ≈ `|z|` ulps).
-use crate::fma;
-use crate::swiglu::{glu_kernels, recip_1_2};
+use crate::swiglu::{glu_kernels, recip_1_2, sigmoid_pair};
+use crate::{Elem, fma};
 use core::intrinsics::exp2f32;
 
 /// `2·√(2/π)·log2 e` as `hi + lo`: the tanh form's `u·log2 e = z·B + z³·A`.
@@ -91,6 +103,8 @@ const TANH_A_LO: f32 = -2.0161985e-9;
 /// `u' = TANH_DU0 + TANH_DU2·z²`: `2·√(2/π)` and `3·0.044715·2·√(2/π)`.
 const TANH_DU0: f32 = 1.5957692;
 const TANH_DU2: f32 = 2.1406445e-1;
+/// `0.044715·2·√(2/π)`: `u = z·(TANH_DU0 + TANH_U2·z²)` in plain f32 (16-bit types).
+const TANH_U2: f32 = 7.1354814e-2;
 /// `log2 e / 2` as `hi + lo`: `e^{−x²/2} = 2^{−x²·(hi + lo)}`.
 const HALF_LOG2_E_HI: f32 = 7.213475e-1;
 const HALF_LOG2_E_LO: f32 = 9.629815e-9;
@@ -259,11 +273,29 @@ pub(crate) fn gelu_erf_and_grad(z: f32) -> (f32, f32) {
     }
 }
 
-/// `(gelu(z), gelu'(z))` in the form `ERF` picks.
+/// The tanh form for 16-bit types: `u` in plain f32 and SwiGLU's `sigmoid_pair` of it, no
+/// exponent pair and no scaling (module docs, "16-bit types").
 #[inline(always)]
-pub(crate) fn gelu_and_grad<const ERF: bool>(z: f32) -> (f32, f32) {
+pub(crate) fn gelu_tanh_and_grad_short(z: f32) -> (f32, f32) {
+    let zc = clamp(z);
+    let z2 = zc * zc;
+    let (sig, one_minus) = sigmoid_pair(zc * fma(TANH_U2, z2, TANH_DU0));
+    if sig == 0.0 {
+        // z → −∞ (or below −16): −0 and 0, not ∞·0.
+        return (-0.0, 0.0);
+    }
+    let zdu = zc * fma(TANH_DU2, z2, TANH_DU0);
+    (z * sig, sig * fma(zdu, one_minus, 1.0))
+}
+
+/// `(gelu(z), gelu'(z))` in the form `ERF` picks, for elements of type `T`: the tanh form of
+/// the 16-bit types is [`gelu_tanh_and_grad_short`].
+#[inline(always)]
+pub(crate) fn gelu_and_grad<T: Elem, const ERF: bool>(z: f32) -> (f32, f32) {
     if ERF {
         gelu_erf_and_grad(z)
+    } else if T::PER_WORD == 2 {
+        gelu_tanh_and_grad_short(z)
     } else {
         gelu_tanh_and_grad(z)
     }

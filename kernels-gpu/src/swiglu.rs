@@ -64,7 +64,7 @@ pub(crate) fn recip_1_2(x: f32) -> f32 {
 
 /// `(σ(z), 1 − σ(z))`, both accurate to a few f32 ulps (relative) for every `z`.
 #[inline(always)]
-fn sigmoid_pair(z: f32) -> (f32, f32) {
+pub(crate) fn sigmoid_pair(z: f32) -> (f32, f32) {
     // e^{−|z|} = 2^{−|z|·log2 e}; an argument of −∞ gives +0, NaN stays NaN.
     let t = core::intrinsics::exp2f32(-(z.abs()) * LOG2_E);
     // 1 + t ∈ [1, 2] (or NaN).
@@ -480,14 +480,24 @@ pub(crate) mod silu {
 pub(crate) mod gelu_tanh {
     use super::*;
     use crate::geglu::{gelu_and_grad, gelu_grad_of, gelu_of};
-    glu_bodies!(gelu_and_grad::<false>, gelu_of, gelu_grad_of, unroll_items);
+    glu_bodies!(
+        gelu_and_grad::<T, false>,
+        gelu_of,
+        gelu_grad_of,
+        unroll_items
+    );
 }
 
 /// GEGLU's kernel bodies, GELU's exact form (`geglu.rs`).
 pub(crate) mod gelu_erf {
     use super::*;
     use crate::geglu::{gelu_and_grad, gelu_grad_of, gelu_of};
-    glu_bodies!(gelu_and_grad::<true>, gelu_of, gelu_grad_of, unroll_items);
+    glu_bodies!(
+        gelu_and_grad::<T, true>,
+        gelu_of,
+        gelu_grad_of,
+        unroll_items
+    );
 }
 
 /// One kernel: gate `$gate` (its [`glu_bodies!`] module), entry named by

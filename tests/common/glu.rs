@@ -32,6 +32,11 @@ pub enum Op {
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const CUBIC: f64 = 0.044715;
 
+/// The tanh form's sigmoid argument: `gelu(z) = z·σ(u)`, `u = 2√(2/π)(z + 0.044715z³)`.
+fn tanh_u(z: f64) -> f64 {
+    2.0 * SQRT_2_OVER_PI * (z + CUBIC * z * z * z)
+}
+
 impl Op {
     /// The gate activation in f64 (the reference's).
     pub fn act(self, z: f64) -> f64 {
@@ -51,13 +56,22 @@ impl Op {
         }
     }
 
-    /// Bound on |f32 act of the kernel − exact act(z)| (before any rounding to `T`): SiLU's
-    /// [`silu_err`]; GELU's f32 value is within 5.2 ulps of the exact one (the kernel's module
-    /// docs) plus 2 for `ex2.approx`, here 16 ulps (relative), plus a few subnormal ulps.
-    pub fn act_err(self, z: f64) -> f64 {
+    /// Bound on |f32 act of the kernel − exact act(z)| (before any rounding to `T`) for
+    /// elements of `bytes` bytes: SiLU's [`silu_err`]; GELU's f32 value is within 5.2 ulps of
+    /// the exact one (the kernel's module docs) plus 2 for `ex2.approx`, here 16 ulps
+    /// (relative), plus a few subnormal ulps; but the tanh form of the 16-bit types takes its
+    /// sigmoid as SiLU does, at `u = 2√(2/π)(z + 0.044715z³)` rounded to f32 (≤ 2 ulps with
+    /// its constants', so `e^{−|u|}` moves by 2·|u| ulps more than SiLU's at `u`):
+    /// [`silu_err`]'s bound with `4|u| + 24` ulps (an f32 replay of the kernel with an exact
+    /// `ex2` reaches 3.3·|u|).
+    pub fn act_err(self, z: f64, bytes: usize) -> f64 {
         match self {
             Op::Swiglu => silu_err(z),
             Op::Geglu(_) if !z.is_finite() => 0.0,
+            Op::Geglu(Gelu::Tanh) if bytes == 2 => {
+                let u = tanh_u(z);
+                (4.0 * u.abs() + 24.0) * U * self.act(z).abs() + (z.abs() + 2.0) * 8.0 * TINY
+            }
             Op::Geglu(_) => 16.0 * U * self.act(z).abs() + (z.abs() + 2.0) * 8.0 * TINY,
         }
     }
@@ -66,22 +80,27 @@ impl Op {
     /// magnitudes, and the f32 roundings (ulps of that sum) the kernel's act'·gm·b may be off
     /// by. SiLU: `σ(1 + |z|(1 − σ))`, (2|z| + 24) (its exponent's rounding grows with |z|);
     /// GELU tanh: `σ(u)(1 + |z·u'|(1 − σ(u)))`, erf: `Φ(z) + |z|φ(z)`, both 7 + 2 ulps (module
-    /// docs of the kernel), here 32.
-    pub fn grad_terms(self, z: f64) -> (f64, f64) {
+    /// docs of the kernel), here 32; the 16-bit types' tanh form (elements of `bytes` = 2)
+    /// as SiLU's at `u` with its rounding, `4|u| + 28`.
+    pub fn grad_terms(self, z: f64, bytes: usize) -> (f64, f64) {
         match self {
             Op::Swiglu => (
                 sigmoid(z) * (1.0 + z.abs() * sigmoid(-z)),
                 2.0 * z.abs() + 24.0,
             ),
             Op::Geglu(Gelu::Tanh) => {
-                let u = 2.0 * SQRT_2_OVER_PI * (z + CUBIC * z * z * z);
+                let u = tanh_u(z);
                 let du = 2.0 * SQRT_2_OVER_PI * (1.0 + 3.0 * CUBIC * z * z);
                 let tail = if sigmoid(-u) == 0.0 {
                     0.0
                 } else {
                     (z * du).abs() * sigmoid(-u)
                 };
-                (sigmoid(u) * (1.0 + tail), 32.0)
+                let roundings = match bytes {
+                    2 => 4.0 * u.abs() + 28.0,
+                    _ => 32.0,
+                };
+                (sigmoid(u) * (1.0 + tail), roundings)
             }
             Op::Geglu(_) => {
                 let zpdf = z * (-0.5 * z * z).exp() / (2.0 * std::f64::consts::PI).sqrt();
@@ -242,7 +261,8 @@ fn slacks<T: Element>(op: Op, a: &[T], b: &[T], dc: &[T], gm: f32, dm: f32) -> [
     let mut out = [Vec::new(), Vec::new(), Vec::new()];
     for i in 0..a.len() {
         let z = (a[i].to_f64() * gm) as f32 as f64;
-        let (s, e, bv) = (op.act(z), op.act_err(z), b[i].to_f64().abs());
+        let bytes = std::mem::size_of::<T>();
+        let (s, e, bv) = (op.act(z), op.act_err(z, bytes), b[i].to_f64().abs());
         let st = T::cast(s);
         let ulp_s = if st.is_finite() { ulp::<T>(st) } else { 0.0 };
         out[0].push(bv * (ulp_s + e));
@@ -250,7 +270,7 @@ fn slacks<T: Element>(op: Op, a: &[T], b: &[T], dc: &[T], gm: f32, dm: f32) -> [
         out[2].push(g.abs() * e + (g * s).abs() * 2.0 * U + TINY);
         let scale = (g * gm * bv).abs();
         let da = if z.is_finite() {
-            let (terms, roundings) = op.grad_terms(z);
+            let (terms, roundings) = op.grad_terms(z, bytes);
             scale * terms * roundings * U + (scale + 1.0) * (z.abs() + 2.0) * 16.0 * TINY
         } else {
             scale * op.grad(z) * 4.0 * U
