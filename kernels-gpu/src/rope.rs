@@ -577,13 +577,14 @@ unsafe fn rotate_vec<
 }
 
 /// One RoPE entry point: the buffers `$io` (q and k, then the general kernels' outputs), the
-/// cos/sin tables, ids and sizes that every kernel takes, then `$extra` (the general kernels'
-/// strides, sections and form), handed to `$body` as `$io…, Args, $pass…` (`$pass`: the
+/// cos/sin tables, ids and sizes that every kernel takes, then `$extra` (the vector and general
+/// kernels' strides, sections and form), handed to `$body` (its const generics after the
+/// element type, row source and direction: `$generic`) as `$io…, Args, $pass…` (`$pass`: the
 /// values made of `$extra`).
 macro_rules! rope_entry {
     (
         $(#[$doc:meta])*
-        $body:ident, $path:ident, $elem:ident, $rows:ident, $dir:ident,
+        $body:ident [$($generic:expr),*], $path:ident, $elem:ident, $rows:ident, $dir:ident,
         ($($io:ident: $io_ty:ty),*), ($($extra:ident: $extra_ty:ty),*), ($($pass:expr),*)
     ) => {
         const _: () = {
@@ -616,7 +617,12 @@ macro_rules! rope_entry {
                     table_rows: table_rows as usize,
                 };
                 unsafe {
-                    $body::<elem_type!($elem), { Rows::$rows as u32 }, { backward(Direction::$dir) }>(
+                    $body::<
+                        elem_type!($elem),
+                        { Rows::$rows as u32 },
+                        { backward(Direction::$dir) }
+                        $(, $generic)*
+                    >(
                         $($io,)* args $(, $pass)*
                     )
                 }
@@ -639,55 +645,16 @@ macro_rules! rope_kernel {
             /// ids of the variant's integer type (unused, may be null, for the per-position and
             /// per-batch variants). `2 ≤ rotary_dim ≤ head_dim`,
             /// `(q_heads + k_heads)·rotary_dim/2 < 2³¹`.
-            rotate, Scalar, $elem, $rows, $dir,
+            rotate [], Scalar, $elem, $rows, $dir,
             (q: *mut elem_type!($elem), k: *mut elem_type!($elem)), (), ()
         );
     };
 }
 
-/// [`rotate_vec`] on contiguous NeoX halves with full-width tables.
-#[inline(always)]
-unsafe fn rotate_vec_neox<T: Elem, const ROWS: u32, const BWD: bool>(
-    q: *mut T,
-    k: *mut T,
-    a: Args<T>,
-    strides: [usize; 2],
-    sections: [u32; 2],
-    form: u32,
-) {
-    unsafe { rotate_vec::<T, ROWS, BWD, false, false>(q, k, a, strides, sections, form) }
-}
-
-/// [`rotate_vec`] on NeoX halves, any strides, table width and row source.
-#[inline(always)]
-unsafe fn rotate_vec_neox_any<T: Elem, const ROWS: u32, const BWD: bool>(
-    q: *mut T,
-    k: *mut T,
-    a: Args<T>,
-    strides: [usize; 2],
-    sections: [u32; 2],
-    form: u32,
-) {
-    unsafe { rotate_vec::<T, ROWS, BWD, false, true>(q, k, a, strides, sections, form) }
-}
-
-/// [`rotate_vec`] on interleaved pairs, any strides, table width and row source.
-#[inline(always)]
-unsafe fn rotate_vec_interleaved<T: Elem, const ROWS: u32, const BWD: bool>(
-    q: *mut T,
-    k: *mut T,
-    a: Args<T>,
-    strides: [usize; 2],
-    sections: [u32; 2],
-    form: u32,
-) {
-    unsafe { rotate_vec::<T, ROWS, BWD, true, true>(q, k, a, strides, sections, form) }
-}
-
-/// The vector kernels ([`rotate_vec`]) of one pair layout (`$body`), element type, cos/sin
-/// row source and direction.
+/// The vector kernels ([`rotate_vec`]) of one pair layout and generality (`$interleaved`,
+/// `$any`), element type, cos/sin row source and direction.
 macro_rules! rope_vector_kernel {
-    ($elem:ident, $path:ident, $body:ident, $rows:ident, $dir:ident) => {
+    ($elem:ident, $path:ident, $interleaved:expr, $any:expr, $rows:ident, $dir:ident) => {
         rope_entry!(
             /// RoPE for one dtype, direction, pair layout and cos/sin row source on the vector
             /// path ([`rotate_vec`]): in place, token-major rows `q_stride` and `k_stride`
@@ -705,7 +672,7 @@ macro_rules! rope_vector_kernel {
             /// `sections` is the first pair of table 1 in bits 0..32 and of table 2 in bits
             /// 32..64. `2 ≤ rotary_dim ≤ head_dim`, `seq_len ≥ 1`, and the alignment and
             /// divisibility listed at [`rotate_vec`].
-            $body, $path, $elem, $rows, $dir,
+            rotate_vec [$interleaved, $any], $path, $elem, $rows, $dir,
             (q: *mut elem_type!($elem), k: *mut elem_type!($elem)),
             (q_stride: u64, k_stride: u64, sections: u64, form: u32),
             (
@@ -738,7 +705,7 @@ macro_rules! rope_general_kernel {
             /// table 1 in bits 0..32 and of table 2 in bits 32..64. `2 ≤ rotary_dim ≤
             /// head_dim`, both even, `seq_len ≥ 1`, `(q_heads + k_heads)·head_dim < 2³¹`;
             /// [`flags::COPY_TAIL`] only out of place.
-            rotate_any, General, $elem, $rows, $dir,
+            rotate_any [], General, $elem, $rows, $dir,
             (
                 q: *const elem_type!($elem),
                 k: *const elem_type!($elem),
@@ -791,12 +758,12 @@ macro_rules! rope_kernels {
     };
     (@paths $elem:ident, $dir:ident, $rows:ident) => {
         rope_kernel!($elem, $rows, $dir);
-        rope_vector_kernel!($elem, Vector, rotate_vec_neox, $rows, $dir);
+        rope_vector_kernel!($elem, Vector, false, false, $rows, $dir);
         rope_kernels!(@any $elem, $dir, $rows);
     };
     (@any $elem:ident, $dir:ident, $rows:ident) => {
-        rope_vector_kernel!($elem, VectorAny, rotate_vec_neox_any, $rows, $dir);
-        rope_vector_kernel!($elem, VectorInterleaved, rotate_vec_interleaved, $rows, $dir);
+        rope_vector_kernel!($elem, VectorAny, false, true, $rows, $dir);
+        rope_vector_kernel!($elem, VectorInterleaved, true, true, $rows, $dir);
         rope_general_kernel!($elem, $rows, $dir);
     };
 }
