@@ -481,8 +481,8 @@ struct BackwardLaunch {
 
 /// The backward launch for `path` in `ctx` (`dw`: with dW): [`backward_kernel`], a grid of the
 /// blocks that fit at once (at most one per row, and at most [`DW_PARTIAL_MAX`] partial-row
-/// elements with dW), and with the sm_90 build the shared-memory dW kernels in clusters
-/// ([`cluster_grid`]).
+/// elements with dW, or [`dx_grid_cap`] blocks without), and with the sm_90 build the
+/// shared-memory dW kernels in clusters ([`cluster_grid`]).
 fn backward_launch<T: Dtype>(
     ctx: &CudaContext,
     kernels: &Kernels,
@@ -529,10 +529,11 @@ const DX_MIN_ROWS_PER_BLOCK: usize = 32;
 /// reduction) over `rows` rows of `row_bytes`: [`DX_GRID_BYTES`] of rows at once, and at least
 /// one block per SM, where that leaves each block [`DX_MIN_ROWS_PER_BLOCK`] rows or more; else
 /// no cap (the resident grid). On an H200 the resident grid ran the 16384-row backward
-/// slower than with dW at f32 4096 columns; grid caps of 132…1056 blocks measured best near
-/// 4 MiB of rows (f32 16384×4096: 204.1 → 195.1 µs at 264 blocks; f32 16384×2048 105.5 →
+/// slower than with dW at f32 4096 columns; a sweep of caps (132…1056 blocks) measured best
+/// near 4 MiB of rows (f32 16384×4096: 204.1 → 195.1 µs at 264 blocks; f32 16384×2048 105.5 →
 /// 100.6 µs at 528; bf16 16384×4096 104.8 → 102.9 µs at 528), level at 8192 columns, and 5 %
-/// slower with 2048 rows, which keep the resident grid.
+/// slower with 2048 rows, which keep the resident grid. This rule (256 and 512 blocks at
+/// those shapes) then measured 195.2, 100.4 and 102.8 µs (PERFORMANCE.md, "RMSNorm kernels").
 fn dx_grid_cap(rows: usize, row_bytes: usize, sms: usize) -> usize {
     let cap = (DX_GRID_BYTES / row_bytes.max(1)).max(sms);
     match rows >= DX_MIN_ROWS_PER_BLOCK * cap {

@@ -383,9 +383,10 @@ pub enum CosSinLayout<'a> {
     /// for the other layouts). This is HuggingFace's `apply_multimodal_rotary_pos_emb`:
     /// splitting `cos` by `mrope_section * 2` and taking chunk `j` from table `j mod 3` gives
     /// dim `i` and dim `i + rotary_dim / 2` the same table. The sections must sum to
-    /// `rotary_dim / 2`; each may be 0. In place and token-major, the vector kernels take it
-    /// where every section starts at a whole 16-byte vector of pairs (8 pairs in 16-bit
-    /// types, 4 in f32; Qwen2-VL's `[16, 24, 24]` does), else the general kernels.
+    /// `rotary_dim / 2`; each may be 0. In place on contiguous NeoX halves with full-width
+    /// rows, the vector kernels take it where every section starts at a whole 16-byte vector
+    /// of pairs (8 pairs in 16-bit types, 4 in f32; Qwen2-VL's `[16, 24, 24]` does), else the
+    /// general kernels.
     Multimodal {
         /// Pairs taken from the t, h and w tables, in that order (`mrope_section`).
         sections: [usize; 3],
@@ -453,9 +454,10 @@ pub enum PositionIds<'a> {
 /// `cos`). `q` and `k` must not overlap each other (strided rows of the same stride: compared
 /// row by row), `cos`, `sin` or device position ids. One launch on `stream`, no
 /// synchronisation, no allocation (except for [`PositionIds::Host`]). Token-major calls take
-/// 16-byte vector kernels (either pair layout, any table width, token strides and row source)
-/// where pointers, head and rotary widths, strides and multimodal sections are whole vectors;
-/// head-major and the other calls take scalar kernels.
+/// 16-byte vector kernels (either pair layout, any table width, token strides and row source;
+/// multimodal tables with contiguous NeoX halves and full-width rows) where pointers, head and
+/// rotary widths, strides and multimodal sections are whole vectors; head-major and the other
+/// calls take the general kernels (one element pair per thread, every form).
 ///
 /// ```no_run
 /// use liger_rs::{CosSinLayout, RopeArgs, rope_forward};
@@ -710,8 +712,10 @@ fn block_shape(pairs: usize) -> (u32, u32) {
 /// The path of a call of elements of `elem_bytes` with cos/sin rows from `rows`: the general
 /// kernels (`rope_{dir}_g_*`) out of place (`out_of_place`) or head-major; else the vector
 /// kernels where they apply (`rope_{dir}_v_*` for contiguous NeoX halves with full-width rows
-/// and no multimodal tables, `_va_` for other NeoX calls, `_vi_` for interleaved pairs); else
-/// the scalar kernels for those contiguous NeoX calls, and the general kernels for the rest.
+/// and no multimodal tables, `_va_` for other NeoX calls, `_vi_` for interleaved pairs;
+/// multimodal tables only with contiguous NeoX halves and full-width rows); else the scalar
+/// kernels for contiguous NeoX calls without multimodal tables, and the general kernels for
+/// the rest.
 ///
 /// The vector kernels need 16-byte aligned `q`, `k`, `cos`, `sin` (`ptrs`); `head_dim`,
 /// `half = rotary_dim / 2`, both token strides and both multimodal section starts multiples of
@@ -748,7 +752,10 @@ fn path(
         starts[0],
         starts[1],
     ];
+    // Multimodal tables on the vector kernels: contiguous NeoX halves with full-width rows
+    // (Qwen2-VL's case), the combination the GPU tests run there.
     let vector = ptrs.iter().all(|p| p.is_multiple_of(16))
+        && (!multimodal || args.neox_in_place())
         && whole.iter().all(|n| n.is_multiple_of(lanes))
         && half / lanes <= BLOCK_THREADS
         && token_elems < 1 << 31;
@@ -796,7 +803,7 @@ fn vector_block(vph: usize, heads: usize, tokens: usize, vec_heads: usize) -> (u
 ///
 /// Arguments as [`rope_forward`]; `q_out` and `k_out` must not overlap each other or any input
 /// (`q` and `k` may overlap each other: they are only read). Out of place always takes the
-/// scalar kernels, so a caller that would otherwise copy q and k first reads and writes each
+/// general kernels, so a caller that would otherwise copy q and k first reads and writes each
 /// element once instead of twice; in place, [`rope_forward`] may take the vector kernels.
 ///
 /// ```no_run
@@ -1354,7 +1361,7 @@ fn general_form(args: &RopeArgs, out_of_place: bool) -> (u32, usize) {
     (flags, items)
 }
 
-/// Launches the NeoX in-place kernels (vector where they apply) or the general kernels, over
+/// Launches the kernels of `path` (scalar, vector or general), over
 /// cos/sin tables of `table_rows` rows from `source`.
 fn launch<T: Dtype>(
     stream: &Arc<CudaStream>,
@@ -1488,7 +1495,7 @@ pub(crate) mod tests {
     use crate::identity::{ElemType, Rows};
 
     /// Every kernel the launchers can ask for: each path takes each element type, direction
-    /// and cos/sin row source, but the scalar and contiguous vector paths no multimodal rows.
+    /// and cos/sin row source, but multimodal rows only the `_va_` and general paths.
     pub(crate) fn launchable_kernels() -> Vec<Kernel> {
         let mut out = Vec::new();
         for &direction in &[Direction::Forward, Direction::Backward] {
@@ -1500,8 +1507,11 @@ pub(crate) mod tests {
                             Rows::MultimodalIdsI32,
                             Rows::MultimodalIdsI64,
                         ];
-                        let contiguous = [RopePath::Scalar, RopePath::Vector];
-                        if multimodal.contains(&rows) && contiguous.contains(&path) {
+                        let neox_only = [RopePath::Scalar, RopePath::Vector];
+                        let not_multimodal = [RopePath::VectorInterleaved];
+                        if multimodal.contains(&rows)
+                            && (neox_only.contains(&path) || not_multimodal.contains(&path))
+                        {
                             continue;
                         }
                         out.push(Kernel::Rope {
@@ -1657,8 +1667,14 @@ pub(crate) mod tests {
         assert_eq!(path(&a(128, 128), false, mm(20, 24, 20), 2, aligned), g);
         assert_eq!(path(&a(128, 128), false, mm(20, 24, 20), 4, aligned), va);
         assert_eq!(path(&a(128, 128), false, mm(24, 20, 20), 2, aligned), g);
-        let mm_i = a(128, 128).with_interleaved();
-        assert_eq!(path(&mm_i, false, mm(16, 24, 24), 2, aligned), vi);
+        // Other forms with multimodal tables: general.
+        for other in [
+            a(128, 128).with_interleaved(),
+            a(128, 128).with_half_tables(),
+            a(128, 128).with_strides(fused, fused),
+        ] {
+            assert_eq!(path(&other, false, mm(16, 24, 24), 2, aligned), g);
+        }
         let misaligned = [0x1002, 0x2000, 0x3000, 0x4000];
         assert_eq!(path(&a(128, 128), false, mm(16, 24, 24), 2, misaligned), g);
     }

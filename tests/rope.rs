@@ -1893,8 +1893,7 @@ fn reference_fused_qkv_checks_spans_and_overlaps() {
 }
 
 /// The fused-QKV shapes `(B, S, Hq, Hk, d, r, pad)`: odd sizes, GQA either way, partial
-/// rotary, padded token rows (odd strides), many tokens.
-/// Fused QKV shapes `(B, S, Hq, Hk, d, r, pad)`: rows of `(Hq + 2·Hk)·d + pad` elements. The
+/// rotary, padded token rows of `(Hq + 2·Hk)·d + pad` elements (odd strides), many tokens. The
 /// vector kernels take those whose rows and halves are whole 16-byte vectors (a pad of 4:
 /// f32's 4 lanes, not 16-bit types' 8), the general kernels the rest.
 const FUSED_SHAPES: [(usize, usize, usize, usize, usize, usize, usize); 8] = [
@@ -2304,9 +2303,10 @@ fn reference_multimodal_gathered_is_multimodal_on_the_gathered_rows() {
 /// A multimodal shape: `(B, S, Hq, Hk, d, r, sections)`.
 type MultimodalShape = (usize, usize, usize, usize, usize, usize, [usize; 3]);
 
-/// The vector kernels take the shapes whose halves and section starts are whole 16-byte
-/// vectors (`[16, 24, 24]` and `[8, 8, 16]` for every type, `[20, 20, 0]` for f32 alone), the
-/// general kernels the rest; shape `i` gathers through `[i32, i64, host][i % 3]` ids.
+/// In place in the default form, the vector kernels take the shapes whose halves and section
+/// starts are whole 16-byte vectors (`[16, 24, 24]` and `[8, 8, 16]` for every type,
+/// `[20, 20, 0]` for f32 alone), the general kernels the rest and every other form; shape `i`
+/// gathers through `[i32, i64, host][i % 3]` ids.
 const MULTIMODAL_SHAPES: [MultimodalShape; 7] = [
     (1, 1, 1, 1, 2, 2, [1, 0, 0]),
     (2, 7, 3, 5, 6, 6, [1, 1, 1]),

@@ -64,8 +64,9 @@
 //! In f16 and bf16 the tanh form is [`gelu_tanh_and_grad_short`]: `u` in plain f32
 //! (`z·(u₀ + u₂·z²)`, within 2 ulps) and SwiGLU's `sigmoid_pair(u)`, so `e^{−|u|}` carries
 //! about `3.3·|u|` ulps (`|u|` < 104 wherever gelu is normal in f32), against the pair
-//! arithmetic's few: at most `(4|u| + 24)·2⁻²⁴` relative (the tests' bound), 1.3·10⁻⁵ at z = −9,
-//! 300 times below a bf16 ulp, while the value is rounded to the 16-bit type before it is
+//! arithmetic's few: at most `(4|u| + 24)·2⁻²⁴` relative (the tests' bound; an f32 replay with
+//! an exact `ex2` reaches 1.3·10⁻⁵ at z = −8.9, where the bound is 1.7·10⁻⁵), 300 times below
+//! a bf16 ulp, while the value is rounded to the 16-bit type before it is
 //! used (`c`) or stored (`db`, `da`). It takes about 25 instructions per element for value and
 //! derivative instead of 70, which bounded the 16-bit rows by compute (bf16 16384×14336
 //! backward 771 µs, behind Liger's 701; PERFORMANCE.md, "GEGLU"). f32 keeps the pair form,

@@ -182,12 +182,12 @@ names! {
         /// As [`Rows::IdsI32`] with i64 ids.
         IdsI64 = "ids64",
         /// Qwen2-VL's multimodal RoPE: three `[B, S, r]` tables (t, h, w) one after another,
-        /// row = token in the table that the pair's frequency section names (not on the scalar
-        /// path).
+        /// row = token in the table that the pair's frequency section names (`_va` and general
+        /// paths only).
         Multimodal = "mrope",
         /// Qwen2-VL's multimodal RoPE on a `[max_pos, r]` table gathered through i32 position
-        /// ids `[3, B, S]` (t, h, w; clamped), each pair by its frequency section (not on the
-        /// scalar path).
+        /// ids `[3, B, S]` (t, h, w; clamped), each pair by its frequency section (`_va` and
+        /// general paths only).
         MultimodalIdsI32 = "mrope_ids32",
         /// As [`Rows::MultimodalIdsI32`] with i64 ids.
         MultimodalIdsI64 = "mrope_ids64",

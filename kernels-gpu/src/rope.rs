@@ -739,9 +739,9 @@ const fn backward(dir: Direction) -> bool {
     matches!(dir, Direction::Backward)
 }
 
-/// Every RoPE kernel of one element type: each direction and cos/sin row source on the
-/// general path and the vector paths of any strides (both pair layouts), and on the scalar and
-/// contiguous NeoX vector paths but multimodal rows.
+/// Every RoPE kernel of one element type: each direction and cos/sin row source on every
+/// path, but multimodal rows only on the NeoX vector path of any strides (`_va_`, which the
+/// host gives them with contiguous full-width NeoX calls) and the general path.
 macro_rules! rope_kernels {
     ($elem:ident) => {
         rope_kernels!(@rows $elem, Forward);
@@ -752,18 +752,18 @@ macro_rules! rope_kernels {
         rope_kernels!(@paths $elem, $dir, PerBatch);
         rope_kernels!(@paths $elem, $dir, IdsI32);
         rope_kernels!(@paths $elem, $dir, IdsI64);
-        rope_kernels!(@any $elem, $dir, Multimodal);
-        rope_kernels!(@any $elem, $dir, MultimodalIdsI32);
-        rope_kernels!(@any $elem, $dir, MultimodalIdsI64);
+        rope_kernels!(@multimodal $elem, $dir, Multimodal);
+        rope_kernels!(@multimodal $elem, $dir, MultimodalIdsI32);
+        rope_kernels!(@multimodal $elem, $dir, MultimodalIdsI64);
     };
     (@paths $elem:ident, $dir:ident, $rows:ident) => {
         rope_kernel!($elem, $rows, $dir);
         rope_vector_kernel!($elem, Vector, false, false, $rows, $dir);
-        rope_kernels!(@any $elem, $dir, $rows);
-    };
-    (@any $elem:ident, $dir:ident, $rows:ident) => {
-        rope_vector_kernel!($elem, VectorAny, false, true, $rows, $dir);
         rope_vector_kernel!($elem, VectorInterleaved, true, true, $rows, $dir);
+        rope_kernels!(@multimodal $elem, $dir, $rows);
+    };
+    (@multimodal $elem:ident, $dir:ident, $rows:ident) => {
+        rope_vector_kernel!($elem, VectorAny, false, true, $rows, $dir);
         rope_general_kernel!($elem, $rows, $dir);
     };
 }
