@@ -1915,7 +1915,7 @@ fn run_fused_case<T: Dtype>(
     stream: &Arc<CudaStream>,
     shape: (usize, usize, usize, usize, usize, usize, usize),
     rows: Form,
-    interleaved: bool,
+    (interleaved, half): (bool, bool),
     seed: u64,
 ) {
     let (b, s, hq, hk, d, r, pad) = shape;
@@ -1925,15 +1925,11 @@ fn run_fused_case<T: Dtype>(
         .with_seq_len(s)
         .with_heads(hq, hk)
         .with_rotary_dim(r);
-    let args = if interleaved {
-        args.with_interleaved()
-    } else {
-        args
-    };
+    let args = in_form(args, (interleaved, half, false));
     let strided = args.with_strides(f.stride, f.stride);
     let desc = format!(
         "B={b} S={s} Hq={hq} Hk={hk} d={d} r={r} pad={pad} {} {rows:?} interleaved={interleaved} \
-         seed={seed}",
+         half-width tables={half} seed={seed}",
         T::NAME
     );
     let mut rng = Rng::new(seed);
@@ -2017,10 +2013,12 @@ fn fused_sweep<T: Dtype>(test: &str, seed_base: u64) {
     for (i, &(b, s, hq, hk, d, r, pad)) in FUSED_SHAPES.iter().enumerate() {
         // Sanitizer-sized: at most 9 positions.
         let shape = (b, sized(s, s.min(9)), hq, hk, d, r, pad);
+        // Both pair layouts, with full-width tables and, alternating with the shape, half-width.
         for interleaved in [false, true] {
+            let form = (interleaved, (i + interleaved as usize) % 2 == 1);
             let rows = FORMS[(2 * i + interleaved as usize) % FORMS.len()];
             let seed = seed_base + 2 * i as u64 + interleaved as u64;
-            failures.run(|| run_fused_case::<T>(&stream, shape, rows, interleaved, seed));
+            failures.run(|| run_fused_case::<T>(&stream, shape, rows, form, seed));
         }
     }
     failures.finish();
