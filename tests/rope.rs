@@ -1517,6 +1517,29 @@ fn run_form_case<T: Dtype>(
     let t = Tables::<T>::new(stream, &args, rows, poison, &mut rng);
     let (cos, sin) = (&t.cos, &t.sin);
     let (ref_rows, layout) = (t.ref_rows(), t.layout());
+    check_directions(
+        stream,
+        &args,
+        (cos, sin, &t.cos_d, &t.sin_d),
+        (ref_rows, &layout),
+        &mut rng,
+        &desc,
+    );
+}
+
+/// Forward and backward of one case on fresh random q and k against the reference: in place
+/// (`rope_forward`/`rope_backward`) and out of place into NaN-poisoned outputs (`*_into`,
+/// whose inputs must stay unchanged).
+fn check_directions<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &RopeArgs,
+    (cos, sin, cos_d, sin_d): (&[T], &[T], &CudaSlice<T>, &CudaSlice<T>),
+    (ref_rows, layout): (CosSinRows<'_>, &CosSinLayout<'_>),
+    rng: &mut Rng,
+    desc: &str,
+) {
+    let tokens = args.batch * args.seq_len;
+    let (d, r) = (args.head_dim, args.rotary_dim);
     for backward in [false, true] {
         let (names, rotate, rotate_into) = if backward {
             (
@@ -1531,17 +1554,14 @@ fn run_form_case<T: Dtype>(
                 rope_forward_into as RotateInto<T>,
             )
         };
-        let q: Vec<T> = uniform(&mut rng, b * s * hq * d);
-        let k: Vec<T> = uniform(&mut rng, b * s * hk * d);
+        let q: Vec<T> = uniform(rng, tokens * args.q_heads * d);
+        let k: Vec<T> = uniform(rng, tokens * args.k_heads * d);
         let (mut qw, mut kw) = (q.clone(), k.clone());
         let rotate_ref = if backward { ref_backward } else { ref_forward };
-        rotate_ref(&args, &mut qw, &mut kw, cos, sin, ref_rows).expect(&desc);
+        rotate_ref(args, &mut qw, &mut kw, cos, sin, ref_rows).expect(desc);
 
         let (mut q_d, mut k_d) = (upload(stream, &q), upload(stream, &k));
-        rotate(
-            stream, &args, &mut q_d, &mut k_d, &t.cos_d, &t.sin_d, &layout,
-        )
-        .expect(&desc);
+        rotate(stream, args, &mut q_d, &mut k_d, cos_d, sin_d, layout).expect(desc);
         let case = format!("in place, {desc}");
         check(names[0], &case, &download(stream, &q_d), &qw, &q, d, r);
         check(names[1], &case, &download(stream, &k_d), &kw, &k, d, r);
@@ -1550,9 +1570,9 @@ fn run_form_case<T: Dtype>(
         let mut q_out = common::poisoned::<T>(stream, q.len());
         let mut k_out = common::poisoned::<T>(stream, k.len());
         rotate_into(
-            stream, &args, &q_d, &k_d, &t.cos_d, &t.sin_d, &layout, &mut q_out, &mut k_out,
+            stream, args, &q_d, &k_d, cos_d, sin_d, layout, &mut q_out, &mut k_out,
         )
-        .expect(&desc);
+        .expect(desc);
         let case = format!("out of place, {desc}");
         check(names[0], &case, &download(stream, &q_out), &qw, &q, d, r);
         check(names[1], &case, &download(stream, &k_out), &kw, &k, d, r);
@@ -2371,41 +2391,14 @@ fn run_multimodal_case<T: Dtype>(
             ids: &ids,
         },
     };
-    for backward in [false, true] {
-        let q: Vec<T> = uniform(&mut rng, b * s * hq * d);
-        let k: Vec<T> = uniform(&mut rng, b * s * hk * d);
-        let (mut qw, mut kw) = (q.clone(), k.clone());
-        let rotate_ref = if backward { ref_backward } else { ref_forward };
-        rotate_ref(&args, &mut qw, &mut kw, &cos, &sin, ref_rows).expect(&desc);
-        let (names, rotate, rotate_into) = if backward {
-            (
-                ["dq", "dk"],
-                rope_backward as Rotate<T>,
-                rope_backward_into as RotateInto<T>,
-            )
-        } else {
-            (
-                ["q", "k"],
-                rope_forward as Rotate<T>,
-                rope_forward_into as RotateInto<T>,
-            )
-        };
-        let (mut q_d, mut k_d) = (upload(stream, &q), upload(stream, &k));
-        rotate(stream, &args, &mut q_d, &mut k_d, &cos_d, &sin_d, &layout).expect(&desc);
-        let case = format!("in place, {desc}");
-        check(names[0], &case, &download(stream, &q_d), &qw, &q, d, r);
-        check(names[1], &case, &download(stream, &k_d), &kw, &k, d, r);
-        let (q_d, k_d) = (upload(stream, &q), upload(stream, &k));
-        let mut q_out = common::poisoned::<T>(stream, q.len());
-        let mut k_out = common::poisoned::<T>(stream, k.len());
-        rotate_into(
-            stream, &args, &q_d, &k_d, &cos_d, &sin_d, &layout, &mut q_out, &mut k_out,
-        )
-        .expect(&desc);
-        let case = format!("out of place, {desc}");
-        check(names[0], &case, &download(stream, &q_out), &qw, &q, d, r);
-        check(names[1], &case, &download(stream, &k_out), &kw, &k, d, r);
-    }
+    check_directions(
+        stream,
+        &args,
+        (&cos, &sin, &cos_d, &sin_d),
+        (ref_rows, &layout),
+        &mut rng,
+        &desc,
+    );
 }
 
 fn multimodal_sweep<T: Dtype>(test: &str, seed_base: u64) {
