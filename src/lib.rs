@@ -100,6 +100,7 @@
 //!   kernels otherwise, so any shape and alignment works.
 #![warn(missing_docs)]
 
+mod attention;
 #[cfg(test)]
 mod bad_input;
 #[cfg(feature = "candle")]
@@ -131,6 +132,10 @@ mod validate;
 #[cfg(test)]
 extern crate self as liger_rs;
 
+pub use attention::{
+    AttentionArgs, Strides, attention_backward, attention_backward_varlen, attention_forward,
+    attention_forward_varlen,
+};
 #[cfg(feature = "candle")]
 pub use candle_core;
 pub use cudarc;

@@ -380,6 +380,7 @@ mod tests {
             crate::rms_norm::tests::launchable_kernels(),
             crate::rope::tests::launchable_kernels(),
             crate::swiglu::tests::launchable_kernels(),
+            crate::attention::plan::tests::launchable_kernels(),
         ]
         .into_iter()
         .flatten()
@@ -394,8 +395,9 @@ mod tests {
         }
         // RoPE's 156 (3 element types × 2 directions × 26 paths and row sources: 4 each of
         // scalar, contiguous vector and interleaved vector, 7 each of vector-any and general)
-        // and the other ops' 347.
-        assert_eq!(launchable.len(), 503);
+        // the other ops' 347, and attention's 24 (the forward, dQ and dK/dV on SIMT for three
+        // element types and on tensor cores for two at two head_dims; the preprocessing).
+        assert_eq!(launchable.len(), 527);
     }
 
     #[test]

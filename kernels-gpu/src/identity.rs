@@ -75,6 +75,36 @@ names! {
         Swiglu = "swiglu",
         /// GEGLU (`kernels-gpu/src/geglu.rs`), on SwiGLU's kernels with GELU as the gate.
         Geglu = "geglu",
+        /// Attention (`kernels-gpu/src/attention/`).
+        Attention = "attn",
+    }
+}
+
+names! {
+    /// What an attention kernel computes: the second part of its entry name.
+    pub enum AttnPass / attn_pass_name {
+        /// The forward: the output and each query row's log-sum-exp.
+        Forward = "fwd",
+        /// The backward's preprocessing: `Σ dO·O` of each query row.
+        Prep = "bwd_pre",
+        /// The backward's dQ.
+        Dq = "bwd_dq",
+        /// The backward's dK and dV, each block over every query head of its group.
+        DkDv = "bwd_dkdv",
+    }
+}
+
+names! {
+    /// An attention kernel's path: the variant part of its entry name.
+    pub enum AttnPath / attn_path_name {
+        /// One warp per row, f32 arithmetic in CUDA cores: any element type, head_dim up to
+        /// 256, any alignment (no name part).
+        Simt = "",
+        /// Tensor cores (`mma.sync` m16n8k16, `ldmatrix`, `cp.async`) at head_dim 64, 16-bit
+        /// elements, 16-byte aligned rows.
+        Mma64 = "mma64",
+        /// As [`AttnPath::Mma64`] at head_dim 128.
+        Mma128 = "mma128",
     }
 }
 
@@ -282,6 +312,15 @@ pub enum Kernel {
         /// The form of GELU.
         form: GeluForm,
     },
+    /// An attention kernel.
+    Attention {
+        /// The pass.
+        pass: AttnPass,
+        /// The path ([`AttnPath::Simt`] for [`AttnPass::Prep`]).
+        path: AttnPath,
+        /// The element type.
+        elem: ElemType,
+    },
 }
 
 /// A kernel's entry name from its parts, at compile time: the twin of [`Kernel::name`] for
@@ -330,6 +369,14 @@ macro_rules! kernel_name {
         $crate::identity::kernel_name!(@join
             op_name(Geglu), direction_name($dir), swiglu_path_name($path), elem_name($elem),
             gelu_form_name($form))
+    };
+    (Attention, $pass:ident, Simt, $elem:ident) => {
+        $crate::identity::kernel_name!(@join
+            op_name(Attention), attn_pass_name($pass), elem_name($elem))
+    };
+    (Attention, $pass:ident, $path:ident, $elem:ident) => {
+        $crate::identity::kernel_name!(@join
+            op_name(Attention), attn_pass_name($pass), attn_path_name($path), elem_name($elem))
     };
     // An RMSNorm vector kernel's variant: its layout's name, then its vectors per thread.
     (@vector $layout:ident $k:literal) => {
@@ -414,6 +461,13 @@ impl Kernel {
                 path.name(),
                 elem.name(),
                 form.name(),
+            ],
+            Kernel::Attention { pass, path, elem } => [
+                Op::Attention.name(),
+                pass.name(),
+                path.name(),
+                elem.name(),
+                "",
             ],
         };
         let parts: Vec<&str> = parts.into_iter().filter(|p| !p.is_empty()).collect();

@@ -21,12 +21,14 @@
 //! assert_eq!((out.y.len(), grads.dx.len()), (8, 8));
 //! # Ok::<(), liger_rs::Error>(())
 //! ```
+pub mod attention;
 pub mod fused_add_rms_norm;
 pub mod geglu;
 pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;
 
+pub use attention::{AttentionGrads, AttentionOut, attention_backward, attention_forward};
 pub use fused_add_rms_norm::{fused_add_rms_norm_backward, fused_add_rms_norm_forward};
 pub use geglu::{geglu_backward, geglu_forward};
 pub use rms_norm::{rms_norm_backward, rms_norm_backward_dx, rms_norm_forward};

@@ -1,0 +1,142 @@
+//! The attention kernels' parameter block, defined once for both sides: the device crate
+//! compiles this file as `kernels_gpu::attention::abi`, the host crate mounts it through
+//! `#[path]` as `crate::attention::abi`. Every attention kernel takes one [`Params`] by value
+//! as its only argument, so the host and the device cannot disagree on the order or the type
+//! of a field; the host's tests check the size of each entry's parameter in the PTX against
+//! `size_of::<Params>()`.
+
+/// One tensor of `[tokens, heads, head_dim]` rows in device memory: its address and its
+/// strides in elements. Element `(b, t, h, e)` (batch, token of the sequence, head, element
+/// of the head) lies at `ptr + b·batch + (start_b + t)·token + h·head + e`, where `start_b` is
+/// the sequence's first token (`cu_seqlens[b]` in a packed batch, else 0).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tensor {
+    /// Device address of element 0 (0 where the kernel does not use the tensor).
+    pub ptr: u64,
+    /// Elements between batches (0 in a packed batch, whose sequences `cu_seqlens` places).
+    pub batch: u64,
+    /// Elements between consecutive tokens.
+    pub token: u64,
+    /// Elements between consecutive heads of a token.
+    pub head: u64,
+}
+
+/// Everything an attention kernel reads: one block for the forward, the backward's
+/// preprocessing, its dQ and its dK/dV kernels (each reads the fields it needs).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Params {
+    /// Queries `[B, Sq, Hq, d]` (or packed `[total_q, Hq, d]`).
+    pub q: Tensor,
+    /// Keys `[B, Sk, Hkv, d]`.
+    pub k: Tensor,
+    /// Values, shaped as the keys.
+    pub v: Tensor,
+    /// The output, shaped as the queries (the forward writes it, the backward reads it).
+    pub o: Tensor,
+    /// The output's gradient, shaped as the queries (backward).
+    pub d_o: Tensor,
+    /// The queries' gradient (backward).
+    pub dq: Tensor,
+    /// The keys' gradient (backward).
+    pub dk: Tensor,
+    /// The values' gradient (backward).
+    pub dv: Tensor,
+    /// f32 log-sum-exp of each query row's scores (natural log): row `(b, h, t)` at
+    /// `b·lse_batch + h·lse_head + start_b + t`. Written by the forward, read by the backward.
+    pub lse: u64,
+    /// f32 `Σ_e dO·O` of each query row (the backward's preprocessing writes it), laid out as
+    /// `lse`.
+    pub delta: u64,
+    /// Elements between batches of `lse` and `delta` (0 in a packed batch).
+    pub lse_batch: u64,
+    /// Elements between heads of `lse` and `delta`.
+    pub lse_head: u64,
+    /// i32 `[B + 1]` first query token of each sequence of a packed batch, 0 otherwise.
+    pub cu_seqlens_q: u64,
+    /// i32 `[B + 1]` first key token of each sequence of a packed batch, 0 otherwise.
+    pub cu_seqlens_k: u64,
+    /// Sequences.
+    pub batch: u32,
+    /// Query heads.
+    pub heads_q: u32,
+    /// Key/value heads (divides `heads_q`: query head `h` reads key/value head
+    /// `h / (heads_q / heads_kv)`).
+    pub heads_kv: u32,
+    /// Elements per head.
+    pub head_dim: u32,
+    /// Query tokens per sequence (the longest, in a packed batch).
+    pub seqlen_q: u32,
+    /// Key tokens per sequence (the longest, in a packed batch).
+    pub seqlen_k: u32,
+    /// Query tokens of a packed batch (`cu_seqlens_q` is clamped to it), else 0.
+    pub total_q: u32,
+    /// Key tokens of a packed batch (`cu_seqlens_k` is clamped to it), else 0.
+    pub total_k: u32,
+    /// Keys left of the diagonal a query sees, or −1 for all of them.
+    pub window_left: i32,
+    /// Keys right of the diagonal a query sees, or −1 for all of them (0 when causal).
+    pub window_right: i32,
+    /// The factor on `q·k` (usually `1/√d`).
+    pub scale: f32,
+    /// Soft-capping of the scores, `c·tanh(s/c)`, or 0 for none.
+    pub softcap: f32,
+}
+
+/// Query rows per block of the tensor-core forward and dQ kernels (16 per warp).
+pub const MMA_ROWS: u32 = 64;
+/// Threads per block of every attention kernel.
+pub const THREADS: u32 = 128;
+/// Query rows per block of the SIMT kernels and of the backward's preprocessing (one warp
+/// each); key rows per block of the SIMT dK/dV kernel.
+pub const SIMT_ROWS: u32 = THREADS / 32;
+/// The largest head_dim of the SIMT kernels (eight elements per lane).
+pub const SIMT_MAX_HEAD_DIM: u32 = 256;
+
+/// Key rows per block of the tensor-core dK/dV kernel (16 per warp).
+pub const MMA_KEYS: u32 = 64;
+
+/// Keys per step of the tensor-core forward (the tile of K and V in shared memory).
+pub const fn fwd_key_tile(_head_dim: u32) -> u32 {
+    64
+}
+
+/// Keys per step of the tensor-core dQ kernel: its Q and dO fragments and dQ accumulators
+/// stay in registers, so the S and dP tiles must be small to fit beside them without spills
+/// (16 at head_dim 128, 32 at 64).
+pub const fn dq_key_tile(head_dim: u32) -> u32 {
+    if head_dim > 64 { 16 } else { 32 }
+}
+
+/// Queries per step of the tensor-core dK/dV kernel: its dK and dV accumulators take 128
+/// registers per thread at head_dim 128, so 16 there (32 spills), 32 at 64 (64 spills).
+pub const fn dkdv_query_tile(head_dim: u32) -> u32 {
+    if head_dim > 64 { 16 } else { 32 }
+}
+
+/// Bytes of dynamic shared memory of the tensor-core forward at `head_dim` (16-bit elements):
+/// the block's Q tile, one K tile and one V tile.
+pub const fn fwd_shared_bytes(head_dim: u32) -> u32 {
+    (MMA_ROWS + 2 * fwd_key_tile(head_dim)) * head_dim * 2
+}
+
+/// Bytes of dynamic shared memory of the tensor-core dQ kernel: first the block's Q and dO
+/// tiles (read once into registers), then two stages of a K and a V tile in the same bytes.
+pub const fn dq_shared_bytes(head_dim: u32) -> u32 {
+    let staged = 2 * MMA_ROWS * head_dim * 2;
+    let stages = 4 * dq_key_tile(head_dim) * head_dim * 2;
+    if staged > stages { staged } else { stages }
+}
+
+/// Bytes of one stage of the tensor-core dK/dV kernel: a Q and a dO tile, then the tile's
+/// log-sum-exp (log2 units) and delta values (f32).
+pub const fn dkdv_stage_bytes(head_dim: u32) -> u32 {
+    dkdv_query_tile(head_dim) * (2 * head_dim * 2 + 2 * 4)
+}
+
+/// Bytes of dynamic shared memory of the tensor-core dK/dV kernel: the block's K and V tiles
+/// and two stages ([`dkdv_stage_bytes`]).
+pub const fn dkdv_shared_bytes(head_dim: u32) -> u32 {
+    2 * MMA_KEYS * head_dim * 2 + 2 * dkdv_stage_bytes(head_dim)
+}

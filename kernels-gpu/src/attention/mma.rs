@@ -1,0 +1,218 @@
+//! Tensor-core building blocks through inline PTX (sm_80): `mma.sync` m16n8k16 with f32
+//! accumulators, `ldmatrix` from shared memory, `cp.async` from global to shared memory.
+//!
+//! Fragments (PTX ISA, "Matrix fragments for mma.m16n8k16"): with `g = lane / 4` and
+//! `c = lane % 4`, an A fragment (16×16, row-major) is four words holding rows `g`, `g + 8`
+//! at columns `2c, 2c + 1` (words 0, 1) and `2c + 8, 2c + 9` (words 2, 3); a B fragment
+//! (16×8, k × n) two words at k = `2c, 2c + 1` and `2c + 8, 2c + 9`, column n = `g`; an
+//! accumulator (16×8) four f32 at rows `g` (0, 1) and `g + 8` (2, 3), columns `2c, 2c + 1`.
+//! An accumulator pair of n-tiles `2t, 2t + 1` packed to 16 bits is the A fragment of k-step
+//! `t` (the probabilities of a score tile feed the next product straight from registers).
+//!
+//! Shared-memory tiles hold rows of `D` 16-bit elements as 16-byte chunks, chunk `c` of row
+//! `r` at chunk `c ^ (r % 8)`: the eight rows an `ldmatrix` matrix reads at one logical chunk
+//! then fall in eight different bank groups (no conflicts), as do `cp.async` writes.
+use super::Half;
+use core::arch::asm;
+
+/// `d = a·b + d` on one m16n8k16 tile (bf16 or f16 operands, f32 accumulators).
+#[inline(always)]
+pub(crate) fn mma<T: Half>(d: &mut [f32; 4], a: &[u32; 4], b0: u32, b1: u32) {
+    // SAFETY: a register-only warp-wide instruction; every lane of the warp executes it.
+    unsafe {
+        if T::IS_BF16 {
+            asm!(
+                "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{{d0}, {d1}, {d2}, {d3}}}, {{{a0}, {a1}, {a2}, {a3}}}, {{{b0}, {b1}}}, {{{d0}, {d1}, {d2}, {d3}}};",
+                d0 = inout(reg32) d[0], d1 = inout(reg32) d[1], d2 = inout(reg32) d[2], d3 = inout(reg32) d[3],
+                a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+                b0 = in(reg32) b0, b1 = in(reg32) b1,
+                options(pure, nomem, nostack)
+            );
+        } else {
+            asm!(
+                "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{{d0}, {d1}, {d2}, {d3}}}, {{{a0}, {a1}, {a2}, {a3}}}, {{{b0}, {b1}}}, {{{d0}, {d1}, {d2}, {d3}}};",
+                d0 = inout(reg32) d[0], d1 = inout(reg32) d[1], d2 = inout(reg32) d[2], d3 = inout(reg32) d[3],
+                a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+                b0 = in(reg32) b0, b1 = in(reg32) b1,
+                options(pure, nomem, nostack)
+            );
+        }
+    }
+}
+
+/// Four 8×8 matrices of 16-bit elements from shared memory (`ldmatrix.x4`): lanes `8m..8m+8`
+/// give the row addresses of matrix `m`, and word `m` of each lane holds its part of matrix
+/// `m` (row `lane / 4`, columns `2·(lane % 4)`, `+1`).
+///
+/// # Safety
+/// `addr` is a 16-byte aligned shared-memory address (`.shared` window) of 16 valid bytes;
+/// every lane of the warp executes it.
+#[inline(always)]
+pub(crate) unsafe fn ldmatrix_x4(addr: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        asm!(
+            "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{a}, {b}, {c}, {d}}}, [{p}];",
+            a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+            p = in(reg32) addr,
+            options(nostack, readonly)
+        );
+    }
+    [a, b, c, d]
+}
+
+/// As [`ldmatrix_x4`], each matrix transposed (`.trans`): word `m` of a lane holds rows
+/// `2·(lane % 4)`, `+1` of matrix `m` at column `lane / 4`.
+///
+/// # Safety
+/// As [`ldmatrix_x4`].
+#[inline(always)]
+pub(crate) unsafe fn ldmatrix_x4_trans(addr: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        asm!(
+            "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{{a}, {b}, {c}, {d}}}, [{p}];",
+            a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+            p = in(reg32) addr,
+            options(nostack, readonly)
+        );
+    }
+    [a, b, c, d]
+}
+
+/// Starts copying 16 bytes from global `src` to shared `dst` (`cp.async.cg`, through L2 only),
+/// or writes 16 zero bytes when `!valid` (reading nothing).
+///
+/// # Safety
+/// `dst` is a 16-byte aligned shared address; `src` a 16-byte aligned global address of 16
+/// readable bytes when `valid` (any mapped address otherwise). The bytes may be read only
+/// after [`wait_all`] (or [`wait_one_pending`] for an older group) and a barrier.
+#[inline(always)]
+pub(crate) unsafe fn cp_async_16(dst: u32, src: u64, valid: bool) {
+    let n: u32 = if valid { 16 } else { 0 };
+    unsafe {
+        asm!(
+            "cp.async.cg.shared.global [{d}], [{s}], 16, {n};",
+            d = in(reg32) dst, s = in(reg64) src, n = in(reg32) n,
+            options(nostack)
+        );
+    }
+}
+
+/// Closes the group of `cp.async` copies started since the last call.
+#[inline(always)]
+pub(crate) fn commit() {
+    // SAFETY: orders only this thread's asynchronous copies.
+    unsafe { asm!("cp.async.commit_group;", options(nostack)) }
+}
+
+/// Waits until every committed group of this thread's copies has landed.
+#[inline(always)]
+pub(crate) fn wait_all() {
+    // SAFETY: as `commit`; the implied memory clobber keeps shared reads after it.
+    unsafe { asm!("cp.async.wait_group 0;", options(nostack)) }
+}
+
+/// Waits until at most the newest committed group of this thread's copies is still in flight.
+#[inline(always)]
+pub(crate) fn wait_one_pending() {
+    // SAFETY: as `wait_all`.
+    unsafe { asm!("cp.async.wait_group 1;", options(nostack)) }
+}
+
+/// The `.shared` window address of a pointer into this block's dynamic shared memory.
+#[inline(always)]
+pub(crate) fn shared_addr<T>(p: *const T) -> u32 {
+    let a: u64;
+    // SAFETY: a register conversion of a shared-memory pointer.
+    unsafe {
+        asm!("cvta.to.shared.u64 {a}, {p};", a = out(reg64) a, p = in(reg64) p,
+             options(pure, nomem, nostack))
+    };
+    a as u32
+}
+
+/// A lane's `ldmatrix` addresses in a swizzled tile of `D`-element rows, for one of the three
+/// patterns below. Every row a lane addresses is `≡ lane (mod 8)`, so the swizzle XORs its
+/// chunk with `lane % 8` alone: the four chunk offsets within a group of eight chunks are
+/// computed once per lane, and an address is then a register plus constants.
+#[derive(Clone, Copy)]
+pub(crate) struct Lanes {
+    /// Byte offset of the lane's row, plus each of its four chunk offsets.
+    at: [u32; 4],
+}
+
+impl Lanes {
+    /// The lane's addresses when it names row `row` (≡ lane mod 8) and chunks `2i + bit`.
+    #[inline(always)]
+    fn new<const D: usize>(lane: usize, row: usize, bit: usize) -> Self {
+        let x = lane & 7;
+        let rb = (row * D * 2) as u32;
+        Lanes {
+            at: [0, 1, 2, 3].map(|i| rb + ((((2 * i + bit) ^ x) << 4) as u32)),
+        }
+    }
+
+    /// A fragments of rows `16·block..`: lane rows `lane % 16`, chunks `2kk + lane / 16`.
+    #[inline(always)]
+    pub(crate) fn a<const D: usize>(lane: usize, block: usize) -> Self {
+        Self::new::<D>(lane, 16 * block + (lane & 15), lane >> 4)
+    }
+
+    /// B fragments from n-major rows (`ldmatrix` as stored): lane rows
+    /// `lane % 8 + 8·(lane / 16)`, chunks `2kk + (lane / 8) % 2`.
+    #[inline(always)]
+    pub(crate) fn b<const D: usize>(lane: usize) -> Self {
+        Self::new::<D>(lane, (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1)
+    }
+
+    /// B fragments from k-major rows (`ldmatrix.trans`): lane rows `lane % 16` ordered
+    /// `lane % 8 + 8·((lane / 8) % 2)`, chunks `2dp + lane / 16`.
+    #[inline(always)]
+    pub(crate) fn bt<const D: usize>(lane: usize) -> Self {
+        Self::new::<D>(lane, (lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4)
+    }
+
+    /// The lane's address for chunk pair `pair` (its chunks `2·pair`, `2·pair + 1`) of the rows
+    /// `16·rows16` further down.
+    #[inline(always)]
+    pub(crate) fn at<const D: usize>(&self, tile: u32, rows16: usize, pair: usize) -> u32 {
+        tile + self.at[pair & 3] + ((pair >> 2) << 7) as u32 + (rows16 * 16 * D * 2) as u32
+    }
+}
+
+/// Byte offset of chunk `chunk` (16 bytes) of row `row` in a tile of `D`-element rows.
+#[inline(always)]
+pub(crate) const fn swizzled<const D: usize>(row: usize, chunk: usize) -> u32 {
+    (row * D * 2 + ((chunk ^ (row & 7)) << 4)) as u32
+}
+
+/// Starts copying `rows` rows of `D` 16-bit elements into the tile at shared address `tile`
+/// (all 128 threads of the block call it): row `r` from `base + r·stride` elements, zeros for
+/// rows `r ≥ valid`.
+///
+/// # Safety
+/// `base` and `stride` are 16-byte aligned and rows `< valid` readable; `tile` has room.
+#[inline(always)]
+pub(crate) unsafe fn load_tile<const D: usize>(
+    tile: u32,
+    base: u64,
+    stride: usize,
+    rows: usize,
+    valid: usize,
+    tid: usize,
+) {
+    let chunks = D / 8;
+    let mut idx = tid;
+    while idx < rows * chunks {
+        let (r, c) = (idx / chunks, idx % chunks);
+        let ok = r < valid;
+        let src = if ok {
+            base + ((r * stride + c * 8) * 2) as u64
+        } else {
+            base
+        };
+        unsafe { cp_async_16(tile + swizzled::<D>(r, c), src, ok) };
+        idx += super::abi::THREADS as usize;
+    }
+}

@@ -1,0 +1,610 @@
+//! The tensor-core path (`mma.sync` m16n8k16, f32 accumulators) for 16-bit elements at
+//! head_dim `D` ∈ {64, 128}, on 16-byte aligned rows (the host checks). Four warps per block,
+//! each owning 16 rows of the block's tile (query rows in the forward and dQ kernels, key rows
+//! in dK/dV), so a row's softmax statistics stay within the four lanes that share it
+//! (`shfl.xor` 1 and 2). Operand tiles go global → shared by `cp.async` (overlapping the
+//! previous tile's math) and shared → registers by `ldmatrix` ([`super::mma`] has the
+//! fragment and swizzle layouts). As FA2, probabilities (and dS) are rounded to the element
+//! type before they meet V, dO, K or Q in a product.
+use super::abi::fwd_key_tile;
+use super::abi::{MMA_KEYS, MMA_ROWS, Params, dkdv_query_tile, dkdv_stage_bytes, dq_key_tile};
+use super::mma::{
+    Lanes, commit, ldmatrix_x4, ldmatrix_x4_trans, load_tile, mma, shared_addr, wait_all,
+    wait_one_pending,
+};
+use super::{Half, Score, Seq, block_y, block_z, exp2, lse_of, lse_offset, lse2_for_backward};
+use super::{offset, safe_max, shfl_xor};
+use crate::{block_idx, sync_threads, thread_idx};
+
+/// Calls `f(0), …, f(N − 1)` as straight-line code (`N ≤ 16`), so that register arrays indexed
+/// by the argument keep constant indices.
+#[inline(always)]
+fn each<const N: usize>(mut f: impl FnMut(usize)) {
+    const { assert!(N <= 16) };
+    macro_rules! step {
+        ($($i:literal)*) => { $( if N > $i { f($i); } )* };
+    }
+    step!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+}
+
+/// The block's dynamic shared memory as a `.shared` address.
+#[inline(always)]
+fn shared_base() -> u32 {
+    shared_addr(core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<u8>())
+}
+
+/// `(g, c)`: the lane's row within an 8-row group and its column pair (see [`super::mma`]).
+#[inline(always)]
+fn lane_parts() -> (usize, usize, usize) {
+    let lane = thread_idx() & 31;
+    (lane, lane >> 2, lane & 3)
+}
+
+/// A fragments of the warp's 16 rows (from `16·warp`) of a `D`-wide tile: k-step `kk` in
+/// `frags[kk]` (D/16 of them; at most 8).
+#[inline(always)]
+unsafe fn a_frags<const D: usize>(tile: u32, warp: usize, lane: usize) -> [[u32; 4]; 8] {
+    let mut f = [[0u32; 4]; 8];
+    let l = Lanes::a::<D>(lane, warp);
+    each::<8>(|kk| {
+        if kk < D / 16 {
+            f[kk] = unsafe { ldmatrix_x4(l.at::<D>(tile, 0, kk)) };
+        }
+    });
+    f
+}
+
+/// `acc[n] += A · Bᵀ` for the `n8` n-tiles (8 rows each) of a `D`-wide tile of B rows, A given
+/// by `a(kk)` per k-step: B rows are the n dimension, their elements the k dimension
+/// (`ldmatrix` without transposition: K for scores, V for dP, Q or dO for the dK/dV kernel's
+/// transposed scores).
+#[inline(always)]
+unsafe fn mma_abt<T: Half, const D: usize>(
+    acc: &mut [[f32; 4]; 8],
+    tile: u32,
+    lane: usize,
+    n8: usize,
+    mut a: impl FnMut(usize) -> [u32; 4],
+) {
+    let l = Lanes::b::<D>(lane);
+    each::<8>(|kk| {
+        if kk < D / 16 {
+            let af = a(kk);
+            each::<4>(|np| {
+                if np < n8 / 2 {
+                    let b = unsafe { ldmatrix_x4(l.at::<D>(tile, np, kk)) };
+                    mma::<T>(&mut acc[2 * np], &af, b[0], b[1]);
+                    mma::<T>(&mut acc[2 * np + 1], &af, b[2], b[3]);
+                }
+            });
+        }
+    });
+}
+
+/// `acc[n] += P · B` over `k16` k-steps of 16 rows of a `D`-wide tile of B rows (the k
+/// dimension; their elements the n dimension: `ldmatrix.trans`), with P's accumulator tiles
+/// `p` (two per k-step) packed to 16 bits as the A operand.
+#[inline(always)]
+unsafe fn mma_pb<T: Half, const D: usize>(
+    acc: &mut [[f32; 4]; 16],
+    p: &[[f32; 4]; 8],
+    tile: u32,
+    lane: usize,
+    k16: usize,
+) {
+    let l = Lanes::bt::<D>(lane);
+    each::<4>(|kk| {
+        if kk < k16 {
+            let (lo, hi) = (&p[2 * kk], &p[2 * kk + 1]);
+            let a = [
+                T::pack2(lo[0], lo[1]),
+                T::pack2(lo[2], lo[3]),
+                T::pack2(hi[0], hi[1]),
+                T::pack2(hi[2], hi[3]),
+            ];
+            each::<8>(|dp| {
+                if dp < D / 16 {
+                    let b = unsafe { ldmatrix_x4_trans(l.at::<D>(tile, kk, dp)) };
+                    mma::<T>(&mut acc[2 * dp], &a, b[0], b[1]);
+                    mma::<T>(&mut acc[2 * dp + 1], &a, b[2], b[3]);
+                }
+            });
+        }
+    });
+}
+
+/// Stores rows `g` (`r = 0`) or `g + 8` (`r = 1`) of a warp's `D`-wide accumulator, times
+/// `mul`, to the row at element `at` of `ptr`.
+#[inline(always)]
+unsafe fn store_row<T: Half, const D: usize>(
+    acc: &[[f32; 4]; 16],
+    r: usize,
+    mul: f32,
+    ptr: u64,
+    at: usize,
+    c: usize,
+) {
+    let p = ptr as *mut u32;
+    each::<16>(|dt| {
+        if dt < D / 8 {
+            let w = T::pack2(acc[dt][2 * r] * mul, acc[dt][2 * r + 1] * mul);
+            // SAFETY: the host checked the tensor's extent and its 16-byte alignment.
+            unsafe { *p.add((at + 8 * dt + 2 * c) / 2) = w };
+        }
+    });
+}
+
+/// The forward of a block of [`MMA_ROWS`] query rows of one head.
+///
+/// # Safety
+/// As the entry points'.
+#[inline(always)]
+pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
+    const { assert!(D == 64 || D == 128) };
+    const BC: usize = 64;
+    const { assert!(fwd_key_tile(D as u32) as usize == BC) };
+    let (tid, (lane, g, c)) = (thread_idx(), lane_parts());
+    let warp = tid >> 5;
+    let (b, h) = (block_z(), block_y());
+    let s = unsafe { Seq::of(p, b) };
+    let m0 = (block_idx() * MMA_ROWS as usize) as i64;
+    if m0 >= s.sq {
+        return;
+    }
+    let i1 = (m0 + MMA_ROWS as i64 - 1).min(s.sq - 1);
+    let hk = h / (p.heads_q / p.heads_kv) as usize;
+    let score = Score::new(p);
+    let base = shared_base();
+    let (sq, sk, sv) = (
+        base,
+        base + (64 * D * 2) as u32,
+        base + ((64 + BC) * D * 2) as u32,
+    );
+    let k_base = p.k.ptr + 2 * offset(&p.k, b, s.k_start, hk) as u64;
+    let v_base = p.v.ptr + 2 * offset(&p.v, b, s.k_start, hk) as u64;
+    let (kt, vt) = (p.k.token as usize, p.v.token as usize);
+    unsafe {
+        let q_base = p.q.ptr + 2 * offset(&p.q, b, s.q_start + m0 as usize, h) as u64;
+        load_tile::<D>(
+            sq,
+            q_base,
+            p.q.token as usize,
+            64,
+            (s.sq - m0) as usize,
+            tid,
+        );
+    }
+    commit();
+    let (lo, hi) = s.keys(m0, i1);
+    let first = (lo.max(0) as usize / BC) * BC;
+    let end = hi.max(0) as usize;
+    if first < end {
+        unsafe {
+            load_tile::<D>(
+                sk,
+                k_base + (2 * first * kt) as u64,
+                kt,
+                BC,
+                s.sk as usize - first,
+                tid,
+            )
+        };
+    }
+    commit();
+    wait_one_pending();
+    sync_threads();
+    let qf = unsafe { a_frags::<D>(sq, warp, lane) };
+    let (mut m, mut l) = ([f32::NEG_INFINITY; 2], [0.0f32; 2]);
+    let mut o = [[0.0f32; 4]; 16];
+    let mut n0 = first;
+    while n0 < end {
+        wait_all();
+        sync_threads();
+        unsafe {
+            load_tile::<D>(
+                sv,
+                v_base + (2 * n0 * vt) as u64,
+                vt,
+                BC,
+                s.sk as usize - n0,
+                tid,
+            )
+        };
+        commit();
+        let mut sc = [[0.0f32; 4]; 8];
+        unsafe { mma_abt::<T, D>(&mut sc, sk, lane, 8, |kk| qf[kk]) };
+        let masked = !s.all_allowed(m0, i1, n0 as i64, (n0 + BC - 1) as i64);
+        let row0 = m0 + (16 * warp + g) as i64;
+        each::<8>(|nt| {
+            each::<4>(|e| {
+                let x = score.of(sc[nt][e]);
+                let j = (n0 + 8 * nt + 2 * c + (e & 1)) as i64;
+                let i = row0 + 8 * (e >> 1) as i64;
+                sc[nt][e] = if masked && !s.allows(i, j) {
+                    f32::NEG_INFINITY
+                } else {
+                    x
+                };
+            });
+        });
+        each::<2>(|r| {
+            let mut mx = f32::NEG_INFINITY;
+            each::<8>(|nt| mx = mx.max(sc[nt][2 * r]).max(sc[nt][2 * r + 1]));
+            mx = mx.max(shfl_xor(mx, 1));
+            mx = mx.max(shfl_xor(mx, 2));
+            let m_new = m[r].max(mx);
+            let sub = safe_max(m_new);
+            let corr = exp2(m[r] - sub);
+            m[r] = m_new;
+            let mut sum = 0.0f32;
+            each::<8>(|nt| {
+                each::<2>(|e| {
+                    let pr = exp2(sc[nt][2 * r + e] - sub);
+                    sc[nt][2 * r + e] = pr;
+                    sum += pr;
+                });
+            });
+            l[r] = l[r] * corr + sum;
+            each::<16>(|dt| {
+                o[dt][2 * r] *= corr;
+                o[dt][2 * r + 1] *= corr;
+            });
+        });
+        wait_all();
+        sync_threads();
+        if n0 + BC < end {
+            let next = n0 + BC;
+            unsafe {
+                load_tile::<D>(
+                    sk,
+                    k_base + (2 * next * kt) as u64,
+                    kt,
+                    BC,
+                    s.sk as usize - next,
+                    tid,
+                )
+            };
+        }
+        commit();
+        unsafe { mma_pb::<T, D>(&mut o, &sc, sv, lane, 4) };
+        n0 += BC;
+    }
+    wait_all();
+    each::<2>(|r| {
+        let mut lt = l[r] + shfl_xor(l[r], 1);
+        lt += shfl_xor(lt, 2);
+        let i = m0 + (16 * warp + g + 8 * r) as i64;
+        if i < s.sq {
+            let tok = s.q_start + i as usize;
+            let inv = if lt > 0.0 { 1.0 / lt } else { 0.0 };
+            unsafe {
+                store_row::<T, D>(&o, r, inv, p.o.ptr, offset(&p.o, b, tok, h), c);
+                if c == 0 {
+                    *(p.lse as *mut f32).add(lse_offset(p, b, h, tok)) = lse_of(m[r], lt);
+                }
+            }
+        }
+    });
+}
+
+/// The probabilities and dS of a warp's score tile, in place: `sc` holds `q·k` and becomes
+/// P, `dp` holds `dO·v` and becomes dS = P ∘ (dP − delta) ∘ slope. `lse2(nt, e)` and
+/// `delta(nt, e)` give the row's values of element `(nt, e)`, `allowed(nt, e)` its mask (only
+/// asked for when `masked`).
+#[inline(always)]
+fn probs_and_ds(
+    sc: &mut [[f32; 4]; 8],
+    dp: &mut [[f32; 4]; 8],
+    n8: usize,
+    score: &Score,
+    masked: bool,
+    mut stats: impl FnMut(usize, usize) -> (f32, f32),
+    mut allowed: impl FnMut(usize, usize) -> bool,
+) {
+    each::<8>(|nt| {
+        if nt < n8 {
+            each::<4>(|e| {
+                let (lse2, delta) = stats(nt, e);
+                let (x, slope) = score.with_slope(sc[nt][e]);
+                let pr = if masked && !allowed(nt, e) {
+                    0.0
+                } else {
+                    exp2(x - lse2)
+                };
+                sc[nt][e] = pr;
+                dp[nt][e] = pr * (dp[nt][e] - delta) * slope;
+            });
+        }
+    });
+}
+
+/// dQ of a block of [`MMA_ROWS`] query rows of one head.
+///
+/// # Safety
+/// As the entry points'.
+#[inline(always)]
+pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
+    const { assert!(D == 64 || D == 128) };
+    let bc = dq_key_tile(D as u32) as usize;
+    let (tid, (lane, g, c)) = (thread_idx(), lane_parts());
+    let warp = tid >> 5;
+    let (b, h) = (block_z(), block_y());
+    let s = unsafe { Seq::of(p, b) };
+    let m0 = (block_idx() * MMA_ROWS as usize) as i64;
+    if m0 >= s.sq {
+        return;
+    }
+    let i1 = (m0 + MMA_ROWS as i64 - 1).min(s.sq - 1);
+    let hk = h / (p.heads_q / p.heads_kv) as usize;
+    let score = Score::new(p);
+    let base = shared_base();
+    let rows_left = (s.sq - m0) as usize;
+    let tok0 = s.q_start + m0 as usize;
+    unsafe {
+        load_tile::<D>(
+            base,
+            p.q.ptr + 2 * offset(&p.q, b, tok0, h) as u64,
+            p.q.token as usize,
+            64,
+            rows_left,
+            tid,
+        );
+        let d_o = p.d_o.ptr + 2 * offset(&p.d_o, b, tok0, h) as u64;
+        load_tile::<D>(
+            base + (64 * D * 2) as u32,
+            d_o,
+            p.d_o.token as usize,
+            64,
+            rows_left,
+            tid,
+        );
+    }
+    commit();
+    wait_all();
+    sync_threads();
+    let qf = unsafe { a_frags::<D>(base, warp, lane) };
+    let df = unsafe { a_frags::<D>(base + (64 * D * 2) as u32, warp, lane) };
+    let mut stats = [(f32::INFINITY, 0.0f32); 2];
+    each::<2>(|r| {
+        let i = m0 + (16 * warp + g + 8 * r) as i64;
+        if i < s.sq {
+            let at = lse_offset(p, b, h, s.q_start + i as usize);
+            // SAFETY: the row exists; lse and delta span every row.
+            stats[r] = unsafe {
+                (
+                    lse2_for_backward(*(p.lse as *const f32).add(at)),
+                    *(p.delta as *const f32).add(at),
+                )
+            };
+        }
+    });
+    sync_threads();
+    let k_base = p.k.ptr + 2 * offset(&p.k, b, s.k_start, hk) as u64;
+    let v_base = p.v.ptr + 2 * offset(&p.v, b, s.k_start, hk) as u64;
+    let (kt, vt) = (p.k.token as usize, p.v.token as usize);
+    let stage_bytes = (2 * bc * D * 2) as u32;
+    let load = |n0: usize, stage: u32| unsafe {
+        let tile = base + stage * stage_bytes;
+        let valid = s.sk as usize - n0;
+        load_tile::<D>(tile, k_base + (2 * n0 * kt) as u64, kt, bc, valid, tid);
+        load_tile::<D>(
+            tile + (bc * D * 2) as u32,
+            v_base + (2 * n0 * vt) as u64,
+            vt,
+            bc,
+            valid,
+            tid,
+        );
+    };
+    let (lo, hi) = s.keys(m0, i1);
+    let first = (lo.max(0) as usize / bc) * bc;
+    let end = hi.max(0) as usize;
+    if first < end {
+        load(first, 0);
+    }
+    commit();
+    let mut acc = [[0.0f32; 4]; 16];
+    let row0 = m0 + (16 * warp + g) as i64;
+    let (mut n0, mut stage) = (first, 0u32);
+    while n0 < end {
+        if n0 + bc < end {
+            load(n0 + bc, stage ^ 1);
+            commit();
+            wait_one_pending();
+        } else {
+            wait_all();
+        }
+        sync_threads();
+        let (sk, sv) = (
+            base + stage * stage_bytes,
+            base + stage * stage_bytes + (bc * D * 2) as u32,
+        );
+        let (mut sc, mut dp) = ([[0.0f32; 4]; 8], [[0.0f32; 4]; 8]);
+        let masked = !s.all_allowed(m0, i1, n0 as i64, (n0 + bc - 1) as i64);
+        unsafe {
+            mma_abt::<T, D>(&mut sc, sk, lane, bc / 8, |kk| qf[kk]);
+            mma_abt::<T, D>(&mut dp, sv, lane, bc / 8, |kk| df[kk]);
+        }
+        probs_and_ds(
+            &mut sc,
+            &mut dp,
+            bc / 8,
+            &score,
+            masked,
+            |_, e| stats[e >> 1],
+            |nt, e| {
+                let j = (n0 + 8 * nt + 2 * c + (e & 1)) as i64;
+                s.allows(row0 + 8 * (e >> 1) as i64, j)
+            },
+        );
+        unsafe {
+            mma_pb::<T, D>(&mut acc, &dp, sk, lane, bc / 16);
+        }
+        sync_threads();
+        n0 += bc;
+        stage ^= 1;
+    }
+    each::<2>(|r| {
+        let i = m0 + (16 * warp + g + 8 * r) as i64;
+        if i < s.sq {
+            let at = offset(&p.dq, b, s.q_start + i as usize, h);
+            unsafe { store_row::<T, D>(&acc, r, p.scale, p.dq.ptr, at, c) };
+        }
+    });
+}
+
+/// dK and dV of a block of [`MMA_KEYS`] key rows of one key/value head, over every query head
+/// of its group and every query tile that sees them.
+///
+/// # Safety
+/// As the entry points'.
+#[inline(always)]
+pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
+    const { assert!(D == 64 || D == 128) };
+    let qt = dkdv_query_tile(D as u32) as usize;
+    let (tid, (lane, g, c)) = (thread_idx(), lane_parts());
+    let warp = tid >> 5;
+    let (b, hk) = (block_z(), block_y());
+    let s = unsafe { Seq::of(p, b) };
+    let n0 = (block_idx() * MMA_KEYS as usize) as i64;
+    if n0 >= s.sk {
+        return;
+    }
+    let n1 = (n0 + MMA_KEYS as i64 - 1).min(s.sk - 1);
+    let group = (p.heads_q / p.heads_kv) as usize;
+    let score = Score::new(p);
+    let base = shared_base();
+    let (sk, sv) = (base, base + (64 * D * 2) as u32);
+    let stages = base + (2 * 64 * D * 2) as u32;
+    let stage_bytes = dkdv_stage_bytes(D as u32);
+    let smem = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<u8>();
+    unsafe {
+        let at = s.k_start + n0 as usize;
+        let valid = (s.sk - n0) as usize;
+        load_tile::<D>(
+            sk,
+            p.k.ptr + 2 * offset(&p.k, b, at, hk) as u64,
+            p.k.token as usize,
+            64,
+            valid,
+            tid,
+        );
+        load_tile::<D>(
+            sv,
+            p.v.ptr + 2 * offset(&p.v, b, at, hk) as u64,
+            p.v.token as usize,
+            64,
+            valid,
+            tid,
+        );
+    }
+    let (lo, hi) = s.queries(n0, n1);
+    let first = (lo.max(0) as usize / qt) * qt;
+    let end = hi.max(0) as usize;
+    let tiles = if first < end {
+        (end - first).div_ceil(qt)
+    } else {
+        0
+    };
+    let steps = tiles * group;
+    let (qtok, dtok) = (p.q.token as usize, p.d_o.token as usize);
+    let load = |step: usize, stage: u32| unsafe {
+        let h = hk * group + step / tiles;
+        let i0 = first + (step % tiles) * qt;
+        let tile = stages + stage * stage_bytes;
+        let tok = s.q_start + i0;
+        let valid = s.sq as usize - i0;
+        let (q, d_o) = (
+            p.q.ptr + 2 * offset(&p.q, b, tok, h) as u64,
+            p.d_o.ptr + 2 * offset(&p.d_o, b, tok, h) as u64,
+        );
+        load_tile::<D>(tile, q, qtok, qt, valid, tid);
+        load_tile::<D>(tile + (qt * D * 2) as u32, d_o, dtok, qt, valid, tid);
+        // The tile's statistics, by plain stores: read after the barrier that the tile's
+        // copies wait for. Rows past the sequence get probability 0.
+        if tid < qt {
+            let stats = smem
+                .add((2 * 64 * D * 2) as usize + (stage * stage_bytes) as usize + qt * D * 4)
+                as *mut [f32; 2];
+            let i = i0 + tid;
+            *stats.add(tid) = if (i as i64) < s.sq {
+                let at = lse_offset(p, b, h, s.q_start + i);
+                [
+                    lse2_for_backward(*(p.lse as *const f32).add(at)),
+                    *(p.delta as *const f32).add(at),
+                ]
+            } else {
+                [f32::INFINITY, 0.0]
+            };
+        }
+    };
+    if steps > 0 {
+        load(0, 0);
+    }
+    commit();
+    let (mut dk, mut dv) = ([[0.0f32; 4]; 16], [[0.0f32; 4]; 16]);
+    let key0 = n0 + (16 * warp + g) as i64;
+    let mut stage = 0u32;
+    let mut step = 0;
+    while step < steps {
+        if step + 1 < steps {
+            load(step + 1, stage ^ 1);
+            commit();
+            wait_one_pending();
+        } else {
+            wait_all();
+        }
+        sync_threads();
+        let i0 = first + (step % tiles) * qt;
+        let tile = stages + stage * stage_bytes;
+        let (sq, sdo) = (tile, tile + (qt * D * 2) as u32);
+        let (mut sc, mut dp) = ([[0.0f32; 4]; 8], [[0.0f32; 4]; 8]);
+        unsafe {
+            let l = Lanes::a::<D>(lane, warp);
+            let kf = |kk: usize| ldmatrix_x4(l.at::<D>(sk, 0, kk));
+            let vf = |kk: usize| ldmatrix_x4(l.at::<D>(sv, 0, kk));
+            mma_abt::<T, D>(&mut sc, sq, lane, qt / 8, kf);
+            mma_abt::<T, D>(&mut dp, sdo, lane, qt / 8, vf);
+        }
+        // Key rows past the sequence (zeros) need no mask: their dK and dV are not stored.
+        let masked = !s.all_allowed(i0 as i64, (i0 + qt - 1) as i64, n0, n1);
+        let stats = unsafe {
+            smem.add((2 * 64 * D * 2) as usize + (stage * stage_bytes) as usize + qt * D * 4)
+                as *const [f32; 2]
+        };
+        probs_and_ds(
+            &mut sc,
+            &mut dp,
+            qt / 8,
+            &score,
+            masked,
+            // Each thread's columns: queries i0 + 8·nt + 2c + {0, 1}.
+            |nt, e| {
+                let [lse2, delta] = unsafe { *stats.add(8 * nt + 2 * c + (e & 1)) };
+                (lse2, delta)
+            },
+            |nt, e| {
+                let i = (i0 + 8 * nt + 2 * c + (e & 1)) as i64;
+                i < s.sq && s.allows(i, key0 + 8 * (e >> 1) as i64)
+            },
+        );
+        unsafe {
+            mma_pb::<T, D>(&mut dv, &sc, sdo, lane, qt / 16);
+            mma_pb::<T, D>(&mut dk, &dp, sq, lane, qt / 16);
+        }
+        sync_threads();
+        step += 1;
+        stage ^= 1;
+    }
+    wait_all();
+    each::<2>(|r| {
+        let j = key0 + 8 * r as i64;
+        if j < s.sk {
+            let tok = s.k_start + j as usize;
+            unsafe {
+                store_row::<T, D>(&dk, r, p.scale, p.dk.ptr, offset(&p.dk, b, tok, hk), c);
+                store_row::<T, D>(&dv, r, 1.0, p.dv.ptr, offset(&p.dv, b, tok, hk), c);
+            }
+        }
+    });
+}

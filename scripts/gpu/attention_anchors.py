@@ -1,0 +1,79 @@
+"""Times PyTorch's scaled_dot_product_attention (flash backend) and FlexAttention
+(torch.compile) on the shapes of `cargo bench --bench attention` (bf16, B=4, Hq=16, Hkv=4,
+seq 2048 / 8192, head_dim 128 / 64, causal and not), forward and backward, with CUDA events
+(median of 20 after 3 warm-up runs), printing the same CSV columns. GQA through
+`enable_gqa=True` (SDPA) and FlexAttention's own GQA; FLOPs as the bench counts them.
+`ATTN_SMALL=1` runs seq 2048 only."""
+import os
+import torch
+import torch.nn.functional as F
+
+torch.backends.cuda.matmul.allow_tf32 = True
+REPS, WARMUP = 20, 3
+
+
+def time_ms(f):
+    for _ in range(WARMUP):
+        f()
+    ts = []
+    for _ in range(REPS):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        f()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    ts.sort()
+    return ts[REPS // 2]
+
+
+def main():
+    seqs = [2048] if os.environ.get("ATTN_SMALL") else [2048, 8192]
+    b, hq, hkv = 4, 16, 4
+    try:
+        from torch.nn.attention.flex_attention import flex_attention, create_block_mask
+        flex = torch.compile(flex_attention)
+    except Exception as e:  # noqa: BLE001
+        print(f"# no FlexAttention: {e}")
+        flex = None
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    print("op,seq,head_dim,causal,ms,TFLOP/s")
+    for s in seqs:
+        for d in [128, 64]:
+            for causal in [True, False]:
+                q = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                k = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                v = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                flops = 4 * b * hq * s * s * d * (0.5 if causal else 1.0)
+                c = "causal" if causal else "full"
+                # Flash needs repeated k/v for GQA in some builds: repeat outside the timing.
+                kr = k.detach().repeat_interleave(hq // hkv, 1).requires_grad_()
+                vr = v.detach().repeat_interleave(hq // hkv, 1).requires_grad_()
+
+                def sdpa():
+                    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                        return F.scaled_dot_product_attention(q, kr, vr, is_causal=causal)
+                o = sdpa()
+                do = torch.randn_like(o)
+                fwd = time_ms(sdpa)
+                bwd = time_ms(lambda: torch.autograd.grad(o, (q, kr, vr), do, retain_graph=True))
+                print(f"sdpa_flash_fwd,{s},{d},{c},{fwd:.3},{flops / fwd / 1e9:.1}")
+                print(f"sdpa_flash_bwd,{s},{d},{c},{bwd:.3},{2.5 * flops / bwd / 1e9:.1}")
+                if flex is not None:
+                    try:
+                        mask = None
+                        if causal:
+                            mask = create_block_mask(lambda b_, h, qi, ki: qi >= ki, None, None, s, s)
+                        fo = flex(q, k, v, block_mask=mask, enable_gqa=True)
+                        fwd = time_ms(lambda: flex(q, k, v, block_mask=mask, enable_gqa=True))
+                        bwd = time_ms(lambda: torch.autograd.grad(fo, (q, k, v), do, retain_graph=True))
+                        print(f"flex_fwd,{s},{d},{c},{fwd:.3},{flops / fwd / 1e9:.1}")
+                        print(f"flex_bwd,{s},{d},{c},{bwd:.3},{2.5 * flops / bwd / 1e9:.1}")
+                    except Exception as e:  # noqa: BLE001
+                        print(f"# flex failed: {e}")
+                del q, k, v, kr, vr, o, do
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

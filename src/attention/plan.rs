@@ -1,0 +1,207 @@
+//! Which kernels an attention call runs, on which grids: a pure function of the arguments,
+//! the element type and the buffers' alignment, unit-tested without a GPU.
+use super::abi::{
+    MMA_KEYS, MMA_ROWS, SIMT_ROWS, THREADS, dkdv_shared_bytes, dq_shared_bytes, fwd_shared_bytes,
+};
+use super::args::AttentionArgs;
+use crate::identity::{AttnPass, AttnPath, ElemType, Kernel};
+
+/// One kernel launch of a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Step {
+    /// The kernel.
+    pub(crate) kernel: Kernel,
+    /// Blocks along x (row blocks), y (heads), z (sequences); x may be 0 (nothing to do).
+    pub(crate) grid: (u32, u32, u32),
+    /// Dynamic shared memory per block, in bytes.
+    pub(crate) shared: u32,
+}
+
+/// The tensor-core path at this head_dim, if there is one.
+fn mma_path(head_dim: usize) -> Option<AttnPath> {
+    match head_dim {
+        64 => Some(AttnPath::Mma64),
+        128 => Some(AttnPath::Mma128),
+        _ => None,
+    }
+}
+
+/// The path of a call: tensor cores for 16-bit elements at head_dim 64 or 128 when every
+/// buffer starts 16-byte aligned and every stride is a whole number of 16-byte chunks (what
+/// `cp.async` copies), otherwise SIMT.
+pub(crate) fn path(
+    args: &AttentionArgs,
+    elem: ElemType,
+    ptrs: &[u64],
+    strides: &[usize],
+) -> AttnPath {
+    let aligned = ptrs.iter().all(|p| p.is_multiple_of(16))
+        && strides.iter().all(|s| (s * elem.size()).is_multiple_of(16));
+    match (elem, mma_path(args.head_dim)) {
+        (ElemType::F16 | ElemType::Bf16, Some(path)) if aligned => path,
+        _ => AttnPath::Simt,
+    }
+}
+
+/// The rows along a grid's x dimension: blocks of `per_block` rows over `rows` rows.
+fn blocks(rows: usize, per_block: u32) -> u32 {
+    rows.div_ceil(per_block as usize) as u32
+}
+
+fn shared(path: AttnPath, f: fn(u32) -> u32) -> u32 {
+    match path {
+        AttnPath::Simt => 0,
+        AttnPath::Mma64 => f(64),
+        AttnPath::Mma128 => f(128),
+    }
+}
+
+/// The forward: one launch over blocks of query rows of every head of every sequence.
+pub(crate) fn forward(args: &AttentionArgs, elem: ElemType, path: AttnPath) -> Step {
+    let rows = if path == AttnPath::Simt {
+        SIMT_ROWS
+    } else {
+        MMA_ROWS
+    };
+    Step {
+        kernel: Kernel::Attention {
+            pass: AttnPass::Forward,
+            path,
+            elem,
+        },
+        grid: (
+            blocks(args.seqlen_q, rows),
+            args.heads_q as u32,
+            args.batch as u32,
+        ),
+        shared: shared(path, fwd_shared_bytes),
+    }
+}
+
+/// The backward: the preprocessing (`Σ dO·O` per query row), then dQ over blocks of query
+/// rows and dK/dV over blocks of key rows (each over its group's query heads).
+pub(crate) fn backward(args: &AttentionArgs, elem: ElemType, path: AttnPath) -> [Step; 3] {
+    let (rows, keys) = if path == AttnPath::Simt {
+        (SIMT_ROWS, SIMT_ROWS)
+    } else {
+        (MMA_ROWS, MMA_KEYS)
+    };
+    let kernel = |pass, path| Kernel::Attention { pass, path, elem };
+    let (hq, hkv, b) = (args.heads_q as u32, args.heads_kv as u32, args.batch as u32);
+    [
+        Step {
+            kernel: kernel(AttnPass::Prep, AttnPath::Simt),
+            grid: (blocks(args.seqlen_q, SIMT_ROWS), hq, b),
+            shared: 0,
+        },
+        Step {
+            kernel: kernel(AttnPass::Dq, path),
+            grid: (blocks(args.seqlen_q, rows), hq, b),
+            shared: shared(path, dq_shared_bytes),
+        },
+        Step {
+            kernel: kernel(AttnPass::DkDv, path),
+            grid: (blocks(args.seqlen_k, keys), hkv, b),
+            shared: shared(path, dkdv_shared_bytes),
+        },
+    ]
+}
+
+/// Threads per block of every attention kernel.
+pub(crate) const BLOCK: u32 = THREADS;
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Every kernel a call can plan: each pass on each path the element type takes.
+    pub(crate) fn launchable_kernels() -> Vec<Kernel> {
+        let mut v = Vec::new();
+        for elem in ElemType::ALL.iter().copied() {
+            for d in [64, 128, 8] {
+                let args = AttentionArgs::new(1, 1, 1, 1, 1, d);
+                let path = path(&args, elem, &[0], &[d]);
+                v.push(forward(&args, elem, path).kernel);
+                v.extend(backward(&args, elem, path).map(|s| s.kernel));
+            }
+        }
+        v.sort_by_key(|k| k.name());
+        v.dedup();
+        v
+    }
+
+    #[test]
+    fn each_entry_takes_one_parameter_block_of_the_hosts_size() {
+        use crate::module::{PTX, PTX_SM90};
+        let size = size_of::<super::super::abi::Params>();
+        for ptx in [PTX, PTX_SM90] {
+            for k in launchable_kernels() {
+                let name = k.name();
+                let entry = ptx
+                    .split(".visible .entry ")
+                    .find(|e| e.starts_with(&format!("{name}(")))
+                    .unwrap_or_else(|| panic!("{name} is not in the PTX"));
+                let params = &entry[..entry.find(')').unwrap()];
+                assert_eq!(params.matches(".param").count(), 1, "{name}: {params}");
+                let decl = format!(".param .align 8 .b8 {name}_param_0[{size}]");
+                assert!(params.contains(&decl), "{name}: {params}, expected {decl}");
+            }
+        }
+    }
+
+    #[test]
+    fn tensor_cores_take_aligned_16_bit_heads_of_64_and_128() {
+        let a = AttentionArgs::new(1, 8, 8, 2, 1, 128);
+        assert_eq!(
+            path(&a, ElemType::Bf16, &[0, 256], &[256, 128]),
+            AttnPath::Mma128
+        );
+        assert_eq!(
+            path(&a, ElemType::F16, &[0, 256], &[256, 128]),
+            AttnPath::Mma128
+        );
+        assert_eq!(
+            path(&a, ElemType::F32, &[0, 256], &[256, 128]),
+            AttnPath::Simt
+        );
+        // A pointer or a stride off the 16-byte grid.
+        assert_eq!(
+            path(&a, ElemType::Bf16, &[2, 256], &[256, 128]),
+            AttnPath::Simt
+        );
+        assert_eq!(
+            path(&a, ElemType::Bf16, &[0, 256], &[260, 128]),
+            AttnPath::Simt
+        );
+        let a = AttentionArgs::new(1, 8, 8, 2, 1, 64);
+        assert_eq!(path(&a, ElemType::Bf16, &[0], &[64]), AttnPath::Mma64);
+        for d in [8, 32, 96, 100, 256] {
+            let a = AttentionArgs::new(1, 8, 8, 2, 1, d);
+            assert_eq!(
+                path(&a, ElemType::Bf16, &[0], &[256]),
+                AttnPath::Simt,
+                "{d}"
+            );
+        }
+    }
+
+    #[test]
+    fn grids_cover_every_row_block_head_and_sequence() {
+        let a = AttentionArgs::new(4, 2049, 100, 16, 4, 128);
+        let f = forward(&a, ElemType::Bf16, AttnPath::Mma128);
+        assert_eq!(f.grid, (33, 16, 4));
+        assert_eq!(f.shared, 48 * 1024);
+        let s = forward(&a, ElemType::F32, AttnPath::Simt);
+        assert_eq!((s.grid, s.shared), ((513, 16, 4), 0));
+        let [pre, dq, dkdv] = backward(&a, ElemType::Bf16, AttnPath::Mma128);
+        assert_eq!(pre.grid, (513, 16, 4));
+        assert_eq!(dq.grid, (33, 16, 4));
+        // Key blocks per key/value head.
+        assert_eq!(dkdv.grid, (2, 4, 4));
+        assert!(dkdv.shared > 48 * 1024 && dkdv.shared <= 227 * 1024);
+        // No query rows: the forward and dQ have nothing to launch, dK/dV still zero the keys.
+        let a = AttentionArgs::new(2, 0, 5, 2, 2, 64);
+        let [pre, dq, dkdv] = backward(&a, ElemType::F16, AttnPath::Mma64);
+        assert_eq!((pre.grid.0, dq.grid.0, dkdv.grid.0), (0, 0, 1));
+    }
+}
