@@ -1,6 +1,9 @@
 //! Trains a small Llama-style decoder twice from the same initial weights: once with candle-nn's
-//! differentiable ops (`ops::rms_norm_slow`, `rotary_emb::rope_slow`, `silu(gate) * up`) and once
-//! with liger-rs's (`liger_rs::candle::nn::ops::rms_norm`, `rotary_emb::rope`, `ops::silu_mul`),
+//! differentiable ops (`ops::rms_norm_slow`, `rotary_emb::rope_slow`, `silu(gate) * up`, and
+//! attention as matmul, mask, f32 softmax, matmul over repeated key/value heads) and once with
+//! liger-rs's (`liger_rs::candle::nn::ops::rms_norm`, `rotary_emb::rope_thd`, `ops::silu_mul`,
+//! and `candle::flash_attn::flash_attn` on the projections' `[b, t, h, d]` views, with grouped
+//! key/value heads and no transposes),
 //! then prints both loss curves side by side, each run's step time, tokens/s and peak device
 //! memory, and how far apart the two curves are.
 //!
@@ -13,7 +16,8 @@
 //! The model: token embedding, `--layers` pre-norm blocks (RMSNorm → attention with grouped
 //! query heads and RoPE → residual; RMSNorm → SwiGLU MLP → residual), a final RMSNorm and an
 //! untied head, every matrix a `candle_nn::Linear`. Weights are kept in f32 and cast to
-//! `--dtype` in the forward pass (attention softmax and the loss in f32), trained by
+//! `--dtype` in the forward pass (candle-nn's attention softmax and the loss in f32; the fused
+//! attention accumulates in f32), trained by
 //! `candle_nn::AdamW`.
 //!
 //! The task is generated in code and can be learnt: each sequence is a walk on a fixed random
@@ -29,16 +33,23 @@ use liger_rs::cudarc::driver::sys;
 use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
-/// The three fused ops the two runs differ in; the rest of the model is shared code.
+/// The fused ops the two runs differ in; the rest of the model is shared code.
 trait FusedOps {
     /// Shown in the output.
     const NAME: &'static str;
     /// RMSNorm over the last dim, candle-nn's `ops::rms_norm(xs, alpha, eps)`.
     fn rms_norm(xs: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor>;
-    /// NeoX rotary embedding of `[b, h, t, d]` with `[t, d/2]` tables, `rotary_emb::rope`.
-    fn rope(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor>;
     /// `silu(gate) · up`.
     fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor>;
+    /// Causal attention with RoPE over the q, k, v projections `[b, t, heads·d]` (k and v of
+    /// `kv_heads`), returning `[b, t, heads·d]`.
+    fn attention(
+        cfg: &Config,
+        qkv: [Tensor; 3],
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: &Tensor,
+    ) -> Result<Tensor>;
 }
 
 /// candle-nn's differentiable ops: its fast `ops::rms_norm` and `rotary_emb::rope` have no
@@ -50,11 +61,36 @@ impl FusedOps for CandleNn {
     fn rms_norm(xs: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor> {
         candle_nn::ops::rms_norm_slow(xs, alpha, eps)
     }
-    fn rope(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-        candle_nn::rotary_emb::rope_slow(xs, cos, sin)
-    }
     fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         gate.silu()? * up
+    }
+    fn attention(
+        cfg: &Config,
+        [q, k, v]: [Tensor; 3],
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: &Tensor,
+    ) -> Result<Tensor> {
+        let (b, t, d) = (cfg.batch, cfg.seq, cfg.head_dim());
+        let heads = |x: Tensor, n: usize| x.reshape((b, t, n, d))?.transpose(1, 2)?.contiguous();
+        let rope = candle_nn::rotary_emb::rope_slow;
+        let q = rope(&heads(q, cfg.heads)?, cos, sin)?;
+        let k = rope(&heads(k, cfg.kv_heads)?, cos, sin)?;
+        let v = heads(v, cfg.kv_heads)?;
+        // Grouped query attention: each key-value head serves `heads / kv_heads` query heads.
+        let repeat = |x: Tensor| -> Result<Tensor> {
+            let n = cfg.heads / cfg.kv_heads;
+            Tensor::cat(&vec![&x; n], 2)?.reshape((b, cfg.heads, t, d))
+        };
+        let (k, v) = (repeat(k)?, repeat(v)?);
+        let scores = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?
+            .to_dtype(DType::F32)?
+            .broadcast_add(mask)?;
+        let probs = candle_nn::ops::softmax(&scores, D::Minus1)?.to_dtype(cfg.dtype)?;
+        probs
+            .matmul(&v)?
+            .transpose(1, 2)?
+            .reshape((b, t, cfg.hidden))
     }
 }
 
@@ -66,11 +102,24 @@ impl FusedOps for LigerRs {
     fn rms_norm(xs: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor> {
         liger_rs::candle::nn::ops::rms_norm(xs, alpha, eps)
     }
-    fn rope(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-        liger_rs::candle::nn::rotary_emb::rope(xs, cos, sin)
-    }
     fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         liger_rs::candle::nn::ops::silu_mul(gate, up)
+    }
+    fn attention(
+        cfg: &Config,
+        [q, k, v]: [Tensor; 3],
+        cos: &Tensor,
+        sin: &Tensor,
+        _mask: &Tensor,
+    ) -> Result<Tensor> {
+        let (b, t, d) = (cfg.batch, cfg.seq, cfg.head_dim());
+        let heads = |x: Tensor, n: usize| x.reshape((b, t, n, d));
+        let q = liger_rs::candle::nn::rotary_emb::rope_thd(&heads(q, cfg.heads)?, cos, sin)?;
+        let k = liger_rs::candle::nn::rotary_emb::rope_thd(&heads(k, cfg.kv_heads)?, cos, sin)?;
+        let v = heads(v, cfg.kv_heads)?;
+        let scale = 1.0 / (d as f32).sqrt();
+        liger_rs::candle::flash_attn::flash_attn(&q, &k, &v, scale, true)?
+            .reshape((b, t, cfg.hidden))
     }
 }
 
@@ -379,31 +428,12 @@ impl<'a> Model<'a> {
     }
 
     fn attention<O: FusedOps>(&self, base: usize, xs: &Tensor) -> Result<Tensor> {
-        let cfg = self.cfg;
-        let (b, t, d) = (cfg.batch, cfg.seq, cfg.head_dim());
-        let heads = |i: usize, n: usize| -> Result<Tensor> {
-            self.linear(base + i, xs)?
-                .reshape((b, t, n, d))?
-                .transpose(1, 2)?
-                .contiguous()
-        };
-        let q = O::rope(&heads(1, cfg.heads)?, &self.cos, &self.sin)?;
-        let k = O::rope(&heads(2, cfg.kv_heads)?, &self.cos, &self.sin)?;
-        let v = heads(3, cfg.kv_heads)?;
-        // Grouped query attention: each key-value head serves `heads / kv_heads` query heads.
-        let repeat = |x: Tensor| -> Result<Tensor> {
-            let n = cfg.heads / cfg.kv_heads;
-            Tensor::cat(&vec![&x; n], 2)?.reshape((b, cfg.heads, t, d))
-        };
-        let (k, v) = (repeat(k)?, repeat(v)?);
-        let scores = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?
-            .to_dtype(DType::F32)?
-            .broadcast_add(&self.mask)?;
-        let probs = candle_nn::ops::softmax(&scores, D::Minus1)?.to_dtype(cfg.dtype)?;
-        let out = probs
-            .matmul(&v)?
-            .transpose(1, 2)?
-            .reshape((b, t, cfg.hidden))?;
+        let qkv = [
+            self.linear(base + 1, xs)?,
+            self.linear(base + 2, xs)?,
+            self.linear(base + 3, xs)?,
+        ];
+        let out = O::attention(self.cfg, qkv, &self.cos, &self.sin, &self.mask)?;
         self.linear(base + 4, &out)
     }
 

@@ -83,6 +83,7 @@ use candle_core::{
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use std::sync::Arc;
 
+pub mod flash_attn;
 mod fused_add_rms_norm;
 pub mod nn;
 mod rms_norm;

@@ -32,6 +32,15 @@ unsafe extern "C" {
     fn lg2_approx_ftz(x: f32) -> f32;
     #[link_name = "llvm.nvvm.shfl.sync.bfly.f32"]
     fn shfl_bfly(mask: u32, value: f32, lane_mask: u32, clamp: u32) -> f32;
+    #[link_name = "llvm.nvvm.vote.all.sync"]
+    fn vote_all(mask: u32, pred: bool) -> bool;
+}
+
+/// Whether `pred` holds in every lane of the (converged) warp.
+#[inline(always)]
+pub(crate) fn all_lanes(pred: bool) -> bool {
+    // SAFETY: every lane of the warp calls it.
+    unsafe { vote_all(u32::MAX, pred) }
 }
 
 /// `2^x` (`ex2.approx.ftz.f32`: 2 ulp; 0 for −∞).

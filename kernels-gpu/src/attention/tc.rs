@@ -13,8 +13,8 @@ use super::mma::{
     wait_one_pending,
 };
 use super::{Half, Score, Seq, block_y, block_z, exp2, lse_of, lse_offset, lse2_for_backward};
-use super::{offset, safe_max, shfl_xor};
-use crate::{block_idx, sync_threads, thread_idx};
+use super::{all_lanes, offset, safe_max, shfl_xor};
+use crate::{block_idx, grid_dim, sync_threads, thread_idx};
 
 /// Calls `f(0), …, f(N − 1)` as straight-line code (`N ≤ 16`), so that register arrays indexed
 /// by the argument keep constant indices.
@@ -25,6 +25,13 @@ fn each<const N: usize>(mut f: impl FnMut(usize)) {
         ($($i:literal)*) => { $( if N > $i { f($i); } )* };
     }
     step!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+}
+
+/// The block's row block, last first: with a causal mask the last query rows see the most keys,
+/// so their blocks start first and the short ones fill the tail.
+#[inline(always)]
+fn last_first() -> usize {
+    grid_dim() - 1 - block_idx()
 }
 
 /// The block's dynamic shared memory as a `.shared` address.
@@ -147,7 +154,7 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
     let warp = tid >> 5;
     let (b, h) = (block_z(), block_y());
     let s = unsafe { Seq::of(p, b) };
-    let m0 = (block_idx() * MMA_ROWS as usize) as i64;
+    let m0 = (last_first() * MMA_ROWS as usize) as i64;
     if m0 >= s.sq {
         return;
     }
@@ -245,10 +252,14 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
                 });
             });
             l[r] = l[r] * corr + sum;
-            each::<16>(|dt| {
-                o[dt][2 * r] *= corr;
-                o[dt][2 * r + 1] *= corr;
-            });
+            // Once the maximum settles it rarely moves: skip the rescale when no row of the
+            // warp's moved.
+            if !all_lanes(corr == 1.0) {
+                each::<16>(|dt| {
+                    o[dt][2 * r] *= corr;
+                    o[dt][2 * r + 1] *= corr;
+                });
+            }
         });
         wait_all();
         sync_threads();
@@ -330,7 +341,7 @@ pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
     let warp = tid >> 5;
     let (b, h) = (block_z(), block_y());
     let s = unsafe { Seq::of(p, b) };
-    let m0 = (block_idx() * MMA_ROWS as usize) as i64;
+    let m0 = (last_first() * MMA_ROWS as usize) as i64;
     if m0 >= s.sq {
         return;
     }
