@@ -2,9 +2,9 @@
 //!
 //! Fused LLM training kernels — RMSNorm ([`rms_norm_forward`]), the fused residual add and
 //! RMSNorm ([`fused_add_rms_norm_forward`]), RoPE ([`rope_forward`]), SwiGLU
-//! ([`swiglu_forward`]) and GEGLU ([`geglu_forward`], tanh or exact erf GELU), forward and
-//! backward — written in Rust, compiled to PTX, and launched on your own [`cudarc`] device
-//! buffers.
+//! ([`swiglu_forward`]), GEGLU ([`geglu_forward`], tanh or exact erf GELU) and fused attention
+//! ([`attention_forward`], flash-attention 2 semantics), forward and backward — written in
+//! Rust, compiled to PTX, and launched on your own [`cudarc`] device buffers.
 //!
 //! * **Device code** lives in the `kernels-gpu` crate (`#![no_std]`, shipped inside this
 //!   package), compiled for `nvptx64-nvidia-cuda` by the nightly its `rust-toolchain.toml`
@@ -70,11 +70,13 @@
 //!   inside one fused QKV buffer). RMSNorm and SwiGLU backward come in two forms: `*_backward` writes gradients
 //!   to their own buffers (which must not overlap any input), `*_backward_inplace` writes them
 //!   over `dy` (RMSNorm) or over `a` and `b` (SwiGLU), the memory-saving default of Liger.
-//! * **Scratch**: only the RMSNorm backward with `dw` needs device scratch (one f32
+//! * **Scratch**: the RMSNorm backward with `dw` needs device scratch (one f32
 //!   partial row per resident block), so that dW is reduced on the GPU deterministically. It
 //!   is kept for the next call on the same stream (up to eight buffers per context;
 //!   [`release_scratch`] frees them); during a graph capture each call allocates its own, which
-//!   the graph owns. Everything else launches on buffers you own.
+//!   the graph owns. The attention backward allocates one f32 per query row and head for the
+//!   call on its stream (stream-ordered, freed behind its launches). Everything else launches
+//!   on buffers you own.
 //! * **Threads and streams**: every function may be called from any number of host threads
 //!   at once, on any streams: created ones, the legacy default stream, per-thread streams
 //!   (`CudaContext::per_thread_stream`, one handle that names a different stream in each

@@ -108,8 +108,11 @@ struct Inputs<T> {
     d_o: Vec<T>,
     /// The fused buffer, or q, k, v.
     dev: Vec<CudaSlice<T>>,
-    cu: Option<(Vec<i32>, Vec<i32>, CudaSlice<i32>, CudaSlice<i32>)>,
+    cu: Option<Offsets>,
 }
+
+/// A packed batch's offsets on the host and on the device: q's, then k's.
+type Offsets = (Vec<i32>, Vec<i32>, CudaSlice<i32>, CudaSlice<i32>);
 
 fn offsets(lens: &[usize]) -> Vec<i32> {
     let mut cu = vec![0i32];
@@ -392,4 +395,32 @@ fn per_thread_streams_of_several_threads_compute_their_own_calls() {
     for h in handles {
         h.join().expect("a thread's calls match the reference");
     }
+}
+
+#[test]
+fn a_rejected_call_writes_nothing() {
+    let test = "a_rejected_call_writes_nothing";
+    let Some(stream) = gpu(test) else { return };
+    let args = AttentionArgs::new(2, 70, 70, 4, 2, 64).with_causal(true);
+    let mut rng = Rng::new(5);
+    let q = upload(&stream, &rng.vec::<bf16>(2 * 70 * 4 * 64, 0.0, 1.0));
+    let kv = upload(&stream, &rng.vec::<bf16>(2 * 70 * 2 * 64, 0.0, 1.0));
+    let bits = |v: Vec<bf16>| v.into_iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let mut o = poisoned::<bf16>(&stream, args.out_len());
+    let mut short_lse = poisoned::<f32>(&stream, args.lse_len() - 1);
+    let before = bits(download(&stream, &o));
+    let r = liger_rs::attention_forward(&stream, &args, &q, &kv, &kv, &mut o, &mut short_lse);
+    common::expect_invalid(r, "lse", "length ≥");
+    assert_eq!(
+        bits(download(&stream, &o)),
+        before,
+        "o after a rejected call"
+    );
+    // k and o as disjoint halves of one buffer: accepted (overlaps are rejected before any
+    // launch; `src/attention/args.rs` tests which layouts overlap).
+    let mut lse = poisoned::<f32>(&stream, args.lse_len());
+    let mut fused = poisoned::<bf16>(&stream, args.out_len() + kv.len());
+    let (head, mut tail) = fused.split_at_mut(kv.len());
+    let r = liger_rs::attention_forward(&stream, &args, &q, &head, &kv, &mut tail, &mut lse);
+    assert!(r.is_ok(), "disjoint halves of one buffer: {r:?}");
 }

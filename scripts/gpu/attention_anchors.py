@@ -57,8 +57,8 @@ def main():
                 do = torch.randn_like(o)
                 fwd = time_ms(sdpa)
                 bwd = time_ms(lambda: torch.autograd.grad(o, (q, kr, vr), do, retain_graph=True))
-                print(f"sdpa_flash_fwd,{s},{d},{c},{fwd:.3},{flops / fwd / 1e9:.1}")
-                print(f"sdpa_flash_bwd,{s},{d},{c},{bwd:.3},{2.5 * flops / bwd / 1e9:.1}")
+                print(f"sdpa_flash_fwd,{s},{d},{c},{fwd:.3f},{flops / fwd / 1e9:.1f}")
+                print(f"sdpa_flash_bwd,{s},{d},{c},{bwd:.3f},{2.5 * flops / bwd / 1e9:.1f}")
                 if flex is not None:
                     try:
                         mask = None
@@ -67,8 +67,8 @@ def main():
                         fo = flex(q, k, v, block_mask=mask, enable_gqa=True)
                         fwd = time_ms(lambda: flex(q, k, v, block_mask=mask, enable_gqa=True))
                         bwd = time_ms(lambda: torch.autograd.grad(fo, (q, k, v), do, retain_graph=True))
-                        print(f"flex_fwd,{s},{d},{c},{fwd:.3},{flops / fwd / 1e9:.1}")
-                        print(f"flex_bwd,{s},{d},{c},{bwd:.3},{2.5 * flops / bwd / 1e9:.1}")
+                        print(f"flex_fwd,{s},{d},{c},{fwd:.3f},{flops / fwd / 1e9:.1f}")
+                        print(f"flex_bwd,{s},{d},{c},{bwd:.3f},{2.5 * flops / bwd / 1e9:.1f}")
                     except Exception as e:  # noqa: BLE001
                         print(f"# flex failed: {e}")
                 del q, k, v, kr, vr, o, do

@@ -436,3 +436,170 @@ impl AttentionArgs {
         Need::Exactly(if self.is_varlen() { self.batch + 1 } else { 0 }, CU)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+    use crate::validate::{Seen, check_buffers, check_disjoint};
+
+    fn arg_of(r: Result<()>) -> &'static str {
+        match r {
+            Err(Error::InvalidArgument { arg, .. }) => arg,
+            other => panic!("expected an invalid argument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_bad_scalar_names_its_field() {
+        let ok = AttentionArgs::new(2, 8, 8, 4, 2, 64);
+        assert!(ok.check().is_ok());
+        let cases: [(AttentionArgs, &str); 9] = [
+            (AttentionArgs::new(2, 8, 8, 4, 2, 0), "args.head_dim"),
+            (AttentionArgs::new(2, 8, 8, 4, 2, 257), "args.head_dim"),
+            (AttentionArgs::new(2, 8, 8, 0, 1, 64), "args.heads_q"),
+            (AttentionArgs::new(2, 8, 8, 4, 3, 64), "args.heads_kv"),
+            (AttentionArgs::new(2, 8, 8, 4, 0, 64), "args.heads_kv"),
+            (AttentionArgs::new(70000, 8, 8, 4, 2, 64), "args.batch"),
+            (ok.with_scale(f32::NAN), "args.scale"),
+            (ok.with_softcap(-1.0), "args.softcap"),
+            (ok.with_window(Some(1 << 31), None), "args.window_left"),
+        ];
+        for (args, field) in cases {
+            assert_eq!(arg_of(args.check()), field, "{args:?}");
+        }
+        // A written layout that names an element twice: heads overlapping in dq.
+        let s = Strides {
+            batch: 8 * 4 * 64,
+            token: 4 * 64,
+            head: 32,
+        };
+        let overlapping = ok.with_grad_strides(s, ok.k, ok.k);
+        assert_eq!(arg_of(overlapping.check()), "args.grads[0] (dq)");
+        // Read layouts may alias (a broadcast k, say).
+        let broadcast = Strides {
+            batch: 0,
+            token: 64,
+            head: 0,
+        };
+        assert!(ok.with_strides(ok.q, broadcast, broadcast).check().is_ok());
+    }
+
+    #[test]
+    fn lengths_cover_the_layouts_span() {
+        let args = AttentionArgs::new(2, 3, 5, 4, 2, 8);
+        let table = args.forward_table().unwrap();
+        let seen = |len: usize| {
+            Some(Seen {
+                len,
+                context: 1,
+                elem_bytes: 2,
+            })
+        };
+        let (q, k, o, lse) = (2 * 3 * 4 * 8, 2 * 5 * 2 * 8, 2 * 3 * 4 * 8, 2 * 4 * 3);
+        let lens = [seen(q), seen(k), seen(k), seen(o), seen(lse), None, None];
+        assert!(check_buffers(&table, &lens, 1).is_ok());
+        let mut short = lens;
+        short[1] = seen(k - 1);
+        assert!(matches!(
+            check_buffers(&table, &short, 1),
+            Err(Error::InvalidArgument { arg: "k", .. })
+        ));
+        let mut short_lse = lens;
+        short_lse[4] = seen(lse - 1);
+        assert!(matches!(
+            check_buffers(&table, &short_lse, 1),
+            Err(Error::InvalidArgument { arg: "lse", .. })
+        ));
+        // A packed batch needs batch + 1 offsets.
+        let packed = AttentionArgs::varlen(3, 10, 12, 5, 6, 2, 1, 8);
+        let table = packed.forward_table().unwrap();
+        let lens = [
+            seen(160),
+            seen(96),
+            seen(96),
+            seen(160),
+            seen(20),
+            seen(4),
+            seen(3),
+        ];
+        assert!(matches!(
+            check_buffers(&table, &lens, 1),
+            Err(Error::InvalidArgument {
+                arg: "cu_seqlens_k",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn views_of_one_fused_buffer_pass_and_outputs_over_inputs_fail() {
+        // q, k, v and dq, dk, dv as column views of fused [B, S, (Hq + 2·Hkv)·d] buffers.
+        let (b, s, hq, hkv, d) = (2, 4, 4, 2, 8);
+        let row = (hq + 2 * hkv) * d;
+        let st = Strides {
+            batch: s * row,
+            token: row,
+            head: d,
+        };
+        let args = AttentionArgs::new(b, s, s, hq, hkv, d)
+            .with_strides(st, st, st)
+            .with_grad_strides(st, st, st);
+        let table = args.backward_table().unwrap();
+        let n = b * s * row;
+        let e = 2u64;
+        let seen = |len: usize| {
+            Some(Seen {
+                len,
+                context: 1,
+                elem_bytes: 2,
+            })
+        };
+        let lens = [
+            seen(n),
+            seen(n - hq * d),
+            seen(n - (hq + hkv) * d),
+            seen(b * s * hq * d),
+            seen(b * s * hq * d),
+            Some(Seen {
+                len: b * hq * s,
+                context: 1,
+                elem_bytes: 4,
+            }),
+            seen(n),
+            seen(n - hq * d),
+            seen(n - (hq + hkv) * d),
+            None,
+            None,
+        ];
+        check_buffers(&table, &lens, 1).unwrap();
+        let (qkv, o, d_o, lse, grads) =
+            (0x10000u64, 0x40000u64, 0x50000u64, 0x60000u64, 0x80000u64);
+        let k_at = (hq * d) as u64 * e;
+        let v_at = ((hq + hkv) * d) as u64 * e;
+        let ptrs = [
+            qkv,
+            qkv + k_at,
+            qkv + v_at,
+            o,
+            d_o,
+            lse,
+            grads,
+            grads + k_at,
+            grads + v_at,
+            0,
+            0,
+        ];
+        check_disjoint(&table, &lens, &ptrs).unwrap();
+        // dk written over the fused input: rejected, naming dk.
+        let mut bad = ptrs;
+        bad[7] = qkv + k_at;
+        assert_eq!(
+            check_disjoint(&table, &lens, &bad),
+            Err(Error::Aliasing {
+                output: "dk",
+                other: "k"
+            })
+        );
+    }
+}

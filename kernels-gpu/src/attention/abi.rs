@@ -102,11 +102,11 @@ pub const fn fwd_key_tile(_head_dim: u32) -> u32 {
     64
 }
 
-/// Keys per step of the tensor-core dQ kernel: its Q and dO fragments and dQ accumulators
-/// stay in registers, so the S and dP tiles must be small to fit beside them without spills
-/// (16 at head_dim 128, 32 at 64).
+/// Keys per step of the tensor-core dQ kernel (its Q and dO tiles stay in shared memory, read
+/// by `ldmatrix` at each step, so the registers hold only dQ, S and dP): 32 at head_dim 128
+/// (64 spills), 64 at 64.
 pub const fn dq_key_tile(head_dim: u32) -> u32 {
-    if head_dim > 64 { 16 } else { 32 }
+    if head_dim > 64 { 32 } else { 64 }
 }
 
 /// Queries per step of the tensor-core dK/dV kernel: its dK and dV accumulators take 128
@@ -121,12 +121,10 @@ pub const fn fwd_shared_bytes(head_dim: u32) -> u32 {
     (MMA_ROWS + 2 * fwd_key_tile(head_dim)) * head_dim * 2
 }
 
-/// Bytes of dynamic shared memory of the tensor-core dQ kernel: first the block's Q and dO
-/// tiles (read once into registers), then two stages of a K and a V tile in the same bytes.
+/// Bytes of dynamic shared memory of the tensor-core dQ kernel: the block's Q and dO tiles,
+/// then two stages of a K and a V tile.
 pub const fn dq_shared_bytes(head_dim: u32) -> u32 {
-    let staged = 2 * MMA_ROWS * head_dim * 2;
-    let stages = 4 * dq_key_tile(head_dim) * head_dim * 2;
-    if staged > stages { staged } else { stages }
+    (2 * MMA_ROWS + 4 * dq_key_tile(head_dim)) * head_dim * 2
 }
 
 /// Bytes of one stage of the tensor-core dK/dV kernel: a Q and a dO tile, then the tile's

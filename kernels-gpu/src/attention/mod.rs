@@ -91,7 +91,7 @@ pub(crate) fn tanh(x: f32) -> f32 {
 #[derive(Clone, Copy)]
 pub(crate) struct Score {
     /// `scale·log2 e` without softcap, `scale / c` with it.
-    mul: f32,
+    pub(crate) mul: f32,
     /// `c·log2 e`, or 0 without softcap.
     cap: f32,
 }
@@ -110,6 +110,12 @@ impl Score {
                 cap: 0.0,
             }
         }
+    }
+
+    /// Without softcap: the score is `q·k · mul`.
+    #[inline(always)]
+    pub(crate) fn plain(&self) -> bool {
+        self.cap == 0.0
     }
 
     /// The score of a raw `q·k` in log2 units.

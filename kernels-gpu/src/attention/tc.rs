@@ -222,18 +222,24 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
         unsafe { mma_abt::<T, D>(&mut sc, sk, lane, 8, |kk| qf[kk]) };
         let masked = !s.all_allowed(m0, i1, n0 as i64, (n0 + BC - 1) as i64);
         let row0 = m0 + (16 * warp + g) as i64;
-        each::<8>(|nt| {
-            each::<4>(|e| {
-                let x = score.of(sc[nt][e]);
-                let j = (n0 + 8 * nt + 2 * c + (e & 1)) as i64;
-                let i = row0 + 8 * (e >> 1) as i64;
-                sc[nt][e] = if masked && !s.allows(i, j) {
-                    f32::NEG_INFINITY
-                } else {
-                    x
-                };
+        // One branch per tile on block-uniform conditions: the common tile (no mask, no
+        // softcap) is straight-line code.
+        if !masked && score.plain() {
+            each::<8>(|nt| each::<4>(|e| sc[nt][e] *= score.mul));
+        } else {
+            each::<8>(|nt| {
+                each::<4>(|e| {
+                    let x = score.of(sc[nt][e]);
+                    let j = (n0 + 8 * nt + 2 * c + (e & 1)) as i64;
+                    let i = row0 + 8 * (e >> 1) as i64;
+                    sc[nt][e] = if masked && !s.allows(i, j) {
+                        f32::NEG_INFINITY
+                    } else {
+                        x
+                    };
+                });
             });
-        });
+        }
         each::<2>(|r| {
             let mut mx = f32::NEG_INFINITY;
             each::<8>(|nt| mx = mx.max(sc[nt][2 * r]).max(sc[nt][2 * r + 1]));
@@ -312,6 +318,20 @@ fn probs_and_ds(
     mut stats: impl FnMut(usize, usize) -> (f32, f32),
     mut allowed: impl FnMut(usize, usize) -> bool,
 ) {
+    // As in the forward: one branch per tile, the common tile straight-line code.
+    if !masked && score.plain() {
+        each::<8>(|nt| {
+            if nt < n8 {
+                each::<4>(|e| {
+                    let (lse2, delta) = stats(nt, e);
+                    let pr = exp2(crate::fma(sc[nt][e], score.mul, -lse2));
+                    sc[nt][e] = pr;
+                    dp[nt][e] = pr * (dp[nt][e] - delta);
+                });
+            }
+        });
+        return;
+    }
     each::<8>(|nt| {
         if nt < n8 {
             each::<4>(|e| {
@@ -371,10 +391,7 @@ pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
         );
     }
     commit();
-    wait_all();
-    sync_threads();
-    let qf = unsafe { a_frags::<D>(base, warp, lane) };
-    let df = unsafe { a_frags::<D>(base + (64 * D * 2) as u32, warp, lane) };
+    let (sq, sdo) = (base, base + (64 * D * 2) as u32);
     let mut stats = [(f32::INFINITY, 0.0f32); 2];
     each::<2>(|r| {
         let i = m0 + (16 * warp + g + 8 * r) as i64;
@@ -389,13 +406,13 @@ pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
             };
         }
     });
-    sync_threads();
+    let stages = base + (2 * 64 * D * 2) as u32;
     let k_base = p.k.ptr + 2 * offset(&p.k, b, s.k_start, hk) as u64;
     let v_base = p.v.ptr + 2 * offset(&p.v, b, s.k_start, hk) as u64;
     let (kt, vt) = (p.k.token as usize, p.v.token as usize);
     let stage_bytes = (2 * bc * D * 2) as u32;
     let load = |n0: usize, stage: u32| unsafe {
-        let tile = base + stage * stage_bytes;
+        let tile = stages + stage * stage_bytes;
         let valid = s.sk as usize - n0;
         load_tile::<D>(tile, k_base + (2 * n0 * kt) as u64, kt, bc, valid, tid);
         load_tile::<D>(
@@ -427,14 +444,19 @@ pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
         }
         sync_threads();
         let (sk, sv) = (
-            base + stage * stage_bytes,
-            base + stage * stage_bytes + (bc * D * 2) as u32,
+            stages + stage * stage_bytes,
+            stages + stage * stage_bytes + (bc * D * 2) as u32,
         );
         let (mut sc, mut dp) = ([[0.0f32; 4]; 8], [[0.0f32; 4]; 8]);
         let masked = !s.all_allowed(m0, i1, n0 as i64, (n0 + bc - 1) as i64);
         unsafe {
-            mma_abt::<T, D>(&mut sc, sk, lane, bc / 8, |kk| qf[kk]);
-            mma_abt::<T, D>(&mut dp, sv, lane, bc / 8, |kk| df[kk]);
+            let l = Lanes::a::<D>(lane, warp);
+            mma_abt::<T, D>(&mut sc, sk, lane, bc / 8, |kk| {
+                ldmatrix_x4(l.at::<D>(sq, 0, kk))
+            });
+            mma_abt::<T, D>(&mut dp, sv, lane, bc / 8, |kk| {
+                ldmatrix_x4(l.at::<D>(sdo, 0, kk))
+            });
         }
         probs_and_ds(
             &mut sc,
