@@ -31,6 +31,9 @@ def main():
     seqs = [2048] if os.environ.get("ATTN_SMALL") else [2048, 8192]
     b, hq, hkv = 4, 16, 4
     try:
+        # The timed backward replays one graph (retain_graph), which donated buffers forbid.
+        import torch._functorch.config as functorch_config
+        functorch_config.donated_buffer = False
         from torch.nn.attention.flex_attention import flex_attention, create_block_mask
         flex = torch.compile(flex_attention)
     except Exception as e:  # noqa: BLE001

@@ -577,6 +577,16 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
     commit();
     let (mut dk, mut dv) = ([[0.0f32; 4]; 16], [[0.0f32; 4]; 16]);
     let key0 = n0 + (16 * warp + g) as i64;
+    // At head_dim 64 the warp's K and V rows stay in registers as A fragments (the same at
+    // every step); at 128 they do not fit beside dK and dV and are read at each step.
+    let hold = D <= 64;
+    let (kfr, vfr) = if hold {
+        wait_all();
+        sync_threads();
+        unsafe { (a_frags::<D>(sk, warp, lane), a_frags::<D>(sv, warp, lane)) }
+    } else {
+        ([[0; 4]; 8], [[0; 4]; 8])
+    };
     let mut stage = 0u32;
     let mut step = 0;
     while step < steps {
@@ -594,8 +604,8 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
         let (mut sc, mut dp) = ([[0.0f32; 4]; 8], [[0.0f32; 4]; 8]);
         unsafe {
             let l = Lanes::a::<D>(lane, warp);
-            let kf = |kk: usize| ldmatrix_x4(l.at::<D>(sk, 0, kk));
-            let vf = |kk: usize| ldmatrix_x4(l.at::<D>(sv, 0, kk));
+            let kf = |kk: usize| if hold { kfr[kk] } else { ldmatrix_x4(l.at::<D>(sk, 0, kk)) };
+            let vf = |kk: usize| if hold { vfr[kk] } else { ldmatrix_x4(l.at::<D>(sv, 0, kk)) };
             mma_abt::<T, D>(&mut sc, sq, lane, qt / 8, kf);
             mma_abt::<T, D>(&mut dp, sdo, lane, qt / 8, vf);
         }
