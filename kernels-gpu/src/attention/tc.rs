@@ -604,8 +604,20 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
         let (mut sc, mut dp) = ([[0.0f32; 4]; 8], [[0.0f32; 4]; 8]);
         unsafe {
             let l = Lanes::a::<D>(lane, warp);
-            let kf = |kk: usize| if hold { kfr[kk] } else { ldmatrix_x4(l.at::<D>(sk, 0, kk)) };
-            let vf = |kk: usize| if hold { vfr[kk] } else { ldmatrix_x4(l.at::<D>(sv, 0, kk)) };
+            let kf = |kk: usize| {
+                if hold {
+                    kfr[kk]
+                } else {
+                    ldmatrix_x4(l.at::<D>(sk, 0, kk))
+                }
+            };
+            let vf = |kk: usize| {
+                if hold {
+                    vfr[kk]
+                } else {
+                    ldmatrix_x4(l.at::<D>(sv, 0, kk))
+                }
+            };
             mma_abt::<T, D>(&mut sc, sq, lane, qt / 8, kf);
             mma_abt::<T, D>(&mut dp, sdo, lane, qt / 8, vf);
         }
