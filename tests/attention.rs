@@ -3,8 +3,9 @@
 //! element fails): both paths (tensor cores for f16/bf16 at head_dim 64 and 128, CUDA cores
 //! otherwise), GQA and MQA, causal and windowed masks aligned bottom-right (Sq ≠ Sk, rows that
 //! see no key), soft-capping, sequences that are no multiple of a tile, packed batches with
-//! empty sequences, views of one fused QKV buffer, bitwise determinism, and per-thread
-//! streams from several host threads.
+//! empty sequences, views of one fused QKV buffer, bitwise determinism, per-thread streams
+//! from several host threads, tensors of more than 2³² elements (64-bit offsets), and a
+//! rejected call writing nothing.
 //!
 //! Tolerances: errors are measured against the largest magnitude of each output tensor
 //! (`max |want|`), in units of the element type's rounding unit `u` (2⁻²⁴ f32, 2⁻¹¹ f16,
@@ -423,4 +424,90 @@ fn a_rejected_call_writes_nothing() {
     let (head, mut tail) = fused.split_at_mut(kv.len());
     let r = liger_rs::attention_forward(&stream, &args, &q, &head, &kv, &mut tail, &mut lse);
     assert!(r.is_ok(), "disjoint halves of one buffer: {r:?}");
+}
+
+#[test]
+fn more_than_2_pow_32_elements_take_64_bit_offsets() {
+    let test = "more_than_2_pow_32_elements_take_64_bit_offsets";
+    let Some(stream) = common::gpu_for_huge(test) else {
+        return;
+    };
+    // 65535 sequences (the grid's z limit) of 65 tokens, 8 query heads of 128: q, o, dO and dq
+    // hold 4.3·10⁹ elements each, past 2³² (8.6 GB in bf16).
+    let (b, s, hq, hkv, d) = (65535, 65, 8, 1, 128);
+    let args = AttentionArgs::new(b, s, s, hq, hkv, d).with_causal(true);
+    let (per_q, per_k) = (s * hq * d, s * hkv * d);
+    let (nq, nk) = (b * per_q, b * per_k);
+    assert!(nq > 1 << 32);
+    let zeros = |n: usize| stream.alloc_zeros::<bf16>(n).expect("allocate");
+    let (mut q, mut k, mut v, mut d_o) = (zeros(nq), zeros(nk), zeros(nk), zeros(nq));
+    // Random data in the first sequence, those whose q elements cross 2³¹ and 2³², and the
+    // last; every other sequence is zeros, whose outputs are known exactly.
+    let seqs = [0, (1usize << 31) / per_q, (1usize << 32) / per_q, b - 1];
+    let mut rng = Rng::new(11);
+    let mut host = Vec::new();
+    for &i in &seqs {
+        let x = [
+            rng.vec::<bf16>(per_q, 0.0, 1.0),
+            rng.vec::<bf16>(per_k, 0.0, 1.0),
+            rng.vec::<bf16>(per_k, 0.0, 1.0),
+            rng.vec::<bf16>(per_q, 0.0, 1.0),
+        ];
+        let put = |buf: &mut CudaSlice<bf16>, at: usize, data: &[bf16]| {
+            let mut view = buf.slice_mut(at..at + data.len());
+            stream.memcpy_htod(data, &mut view).expect("upload");
+        };
+        put(&mut q, i * per_q, &x[0]);
+        put(&mut k, i * per_k, &x[1]);
+        put(&mut v, i * per_k, &x[2]);
+        put(&mut d_o, i * per_q, &x[3]);
+        host.push((i, x));
+    }
+    let mut o = common::poisoned_on_device::<bf16>(&stream, nq);
+    let mut lse = common::poisoned_on_device::<f32>(&stream, args.lse_len());
+    let (mut dq, mut dk, mut dv) = (
+        common::poisoned_on_device::<bf16>(&stream, nq),
+        common::poisoned_on_device::<bf16>(&stream, nk),
+        common::poisoned_on_device::<bf16>(&stream, nk),
+    );
+    liger_rs::attention_forward(&stream, &args, &q, &k, &v, &mut o, &mut lse).expect("forward");
+    liger_rs::attention_backward(
+        &stream, &args, &q, &k, &v, &o, &d_o, &lse, &mut dq, &mut dk, &mut dv,
+    )
+    .expect("backward");
+    let get = |buf: &CudaSlice<bf16>, at: usize, n: usize| {
+        stream.clone_dtoh(&buf.slice(at..at + n)).expect("download")
+    };
+    let one = AttentionArgs::new(1, s, s, hq, hkv, d).with_causal(true);
+    for (i, [qh, kh, vh, dh]) in &host {
+        let i = *i;
+        let desc = format!("sequence {i} of {b}");
+        let want = reference::attention_forward(&one, qh, kh, vh, None).expect("reference");
+        let g = reference::attention_backward(&one, qh, kh, vh, dh, None).expect("reference");
+        check("o", &desc, &get(&o, i * per_q, per_q), &want.o, s);
+        check("dq", &desc, &get(&dq, i * per_q, per_q), &g.dq, s);
+        check("dk", &desc, &get(&dk, i * per_k, per_k), &g.dk, s);
+        check("dv", &desc, &get(&dv, i * per_k, per_k), &g.dv, s);
+        let l = stream
+            .clone_dtoh(&lse.slice(i * hq * s..(i + 1) * hq * s))
+            .expect("download");
+        for (got, want) in l.iter().zip(&want.lse) {
+            assert!(
+                (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                "lse {got} vs {want}, {desc}"
+            );
+        }
+    }
+    // A zero sequence next to the last sampled one: written, and exactly zero.
+    let z = b - 2;
+    for (what, got) in [
+        ("o", get(&o, z * per_q, per_q)),
+        ("dq", get(&dq, z * per_q, per_q)),
+        ("dv", get(&dv, z * per_k, per_k)),
+    ] {
+        assert!(
+            got.iter().all(|x| x.to_f32() == 0.0),
+            "{what} of zero sequence {z}"
+        );
+    }
 }
