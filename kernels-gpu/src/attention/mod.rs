@@ -294,6 +294,9 @@ macro_rules! attn_kernels {
                 /// The host's checks: every tensor of `p` the pass reads or writes spans its
                 /// shape and strides, the grid and block are the host plan's.
                 #[unsafe(export_name = crate::identity::kernel_name!(Attention, $pass, $path, $elem))]
+                // A `#[repr(C)]` struct of integers and floats: the PTX parameter is its bytes
+                // (`.param .align 8 .b8 …[size]`), which the host's tests check per entry.
+                #[allow(improper_gpu_kernel_arg)]
                 pub unsafe extern "gpu-kernel" fn kernel(p: Params) {
                     unsafe { $body(&p) }
                 }

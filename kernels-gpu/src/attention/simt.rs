@@ -137,6 +137,44 @@ pub(crate) unsafe fn prep<T: Elem>(p: &Params) {
     }
 }
 
+/// What the backward reads of query row `tok` of head `h`: this lane's elements of q and dO,
+/// and the row's log-sum-exp (log2 units, as the backward subtracts it) and delta.
+///
+/// # Safety
+/// The row exists: `lse` and `delta` span every row, q and dO every head.
+#[inline(always)]
+unsafe fn query_row<T: Elem>(
+    p: &Params,
+    b: usize,
+    h: usize,
+    tok: usize,
+    lane: usize,
+) -> ([f32; PER_LANE], [f32; PER_LANE], f32, f32) {
+    let (d, at) = (p.head_dim as usize, lse_offset(p, b, h, tok));
+    unsafe {
+        (
+            load::<T>(p.q.ptr, offset(&p.q, b, tok, h), d, lane),
+            load::<T>(p.d_o.ptr, offset(&p.d_o, b, tok, h), d, lane),
+            lse2_for_backward(*(p.lse as *const f32).add(at)),
+            *(p.delta as *const f32).add(at),
+        )
+    }
+}
+
+/// The probability of a (query, key) pair and its dS (times the softcap's slope), from q, k,
+/// dO and v.
+#[inline(always)]
+fn prob_and_ds(
+    score: &Score,
+    [q, k, d_o, v]: [&[f32; PER_LANE]; 4],
+    lse2: f32,
+    delta: f32,
+) -> (f32, f32) {
+    let (x, slope) = score.with_slope(dot(q, k));
+    let pr = exp2(x - lse2);
+    (pr, pr * (dot(d_o, v) - delta) * slope)
+}
+
 /// dQ of one query row: `scale · Σ_j dS_j·K_j` over the keys it sees, with
 /// `dS = P ∘ (dP − delta)` (times the softcap's slope).
 ///
@@ -153,15 +191,7 @@ pub(crate) unsafe fn dq<T: Elem>(p: &Params) {
     let (d, hk) = (p.head_dim as usize, h / (p.heads_q / p.heads_kv) as usize);
     let score = Score::new(p);
     let tok = s.q_start + i;
-    let at = lse_offset(p, b, h, tok);
-    let (q, d_o, lse2, delta) = unsafe {
-        (
-            load::<T>(p.q.ptr, offset(&p.q, b, tok, h), d, lane),
-            load::<T>(p.d_o.ptr, offset(&p.d_o, b, tok, h), d, lane),
-            lse2_for_backward(*(p.lse as *const f32).add(at)),
-            *(p.delta as *const f32).add(at),
-        )
-    };
+    let (q, d_o, lse2, delta) = unsafe { query_row::<T>(p, b, h, tok, lane) };
     let mut acc = [0.0f32; PER_LANE];
     let (lo, hi) = s.keys(i as i64, i as i64);
     let mut j = lo;
@@ -170,9 +200,7 @@ pub(crate) unsafe fn dq<T: Elem>(p: &Params) {
             let kt = s.k_start + j as usize;
             let k = unsafe { load::<T>(p.k.ptr, offset(&p.k, b, kt, hk), d, lane) };
             let v = unsafe { load::<T>(p.v.ptr, offset(&p.v, b, kt, hk), d, lane) };
-            let (x, slope) = score.with_slope(dot(&q, &k));
-            let pr = exp2(x - lse2);
-            let ds = pr * (dot(&d_o, &v) - delta) * slope;
+            let (_, ds) = prob_and_ds(&score, [&q, &k, &d_o, &v], lse2, delta);
             unroll::<PER_LANE>(|e| acc[e] = crate::fma(ds, k[e], acc[e]));
         }
         j += 1;
@@ -211,18 +239,8 @@ pub(crate) unsafe fn dkdv<T: Elem>(p: &Params) {
         while i < hi {
             if s.allows(i, j as i64) {
                 let tok = s.q_start + i as usize;
-                let at = lse_offset(p, b, h, tok);
-                let (q, d_o, lse2, delta) = unsafe {
-                    (
-                        load::<T>(p.q.ptr, offset(&p.q, b, tok, h), d, lane),
-                        load::<T>(p.d_o.ptr, offset(&p.d_o, b, tok, h), d, lane),
-                        lse2_for_backward(*(p.lse as *const f32).add(at)),
-                        *(p.delta as *const f32).add(at),
-                    )
-                };
-                let (x, slope) = score.with_slope(dot(&q, &k));
-                let pr = exp2(x - lse2);
-                let ds = pr * (dot(&d_o, &v) - delta) * slope;
+                let (q, d_o, lse2, delta) = unsafe { query_row::<T>(p, b, h, tok, lane) };
+                let (pr, ds) = prob_and_ds(&score, [&q, &k, &d_o, &v], lse2, delta);
                 unroll::<PER_LANE>(|e| {
                     dv[e] = crate::fma(pr, d_o[e], dv[e]);
                     dk[e] = crate::fma(ds, q[e], dk[e]);
