@@ -5,7 +5,7 @@
 //! differentiable (a [`CustomOp3`] whose backward runs [`crate::attention_backward`]), so
 //! porting is the `use` line and the model can train:
 //!
-//! ```rust,ignore
+//! ```rust
 //! // use candle_flash_attn::flash_attn;
 //! use liger_rs::candle::flash_attn::flash_attn;
 //! ```
