@@ -40,8 +40,9 @@ fn packed(args: &AttentionArgs, varlen: bool) -> Result<()> {
     Ok(())
 }
 
-/// The path's alignment inputs: every pointer and every stride of the tensors the pass reads
-/// or writes.
+/// The path's stride inputs: every stride of the call's layouts, the gradients' included in
+/// the forward too, so that a forward and its backward with the same arguments take the same
+/// path.
 fn strides(args: &AttentionArgs) -> Vec<usize> {
     let out = args.out_strides();
     let mut s = Vec::with_capacity(18);
