@@ -61,6 +61,16 @@ pub enum Error {
     },
     /// A string that names no casting mode.
     UnknownCastingMode(String),
+    /// The cuBLAS library (`libcublas.so`), which the ops with GEMMs load at run time, could
+    /// not be loaded.
+    NoBlas,
+    /// A cuBLAS call failed.
+    Blas {
+        /// The cuBLAS function.
+        call: &'static str,
+        /// Its status.
+        status: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -90,6 +100,12 @@ impl fmt::Display for Error {
                 f,
                 "unknown casting mode {s:?}: expected one of \"llama\", \"gemma\", \"none\""
             ),
+            Error::NoBlas => write!(
+                f,
+                "no cuBLAS: libcublas could not be loaded (is the CUDA toolkit's lib directory \
+                 on the library path?)"
+            ),
+            Error::Blas { call, status } => write!(f, "{call} failed: {status}"),
         }
     }
 }
@@ -119,6 +135,12 @@ impl fmt::Debug for Error {
                 f.debug_struct("WrongContext").field("arg", arg).finish()
             }
             Error::UnknownCastingMode(s) => f.debug_tuple("UnknownCastingMode").field(s).finish(),
+            Error::NoBlas => f.debug_tuple("NoBlas").field(&self.to_string()).finish(),
+            Error::Blas { call, status } => f
+                .debug_struct("Blas")
+                .field("call", call)
+                .field("status", status)
+                .finish(),
         }
     }
 }

@@ -105,8 +105,10 @@
 mod attention;
 #[cfg(test)]
 mod bad_input;
+mod blas;
 #[cfg(feature = "candle")]
 pub mod candle;
+mod cross_entropy;
 mod dtype;
 mod error;
 mod fused_add_rms_norm;
@@ -140,6 +142,13 @@ pub use attention::{
 };
 #[cfg(feature = "candle")]
 pub use candle_core;
+pub use cross_entropy::linear::{
+    LinearCrossEntropyArgs, LinearCrossEntropyGrads, fused_linear_cross_entropy,
+};
+pub use cross_entropy::{
+    CrossEntropyArgs, Reduction, cross_entropy_backward, cross_entropy_backward_inplace,
+    cross_entropy_forward, cross_entropy_forward_backward, cross_entropy_forward_backward_inplace,
+};
 pub use cudarc;
 pub use dtype::Dtype;
 pub use error::{Error, Result};

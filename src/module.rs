@@ -362,8 +362,26 @@ pub(crate) fn h200_kernels(test: &str) -> Option<(Arc<CudaContext>, Arc<Kernels>
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// Asserts that each kernel's entry, in both builds, takes exactly one parameter: a
+    /// by-value block of `size` bytes (the host's `#[repr(C)]` parameter struct).
+    pub(crate) fn assert_one_param_block(kernels: &[Kernel], size: usize) {
+        for ptx in [PTX, PTX_SM90] {
+            for k in kernels {
+                let name = k.name();
+                let entry = ptx
+                    .split(".visible .entry ")
+                    .find(|e| e.starts_with(&format!("{name}(")))
+                    .unwrap_or_else(|| panic!("{name} is not in the PTX"));
+                let params = &entry[..entry.find(')').unwrap()];
+                assert_eq!(params.matches(".param").count(), 1, "{name}: {params}");
+                let decl = format!(".param .align 8 .b8 {name}_param_0[{size}]");
+                assert!(params.contains(&decl), "{name}: {params}, expected {decl}");
+            }
+        }
+    }
 
     /// Each entry point's name and body in one PTX file, in order.
     fn entries(ptx: &str) -> Vec<(&str, &str)> {
@@ -381,6 +399,7 @@ mod tests {
             crate::rope::tests::launchable_kernels(),
             crate::swiglu::tests::launchable_kernels(),
             crate::attention::plan::tests::launchable_kernels(),
+            crate::cross_entropy::plan::tests::launchable_kernels(),
         ]
         .into_iter()
         .flatten()
@@ -395,9 +414,11 @@ mod tests {
         }
         // RoPE's 156 (3 element types × 2 directions × 26 paths and row sources: 4 each of
         // scalar, contiguous vector and interleaved vector, 7 each of vector-any and general)
-        // the other ops' 347, and attention's 24 (the forward, dQ and dK/dV on SIMT for three
-        // element types and on tensor cores for two at two head_dims; the preprocessing).
-        assert_eq!(launchable.len(), 527);
+        // the other ops' 347, attention's 24 (the forward, dQ and dK/dV on SIMT for three
+        // element types and on tensor cores for two at two head_dims; the preprocessing), and
+        // cross-entropy's 26 (forward and backward rows on four paths for three element
+        // types; the count and the reduction).
+        assert_eq!(launchable.len(), 553);
     }
 
     #[test]

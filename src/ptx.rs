@@ -90,7 +90,7 @@ mod tests {
                 ".version ",
                 ".target sm_",
                 ".address_size 64",
-                ".extern .shared .align 4 .b8 gpu_launch_sized_workgroup_mem[];",
+                ".extern .shared .align 8 .b8 gpu_launch_sized_workgroup_mem[];",
             ]) {
                 assert!(line.starts_with(start), "{line}");
             }

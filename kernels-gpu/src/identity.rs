@@ -77,6 +77,38 @@ names! {
         Geglu = "geglu",
         /// Attention (`kernels-gpu/src/attention/`).
         Attention = "attn",
+        /// Cross-entropy (`kernels-gpu/src/cross_entropy/`).
+        CrossEntropy = "ce",
+    }
+}
+
+names! {
+    /// What a cross-entropy kernel computes: the second part of its entry name.
+    pub enum CePass / ce_pass_name {
+        /// Each row's loss and log-sum-exp, and its gradient when asked.
+        Forward = "fwd",
+        /// Each row's gradient from its saved log-sum-exp.
+        Backward = "bwd",
+        /// The mean's denominators and the class weights' sum (one block).
+        Count = "count",
+        /// The reduced loss from the per-row losses (one block).
+        Reduce = "reduce",
+    }
+}
+
+names! {
+    /// A cross-entropy row kernel's path: the variant part of its entry name.
+    pub enum CePath / ce_path_name {
+        /// Element loads: any alignment and stride (no name part); no bias, class weights,
+        /// label smoothing or softcap.
+        Scalar = "",
+        /// 16-byte vector loads and stores on 16-byte aligned rows; no bias, class weights,
+        /// label smoothing or softcap.
+        Vector = "v",
+        /// As [`CePath::Scalar`], with every option.
+        ScalarFull = "x",
+        /// As [`CePath::Vector`], with every option.
+        VectorFull = "vx",
     }
 }
 
@@ -312,6 +344,20 @@ pub enum Kernel {
         /// The form of GELU.
         form: GeluForm,
     },
+    /// A cross-entropy row kernel.
+    CrossEntropy {
+        /// [`CePass::Forward`] or [`CePass::Backward`].
+        pass: CePass,
+        /// The path.
+        path: CePath,
+        /// The element type of the logits and their gradient.
+        elem: ElemType,
+    },
+    /// A cross-entropy one-block kernel: [`CePass::Count`] or [`CePass::Reduce`].
+    CrossEntropyStats {
+        /// The pass.
+        pass: CePass,
+    },
     /// An attention kernel.
     Attention {
         /// The pass.
@@ -377,6 +423,17 @@ macro_rules! kernel_name {
     (Attention, $pass:ident, $path:ident, $elem:ident) => {
         $crate::identity::kernel_name!(@join
             op_name(Attention), attn_pass_name($pass), attn_path_name($path), elem_name($elem))
+    };
+    (CrossEntropy, $pass:ident) => {
+        $crate::identity::kernel_name!(@join op_name(CrossEntropy), ce_pass_name($pass))
+    };
+    (CrossEntropy, $pass:ident, Scalar, $elem:ident) => {
+        $crate::identity::kernel_name!(@join
+            op_name(CrossEntropy), ce_pass_name($pass), elem_name($elem))
+    };
+    (CrossEntropy, $pass:ident, $path:ident, $elem:ident) => {
+        $crate::identity::kernel_name!(@join
+            op_name(CrossEntropy), ce_pass_name($pass), ce_path_name($path), elem_name($elem))
     };
     // An RMSNorm vector kernel's variant: its layout's name, then its vectors per thread.
     (@vector $layout:ident $k:literal) => {
@@ -462,6 +519,16 @@ impl Kernel {
                 elem.name(),
                 form.name(),
             ],
+            Kernel::CrossEntropy { pass, path, elem } => [
+                Op::CrossEntropy.name(),
+                pass.name(),
+                path.name(),
+                elem.name(),
+                "",
+            ],
+            Kernel::CrossEntropyStats { pass } => {
+                [Op::CrossEntropy.name(), pass.name(), "", "", ""]
+            }
             Kernel::Attention { pass, path, elem } => [
                 Op::Attention.name(),
                 pass.name(),

@@ -20,8 +20,10 @@
 #![allow(internal_features)]
 
 pub mod attention;
+pub mod cross_entropy;
 pub mod geglu;
 pub mod identity;
+mod math;
 pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;

@@ -132,21 +132,10 @@ pub(crate) mod tests {
 
     #[test]
     fn each_entry_takes_one_parameter_block_of_the_hosts_size() {
-        use crate::module::{PTX, PTX_SM90};
-        let size = size_of::<super::super::abi::Params>();
-        for ptx in [PTX, PTX_SM90] {
-            for k in launchable_kernels() {
-                let name = k.name();
-                let entry = ptx
-                    .split(".visible .entry ")
-                    .find(|e| e.starts_with(&format!("{name}(")))
-                    .unwrap_or_else(|| panic!("{name} is not in the PTX"));
-                let params = &entry[..entry.find(')').unwrap()];
-                assert_eq!(params.matches(".param").count(), 1, "{name}: {params}");
-                let decl = format!(".param .align 8 .b8 {name}_param_0[{size}]");
-                assert!(params.contains(&decl), "{name}: {params}, expected {decl}");
-            }
-        }
+        crate::module::tests::assert_one_param_block(
+            &launchable_kernels(),
+            size_of::<super::super::abi::Params>(),
+        );
     }
 
     #[test]

@@ -22,6 +22,7 @@
 //! # Ok::<(), liger_rs::Error>(())
 //! ```
 pub mod attention;
+pub mod cross_entropy;
 pub mod fused_add_rms_norm;
 pub mod geglu;
 pub mod rms_norm;
@@ -29,6 +30,10 @@ pub mod rope;
 pub mod swiglu;
 
 pub use attention::{AttentionGrads, AttentionOut, attention_backward, attention_forward};
+pub use cross_entropy::{
+    CrossEntropyOut, LinearCrossEntropyOut, cross_entropy_backward, cross_entropy_forward,
+    fused_linear_cross_entropy,
+};
 pub use fused_add_rms_norm::{fused_add_rms_norm_backward, fused_add_rms_norm_forward};
 pub use geglu::{geglu_backward, geglu_forward};
 pub use rms_norm::{rms_norm_backward, rms_norm_backward_dx, rms_norm_forward};

@@ -1,0 +1,212 @@
+//! Which kernels a cross-entropy call runs, on which grids: a pure function of the arguments,
+//! the element type and the buffers' alignment, unit-tested without a GPU.
+use super::abi::{MAX_ROW_THREADS, ROW_SHARED_BYTES, STATS_THREADS, UNROLL, stats_shared_bytes};
+use super::args::{CrossEntropyArgs, Reduction};
+use crate::identity::{CePass, CePath, ElemType, Kernel};
+
+/// One kernel launch of a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Step {
+    /// The kernel.
+    pub(crate) kernel: Kernel,
+    /// Blocks (a row kernel's walk the rows grid-stride past 2³¹ − 1).
+    pub(crate) grid: u32,
+    /// Threads per block.
+    pub(crate) block: u32,
+    /// Dynamic shared memory per block, in bytes.
+    pub(crate) shared: u32,
+}
+
+/// What the row kernels must handle beyond the plain loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Options {
+    /// Class weights are given.
+    pub(crate) weighted: bool,
+    /// A bias is added to the logits.
+    pub(crate) bias: bool,
+}
+
+/// The row kernels' path: vector loads when every row buffer starts 16-byte aligned and
+/// every row stride is a whole number of 16-byte vectors; the full kernels when the call has
+/// class weights, a bias, label smoothing or softcap (their registers cost the plain ones
+/// speed).
+pub(crate) fn path(
+    args: &CrossEntropyArgs,
+    elem: ElemType,
+    opts: Options,
+    ptrs: &[u64],
+    strides: &[usize],
+) -> CePath {
+    let aligned = ptrs.iter().all(|p| p.is_multiple_of(16))
+        && strides.iter().all(|s| (s * elem.size()).is_multiple_of(16));
+    let full = opts.weighted || opts.bias || args.label_smoothing != 0.0 || args.softcap.is_some();
+    match (aligned, full) {
+        (true, false) => CePath::Vector,
+        (false, false) => CePath::Scalar,
+        (true, true) => CePath::VectorFull,
+        (false, true) => CePath::ScalarFull,
+    }
+}
+
+/// Threads per row block: enough that each thread walks about `2·UNROLL` groups (vectors or
+/// elements) of the row, a power of two from 32 to 1024 (512 for the full vector kernels,
+/// whose registers do not fit 1024 threads).
+pub(crate) fn row_threads(vocab: usize, elem: ElemType, path: CePath) -> u32 {
+    let lanes = match path {
+        CePath::Vector | CePath::VectorFull => 16 / elem.size(),
+        CePath::Scalar | CePath::ScalarFull => 1,
+    };
+    let cap = match path {
+        CePath::VectorFull => MAX_ROW_THREADS / 2,
+        _ => MAX_ROW_THREADS,
+    };
+    let groups = vocab.div_ceil(lanes).div_ceil(2 * UNROLL);
+    (groups.next_power_of_two() as u32).clamp(32, cap)
+}
+
+/// One row kernel's launch over every row of `args`.
+pub(crate) fn rows_step(
+    args: &CrossEntropyArgs,
+    pass: CePass,
+    elem: ElemType,
+    path: CePath,
+) -> Step {
+    Step {
+        kernel: Kernel::CrossEntropy { pass, path, elem },
+        grid: args.rows.min(i32::MAX as usize) as u32,
+        block: row_threads(args.vocab, elem, path),
+        shared: ROW_SHARED_BYTES,
+    }
+}
+
+/// A one-block kernel's launch.
+pub(crate) fn stats_step(pass: CePass) -> Step {
+    Step {
+        kernel: Kernel::CrossEntropyStats { pass },
+        grid: 1,
+        block: STATS_THREADS,
+        shared: stats_shared_bytes(),
+    }
+}
+
+/// The forward (with or without the gradient): the count when the rows need the mean's
+/// denominators or the weights' sum, the rows, the reduction unless it is `None`.
+pub(crate) fn forward(
+    args: &CrossEntropyArgs,
+    elem: ElemType,
+    opts: Options,
+    path: CePath,
+) -> Vec<Step> {
+    let mut steps = Vec::with_capacity(3);
+    if args.needs_count(opts.weighted) {
+        steps.push(stats_step(CePass::Count));
+    }
+    steps.push(rows_step(args, CePass::Forward, elem, path));
+    if args.reduction != Reduction::None {
+        steps.push(stats_step(CePass::Reduce));
+    }
+    steps
+}
+
+/// The backward: the count when needed, then the rows' gradient.
+pub(crate) fn backward(
+    args: &CrossEntropyArgs,
+    elem: ElemType,
+    opts: Options,
+    path: CePath,
+) -> Vec<Step> {
+    let mut steps = Vec::with_capacity(2);
+    if args.needs_count(opts.weighted) {
+        steps.push(stats_step(CePass::Count));
+    }
+    steps.push(rows_step(args, CePass::Backward, elem, path));
+    steps
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Every kernel a call can plan.
+    pub(crate) fn launchable_kernels() -> Vec<Kernel> {
+        let mut v = Vec::new();
+        for elem in ElemType::ALL.iter().copied() {
+            for path in CePath::ALL.iter().copied() {
+                let args = CrossEntropyArgs::new(1, 1);
+                let opts = Options {
+                    weighted: true,
+                    bias: false,
+                };
+                v.extend(forward(&args, elem, opts, path).iter().map(|s| s.kernel));
+                v.extend(backward(&args, elem, opts, path).iter().map(|s| s.kernel));
+            }
+        }
+        v.sort_by_key(|k| k.name());
+        v.dedup();
+        v
+    }
+
+    #[test]
+    fn each_entry_takes_one_parameter_block_of_the_hosts_size() {
+        crate::module::tests::assert_one_param_block(
+            &launchable_kernels(),
+            size_of::<super::super::abi::Params>(),
+        );
+    }
+
+    #[test]
+    fn vectors_need_aligned_rows_and_options_need_the_full_kernels() {
+        let a = CrossEntropyArgs::new(4, 32000);
+        let plain = Options::default();
+        assert_eq!(
+            path(&a, ElemType::Bf16, plain, &[0, 64], &[32000]),
+            CePath::Vector
+        );
+        // 32001 bf16 per row: rows after the first start off the 16-byte grid.
+        assert_eq!(
+            path(&a, ElemType::Bf16, plain, &[0], &[32001]),
+            CePath::Scalar
+        );
+        assert_eq!(
+            path(&a, ElemType::F32, plain, &[4], &[32000]),
+            CePath::Scalar
+        );
+        let w = Options {
+            weighted: true,
+            bias: false,
+        };
+        assert_eq!(
+            path(&a, ElemType::Bf16, w, &[0], &[32000]),
+            CePath::VectorFull
+        );
+        let s = a.with_softcap(Some(30.0));
+        assert_eq!(
+            path(&s, ElemType::F16, plain, &[2], &[32000]),
+            CePath::ScalarFull
+        );
+    }
+
+    #[test]
+    fn rows_get_blocks_sized_to_the_vocabulary() {
+        assert_eq!(row_threads(32000, ElemType::Bf16, CePath::Vector), 1024);
+        assert_eq!(row_threads(128256, ElemType::Bf16, CePath::Vector), 1024);
+        assert_eq!(row_threads(128256, ElemType::Bf16, CePath::VectorFull), 512);
+        assert_eq!(row_threads(512, ElemType::Bf16, CePath::Vector), 32);
+        assert_eq!(row_threads(1, ElemType::F32, CePath::Scalar), 32);
+        assert_eq!(row_threads(1000, ElemType::F32, CePath::Scalar), 256);
+        let a = CrossEntropyArgs::new(8192, 32000);
+        let f = forward(&a, ElemType::Bf16, Options::default(), CePath::Vector);
+        let names: Vec<_> = f.iter().map(|s| s.kernel.name()).collect();
+        assert_eq!(names, ["ce_count", "ce_fwd_v_bf16", "ce_reduce"]);
+        assert_eq!(f[1].grid, 8192);
+        let none = a.with_reduction(Reduction::None);
+        let b = backward(&none, ElemType::F32, Options::default(), CePath::Scalar);
+        let names: Vec<_> = b.iter().map(|s| s.kernel.name()).collect();
+        assert_eq!(names, ["ce_bwd_f32"]);
+        let huge = CrossEntropyArgs::new(1 << 32, 8);
+        assert_eq!(
+            rows_step(&huge, CePass::Forward, ElemType::F32, CePath::Scalar).grid,
+            i32::MAX as u32
+        );
+    }
+}
