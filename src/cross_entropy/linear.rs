@@ -20,7 +20,8 @@ use std::sync::Arc;
 /// ```
 /// use liger_rs::{CrossEntropyArgs, LinearCrossEntropyArgs};
 /// let args = LinearCrossEntropyArgs::new(8192, 4096, 128256);
-/// assert_eq!(args.chunk_tokens(), 256);
+/// assert_eq!(args.chunk_tokens(), 1024);
+/// assert_eq!(args.with_chunk(256).chunk_tokens(), 256);
 /// let ce = CrossEntropyArgs::new(8192, 128256).with_lse_square_scale(1e-4);
 /// assert_eq!(LinearCrossEntropyArgs::with_ce(4096, ce).ce.lse_square_scale, 1e-4);
 /// ```
@@ -37,6 +38,12 @@ pub struct LinearCrossEntropyArgs {
 }
 
 impl LinearCrossEntropyArgs {
+    /// The fewest tokens per chunk by default: each chunk adds its share of dW (f32) by a GEMM
+    /// whose inner dimension is the chunk, reading and writing all of dW; at 1024 tokens that
+    /// costs 8 bytes per 2048 FLOPs of dW, where Liger's 256 at 8192 × 4096 × 128256 (bf16) made
+    /// the call 1.8× slower on an H200 (75.8 ms against 41.5 ms) for 188 MiB less scratch.
+    pub const MIN_CHUNK: usize = 1024;
+
     /// `tokens × hidden` inputs to a head of `vocab` classes, PyTorch's cross-entropy defaults.
     pub fn new(tokens: usize, hidden: usize, vocab: usize) -> Self {
         Self::with_ce(hidden, CrossEntropyArgs::new(tokens, vocab))
@@ -57,15 +64,18 @@ impl LinearCrossEntropyArgs {
         self
     }
 
-    /// Tokens per chunk: the set value, else Liger-Kernel's rule, the power of two nearest
-    /// above `tokens / ⌈vocab / hidden⌉`, so that a chunk of logits holds about as many
-    /// elements as x (at most the tokens).
+    /// Tokens per chunk (at most the tokens): the set value, else the larger of
+    /// [`Self::MIN_CHUNK`] and Liger-Kernel's rule, the power of two at or above
+    /// `tokens / ⌈vocab / hidden⌉` (a chunk of logits about as large as x).
     pub fn chunk_tokens(&self) -> usize {
         let tokens = self.ce.rows.max(1);
         self.chunk
             .unwrap_or_else(|| {
                 let inc = self.ce.vocab.div_ceil(self.hidden.max(1)).max(1);
-                tokens.div_ceil(inc).next_power_of_two()
+                tokens
+                    .div_ceil(inc)
+                    .next_power_of_two()
+                    .max(Self::MIN_CHUNK)
             })
             .min(tokens)
     }

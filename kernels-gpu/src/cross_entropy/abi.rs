@@ -85,12 +85,13 @@ pub const STAT_WEIGHT_SUM: usize = 2;
 /// Threads per block of the count and reduce kernels (one block each).
 pub const STATS_THREADS: u32 = 1024;
 /// Vectors (or scalars) each thread loads before it uses any of them, per step of a row.
-pub const UNROLL: usize = 2;
+pub const UNROLL: usize = 4;
 /// The most threads per block of the row kernels.
 pub const MAX_ROW_THREADS: u32 = 1024;
 
-/// Bytes of dynamic shared memory of the row kernels: three f32 per warp.
-pub const ROW_SHARED_BYTES: u32 = 3 * 32 * 4;
+/// Bytes of dynamic shared memory of the row kernels: three f32 per warp and three for the
+/// merged result.
+pub const ROW_SHARED_BYTES: u32 = 3 * 33 * 4;
 
 /// Bytes of dynamic shared memory of the count and reduce kernels: three f64 per thread.
 pub const fn stats_shared_bytes() -> u32 {

@@ -30,14 +30,28 @@ impl Online {
         s: 0.0,
     };
 
-    /// Adds one value, with one `ex2`: a new maximum rescales the sum, any other value is
-    /// added at the current one (−∞ adds 0, NaN makes the sum NaN).
+    /// Adds the first `n` of `xs` (at most 8): their maximum rescales the sum once, then
+    /// their `2^(x − m)` are summed, independent of each other, so that a vector costs one
+    /// dependent step of the running pair instead of `n` (−∞ adds 0, NaN makes the sum NaN).
     #[inline(always)]
-    fn push(&mut self, x: f32) {
-        let up = x > self.m;
-        let e = exp2(if up { self.m - x } else { x - safe_max(self.m) });
-        self.s = if up { fma(self.s, e, 1.0) } else { self.s + e };
-        self.m = if up { x } else { self.m };
+    fn push(&mut self, xs: &[f32; 8], n: usize) {
+        let mut mv = f32::NEG_INFINITY;
+        unroll::<8>(|i| {
+            if i < n {
+                mv = mv.max(xs[i]);
+            }
+        });
+        let m = self.m.max(mv);
+        let ms = safe_max(m);
+        let mut e = [0.0f32; 8];
+        unroll::<8>(|i| {
+            if i < n {
+                e[i] = exp2(xs[i] - ms);
+            }
+        });
+        let t = ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
+        self.s = fma(self.s, exp2(self.m - ms), t);
+        self.m = m;
     }
 
     /// Both sets of values: the same bits either way round.
@@ -53,7 +67,10 @@ impl Online {
 }
 
 /// The row's maximum and sum and `Σ` of `sz` over the block, the same bits in every thread
-/// (a butterfly in each warp, then every thread merges the warps in order).
+/// (a butterfly in each warp, then one over the warps' values in warp 0). Two barriers; the
+/// next call may follow at once: its slot writes come after a barrier every thread reaches
+/// only after reading this call's result, and warp 0 reads the warps' slots before the
+/// second barrier.
 #[inline(always)]
 fn block_merge(mut on: Online, mut sz: f32) -> (Online, f32) {
     let mut mask = 16;
@@ -77,19 +94,52 @@ fn block_merge(mut on: Online, mut sz: f32) -> (Online, f32) {
         }
     }
     sync_threads();
-    let (mut all, mut total) = (Online::EMPTY, 0.0);
-    for w in 0..warps {
+    // Warp 0 merges the warps' values by a butterfly over its lanes (lane w holds warp w's)
+    // and leaves the result after them; every thread reads it after a second barrier.
+    if warp == 0 {
+        let lane = thread_idx() & 31;
         // SAFETY: written above, before the barrier.
-        unsafe {
+        let (mut all, mut total) = if lane < warps {
+            unsafe {
+                let o = Online {
+                    m: *smem.add(3 * lane),
+                    s: *smem.add(3 * lane + 1),
+                };
+                (o, *smem.add(3 * lane + 2))
+            }
+        } else {
+            (Online::EMPTY, 0.0)
+        };
+        let mut mask = 16;
+        while mask > 0 {
             let o = Online {
-                m: *smem.add(3 * w),
-                s: *smem.add(3 * w + 1),
+                m: shfl_xor(all.m, mask),
+                s: shfl_xor(all.s, mask),
             };
             all = all.merge(o);
-            total += *smem.add(3 * w + 2);
+            total += shfl_xor(total, mask);
+            mask >>= 1;
+        }
+        if lane == 0 {
+            // SAFETY: the slots after the warps' (ROW_SHARED_BYTES holds 33 triples).
+            unsafe {
+                *smem.add(96) = all.m;
+                *smem.add(97) = all.s;
+                *smem.add(98) = total;
+            }
         }
     }
-    (all, total)
+    sync_threads();
+    // SAFETY: written by warp 0 before the barrier.
+    unsafe {
+        (
+            Online {
+                m: *smem.add(96),
+                s: *smem.add(97),
+            },
+            *smem.add(98),
+        )
+    }
 }
 
 /// One element's raw bits in the low lanes of a vector (for [`Elem::lane`] at 0).
@@ -268,10 +318,11 @@ unsafe fn rows<T: Elem, const VEC: bool, const BWD: bool, const PLAIN: bool>(p: 
                 let (mut on, mut sz) = (Online::EMPTY, 0.0);
                 unsafe {
                     walk::<T, VEC>(z, vocab, |j, n, v| {
+                        let mut xs = [0.0f32; 8];
                         lanes::<T, V16>(|i| {
                             if i < n {
                                 let x = logit.of::<T>(j + i, T::lane(v, i));
-                                on.push(x * LOG2_E);
+                                xs[i] = x * LOG2_E;
                                 if smooth {
                                     sz += if p.weight != 0 {
                                         *weight.add(j + i) * x
@@ -280,7 +331,8 @@ unsafe fn rows<T: Elem, const VEC: bool, const BWD: bool, const PLAIN: bool>(p: 
                                     };
                                 }
                             }
-                        })
+                        });
+                        on.push(&xs, n);
                     })
                 };
                 let (on, sz) = block_merge(on, sz);
@@ -350,8 +402,6 @@ unsafe fn rows<T: Elem, const VEC: bool, const BWD: bool, const PLAIN: bool>(p: 
             }
         }
         row += grid_dim();
-        // The next row's merge reuses the shared slots.
-        sync_threads();
     }
 }
 
