@@ -39,11 +39,20 @@ thread_local! {
     static HANDLES: RefCell<Vec<Handle>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Whether the cuBLAS library loads under one of the names cudarc loads it by.
+/// Whether the cuBLAS library loads under one of the names cudarc loads it by (with the
+/// `candle` feature it is linked, so it is present whenever the program runs).
 fn blas_present() -> bool {
-    cudarc::get_lib_name_candidates("cublas")
+    use std::env::consts::{DLL_PREFIX, DLL_SUFFIX};
+    let names = [
+        format!("{DLL_PREFIX}cublas{DLL_SUFFIX}"),
+        format!("{DLL_PREFIX}cublas{DLL_SUFFIX}.13"),
+        format!("{DLL_PREFIX}cublas{DLL_SUFFIX}.12"),
+        format!("{DLL_PREFIX}cublas64_13{DLL_SUFFIX}"),
+        format!("{DLL_PREFIX}cublas64_12{DLL_SUFFIX}"),
+    ];
+    // SAFETY: as the driver check in `module`: only the library's own initialisers run.
+    names
         .iter()
-        // SAFETY: as the driver check in `module`: only the library's own initialisers run.
         .any(|name| unsafe { libloading::Library::new(name) }.is_ok())
 }
 

@@ -83,6 +83,7 @@ use candle_core::{
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use std::sync::Arc;
 
+mod cross_entropy;
 pub mod flash_attn;
 mod fused_add_rms_norm;
 pub mod nn;
@@ -90,6 +91,9 @@ mod rms_norm;
 mod rope;
 mod swiglu;
 
+pub use cross_entropy::{
+    CrossEntropyConfig, cross_entropy, cross_entropy_with, fused_linear_cross_entropy,
+};
 pub use fused_add_rms_norm::fused_add_rms_norm;
 pub use rms_norm::{RmsNormConfig, rms_norm, rms_norm_backward, rms_norm_forward};
 pub use rope::{RopeConfig, rope, rope_backward, rope_backward_with, rope_with};

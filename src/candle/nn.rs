@@ -48,6 +48,13 @@ use candle_core::{Result, Tensor};
 
 pub use candle_nn::*;
 
+/// candle-nn's `loss` with [`cross_entropy`](loss::cross_entropy) fused (one pass forward,
+/// one backward) and its gradient this crate's.
+pub mod loss {
+    pub use super::super::cross_entropy::cross_entropy;
+    pub use candle_nn::loss::*;
+}
+
 /// candle-nn's `ops` with a differentiable [`rms_norm`](ops::rms_norm) and
 /// [`swiglu`](ops::swiglu), and [`silu_mul`](ops::silu_mul).
 pub mod ops {
