@@ -2,8 +2,9 @@
 //! differentiable ops (`ops::rms_norm_slow`, `rotary_emb::rope_slow`, `silu(gate) * up`, and
 //! attention as matmul, mask, f32 softmax, matmul over repeated key/value heads) and once with
 //! liger-rs's (`liger_rs::candle::nn::ops::rms_norm`, `rotary_emb::rope_thd`, `ops::silu_mul`,
-//! and `candle::flash_attn::flash_attn` on the projections' `[b, t, h, d]` views, with grouped
-//! key/value heads and no transposes),
+//! `candle::flash_attn::flash_attn` on the projections' `[b, t, h, d]` views, with grouped
+//! key/value heads and no transposes, and `candle::fused_linear_cross_entropy` for the head and
+//! the loss, whose `[tokens, vocab]` logits are never held whole),
 //! then prints both loss curves side by side, each run's step time, tokens/s and peak device
 //! memory, and how far apart the two curves are.
 //!
@@ -50,6 +51,9 @@ trait FusedOps {
         sin: &Tensor,
         mask: &Tensor,
     ) -> Result<Tensor>;
+    /// Mean cross-entropy (f32) of the LM head `w [vocab, hidden]` over `xs [tokens, hidden]`
+    /// against `targets [tokens]`.
+    fn head_loss(xs: &Tensor, w: &Tensor, targets: &Tensor) -> Result<Tensor>;
 }
 
 /// candle-nn's differentiable ops: its fast `ops::rms_norm` and `rotary_emb::rope` have no
@@ -92,6 +96,12 @@ impl FusedOps for CandleNn {
             .transpose(1, 2)?
             .reshape((b, t, cfg.hidden))
     }
+    fn head_loss(xs: &Tensor, w: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let logits = Linear::new(w.clone(), None)
+            .forward(xs)?
+            .to_dtype(DType::F32)?;
+        candle_nn::loss::cross_entropy(&logits, targets)
+    }
 }
 
 /// liger-rs's fused kernels through its candle-nn-compatible module.
@@ -120,6 +130,11 @@ impl FusedOps for LigerRs {
         let scale = 1.0 / (d as f32).sqrt();
         liger_rs::candle::flash_attn::flash_attn(&q, &k, &v, scale, true)?
             .reshape((b, t, cfg.hidden))
+    }
+    fn head_loss(xs: &Tensor, w: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let cfg = liger_rs::candle::CrossEntropyConfig::default();
+        liger_rs::candle::fused_linear_cross_entropy(xs, w, None, targets, &cfg)?
+            .to_dtype(DType::F32)
     }
 }
 
@@ -456,11 +471,8 @@ impl<'a> Model<'a> {
         }
         let last = 1 + cfg.layers * PER_LAYER;
         let xs = O::rms_norm(&xs, &self.weight(last)?, EPS)?;
-        let logits = self.linear(last + 1, &xs)?.to_dtype(DType::F32)?;
-        candle_nn::loss::cross_entropy(
-            &logits.reshape((cfg.tokens_per_step(), cfg.vocab))?,
-            targets,
-        )
+        let xs = xs.reshape((cfg.tokens_per_step(), cfg.hidden))?;
+        O::head_loss(&xs, &self.weight(last + 1)?, targets)
     }
 }
 
