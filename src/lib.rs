@@ -2,9 +2,11 @@
 //!
 //! Fused LLM training kernels — RMSNorm ([`rms_norm_forward`]), the fused residual add and
 //! RMSNorm ([`fused_add_rms_norm_forward`]), RoPE ([`rope_forward`]), SwiGLU
-//! ([`swiglu_forward`]), GEGLU ([`geglu_forward`], tanh or exact erf GELU) and fused attention
-//! ([`attention_forward`], flash-attention 2 semantics), forward and backward — written in
-//! Rust, compiled to PTX, and launched on your own [`cudarc`] device buffers.
+//! ([`swiglu_forward`]), GEGLU ([`geglu_forward`], tanh or exact erf GELU), fused attention
+//! ([`attention_forward`], flash-attention 2 semantics), cross-entropy
+//! ([`cross_entropy_forward`], PyTorch's with Liger's options) and fused linear
+//! cross-entropy ([`fused_linear_cross_entropy`], on cuBLAS), forward and backward — written
+//! in Rust, compiled to PTX, and launched on your own [`cudarc`] device buffers.
 //!
 //! * **Device code** lives in the `kernels-gpu` crate (`#![no_std]`, shipped inside this
 //!   package), compiled for `nvptx64-nvidia-cuda` by the nightly its `rust-toolchain.toml`
@@ -75,8 +77,10 @@
 //!   is kept for the next call on the same stream (up to eight buffers per context;
 //!   [`release_scratch`] frees them); during a graph capture each call allocates its own, which
 //!   the graph owns. The attention backward allocates one f32 per query row and head for the
-//!   call on its stream (stream-ordered, freed behind its launches). Everything else launches
-//!   on buffers you own.
+//!   call on its stream (stream-ordered, freed behind its launches), as do a reduced
+//!   cross-entropy (its per-row losses) and the fused linear cross-entropy (a chunk of logits
+//!   and a cuBLAS workspace; its cuBLAS handle is kept per host thread and context).
+//!   Everything else launches on buffers you own.
 //! * **Threads and streams**: every function may be called from any number of host threads
 //!   at once, on any streams: created ones, the legacy default stream, per-thread streams
 //!   (`CudaContext::per_thread_stream`, one handle that names a different stream in each
