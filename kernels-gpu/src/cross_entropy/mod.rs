@@ -66,13 +66,9 @@ impl Online {
     }
 }
 
-/// The row's maximum and sum and `Σ` of `sz` over the block, the same bits in every thread
-/// (a butterfly in each warp, then one over the warps' values in warp 0). Two barriers; the
-/// next call may follow at once: its slot writes come after a barrier every thread reaches
-/// only after reading this call's result, and warp 0 reads the warps' slots before the
-/// second barrier.
+/// The warp's maximum and sum and `Σ` of `sz`, by a butterfly: the same bits in every lane.
 #[inline(always)]
-fn block_merge(mut on: Online, mut sz: f32) -> (Online, f32) {
+fn warp_merge(mut on: Online, mut sz: f32) -> (Online, f32) {
     let mut mask = 16;
     while mask > 0 {
         let o = Online {
@@ -83,6 +79,17 @@ fn block_merge(mut on: Online, mut sz: f32) -> (Online, f32) {
         sz += shfl_xor(sz, mask);
         mask >>= 1;
     }
+    (on, sz)
+}
+
+/// The row's maximum and sum and `Σ` of `sz` over the block, the same bits in every thread
+/// (a butterfly in each warp, then one over the warps' values in warp 0). Two barriers; the
+/// next call may follow at once: its slot writes come after a barrier every thread reaches
+/// only after reading this call's result, and warp 0 reads the warps' slots before the
+/// second barrier.
+#[inline(always)]
+fn block_merge(on: Online, sz: f32) -> (Online, f32) {
+    let (on, sz) = warp_merge(on, sz);
     let smem = gpu_launch_sized_workgroup_mem::<f32>();
     let (warp, warps) = (thread_idx() >> 5, block_dim() >> 5);
     if thread_idx() & 31 == 0 {
@@ -110,16 +117,7 @@ fn block_merge(mut on: Online, mut sz: f32) -> (Online, f32) {
         } else {
             (Online::EMPTY, 0.0)
         };
-        let mut mask = 16;
-        while mask > 0 {
-            let o = Online {
-                m: shfl_xor(all.m, mask),
-                s: shfl_xor(all.s, mask),
-            };
-            all = all.merge(o);
-            total += shfl_xor(total, mask);
-            mask >>= 1;
-        }
+        (all, total) = warp_merge(all, total);
         if lane == 0 {
             // SAFETY: the slots after the warps' (ROW_SHARED_BYTES holds 33 triples).
             unsafe {
