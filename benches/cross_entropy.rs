@@ -10,8 +10,8 @@
 //!   and outputs (the memory pool's high-water mark).
 //!
 //! `cross_entropy -- --torch-cases DIR` instead checks liger-rs against the PyTorch and Liger
-//! results `ce_anchors.py --write-cases DIR` saved for the same inputs. Without a GPU it prints
-//! one line and exits 0.
+//! results `ce_anchors.py --write-cases DIR` saved for the same inputs; `-- --rows-only` times
+//! the cross-entropy rows alone. Without a GPU it prints one line and exits 0.
 use half::bf16;
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, sys};
 use liger_rs::{
