@@ -263,6 +263,79 @@ fn torch_cases(stream: &Arc<CudaStream>, dir: &str) {
     }
 }
 
+/// The fused linear cross-entropy against PyTorch's `linear` + `cross_entropy` and Liger's
+/// FLCE on the inputs `ce_anchors.py` saved: the loss, and dx and dW as the largest difference
+/// relative to their largest element.
+fn torch_flce_case(stream: &Arc<CudaStream>, dir: &str) {
+    let meta = std::fs::read_to_string(format!("{dir}/flce.txt")).expect("flce.txt");
+    let d: Vec<usize> = meta
+        .split_whitespace()
+        .map(|v| v.parse().unwrap())
+        .collect();
+    let (t, h, v) = (d[0], d[1], d[2]);
+    let x: Vec<bf16> = read(dir, "flce.x");
+    let w: Vec<bf16> = read(dir, "flce.w");
+    let target: Vec<i64> = read(dir, "flce.target");
+    let (xd, wd) = (
+        stream.clone_htod(&x).expect("up"),
+        stream.clone_htod(&w).expect("up"),
+    );
+    let td = stream.clone_htod(&target).expect("up");
+    let mut loss = stream.alloc_zeros::<f32>(1).expect("alloc");
+    let mut dx = stream.alloc_zeros::<bf16>(t * h).expect("alloc");
+    let mut dw = stream.alloc_zeros::<f32>(v * h).expect("alloc");
+    fused_linear_cross_entropy(
+        stream,
+        &LinearCrossEntropyArgs::new(t, h, v),
+        &xd,
+        &wd,
+        None,
+        &td,
+        None,
+        &mut loss,
+        None,
+        LinearCrossEntropyGrads {
+            dx: &mut dx,
+            dweight: &mut dw,
+            dbias: None,
+        },
+    )
+    .expect("fused linear cross-entropy");
+    let ours = stream.clone_dtoh(&loss).expect("down")[0];
+    let dx: Vec<f32> = stream
+        .clone_dtoh(&dx)
+        .expect("down")
+        .iter()
+        .map(|v| v.to_f32())
+        .collect();
+    let dw = stream.clone_dtoh(&dw).expect("down");
+    let rel = |ours: &[f32], theirs: &[f32]| {
+        let scale = theirs.iter().fold(1e-30f32, |m, x| m.max(x.abs()));
+        let worst = ours
+            .iter()
+            .zip(theirs)
+            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        worst / scale
+    };
+    println!("flce,impl,loss,ours,loss_diff,dx_max_rel_diff,dw_max_rel_diff");
+    for imp in ["torch", "liger"] {
+        let Ok(bytes) = std::fs::read(format!("{dir}/flce.{imp}.loss")) else {
+            continue;
+        };
+        let theirs = f32::from_le_bytes(bytes[..4].try_into().unwrap());
+        let (tdx, tdw): (Vec<f32>, Vec<f32>) = (
+            read(dir, &format!("flce.{imp}.dx")),
+            read(dir, &format!("flce.{imp}.dw")),
+        );
+        println!(
+            "{t}x{h}x{v},{imp},{theirs:.7},{ours:.7},{:.2e},{:.2e},{:.2e}",
+            (ours - theirs).abs(),
+            rel(&dx, &tdx),
+            rel(&dw, &tdw)
+        );
+    }
+}
+
 fn main() {
     let ctx = match liger_rs::cuda_context(0) {
         Ok(c) => c,
@@ -275,6 +348,7 @@ fn main() {
     let argv: Vec<String> = std::env::args().collect();
     if let Some(i) = argv.iter().position(|a| a == "--torch-cases") {
         torch_cases(&stream, &argv[i + 1]);
+        torch_flce_case(&stream, &argv[i + 1]);
         return;
     }
     cross_entropy_rows(&stream);

@@ -159,6 +159,17 @@ impl Check for Geglu {
     }
 }
 
+impl Check for Ce {
+    fn check(self, call: &Call<crate::CrossEntropyArgs>, t_size: usize) -> Result<()> {
+        let kind = crate::cross_entropy::args::Call {
+            grad: !matches!(self, Ce::Forward),
+            in_place: self.in_place(),
+            lse_read: self.backward(),
+        };
+        run(call.args.table(kind)?, call, t_size, |n| n, None).map(drop)
+    }
+}
+
 /// Every row of every op in `ops`, for 2- and 4-byte `T`; returns the number of cases.
 fn walk<O: Check>(ops: &[O]) -> usize {
     let mut failures = Vec::new();
@@ -213,4 +224,9 @@ fn swiglu_bad_input_is_rejected_by_the_checks_alone() {
 #[test]
 fn geglu_bad_input_is_rejected_by_the_checks_alone() {
     println!("{} cases", walk(&GEGLU));
+}
+
+#[test]
+fn cross_entropy_bad_input_is_rejected_by_the_checks_alone() {
+    println!("{} cases", walk(&CE));
 }

@@ -40,6 +40,10 @@ use liger_rs::{
     fused_add_rms_norm_forward_inplace, rms_norm_backward, rms_norm_backward_inplace,
     rms_norm_forward, rope_backward, rope_backward_into, rope_forward, rope_forward_into,
 };
+use liger_rs::{
+    CrossEntropyArgs, cross_entropy_backward, cross_entropy_backward_inplace,
+    cross_entropy_forward, cross_entropy_forward_backward, cross_entropy_forward_backward_inplace,
+};
 // The fused RoPE launchers, apart from the shared list above.
 use liger_rs::{rope_backward_fused, rope_forward_fused};
 use std::collections::BTreeSet;
@@ -379,6 +383,66 @@ impl<O: GluLauncher> Launch for O {
             "a" | "da" => vec![Region::rows(a.rows, a.cols, a.a_stride)],
             "b" | "db" => vec![Region::rows(a.rows, a.cols, a.b_stride)],
             "gate_up" | "d_gate_up" => vec![Region::rows(a.rows, 2 * a.cols, a.a_stride)],
+            _ => no_output(self, name),
+        }
+    }
+}
+
+impl Launch for Ce {
+    fn launch<T: Dtype>(
+        self,
+        stream: &Stream,
+        args: &CrossEntropyArgs,
+        live: &mut Live<T>,
+    ) -> liger_rs::Result<()> {
+        let target = live.i64("target");
+        let weight = live.take("weight").map(|w| match w {
+            Slice::F32(w) => w,
+            _ => panic!("`weight` is f32"),
+        });
+        let weight = weight.as_deref().map(|w| w as _);
+        let mut z_loss = live.take("z_loss").map(|z| match z {
+            Slice::F32(z) => z,
+            _ => panic!("`z_loss` is f32"),
+        });
+        let z_loss = z_loss.as_deref_mut().map(|z| z as _);
+        match self {
+            Ce::Forward => {
+                let (z, mut loss, mut lse) = (live.t("logits"), live.f32("loss"), live.f32("lse"));
+                cross_entropy_forward(
+                    stream, args, &*z, &*target, weight, &mut *loss, z_loss, &mut *lse,
+                )
+            }
+            Ce::ForwardBackward => {
+                let (z, mut loss, mut grad) = (live.t("logits"), live.f32("loss"), live.t("grad"));
+                cross_entropy_forward_backward(
+                    stream, args, &*z, &*target, weight, &mut *loss, z_loss, &mut *grad,
+                )
+            }
+            Ce::ForwardBackwardInplace => {
+                let (mut z, mut loss) = (live.t("logits"), live.f32("loss"));
+                cross_entropy_forward_backward_inplace(
+                    stream, args, &mut *z, &*target, weight, &mut *loss, z_loss,
+                )
+            }
+            Ce::Backward => {
+                let (z, lse, gl) = (live.t("logits"), live.f32("lse"), live.f32("grad_loss"));
+                let mut grad = live.t("grad");
+                cross_entropy_backward(stream, args, &*z, &*target, weight, &*lse, &*gl, &mut *grad)
+            }
+            Ce::BackwardInplace => {
+                let (mut z, lse, gl) = (live.t("logits"), live.f32("lse"), live.f32("grad_loss"));
+                cross_entropy_backward_inplace(stream, args, &mut *z, &*target, weight, &*lse, &*gl)
+            }
+        }
+    }
+
+    fn writes(self, a: &CrossEntropyArgs, name: &'static str) -> Vec<Region> {
+        match name {
+            "loss" | "z_loss" => vec![Region::first(a.loss_len())],
+            "lse" => vec![Region::first(a.rows)],
+            "grad" => vec![Region::rows(a.rows, a.vocab, a.grad_stride)],
+            "logits" => vec![Region::rows(a.rows, a.vocab, a.logits_stride)],
             _ => no_output(self, name),
         }
     }
@@ -734,6 +798,11 @@ fn gpu_geglu_bad_input_never_reaches_a_kernel() {
     gpu_walk("gpu_geglu_bad_input_never_reaches_a_kernel", &GEGLU);
 }
 
+#[test]
+fn gpu_cross_entropy_bad_input_never_reaches_a_kernel() {
+    gpu_walk("gpu_cross_entropy_bad_input_never_reaches_a_kernel", &CE);
+}
+
 // ---------------------------------------------------------------- the tables themselves
 
 /// `field: value` pairs of a struct's `Debug` (flat structs only).
@@ -869,7 +938,12 @@ fn audit<O: Op>(ops: &[O]) -> usize {
 
 #[test]
 fn the_tables_walk_every_argument() {
-    let rows = audit(&RMS) + audit(&FUSED_ADD) + audit(&ROPE) + audit(&SWIGLU) + audit(&GEGLU);
+    let rows = audit(&RMS)
+        + audit(&FUSED_ADD)
+        + audit(&ROPE)
+        + audit(&SWIGLU)
+        + audit(&GEGLU)
+        + audit(&CE);
     println!("{rows} rows in all");
 }
 
@@ -904,4 +978,5 @@ fn the_written_regions_end_where_the_buffers_do() {
     audit_writes(&ROPE);
     audit_writes(&SWIGLU);
     audit_writes(&GEGLU);
+    audit_writes(&CE);
 }

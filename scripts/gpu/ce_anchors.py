@@ -141,7 +141,36 @@ def write_cases(d):
                 loss = fn(zl, t)
                 loss.backward()
                 save(d, name, "liger", loss, zl.grad)
-    print(f"wrote {len(cases)} cases to {d}")
+    write_flce_case(d)
+    print(f"wrote {len(cases)} cross-entropy cases and one fused linear case to {d}")
+
+
+def write_flce_case(d):
+    """x [1024, 512], W [32000, 512] (bf16), targets with ignored rows: PyTorch's f32 loss and
+    gradients of `cross_entropy((x @ W.t()).float(), t)` and Liger's FLCE's."""
+    _, flce_liger = liger()
+    torch.manual_seed(2)
+    t_, h, v = 1024, 512, 32000
+    x = torch.randn(t_, h, device=dev).to(torch.bfloat16)
+    w = (torch.randn(v, h, device=dev) / h ** 0.5).to(torch.bfloat16)
+    tgt = torch.randint(0, v, (t_,), device=dev)
+    tgt[::11] = -100
+    with open(f"{d}/flce.txt", "w") as meta:
+        meta.write(f"{t_} {h} {v}\n")
+    for name, a in [("x", x), ("w", w)]:
+        a.view(torch.int16).cpu().numpy().tofile(f"{d}/flce.{name}")
+    tgt.cpu().numpy().tofile(f"{d}/flce.target")
+    runs = [("torch", lambda xg, wg: F.cross_entropy((xg @ wg.t()).float(), tgt))]
+    if flce_liger is not None:
+        fn = flce_liger()
+        runs.append(("liger", lambda xg, wg: fn(wg, xg, tgt)))
+    for imp, f in runs:
+        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+        loss = f(xg, wg)
+        loss.backward()
+        loss.detach().float().reshape(1).cpu().numpy().tofile(f"{d}/flce.{imp}.loss")
+        xg.grad.float().cpu().numpy().tofile(f"{d}/flce.{imp}.dx")
+        wg.grad.float().cpu().numpy().tofile(f"{d}/flce.{imp}.dw")
 
 
 def save(d, name, imp, loss, grad):

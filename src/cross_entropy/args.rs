@@ -203,8 +203,8 @@ impl CrossEntropyArgs {
         crate::validate::span(arg, self.rows, self.vocab, stride).map(|_| ())
     }
 
-    /// The buffers of every cross-entropy call, in this order: logits, target, weight, bias,
-    /// grad, loss, z_loss, lse, grad_loss. `grad` is `None` for a call without a separate
+    /// The buffers of every cross-entropy call, in the public functions' order: logits,
+    /// target, weight, bias, loss, z_loss, lse, grad_loss, grad. `grad` is `None` for a call without a separate
     /// gradient buffer; `in_place` makes the logits the gradient (read, then written).
     pub(crate) fn table(&self, call: Call) -> Result<Table<9>> {
         self.check()?;
@@ -229,7 +229,6 @@ impl CrossEntropyArgs {
                 Spec::read("target", rows),
                 Spec::read("weight", Need::Exactly(self.vocab, "vocab")),
                 Spec::read("bias", Need::Exactly(self.vocab, "vocab")),
-                Spec::written("grad", grad),
                 Spec::written("loss", per_loss),
                 Spec::written("z_loss", per_loss),
                 if call.lse_read {
@@ -238,6 +237,7 @@ impl CrossEntropyArgs {
                     Spec::written("lse", rows)
                 },
                 Spec::read("grad_loss", per_loss),
+                Spec::written("grad", grad),
             ],
             empty: false,
         })

@@ -59,11 +59,11 @@ pub(crate) fn call<'b, T: Dtype>(
         Some(Buf::I64(Access::Read(b.target))),
         b.weight.map(|w| Buf::F32(Access::Read(w))),
         b.bias.and_then(|x| read(x)),
-        b.grad.and_then(|g| write(g)),
         b.loss.map(|l| Buf::F32(Access::Write(l))),
         b.z_loss.map(|l| Buf::F32(Access::Write(l))),
         b.lse.map(Buf::F32),
         b.grad_loss.map(|g| Buf::F32(Access::Read(g))),
+        b.grad.and_then(|g| write(g)),
     ];
     let Some(taken) = validate(stream, &table, bufs)? else {
         return Ok(());
@@ -73,11 +73,11 @@ pub(crate) fn call<'b, T: Dtype>(
         target,
         weight,
         bias,
-        grad,
         loss,
         z_loss,
         lse,
         grad_loss,
+        grad,
     ] = taken.ptrs;
     let grad = if call.in_place { logits } else { grad };
     let reduced = args.reduction != Reduction::None;
