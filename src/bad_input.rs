@@ -170,6 +170,15 @@ impl Check for Ce {
     }
 }
 
+impl Check for Flce {
+    fn check(self, call: &Call<crate::LinearCrossEntropyArgs>, t_size: usize) -> Result<()> {
+        let has = |name| call.bufs.iter().any(|b| b.name == name);
+        let table = call.args.table()?;
+        crate::cross_entropy::linear::check_bias(has("bias"), has("dbias"))?;
+        run(table, call, t_size, |n| n, None).map(drop)
+    }
+}
+
 /// Every row of every op in `ops`, for 2- and 4-byte `T`; returns the number of cases.
 fn walk<O: Check>(ops: &[O]) -> usize {
     let mut failures = Vec::new();
@@ -229,4 +238,9 @@ fn geglu_bad_input_is_rejected_by_the_checks_alone() {
 #[test]
 fn cross_entropy_bad_input_is_rejected_by_the_checks_alone() {
     println!("{} cases", walk(&CE));
+}
+
+#[test]
+fn fused_linear_cross_entropy_bad_input_is_rejected_by_the_checks_alone() {
+    println!("{} cases", walk(&FLCE));
 }

@@ -943,7 +943,8 @@ fn the_tables_walk_every_argument() {
         + audit(&ROPE)
         + audit(&SWIGLU)
         + audit(&GEGLU)
-        + audit(&CE);
+        + audit(&CE)
+        + audit(&FLCE);
     println!("{rows} rows in all");
 }
 

@@ -80,13 +80,21 @@ impl LinearCrossEntropyArgs {
             .min(tokens)
     }
 
-    fn table(&self) -> Result<Table<10>> {
+    /// The call's buffers, in the public function's order (the gradients by their field
+    /// names), after the scalars' checks.
+    pub(crate) fn table(&self) -> Result<Table<10>> {
         self.ce.check()?;
-        if self.hidden == 0 {
-            return Err(invalid("args.hidden", "at least 1", 0));
+        // cuBLAS takes dimensions and leading dimensions as 32-bit ints.
+        if self.hidden == 0 || self.hidden > i32::MAX as usize {
+            let expected = "1 ..= 2147483647 (cuBLAS's 32-bit dimensions)";
+            return Err(invalid("args.hidden", expected, self.hidden));
         }
         if self.chunk == Some(0) {
             return Err(invalid("args.chunk", "at least 1 token", 0));
+        }
+        if self.chunk_tokens() > i32::MAX as usize {
+            let expected = "at most 2147483647 tokens per chunk (cuBLAS's 32-bit dimensions)";
+            return Err(invalid("args.chunk", expected, self.chunk_tokens()));
         }
         let (t, h, v) = (self.ce.rows, self.hidden, self.ce.vocab);
         let elems = |a: usize, b: usize, arg: &'static str| {
@@ -111,6 +119,19 @@ impl LinearCrossEntropyArgs {
             empty: false,
         })
     }
+}
+
+/// A bias and its gradient come together.
+pub(crate) fn check_bias(bias: bool, dbias: bool) -> Result<()> {
+    if bias != dbias {
+        let (expected, got) = if bias {
+            ("a dbias buffer for the bias", "none")
+        } else {
+            ("no dbias without a bias", "a dbias buffer")
+        };
+        return Err(invalid("dbias", expected, got));
+    }
+    Ok(())
 }
 
 /// The gradients a fused linear cross-entropy call writes.
@@ -174,14 +195,7 @@ pub fn fused_linear_cross_entropy<T: Dtype>(
     grads: LinearCrossEntropyGrads<'_, T>,
 ) -> Result<()> {
     let table = args.table()?;
-    if bias.is_some() != grads.dbias.is_some() {
-        let (expected, got) = if bias.is_some() {
-            ("a dbias buffer for the bias", "none")
-        } else {
-            ("no dbias without a bias", "a dbias buffer")
-        };
-        return Err(invalid("grads.dbias", expected, got));
-    }
+    check_bias(bias.is_some(), grads.dbias.is_some())?;
     let bufs = [
         read(x),
         read(weight),

@@ -5,7 +5,8 @@
 #![allow(dead_code)] // each includer uses its own part: the GPU walk, or the checks alone
 
 use liger_rs::{
-    CastingMode, CrossEntropyArgs, Error, Gelu, Reduction, RmsNormArgs, RopeArgs, SwigluArgs,
+    CastingMode, CrossEntropyArgs, Error, Gelu, LinearCrossEntropyArgs, Reduction, RmsNormArgs,
+    RopeArgs, SwigluArgs,
 };
 use std::collections::BTreeSet;
 
@@ -1482,6 +1483,123 @@ impl Op for Ce {
     }
 }
 
+// ---------------------------------------------------------------- fused linear cross-entropy
+
+/// `fused_linear_cross_entropy` (one launcher).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Flce;
+
+fn tokens_hidden(a: &LinearCrossEntropyArgs) -> usize {
+    a.ce.rows.saturating_mul(a.hidden)
+}
+
+fn vocab_hidden(a: &LinearCrossEntropyArgs) -> usize {
+    a.ce.vocab.saturating_mul(a.hidden)
+}
+
+impl Op for Flce {
+    type Args = LinearCrossEntropyArgs;
+
+    fn name(self) -> &'static str {
+        "fused_linear_cross_entropy"
+    }
+
+    /// 3 tokens of hidden 4, a head of 8 classes with a bias, class weights, per-row losses,
+    /// chunks of 2 tokens.
+    fn base(self) -> Call<LinearCrossEntropyArgs> {
+        let ce = CrossEntropyArgs::new(3, 8).with_reduction(Reduction::None);
+        let args = LinearCrossEntropyArgs::with_ce(4, ce).with_chunk(2);
+        let vocab = |a: &LinearCrossEntropyArgs| a.ce.vocab;
+        let loss = |a: &LinearCrossEntropyArgs| a.ce.loss_len();
+        let bufs = vec![
+            buf("x", Kind::T, Role::In, tokens_hidden),
+            buf("weight", Kind::T, Role::In, vocab_hidden),
+            buf("bias", Kind::T, Role::In, vocab),
+            buf(
+                "target",
+                Kind::I64,
+                Role::In,
+                |a: &LinearCrossEntropyArgs| a.ce.rows,
+            ),
+            buf("ce_weight", Kind::F32, Role::In, vocab),
+            buf("loss", Kind::F32, Role::Out, loss),
+            buf("z_loss", Kind::F32, Role::Out, loss),
+            buf("dx", Kind::T, Role::Out, tokens_hidden),
+            buf("dweight", Kind::F32, Role::Out, vocab_hidden),
+            buf("dbias", Kind::F32, Role::Out, vocab),
+        ];
+        Call::new(args, bufs)
+    }
+
+    #[rustfmt::skip]
+    fn rows(self, t: &mut Rows<LinearCrossEntropyArgs>) {
+        let vocab = invalid("args.vocab", "1 ..= 2147483647 classes");
+        let hidden = invalid("args.hidden", "1 ..= 2147483647");
+        let per_loss = "length 3 (tokens with Reduction::None, else 1)";
+        t.field("args.rows", "one more token than the buffers hold", |a| a.ce.rows = 4, invalid("x", "length 16 (tokens × hidden)"));
+        t.field("args.rows", "usize::MAX: tokens × hidden overflows", |a| a.ce.rows = usize::MAX, invalid("x", "a size within usize"));
+        t.reshape("args.rows", "0, every buffer resized", |a| a.ce.rows = 0, Want::Ok);
+        t.field("args.vocab", "0", |a| a.ce.vocab = 0, vocab);
+        t.field("args.vocab", "2³¹", |a| a.ce.vocab = 1 << 31, vocab);
+        t.reshape("args.vocab", "1", |a| a.ce.vocab = 1, Want::Ok);
+        t.field("args.hidden", "0", |a| a.hidden = 0, hidden);
+        t.field("args.hidden", "2³¹", |a| a.hidden = 1 << 31, hidden);
+        t.reshape("args.hidden", "1", |a| a.hidden = 1, Want::Ok);
+        t.field("args.chunk", "Some(0)", |a| a.chunk = Some(0), invalid("args.chunk", "at least 1 token"));
+        t.field("args.chunk", "None: the default rule (every token in one chunk here)", |a| a.chunk = None, Want::Ok);
+        t.field("args.chunk", "more tokens than the call has", |a| a.chunk = Some(1 << 40), Want::Ok);
+        t.field("args.ignore_index", "1", |a| a.ce.ignore_index = 1, Want::Ok);
+        t.field("args.label_smoothing", "above 1", |a| a.ce.label_smoothing = 1.5, invalid("args.label_smoothing", "a value in [0, 1]"));
+        t.field("args.label_smoothing", "0.1", |a| a.ce.label_smoothing = 0.1, Want::Ok);
+        t.field("args.lse_square_scale", "NaN", |a| a.ce.lse_square_scale = f32::NAN, invalid("args.lse_square_scale", "a finite value ≥ 0"));
+        t.field("args.lse_square_scale", "1e-4", |a| a.ce.lse_square_scale = 1e-4, Want::Ok);
+        t.field("args.softcap", "0", |a| a.ce.softcap = Some(0.0), invalid("args.softcap", "a finite value > 0"));
+        t.field("args.softcap", "30", |a| a.ce.softcap = Some(30.0), Want::Ok);
+        t.reshape("args.reduction", "Mean", |a| a.ce.reduction = Reduction::Mean, Want::Ok);
+        t.reshape("args.reduction", "Sum", |a| a.ce.reduction = Reduction::Sum, Want::Ok);
+        for (name, need) in [
+            ("x", "length 12 (tokens × hidden)"),
+            ("weight", "length 32 (vocab × hidden)"),
+            ("bias", "length 8 (vocab)"),
+            ("target", "length 3 (tokens)"),
+            ("ce_weight", "length 8 (vocab)"),
+            ("loss", per_loss),
+            ("z_loss", per_loss),
+            ("dx", "length 12 (tokens × hidden)"),
+            ("dweight", "length 32 (vocab × hidden)"),
+            ("dbias", "length 8 (vocab)"),
+        ] {
+            t.short(name, need);
+            t.long(name, invalid(name, need));
+        }
+        t.row("bias", "None, dbias given", |c| c.remove("bias"), invalid("dbias", "no dbias without a bias"));
+        t.row("dbias", "None, bias given", |c| c.remove("dbias"), invalid("dbias", "a dbias buffer for the bias"));
+        t.row("bias", "None, and dbias None", |c| { c.remove("bias"); c.remove("dbias") }, Want::Ok);
+        t.row("ce_weight", "None: unweighted", |c| c.remove("ce_weight"), Want::Ok);
+        t.row("z_loss", "None", |c| c.remove("z_loss"), Want::Ok);
+    }
+
+    /// Flat: the head's fields and the cross-entropy's that the call uses (its strides are
+    /// the chunk's, set by the call).
+    fn fields(a: &LinearCrossEntropyArgs) -> String {
+        let c = &a.ce;
+        format!(
+            "LinearCrossEntropyArgs {{ hidden: {}, chunk: {:?}, rows: {}, vocab: {}, \
+             ignore_index: {}, label_smoothing: {:?}, lse_square_scale: {:?}, softcap: {:?}, \
+             reduction: {:?} }}",
+            a.hidden,
+            a.chunk,
+            c.rows,
+            c.vocab,
+            c.ignore_index,
+            c.label_smoothing,
+            c.lse_square_scale,
+            c.softcap,
+            c.reduction
+        )
+    }
+}
+
 /// Every public launcher, by op.
 pub(crate) const RMS: [Rms; 3] = [Rms::Forward, Rms::Backward, Rms::BackwardInplace];
 pub(crate) const FUSED_ADD: [FusedAdd; 4] = [
@@ -1527,3 +1645,4 @@ pub(crate) const CE: [Ce; 5] = [
     Ce::Backward,
     Ce::BackwardInplace,
 ];
+pub(crate) const FLCE: [Flce; 1] = [Flce];
