@@ -78,7 +78,8 @@ impl RopeArgs {
     /// start at one sequence of one token with one q head and one k head and are set by
     /// [`with_batch`](RopeArgs::with_batch), [`with_seq_len`](RopeArgs::with_seq_len) and
     /// [`with_heads`](RopeArgs::with_heads). A size left at 1 by mistake is caught by the
-    /// launchers, which require q and k to be exactly their shape's length.
+    /// launchers, which require q and k to be exactly their shape's length (at least their span
+/// with token strides).
     ///
     /// ```
     /// let args = liger_rs::RopeArgs::new(64).with_seq_len(16).with_heads(4, 4);
@@ -838,7 +839,9 @@ fn vector_block(vph: usize, heads: usize, tokens: usize, vec_heads: usize) -> (u
 /// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.head_dim` is 0 or odd,
 ///   `args.rotary_dim` is 0, odd or above `head_dim`, `args.q_heads` or `args.k_heads` is 0,
 ///   (q_heads + k_heads) × rotary_dim / 2 or (q_heads + k_heads) × head_dim reaches 2³¹, or a
-///   length overflows `usize`; `q`, `k`, `q_out` or `k_out` is not exactly its shape's length;
+///   length overflows `usize`; `q` or `k` is not exactly its shape's length (with token
+///   strides, [`RopeArgs::with_strides`]: shorter than its span), or `q_out` or `k_out` not
+///   exactly its shape's length (outputs are contiguous);
 ///   `cos` does not have the length `layout` needs (`sin` must match it), device position ids are
 ///   not `batch × seq_len` long, or a host position id lies outside the table. Each error names the
 ///   argument and, where it has one, the expected value.
@@ -902,7 +905,9 @@ pub fn rope_forward_into<T: Dtype>(
 /// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.head_dim` is 0 or odd,
 ///   `args.rotary_dim` is 0, odd or above `head_dim`, `args.q_heads` or `args.k_heads` is 0,
 ///   (q_heads + k_heads) × rotary_dim / 2 or (q_heads + k_heads) × head_dim reaches 2³¹, or a
-///   length overflows `usize`; `dq`, `dk`, `dq_out` or `dk_out` is not exactly its shape's length;
+///   length overflows `usize`; `dq` or `dk` is not exactly its shape's length (with token
+///   strides, [`RopeArgs::with_strides`]: shorter than its span), or `dq_out` or `dk_out` not
+///   exactly its shape's length (outputs are contiguous);
 ///   `cos` does not have the length `layout` needs (`sin` must match it), device position ids are
 ///   not `batch × seq_len` long, or a host position id lies outside the table. Each error names the
 ///   argument and, where it has one, the expected value.
