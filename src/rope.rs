@@ -79,7 +79,7 @@ impl RopeArgs {
     /// [`with_batch`](RopeArgs::with_batch), [`with_seq_len`](RopeArgs::with_seq_len) and
     /// [`with_heads`](RopeArgs::with_heads). A size left at 1 by mistake is caught by the
     /// launchers, which require q and k to be exactly their shape's length (at least their span
-/// with token strides).
+    /// with token strides).
     ///
     /// ```
     /// let args = liger_rs::RopeArgs::new(64).with_seq_len(16).with_heads(4, 4);
