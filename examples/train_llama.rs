@@ -12,6 +12,7 @@
 //! cargo run --release --features candle --example train_llama                 # f32 on GPU 0
 //! cargo run --release --features candle --example train_llama -- --dtype bf16
 //! cargo run --release --features candle --example train_llama -- --cpu        # tiny model, CPU
+//! cargo run --release --features candle --example train_llama -- --size llama --dtype bf16
 //! ```
 //!
 //! The model: token embedding, `--layers` pre-norm blocks (RMSNorm → attention with grouped
@@ -189,6 +190,19 @@ impl Config {
         }
     }
 
+    /// `--size llama`: 4 layers of a Llama-2-scale block (hidden 2048, 16 query / 4 key-value
+    /// heads of 128, intermediate 5632), vocab 32000, sequences of 2048 in batches of 4.
+    fn llama() -> Self {
+        Config {
+            hidden: 2048,
+            intermediate: 5632,
+            vocab: 32000,
+            seq: 2048,
+            batch: 4,
+            ..Config::gpu()
+        }
+    }
+
     /// The `--cpu` default: the same architecture, small enough for a CPU in seconds.
     fn cpu() -> Self {
         Config {
@@ -208,14 +222,31 @@ impl Config {
 
     fn from_args() -> std::result::Result<Self, String> {
         let args: Vec<String> = std::env::args().skip(1).collect();
-        let mut cfg = if args.iter().any(|a| a == "--cpu") {
-            Config::cpu()
-        } else {
-            Config::gpu()
+        // The size picks the base configuration; the other flags then change it.
+        let size = args
+            .iter()
+            .position(|a| a == "--size")
+            .map(|i| args.get(i + 1).map(String::as_str).unwrap_or(""));
+        let mut cfg = match (size, args.iter().any(|a| a == "--cpu")) {
+            (Some("llama"), _) => Config::llama(),
+            (Some("small") | None, false) => Config::gpu(),
+            (None, true) => Config::cpu(),
+            (Some("small"), true) => Config {
+                cpu: true,
+                ..Config::gpu()
+            },
+            (Some(other), _) => return Err(format!("--size {other}: small or llama")),
         };
+        if args.iter().any(|a| a == "--cpu") {
+            cfg.cpu = true;
+        }
         let mut it = args.iter();
         while let Some(flag) = it.next() {
             if flag == "--cpu" {
+                continue;
+            }
+            if flag == "--size" {
+                it.next();
                 continue;
             }
             if flag == "--help" || flag == "-h" {
@@ -691,8 +722,8 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
                 eprintln!("{e}");
             }
             eprintln!(
-                "usage: train_llama [--cpu] [--dtype f32|bf16|f16] [--mode both|candle|liger] \
-                 [--steps N] [--layers N] [--hidden N] [--heads N] [--kv-heads N] \
+                "usage: train_llama [--cpu] [--size small|llama] [--dtype f32|bf16|f16] \
+                 [--mode both|candle|liger] [--steps N] [--layers N] [--hidden N] [--heads N] [--kv-heads N] \
                  [--intermediate N] [--vocab N] [--seq N] [--batch N] [--lr X] [--warmup N] \
                  [--seed N]"
             );
