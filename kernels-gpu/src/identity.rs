@@ -79,6 +79,20 @@ names! {
         Attention = "attn",
         /// Cross-entropy (`kernels-gpu/src/cross_entropy/`).
         CrossEntropy = "ce",
+        /// AdamW and Adam (`kernels-gpu/src/adamw/`).
+        AdamW = "adamw",
+    }
+}
+
+names! {
+    /// What an AdamW kernel computes: the second part of its entry name.
+    pub enum AdamWPass / adamw_pass_name {
+        /// The update of θ, m, v (and the copy) over many tensors.
+        Update = "step",
+        /// Per-block sums of the squared gradients.
+        SumSquares = "sumsq",
+        /// The global norm and the clip factor from the sums (one block).
+        Norm = "norm",
     }
 }
 
@@ -358,6 +372,15 @@ pub enum Kernel {
         /// The pass.
         pass: CePass,
     },
+    /// An AdamW kernel.
+    AdamW {
+        /// The pass.
+        pass: AdamWPass,
+        /// The gradients' element type (none for [`AdamWPass::Norm`]).
+        grad: Option<ElemType>,
+        /// The weights' copy type ([`AdamWPass::Update`] only).
+        copy: Option<ElemType>,
+    },
     /// An attention kernel.
     Attention {
         /// The pass.
@@ -423,6 +446,21 @@ macro_rules! kernel_name {
     (Attention, $pass:ident, $path:ident, $elem:ident) => {
         $crate::identity::kernel_name!(@join
             op_name(Attention), attn_pass_name($pass), attn_path_name($path), elem_name($elem))
+    };
+    (AdamW, $pass:ident) => {
+        $crate::identity::kernel_name!(@join op_name(AdamW), adamw_pass_name($pass))
+    };
+    (AdamW, $pass:ident, $grad:ident) => {
+        $crate::identity::kernel_name!(@join
+            op_name(AdamW), adamw_pass_name($pass), elem_name($grad))
+    };
+    (AdamW, $pass:ident, $grad:ident, None) => {
+        $crate::identity::kernel_name!(@join
+            op_name(AdamW), adamw_pass_name($pass), elem_name($grad))
+    };
+    (AdamW, $pass:ident, $grad:ident, $copy:ident) => {
+        $crate::identity::kernel_name!(@join
+            op_name(AdamW), adamw_pass_name($pass), elem_name($grad), elem_name($copy))
     };
     (CrossEntropy, $pass:ident) => {
         $crate::identity::kernel_name!(@join op_name(CrossEntropy), ce_pass_name($pass))
@@ -529,6 +567,13 @@ impl Kernel {
             Kernel::CrossEntropyStats { pass } => {
                 [Op::CrossEntropy.name(), pass.name(), "", "", ""]
             }
+            Kernel::AdamW { pass, grad, copy } => [
+                Op::AdamW.name(),
+                pass.name(),
+                grad.map_or("", ElemType::name),
+                copy.map_or("", ElemType::name),
+                "",
+            ],
             Kernel::Attention { pass, path, elem } => [
                 Op::Attention.name(),
                 pass.name(),

@@ -19,6 +19,7 @@
 #![feature(gpu_launch_sized_workgroup_mem, stdarch_nvptx, asm_experimental_arch)]
 #![allow(internal_features)]
 
+pub mod adamw;
 pub mod attention;
 pub mod cross_entropy;
 pub mod geglu;

@@ -1,0 +1,261 @@
+//! AdamW (and Adam) over many tensors per launch, PyTorch's `AdamW(fused=True)` operation for
+//! operation; the global gradient norm for clipping. Host: `src/adamw/`, semantics:
+//! `src/reference/adamw.rs`.
+//!
+//! The update kernel: blocks of [`abi::BLOCK_ELEMS`] elements over the launch's tensors in
+//! order (a block finds its tensor in the parameter block), one element per thread per step.
+//! Each element is read and written once: θ, m, v (and amsgrad's maximum) in f32, the gradient
+//! in its own type, the low-precision copy of θ written in the same pass. The norm: a
+//! sum-of-squares kernel writes one f32 partial sum per block, a one-block kernel sums them in
+//! f64 in a fixed order (deterministic) and writes the norm and the clip factor, which the
+//! update multiplies the gradient by.
+pub mod abi;
+
+use crate::identity::kernel_name;
+use crate::{Bf16, Elem, block_dim, block_idx, block_sum, sqrt, sync_threads, thread_idx};
+use abi::{AMSGRAD, BLOCK_ELEMS, DECOUPLED, MAXIMIZE, Params, Tensor};
+use core::intrinsics::gpu::gpu_launch_sized_workgroup_mem;
+
+/// A copy type of the weights: none, or a 16-bit element type.
+pub(crate) trait Copy16 {
+    /// Whether there is a copy.
+    const SOME: bool;
+    /// Stores `v` rounded to this type at element `j` of `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` valid for element `j`.
+    unsafe fn store(ptr: u64, j: usize, v: f32);
+}
+
+/// No copy.
+pub(crate) struct NoCopy;
+
+impl Copy16 for NoCopy {
+    const SOME: bool = false;
+    #[inline(always)]
+    unsafe fn store(_: u64, _: usize, _: f32) {}
+}
+
+impl<T: Elem> Copy16 for T {
+    const SOME: bool = true;
+    #[inline(always)]
+    unsafe fn store(ptr: u64, j: usize, v: f32) {
+        // SAFETY: the caller's.
+        unsafe { *(ptr as *mut T).add(j) = T::from_f32(v) }
+    }
+}
+
+/// `β^t` by squaring (t a whole number of steps; PyTorch's `pow`, to within its rounding).
+#[inline(always)]
+fn powi(beta: f64, t: f32) -> f64 {
+    let mut n = t as u64;
+    let (mut base, mut acc) = (beta, 1.0f64);
+    while n > 0 {
+        if n & 1 == 1 {
+            acc *= base;
+        }
+        base *= base;
+        n >>= 1;
+    }
+    acc
+}
+
+/// The launch's tensor of block `b` and the block's first element in it.
+#[inline(always)]
+fn tensor_of(p: &Params, b: u64) -> (&Tensor, u64) {
+    let mut i = 0;
+    while i + 1 < p.count as usize && p.tensors[i + 1].first_block <= b {
+        i += 1;
+    }
+    let t = &p.tensors[i];
+    (t, (b - t.first_block) * BLOCK_ELEMS)
+}
+
+/// A device f32 scalar, or `none` without one.
+///
+/// # Safety
+/// `ptr` is 0 or a valid f32.
+#[inline(always)]
+unsafe fn scalar(ptr: u64, none: f32) -> f32 {
+    if ptr == 0 {
+        none
+    } else {
+        // SAFETY: the caller's.
+        unsafe { *(ptr as *const f32) }
+    }
+}
+
+/// The update of the block's elements.
+///
+/// # Safety
+/// The host's checks: every tensor's buffers hold `len` elements, the grid is the launch's
+/// blocks, the scalars' pointers are 0 or valid.
+#[inline(always)]
+unsafe fn update<G: Elem, C: Copy16>(p: &Params) {
+    // SAFETY (every access): the host's checks.
+    unsafe {
+        if scalar(p.found_inf_ptr, 0.0) != 0.0 {
+            return;
+        }
+        let (t, start) = tensor_of(p, block_idx() as u64);
+        let step = scalar(p.step_ptr, p.step);
+        let lr = if p.lr_ptr == 0 {
+            p.lr
+        } else {
+            *(p.lr_ptr as *const f32) as f64
+        };
+        let clip = scalar(p.clip_ptr, 1.0);
+        let scale = p.grad_scale_ptr;
+        let bc1 = (1.0 - powi(p.beta1, step)) as f32;
+        let bc2_sqrt = core::intrinsics::sqrtf64(1.0 - powi(p.beta2, step)) as f32;
+        let step_size = (lr / bc1 as f64) as f32;
+        let (amsgrad, maximize, decoupled) = (
+            p.flags & AMSGRAD != 0,
+            p.flags & MAXIMIZE != 0,
+            p.flags & DECOUPLED != 0,
+        );
+        let end = (start + BLOCK_ELEMS).min(t.len);
+        let mut j = start + thread_idx() as u64;
+        while j < end {
+            let j_ = j as usize;
+            let grad = (t.grad as *mut G).add(j_);
+            let mut g = (*grad).to_f32();
+            if p.clip_ptr != 0 {
+                // Clipping scales the gradient in its own type, as `clip_grad_norm_` does.
+                g = G::round(g * clip);
+            }
+            if scale != 0 {
+                g = (g as f64 / *(scale as *const f32) as f64) as f32;
+                *grad = G::from_f32(g);
+            }
+            if maximize {
+                g = -g;
+            }
+            let param = (t.param as *mut f32).add(j_);
+            let mut th = *param;
+            if p.weight_decay != 0.0 {
+                if decoupled {
+                    th = (th as f64 - lr * p.weight_decay * th as f64) as f32;
+                } else {
+                    g = (g as f64 + th as f64 * p.weight_decay) as f32;
+                }
+            }
+            let (m, v) = ((t.exp_avg as *mut f32).add(j_), (t.exp_avg_sq as *mut f32).add(j_));
+            let m1 = (p.beta1 * *m as f64 + (1.0 - p.beta1) * g as f64) as f32;
+            let v1 = (p.beta2 * *v as f64 + (1.0 - p.beta2) * g as f64 * g as f64) as f32;
+            let second = if amsgrad {
+                let vmax = (t.max_exp_avg_sq as *mut f32).add(j_);
+                let mx = (*vmax).max(v1);
+                *vmax = mx;
+                mx
+            } else {
+                v1
+            };
+            let denom = ((sqrt(second) / bc2_sqrt) as f64 + p.eps) as f32;
+            th -= step_size * m1 / denom;
+            *m = m1;
+            *v = v1;
+            *param = th;
+            if C::SOME {
+                C::store(t.copy, j_, th);
+            }
+            j += block_dim() as u64;
+        }
+    }
+}
+
+/// Each block's sum of the squared gradient elements (f32) into `partials[partial_base + b]`.
+///
+/// # Safety
+/// As [`update`]; `partials` holds the launch's blocks from `partial_base`; `SUM_SLOTS` f32 of
+/// shared memory.
+#[inline(always)]
+unsafe fn sum_squares<G: Elem>(p: &Params) {
+    let b = block_idx() as u64;
+    let (t, start) = tensor_of(p, b);
+    let end = (start + BLOCK_ELEMS).min(t.len);
+    let mut acc = 0.0f32;
+    let mut j = start + thread_idx() as u64;
+    while j < end {
+        // SAFETY: `j < len`.
+        let g = unsafe { (*(t.grad as *const G).add(j as usize)).to_f32() };
+        acc += g * g;
+        j += block_dim() as u64;
+    }
+    let total = block_sum(acc, 0);
+    if thread_idx() == 0 {
+        // SAFETY: the host sized the partials.
+        unsafe { *(p.partials as *mut f32).add((p.partial_base + b) as usize) = total };
+    }
+}
+
+/// The global L2 norm from the partial sums (f64, fixed order) and the clip factor
+/// `min(1, max_norm / (norm + 1e-6))` (f32, as PyTorch's `clip_grad_norm_`), one block.
+///
+/// # Safety
+/// `partials` holds `partial_count` values, `norm` two f32; `THREADS` f64 of shared memory.
+#[inline(always)]
+unsafe fn norm(p: &Params) {
+    let smem = gpu_launch_sized_workgroup_mem::<f64>();
+    let (tid, bd) = (thread_idx(), block_dim());
+    let mut acc = 0.0f64;
+    let mut i = tid as u64;
+    while i < p.partial_count {
+        // SAFETY: `i < partial_count`.
+        acc += unsafe { *(p.partials as *const f32).add(i as usize) } as f64;
+        i += bd as u64;
+    }
+    // SAFETY: `bd` f64 of shared memory; a fixed tree.
+    unsafe {
+        *smem.add(tid) = acc;
+        let mut half = bd / 2;
+        while half > 0 {
+            sync_threads();
+            if tid < half {
+                *smem.add(tid) += *smem.add(tid + half);
+            }
+            half /= 2;
+        }
+        if tid == 0 {
+            let n = core::intrinsics::sqrtf64(*smem) as f32;
+            let factor = (p.max_norm / (n + 1e-6)).min(1.0);
+            *(p.norm as *mut f32) = n;
+            *(p.norm as *mut f32).add(1) = factor;
+        }
+    }
+}
+
+/// Entry points: `$body(p)` exported under the kernel's identity.
+macro_rules! adamw_kernels {
+    ($($pass:ident $($grad:ident $($copy:ident)?)? => $body:path;)*) => {
+        $(
+            const _: () = {
+                /// # Safety
+                /// The host's checks: every tensor of `p` holds its length; the grid, block
+                /// and shared memory are the host plan's.
+                #[unsafe(export_name = kernel_name!(AdamW, $pass $(, $grad $(, $copy)?)?))]
+                // A `#[repr(C)]` struct of integers and floats: the PTX parameter is its bytes.
+                #[allow(improper_gpu_kernel_arg)]
+                pub unsafe extern "gpu-kernel" fn kernel(p: Params) {
+                    unsafe { $body(&p) }
+                }
+            };
+        )*
+    };
+}
+
+adamw_kernels! {
+    Update F32 None => update::<f32, NoCopy>;
+    Update F32 F16 => update::<f32, f16>;
+    Update F32 Bf16 => update::<f32, Bf16>;
+    Update F16 None => update::<f16, NoCopy>;
+    Update F16 F16 => update::<f16, f16>;
+    Update F16 Bf16 => update::<f16, Bf16>;
+    Update Bf16 None => update::<Bf16, NoCopy>;
+    Update Bf16 F16 => update::<Bf16, f16>;
+    Update Bf16 Bf16 => update::<Bf16, Bf16>;
+    SumSquares F32 => sum_squares::<f32>;
+    SumSquares F16 => sum_squares::<f16>;
+    SumSquares Bf16 => sum_squares::<Bf16>;
+    Norm => norm;
+}
