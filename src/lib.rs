@@ -106,6 +106,7 @@
 //!   kernels otherwise, so any shape and alignment works.
 #![warn(missing_docs)]
 
+mod adamw;
 mod attention;
 #[cfg(test)]
 mod bad_input;
@@ -140,6 +141,9 @@ mod validate;
 #[cfg(test)]
 extern crate self as liger_rs;
 
+pub use adamw::{
+    AdamWArgs, AdamWTensor, StepScalars, adamw_step, adamw_step_with_copies, clip_grad_norm,
+};
 pub use attention::{
     AttentionArgs, Strides, attention_backward, attention_backward_varlen, attention_forward,
     attention_forward_varlen,

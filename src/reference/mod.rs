@@ -21,6 +21,7 @@
 //! assert_eq!((out.y.len(), grads.dx.len()), (8, 8));
 //! # Ok::<(), liger_rs::Error>(())
 //! ```
+pub mod adamw;
 pub mod attention;
 pub mod cross_entropy;
 pub mod fused_add_rms_norm;

@@ -1,0 +1,350 @@
+//! Fused multi-tensor AdamW and Adam (PyTorch's `AdamW(fused=True)` arithmetic), with
+//! low-precision copies of the weights written in the same pass, and the global gradient norm
+//! for clipping applied inside the update.
+//!
+//! The anatomy of every op family: [`args`] → [`plan`] (launch groups, a pure function of the
+//! lengths) → [`launch`] (the one `#[repr(C)]` parameter block of [`abi`], which the device
+//! crate compiles too).
+pub(crate) mod args;
+mod launch;
+pub(crate) mod plan;
+// The device crate's file, as the package ships it: the kernels' parameter block, defined once.
+#[path = "../../packaging/kernels-gpu/src/adamw/abi.rs"]
+pub(crate) mod abi;
+
+pub use args::AdamWArgs;
+
+use crate::dtype::Dtype;
+use crate::error::{Error, Result, invalid};
+use crate::identity::ElemType;
+use crate::validate::overlaps;
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+use std::sync::Arc;
+
+/// One parameter tensor's buffers for a step: the f32 weights, the gradient, the f32
+/// moments (updated in place), and amsgrad's running maximum of v.
+pub struct AdamWTensor<'a, G> {
+    /// θ, f32 `[n]`.
+    pub param: &'a mut dyn DevicePtrMut<f32>,
+    /// The gradient `[n]` (written back only with a gradient scale: unscaled, as PyTorch).
+    pub grad: &'a mut dyn DevicePtrMut<G>,
+    /// m, f32 `[n]`.
+    pub exp_avg: &'a mut dyn DevicePtrMut<f32>,
+    /// v, f32 `[n]`.
+    pub exp_avg_sq: &'a mut dyn DevicePtrMut<f32>,
+    /// amsgrad's maximum of v, f32 `[n]` (required with amsgrad, refused without).
+    pub max_exp_avg_sq: Option<&'a mut dyn DevicePtrMut<f32>>,
+}
+
+/// A step's scalars that may live on the device (so that a step can be captured in a CUDA
+/// graph and replayed): each a single f32.
+#[derive(Default, Clone, Copy)]
+pub struct StepScalars<'a> {
+    /// The step count t ≥ 1 on the device (else the call's `step`).
+    pub step: Option<&'a dyn DevicePtr<f32>>,
+    /// The learning rate on the device (else `args.lr`).
+    pub lr: Option<&'a dyn DevicePtr<f32>>,
+    /// [`clip_grad_norm`]'s output (`[norm, factor]`): the gradients are scaled by the
+    /// factor, in their type, before the update.
+    pub clip: Option<&'a dyn DevicePtr<f32>>,
+    /// PyTorch's `grad_scale`: each gradient is divided by it and written back unscaled.
+    pub grad_scale: Option<&'a dyn DevicePtr<f32>>,
+    /// PyTorch's `found_inf`: where it holds anything but 0 the step changes nothing.
+    pub found_inf: Option<&'a dyn DevicePtr<f32>>,
+}
+
+/// A buffer of a call as the checks see it, and its pointer's guard once taken.
+struct Item<'b> {
+    name: &'static str,
+    bytes: u64,
+    written: bool,
+    ptr: u64,
+    _guard: Option<SyncOnDrop<'b>>,
+}
+
+/// Checks a buffer's context and length (`need` elements of `E`) and takes its pointer.
+fn take<'b, E>(
+    stream: &'b CudaStream,
+    name: &'static str,
+    tensor: usize,
+    need: usize,
+    buf: Access<'b, E>,
+) -> Result<Item<'b>> {
+    let ctx = stream.context().cu_ctx() as usize;
+    let (len, other) = match &buf {
+        Access::Read(b) => (b.len(), b.stream().context().cu_ctx() as usize),
+        Access::Write(b) => (b.len(), b.stream().context().cu_ctx() as usize),
+    };
+    if other != ctx {
+        return Err(Error::WrongContext { arg: name });
+    }
+    if len != need {
+        let expected = format!("length {need} (tensor {tensor}'s gradient)");
+        return Err(invalid(name, expected, len));
+    }
+    let written = matches!(buf, Access::Write(_));
+    let (ptr, guard) = match buf {
+        Access::Read(b) => b.device_ptr(stream),
+        Access::Write(b) => b.device_ptr_mut(stream),
+    };
+    Ok(Item {
+        name,
+        bytes: (need * size_of::<E>()) as u64,
+        written,
+        ptr,
+        _guard: Some(guard),
+    })
+}
+
+enum Access<'b, E> {
+    Read(&'b dyn DevicePtr<E>),
+    Write(&'b mut dyn DevicePtrMut<E>),
+}
+
+/// Every written buffer disjoint from every other buffer of the call.
+fn check_disjoint(items: &[Item<'_>]) -> Result<()> {
+    for (i, a) in items.iter().enumerate() {
+        if !a.written {
+            continue;
+        }
+        for (j, b) in items.iter().enumerate() {
+            if i != j && overlaps((a.ptr, a.bytes, None), (b.ptr, b.bytes, None)) {
+                return Err(Error::Aliasing {
+                    output: a.name,
+                    other: b.name,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The scalars' pointers (0 where absent), checked to hold one f32 of the stream's context.
+fn scalars<'b>(stream: &'b CudaStream, s: &StepScalars<'b>) -> Result<(Vec<Item<'b>>, [u64; 5])> {
+    let mut items = Vec::new();
+    let mut ptrs = [0u64; 5];
+    let all = [
+        ("scalars.step", s.step, 1),
+        ("scalars.lr", s.lr, 1),
+        ("scalars.clip", s.clip, 2),
+        ("scalars.grad_scale", s.grad_scale, 1),
+        ("scalars.found_inf", s.found_inf, 1),
+    ];
+    for (k, (name, buf, need)) in all.into_iter().enumerate() {
+        if let Some(b) = buf {
+            let item = take(stream, name, 0, need, Access::Read(b))?;
+            ptrs[k] = item.ptr;
+            items.push(item);
+        }
+    }
+    Ok((items, ptrs))
+}
+
+/// The shared body of [`adamw_step`] and [`adamw_step_with_copies`].
+fn step_impl<'b, G: Dtype, C: Dtype>(
+    stream: &'b Arc<CudaStream>,
+    args: &AdamWArgs,
+    step: f32,
+    scalars_in: &StepScalars<'b>,
+    tensors: &'b mut [AdamWTensor<'_, G>],
+    copies: Option<&'b mut [&mut dyn DevicePtrMut<C>]>,
+) -> Result<()> {
+    args.check()?;
+    if scalars_in.step.is_none() {
+        args::check_step(step)?;
+    }
+    let copy_type = match (&copies, C::ELEM) {
+        (None, _) => None,
+        (Some(_), ElemType::F32) => {
+            return Err(invalid(
+                "copies",
+                "f16 or bf16 copies (the weights are f32)",
+                "f32",
+            ));
+        }
+        (Some(c), e) => {
+            if c.len() != tensors.len() {
+                let expected = format!("{} copies (one per tensor)", tensors.len());
+                return Err(invalid("copies", expected, c.len()));
+            }
+            Some(e)
+        }
+    };
+    for (i, t) in tensors.iter().enumerate() {
+        if t.max_exp_avg_sq.is_some() != args.amsgrad {
+            let expected = match args.amsgrad {
+                true => format!("a max_exp_avg_sq buffer for tensor {i} (amsgrad)"),
+                false => format!("no max_exp_avg_sq for tensor {i} (amsgrad is off)"),
+            };
+            return Err(invalid("max_exp_avg_sq", expected, "the opposite"));
+        }
+    }
+    let (mut items, sp) = scalars(stream, scalars_in)?;
+    let lens: Vec<usize> = tensors.iter().map(|t| t.grad.len()).collect();
+    let groups = plan::groups(&lens)?;
+    let grad_written = scalars_in.grad_scale.is_some();
+    let mut ptrs: Vec<abi::Tensor> = Vec::with_capacity(tensors.len());
+    let mut copies = copies.map(|c| c.iter_mut());
+    for (i, t) in tensors.iter_mut().enumerate() {
+        let n = lens[i];
+        // Written back only with a gradient scale; read otherwise (it may then overlap other
+        // gradients, as read buffers may).
+        let mut grad = take(stream, "grad", i, n, Access::Write(&mut *t.grad))?;
+        grad.written = grad_written;
+        let param = take(stream, "param", i, n, Access::Write(&mut *t.param))?;
+        let m = take(stream, "exp_avg", i, n, Access::Write(&mut *t.exp_avg))?;
+        let v = take(
+            stream,
+            "exp_avg_sq",
+            i,
+            n,
+            Access::Write(&mut *t.exp_avg_sq),
+        )?;
+        let vmax = match t.max_exp_avg_sq.as_mut() {
+            Some(b) => Some(take(
+                stream,
+                "max_exp_avg_sq",
+                i,
+                n,
+                Access::Write(&mut **b),
+            )?),
+            None => None,
+        };
+        let copy = match copies.as_mut().and_then(|c| c.next()) {
+            Some(c) => Some(take(stream, "copies", i, n, Access::Write(&mut **c))?),
+            None => None,
+        };
+        ptrs.push(abi::Tensor {
+            param: param.ptr,
+            grad: grad.ptr,
+            exp_avg: m.ptr,
+            exp_avg_sq: v.ptr,
+            max_exp_avg_sq: vmax.as_ref().map_or(0, |x| x.ptr),
+            copy: copy.as_ref().map_or(0, |x| x.ptr),
+            len: n as u64,
+            first_block: 0,
+        });
+        items.extend([grad, param, m, v]);
+        items.extend(vmax);
+        items.extend(copy);
+    }
+    check_disjoint(&items)?;
+    let mut params = launch::params(args, step, sp);
+    let kernel = plan::update(G::ELEM, copy_type);
+    for g in &groups {
+        launch::fill(&mut params, &ptrs[g.start..], &g.first_blocks);
+        // SAFETY: every buffer of the group's tensors was checked to hold its tensor's length
+        // in the stream's context, written buffers disjoint from all others; the items keep
+        // them recorded on the stream until the launch is queued.
+        unsafe { launch::run(stream, kernel, g.blocks, 0, &params)? };
+    }
+    Ok(())
+}
+
+/// One AdamW (or Adam, [`AdamWArgs::adam`]) step over many tensors, PyTorch's
+/// `torch.optim.AdamW(fused=True)` operation for operation: for each element, with `g` the
+/// gradient (scaled by the clip factor, divided by the gradient scale, negated by maximize)
+/// and `t` the step,
+/// `θ ← θ − lr·λ·θ` (decoupled; Adam adds `λ·θ` to g instead), `m ← β1·m + (1 − β1)·g`,
+/// `v ← β2·v + (1 − β2)·g²`, `θ ← θ − (lr / (1 − β1ᵗ))·m / (√v / √(1 − β2ᵗ) + ε)` (amsgrad:
+/// √ of the running maximum of v), with f64 wherever PyTorch's C++ promotes to it. θ, m, v in
+/// f32; gradients f32, f16 or bf16. Up to 32 tensors per launch, their addresses in the
+/// launch's parameter block (no upload, no allocation), so a step with its scalars on the
+/// device ([`StepScalars`]) can be captured in a graph.
+///
+/// # Errors
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a hyper-parameter out of
+/// range, a step that is not a whole number ≥ 1, a buffer whose length is not its tensor's
+/// gradient's, amsgrad's buffer missing or given without it, a scalar buffer that is not one
+/// f32 (two for `clip`); [`Error::WrongContext`](crate::Error::WrongContext);
+/// [`Error::Aliasing`](crate::Error::Aliasing) when a written buffer overlaps any other. A
+/// rejected call launches nothing.
+pub fn adamw_step<G: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &AdamWArgs,
+    step: f32,
+    scalars: &StepScalars<'_>,
+    tensors: &mut [AdamWTensor<'_, G>],
+) -> Result<()> {
+    step_impl::<G, half::bf16>(stream, args, step, scalars, tensors, None)
+}
+
+/// [`adamw_step`], also writing each tensor's updated θ rounded to `C` (f16 or bf16) into
+/// `copies[i]`, in the same pass: the weights a mixed-precision forward uses.
+///
+/// # Errors
+/// As [`adamw_step`]; also for f32 copies or a copy count other than the tensors'.
+pub fn adamw_step_with_copies<G: Dtype, C: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &AdamWArgs,
+    step: f32,
+    scalars: &StepScalars<'_>,
+    tensors: &mut [AdamWTensor<'_, G>],
+    copies: &mut [&mut dyn DevicePtrMut<C>],
+) -> Result<()> {
+    step_impl::<G, C>(stream, args, step, scalars, tensors, Some(copies))
+}
+
+/// The global L2 norm of all `grads` and the clip factor `min(1, max_norm / (norm + 1e-6))`
+/// (PyTorch's `clip_grad_norm_`), written to `out` (f32 `[norm, factor]`) on the device:
+/// pass `out` as [`StepScalars::clip`] to clip inside the update, read it back to log the
+/// norm. Squares summed in f32 per block, the blocks in f64 in a fixed order (bitwise
+/// deterministic). Allocates the per-block sums on `stream` for the call.
+///
+/// # Errors
+/// As [`adamw_step`] for the buffers; `max_norm` not > 0.
+pub fn clip_grad_norm<G: Dtype>(
+    stream: &Arc<CudaStream>,
+    grads: &[&dyn DevicePtr<G>],
+    max_norm: f32,
+    out: &mut impl DevicePtrMut<f32>,
+) -> Result<()> {
+    if max_norm.is_nan() || max_norm <= 0.0 {
+        return Err(invalid("max_norm", "a value > 0", max_norm));
+    }
+    let lens: Vec<usize> = grads.iter().map(|g| g.len()).collect();
+    let groups = plan::groups(&lens)?;
+    let mut items = Vec::with_capacity(grads.len() + 1);
+    let mut ptrs = Vec::with_capacity(grads.len());
+    for (i, g) in grads.iter().enumerate() {
+        let item = take(stream, "grads", i, lens[i], Access::Read(*g))?;
+        ptrs.push(abi::Tensor {
+            grad: item.ptr,
+            len: lens[i] as u64,
+            ..abi::Tensor::default()
+        });
+        items.push(item);
+    }
+    let out_item = take(stream, "out", 0, 2, Access::Write(out))?;
+    let out_ptr = out_item.ptr;
+    items.push(out_item);
+    check_disjoint(&items)?;
+    let total: u64 = groups.iter().map(|g| g.blocks as u64).sum();
+    let partials = stream.alloc_zeros::<f32>(total.max(1) as usize)?;
+    let (partials_ptr, _partials_use) = partials.device_ptr(stream);
+    let mut params = launch::params(&AdamWArgs::new(0.0), 1.0, [0; 5]);
+    params.partials = partials_ptr;
+    let kernel = plan::sum_squares(G::ELEM);
+    let mut base = 0u64;
+    for g in &groups {
+        launch::fill(&mut params, &ptrs[g.start..], &g.first_blocks);
+        params.partial_base = base;
+        // SAFETY: the gradients were checked against their lengths; the partials hold every
+        // group's blocks from its base.
+        unsafe {
+            launch::run(
+                stream,
+                kernel,
+                g.blocks,
+                crate::identity::SUM_SLOTS as u32 * 4,
+                &params,
+            )?
+        };
+        base += g.blocks as u64;
+    }
+    params.partial_count = total;
+    params.max_norm = max_norm;
+    params.norm = out_ptr;
+    // SAFETY: `total` partial sums, `out` two f32.
+    unsafe { launch::run(stream, plan::NORM, 1, abi::THREADS * 8, &params) }
+}
