@@ -78,7 +78,6 @@ fn run<G: Dtype>(
             ..Default::default()
         };
         adamw_step(stream, args, step as f32, &scalars, &mut tensors).expect("step");
-        drop(tensors);
         for s in states.iter_mut() {
             let [p, m, v, mx] = &mut s.host;
             let st = AdamWState {
@@ -246,21 +245,17 @@ fn a_rejected_call_writes_nothing() {
     let mut g = upload(&stream, &[0.5f32; 8]);
     let mut m = upload(&stream, &[0.0f32; 8]);
     let mut v = upload(&stream, &[0.0f32; 7]);
-    let mut tensors = [AdamWTensor {
-        param: &mut p,
-        grad: &mut g,
-        exp_avg: &mut m,
-        exp_avg_sq: &mut v,
-        max_exp_avg_sq: None,
-    }];
-    let r = adamw_step(
-        &stream,
-        &AdamWArgs::new(1e-3),
-        1.0,
-        &StepScalars::default(),
-        &mut tensors,
-    );
-    common::expect_invalid(r, "exp_avg_sq", "length 8");
-    drop(tensors);
+    {
+        let mut tensors = [AdamWTensor {
+            param: &mut p,
+            grad: &mut g,
+            exp_avg: &mut m,
+            exp_avg_sq: &mut v,
+            max_exp_avg_sq: None,
+        }];
+        let args = AdamWArgs::new(1e-3);
+        let r = adamw_step(&stream, &args, 1.0, &StepScalars::default(), &mut tensors);
+        common::expect_invalid(r, "exp_avg_sq", "length 8");
+    }
     assert!(download(&stream, &p).iter().all(|&x| x == 1.0));
 }
