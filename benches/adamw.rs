@@ -84,7 +84,7 @@ fn step<G: Dtype>(
         .zip(t.grads.iter_mut())
         .map(|([p, m, v], g)| AdamWTensor {
             param: p,
-            grad: g,
+            grad: &*g,
             exp_avg: m,
             exp_avg_sq: v,
             max_exp_avg_sq: None,
@@ -129,12 +129,12 @@ fn torch_cases(stream: &Arc<CudaStream>, dir: &str) {
             .expect("up");
         let (mut m, mut v, mut mx) = (z(), z(), z());
         for t in 1..=5 {
-            let mut g = stream
+            let g = stream
                 .clone_htod(&read(dir, &format!("{}.grad{t}", f[0])))
                 .expect("up");
             let mut list = [AdamWTensor {
                 param: &mut p,
-                grad: &mut g,
+                grad: &g,
                 exp_avg: &mut m,
                 exp_avg_sq: &mut v,
                 max_exp_avg_sq: args

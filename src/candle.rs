@@ -87,6 +87,7 @@ mod cross_entropy;
 pub mod flash_attn;
 mod fused_add_rms_norm;
 pub mod nn;
+mod optim;
 mod rms_norm;
 mod rope;
 mod swiglu;

@@ -1,6 +1,6 @@
 //! AdamW on the GPU against the reference (`liger_rs::reference::adamw`), bit for bit: the
 //! reference reproduces the kernels' arithmetic (PyTorch's fused operation order, f64 where
-//! its C++ promotes), so every θ, m, v, amsgrad maximum, copy and unscaled gradient must have
+//! its C++ promotes), so every θ, m, v, amsgrad maximum and copy must have
 //! the same bits after several steps. Tensors of odd lengths (1, 3, 4097, 100003) and more
 //! than one launch's worth (40 tensors), every gradient type and copy type, amsgrad, maximize,
 //! Adam's L2 decay, clipping by the global norm, a gradient scale, found-inf skipping, the
@@ -66,7 +66,7 @@ fn run<G: Dtype>(
                 let [p, m, v, mx] = &mut s.dev;
                 AdamWTensor {
                     param: p,
-                    grad: &mut s.dgrad,
+                    grad: &s.dgrad,
                     exp_avg: m,
                     exp_avg_sq: v,
                     max_exp_avg_sq: args.amsgrad.then_some(mx as &mut dyn DevicePtrMut<f32>),
@@ -82,7 +82,7 @@ fn run<G: Dtype>(
             let [p, m, v, mx] = &mut s.host;
             let st = AdamWState {
                 param: p,
-                grad: &mut s.grad,
+                grad: &s.grad,
                 exp_avg: m,
                 exp_avg_sq: v,
                 max_exp_avg_sq: args.amsgrad.then_some(&mut mx[..]),
@@ -104,14 +104,6 @@ fn run<G: Dtype>(
                 &download(stream, &s.dev[k]),
                 &s.host[k],
             );
-        }
-        if grad_scale.is_some() {
-            let got: Vec<f32> = download(stream, &s.dgrad)
-                .iter()
-                .map(|g| g.to_f64() as f32)
-                .collect();
-            let want: Vec<f32> = s.grad.iter().map(|g| g.to_f64() as f32).collect();
-            same_bits("grad (unscaled)", &case, &got, &want);
         }
     }
 }
@@ -178,7 +170,7 @@ fn copies_clipping_and_found_inf() {
         let [p, m, v, _] = &mut s.dev;
         let mut tensors = [AdamWTensor {
             param: p,
-            grad: &mut s.dgrad,
+            grad: &s.dgrad,
             exp_avg: m,
             exp_avg_sq: v,
             max_exp_avg_sq: None,
@@ -195,7 +187,7 @@ fn copies_clipping_and_found_inf() {
     let _ = mx;
     let st = AdamWState {
         param: p,
-        grad: &mut s.grad,
+        grad: &s.grad,
         exp_avg: m,
         exp_avg_sq: v,
         max_exp_avg_sq: None,
@@ -216,7 +208,7 @@ fn copies_clipping_and_found_inf() {
         let [p, m, v, _] = &mut s.dev;
         let mut tensors = [AdamWTensor {
             param: p,
-            grad: &mut s.dgrad,
+            grad: &s.dgrad,
             exp_avg: m,
             exp_avg_sq: v,
             max_exp_avg_sq: None,
@@ -242,13 +234,13 @@ fn a_rejected_call_writes_nothing() {
         return;
     };
     let mut p = upload(&stream, &[1.0f32; 8]);
-    let mut g = upload(&stream, &[0.5f32; 8]);
+    let g = upload(&stream, &[0.5f32; 8]);
     let mut m = upload(&stream, &[0.0f32; 8]);
     let mut v = upload(&stream, &[0.0f32; 7]);
     {
         let mut tensors = [AdamWTensor {
             param: &mut p,
-            grad: &mut g,
+            grad: &g,
             exp_avg: &mut m,
             exp_avg_sq: &mut v,
             max_exp_avg_sq: None,

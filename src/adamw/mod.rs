@@ -26,8 +26,8 @@ use std::sync::Arc;
 pub struct AdamWTensor<'a, G> {
     /// θ, f32 `[n]`.
     pub param: &'a mut dyn DevicePtrMut<f32>,
-    /// The gradient `[n]` (written back only with a gradient scale: unscaled, as PyTorch).
-    pub grad: &'a mut dyn DevicePtrMut<G>,
+    /// The gradient `[n]`, only read.
+    pub grad: &'a dyn DevicePtr<G>,
     /// m, f32 `[n]`.
     pub exp_avg: &'a mut dyn DevicePtrMut<f32>,
     /// v, f32 `[n]`.
@@ -47,7 +47,8 @@ pub struct StepScalars<'a> {
     /// [`clip_grad_norm`]'s output (`[norm, factor]`): the gradients are scaled by the
     /// factor, in their type, before the update.
     pub clip: Option<&'a dyn DevicePtr<f32>>,
-    /// PyTorch's `grad_scale`: each gradient is divided by it and written back unscaled.
+    /// PyTorch's `grad_scale`: each gradient is divided by it before the update (PyTorch's
+    /// fused kernel also writes the unscaled gradient back; this one leaves it).
     pub grad_scale: Option<&'a dyn DevicePtr<f32>>,
     /// PyTorch's `found_inf`: where it holds anything but 0 the step changes nothing.
     pub found_inf: Option<&'a dyn DevicePtr<f32>>,
@@ -182,15 +183,11 @@ fn step_impl<'b, G: Dtype, C: Dtype>(
     let (mut items, sp) = scalars(stream, scalars_in)?;
     let lens: Vec<usize> = tensors.iter().map(|t| t.grad.len()).collect();
     let groups = plan::groups(&lens)?;
-    let grad_written = scalars_in.grad_scale.is_some();
     let mut ptrs: Vec<abi::Tensor> = Vec::with_capacity(tensors.len());
     let mut copies = copies.map(|c| c.iter_mut());
     for (i, t) in tensors.iter_mut().enumerate() {
         let n = lens[i];
-        // Written back only with a gradient scale; read otherwise (it may then overlap other
-        // gradients, as read buffers may).
-        let mut grad = take(stream, "grad", i, n, Access::Write(&mut *t.grad))?;
-        grad.written = grad_written;
+        let grad = take(stream, "grad", i, n, Access::Read(t.grad))?;
         let param = take(stream, "param", i, n, Access::Write(&mut *t.param))?;
         let m = take(stream, "exp_avg", i, n, Access::Write(&mut *t.exp_avg))?;
         let v = take(

@@ -46,6 +46,7 @@ use super::rope::{NnRope, nn_rope};
 use super::{RmsNormConfig, SwigluConfig};
 use candle_core::{Result, Tensor};
 
+pub use super::optim::AdamW;
 pub use candle_nn::*;
 
 /// candle-nn's `loss` with [`cross_entropy`](loss::cross_entropy) fused (one pass forward,

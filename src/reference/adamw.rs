@@ -26,8 +26,8 @@ fn powi(beta: f64, t: f32) -> f64 {
 pub struct AdamWState<'a, G> {
     /// θ.
     pub param: &'a mut [f32],
-    /// The gradient (written back unscaled with a gradient scale).
-    pub grad: &'a mut [G],
+    /// The gradient.
+    pub grad: &'a [G],
     /// m.
     pub exp_avg: &'a mut [f32],
     /// v.
@@ -77,7 +77,6 @@ pub fn adamw_step<G: Element>(
         }
         if let Some(scale) = grad_scale {
             g = (g as f64 / scale as f64) as f32;
-            s.grad[j] = G::from_f64(g as f64);
         }
         if args.maximize {
             g = -g;
@@ -130,10 +129,10 @@ mod tests {
     #[test]
     fn one_step_of_pytorch_s_defaults() {
         let args = AdamWArgs::new(1e-3);
-        let (mut p, mut g, mut m, mut v) = ([1.0f32], [0.5f32], [0.0f32], [0.0f32]);
+        let (mut p, g, mut m, mut v) = ([1.0f32], [0.5f32], [0.0f32], [0.0f32]);
         let s = AdamWState {
             param: &mut p,
-            grad: &mut g,
+            grad: &g,
             exp_avg: &mut m,
             exp_avg_sq: &mut v,
             max_exp_avg_sq: None,
@@ -156,13 +155,13 @@ mod tests {
         let (mut pe, mut me, mut ve, mut mxe) =
             (vec![0.5f64; n], vec![0f64; n], vec![0f64; n], vec![0f64; n]);
         for t in 1..=50 {
-            let mut g: Vec<f32> = (0..n)
+            let g: Vec<f32> = (0..n)
                 .map(|j| ((j * 7 + t * 3) % 11) as f32 / 11.0 - 0.5)
                 .collect();
             let ge = g.clone();
             let s = AdamWState {
                 param: &mut p,
-                grad: &mut g,
+                grad: &g,
                 exp_avg: &mut m,
                 exp_avg_sq: &mut v,
                 max_exp_avg_sq: Some(&mut mx),

@@ -11,7 +11,7 @@
 pub struct Tensor {
     /// The weights θ, f32, updated in place.
     pub param: u64,
-    /// The gradient, read (and, with a gradient scale, written back unscaled, as PyTorch does).
+    /// The gradient, read.
     pub grad: u64,
     /// The first moment m, f32.
     pub exp_avg: u64,

@@ -118,7 +118,7 @@ unsafe fn update<G: Elem, C: Copy16>(p: &Params) {
         let mut j = start + thread_idx() as u64;
         while j < end {
             let j_ = j as usize;
-            let grad = (t.grad as *mut G).add(j_);
+            let grad = (t.grad as *const G).add(j_);
             let mut g = (*grad).to_f32();
             if p.clip_ptr != 0 {
                 // Clipping scales the gradient in its own type, as `clip_grad_norm_` does.
@@ -126,7 +126,6 @@ unsafe fn update<G: Elem, C: Copy16>(p: &Params) {
             }
             if scale != 0 {
                 g = (g as f64 / *(scale as *const f32) as f64) as f32;
-                *grad = G::from_f32(g);
             }
             if maximize {
                 g = -g;
