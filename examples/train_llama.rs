@@ -3,8 +3,9 @@
 //! attention as matmul, mask, f32 softmax, matmul over repeated key/value heads) and once with
 //! liger-rs's (`liger_rs::candle::nn::ops::rms_norm`, `rotary_emb::rope_thd`, `ops::silu_mul`,
 //! `candle::flash_attn::flash_attn` on the projections' `[b, t, h, d]` views, with grouped
-//! key/value heads and no transposes, and `candle::fused_linear_cross_entropy` for the head and
-//! the loss, whose `[tokens, vocab]` logits are never held whole),
+//! key/value heads and no transposes, `candle::fused_linear_cross_entropy` for the head and the
+//! loss, whose `[tokens, vocab]` logits are never held whole, and `candle::nn::AdamW`, the
+//! fused optimizer step),
 //! then prints both loss curves side by side, each run's step time, tokens/s and peak device
 //! memory, and how far apart the two curves are.
 //!
@@ -39,6 +40,8 @@ use std::time::Instant;
 trait FusedOps {
     /// Shown in the output.
     const NAME: &'static str;
+    /// The optimizer (candle-nn's `ParamsAdamW`).
+    type Opt: Optimizer<Config = ParamsAdamW>;
     /// RMSNorm over the last dim, candle-nn's `ops::rms_norm(xs, alpha, eps)`.
     fn rms_norm(xs: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor>;
     /// `silu(gate) · up`.
@@ -63,6 +66,7 @@ struct CandleNn;
 
 impl FusedOps for CandleNn {
     const NAME: &'static str = "candle-nn";
+    type Opt = AdamW;
     fn rms_norm(xs: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor> {
         candle_nn::ops::rms_norm_slow(xs, alpha, eps)
     }
@@ -110,6 +114,7 @@ struct LigerRs;
 
 impl FusedOps for LigerRs {
     const NAME: &'static str = "liger-rs";
+    type Opt = liger_rs::candle::nn::AdamW;
     fn rms_norm(xs: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor> {
         liger_rs::candle::nn::ops::rms_norm(xs, alpha, eps)
     }
@@ -608,7 +613,7 @@ fn train<O: FusedOps>(
         lr: cfg.lr,
         ..ParamsAdamW::default()
     };
-    let mut opt = AdamW::new(model.vars.clone(), params)?;
+    let mut opt = O::Opt::new(model.vars.clone(), params)?;
     dev.synchronize()?;
     if let Some(pool) = &pool {
         pool.reset_peak();
