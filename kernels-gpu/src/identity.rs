@@ -79,16 +79,18 @@ names! {
         Attention = "attn",
         /// Cross-entropy (`kernels-gpu/src/cross_entropy/`).
         CrossEntropy = "ce",
-        /// AdamW and Adam (`kernels-gpu/src/adamw/`).
+        /// The optimizers: AdamW, Adam and SGD (`kernels-gpu/src/adamw/`).
         AdamW = "adamw",
     }
 }
 
 names! {
-    /// What an AdamW kernel computes: the second part of its entry name.
+    /// What an optimizer kernel computes: the second part of its entry name.
     pub enum AdamWPass / adamw_pass_name {
-        /// The update of θ, m, v (and the copy) over many tensors.
+        /// The AdamW/Adam update of θ, m, v (and the copy) over many tensors.
         Update = "step",
+        /// The SGD update of θ and the momentum buffer (and the copy) over many tensors.
+        Sgd = "sgd",
         /// Per-block sums of the squared gradients.
         SumSquares = "sumsq",
         /// The global norm and the clip factor from the sums (one block).
@@ -372,13 +374,13 @@ pub enum Kernel {
         /// The pass.
         pass: CePass,
     },
-    /// An AdamW kernel.
+    /// An optimizer kernel.
     AdamW {
         /// The pass.
         pass: AdamWPass,
         /// The gradients' element type (none for [`AdamWPass::Norm`]).
         grad: Option<ElemType>,
-        /// The weights' copy type ([`AdamWPass::Update`] only).
+        /// The weights' copy type ([`AdamWPass::Update`] and [`AdamWPass::Sgd`] only).
         copy: Option<ElemType>,
     },
     /// An attention kernel.

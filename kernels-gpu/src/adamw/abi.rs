@@ -1,11 +1,12 @@
-//! The AdamW kernels' parameter block, defined once for both sides: the device crate compiles
+//! The optimizer kernels' parameter block, defined once for both sides: the device crate compiles
 //! this file as `kernels_gpu::adamw::abi`, the host crate mounts it through `#[path]` as
 //! `crate::adamw::abi`. Each launch updates up to [`TENSORS`] parameter tensors (PyTorch's
 //! multi-tensor apply): their addresses travel in the parameter block, by value, so a step
 //! needs no upload and can be captured in a graph.
 
 /// One parameter tensor of a launch: f32 master weights, f32 optimizer states, the gradient in
-/// the launch's gradient type, an optional low-precision copy of the weights.
+/// the launch's gradient type, an optional low-precision copy of the weights. SGD keeps its
+/// momentum buffer in `exp_avg` (0 without momentum).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tensor {
@@ -35,9 +36,8 @@ pub const BLOCK_ELEMS: u64 = 4096;
 /// Threads per block of the update and the sum-of-squares kernels.
 pub const THREADS: u32 = 256;
 
-/// Everything an AdamW kernel reads. The scalars are f64, as PyTorch's fused kernel takes
-/// them, so that its arithmetic (f32 values promoted to f64 where C++ promotes them) is
-/// reproduced operation for operation.
+/// Everything an optimizer kernel reads. The hyper-parameters are f64, as PyTorch's fused
+/// kernels take them; the kernels round them to f32 first, as PyTorch's do.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Params {
@@ -57,6 +57,10 @@ pub struct Params {
     pub eps: f64,
     /// Weight decay λ.
     pub weight_decay: f64,
+    /// SGD's momentum μ (0: no buffer).
+    pub momentum: f64,
+    /// SGD's dampening.
+    pub dampening: f64,
     /// The step t ≥ 1 (f32, as PyTorch keeps it), unless `step_ptr` is set.
     pub step: f32,
     /// Keeps the layout free of implicit padding on both sides.
@@ -91,3 +95,7 @@ pub const AMSGRAD: u32 = 1;
 pub const MAXIMIZE: u32 = 2;
 /// AdamW's decoupled weight decay (`θ ← θ − lr·λ·θ`), else Adam's L2 (`g ← g + λ·θ`).
 pub const DECOUPLED: u32 = 4;
+/// SGD's Nesterov momentum.
+pub const NESTEROV: u32 = 8;
+/// SGD's first step: the momentum buffer starts as the gradient.
+pub const FIRST_STEP: u32 = 16;

@@ -1,4 +1,4 @@
-//! AdamW (and Adam) over many tensors per launch, PyTorch's `AdamW(fused=True)` operation for
+//! AdamW, Adam and SGD over many tensors per launch, PyTorch's fused optimizers operation for
 //! operation; the global gradient norm for clipping. Host: `src/adamw/`, semantics:
 //! `src/reference/adamw.rs`.
 //!
@@ -12,8 +12,8 @@
 pub mod abi;
 
 use crate::identity::kernel_name;
-use crate::{Bf16, Elem, block_dim, block_idx, block_sum, sqrt, sync_threads, thread_idx};
-use abi::{AMSGRAD, BLOCK_ELEMS, DECOUPLED, MAXIMIZE, Params, Tensor};
+use crate::{Bf16, Elem, block_dim, block_idx, block_sum, fma, sqrt, sync_threads, thread_idx};
+use abi::{AMSGRAD, BLOCK_ELEMS, DECOUPLED, FIRST_STEP, MAXIMIZE, NESTEROV, Params, Tensor};
 use core::intrinsics::gpu::gpu_launch_sized_workgroup_mem;
 
 /// A copy type of the weights: none, or a 16-bit element type.
@@ -45,11 +45,12 @@ impl<T: Elem> Copy16 for T {
     }
 }
 
-/// `β^t` by squaring (t a whole number of steps; PyTorch's `pow`, to within its rounding).
+/// `β^t` for a whole number of steps t: the exact power (by squaring in f64) rounded to f32,
+/// which is what PyTorch's f32 `pow` returns for these arguments.
 #[inline(always)]
-fn powi(beta: f64, t: f32) -> f64 {
+fn powf(beta: f32, t: f32) -> f32 {
     let mut n = t as u64;
-    let (mut base, mut acc) = (beta, 1.0f64);
+    let (mut base, mut acc) = (beta as f64, 1.0f64);
     while n > 0 {
         if n & 1 == 1 {
             acc *= base;
@@ -57,17 +58,27 @@ fn powi(beta: f64, t: f32) -> f64 {
         base *= base;
         n >>= 1;
     }
-    acc
+    acc as f32
+}
+
+/// Tensor `i` of the parameter block, by constant indices only: a dynamic index into the
+/// by-value block would copy all of it (2 KiB) to local memory in every thread.
+macro_rules! pick {
+    ($p:expr, $i:expr; $($k:literal)*) => {
+        match $i { $($k => $p.tensors[$k],)* _ => $p.tensors[0] }
+    };
 }
 
 /// The launch's tensor of block `b` and the block's first element in it.
 #[inline(always)]
-fn tensor_of(p: &Params, b: u64) -> (&Tensor, u64) {
-    let mut i = 0;
-    while i + 1 < p.count as usize && p.tensors[i + 1].first_block <= b {
-        i += 1;
+fn tensor_of(p: &Params, b: u64) -> (Tensor, u64) {
+    let mut i = 0u32;
+    macro_rules! find {
+        ($($k:literal)*) => { $( if $k < p.count && p.tensors[$k].first_block <= b { i = $k; } )* };
     }
-    let t = &p.tensors[i];
+    find!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
+    let t = pick!(p, i; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26
+        27 28 29 30 31);
     (t, (b - t.first_block) * BLOCK_ELEMS)
 }
 
@@ -85,7 +96,27 @@ unsafe fn scalar(ptr: u64, none: f32) -> f32 {
     }
 }
 
-/// The update of the block's elements.
+/// The gradient element `j` as both updates take it: in f32, times the clip factor (rounded
+/// to the gradient's type, as `clip_grad_norm_` scales gradients in place), divided by the
+/// gradient scale by the callers (in f32, as PyTorch's kernels divide).
+///
+/// # Safety
+/// `t.grad` holds element `j`; the scalars' pointers are 0 or valid.
+#[inline(always)]
+unsafe fn gradient<G: Elem>(p: &Params, t: &Tensor, j: usize) -> f32 {
+    // SAFETY: the caller's.
+    unsafe {
+        let mut g = (*(t.grad as *const G).add(j)).to_f32();
+        if p.clip_ptr != 0 {
+            g = G::round(g * *(p.clip_ptr as *const f32));
+        }
+        g
+    }
+}
+
+/// The AdamW/Adam update of the block's elements, PyTorch 2.11's `adam_math` operation for
+/// operation: the hyper-parameters rounded to f32, f32 arithmetic, its `fma`s where it calls
+/// `std::fma` or nvcc contracts a product into a sum.
 ///
 /// # Safety
 /// The host's checks: every tensor's buffers hold `len` elements, the grid is the launch's
@@ -99,16 +130,16 @@ unsafe fn update<G: Elem, C: Copy16>(p: &Params) {
         }
         let (t, start) = tensor_of(p, block_idx() as u64);
         let step = scalar(p.step_ptr, p.step);
-        let lr = if p.lr_ptr == 0 {
-            p.lr
-        } else {
-            *(p.lr_ptr as *const f32) as f64
-        };
-        let clip = scalar(p.clip_ptr, 1.0);
-        let scale = p.grad_scale_ptr;
-        let bc1 = (1.0 - powi(p.beta1, step)) as f32;
-        let bc2_sqrt = core::intrinsics::sqrtf64(1.0 - powi(p.beta2, step)) as f32;
-        let step_size = (lr / bc1 as f64) as f32;
+        let lr = scalar(p.lr_ptr, p.lr as f32);
+        let (b1, b2, wd, eps) = (
+            p.beta1 as f32,
+            p.beta2 as f32,
+            p.weight_decay as f32,
+            p.eps as f32,
+        );
+        let bc1 = 1.0 - powf(b1, step);
+        let bc2_sqrt = sqrt(1.0 - powf(b2, step));
+        let step_size = lr / bc1;
         let (amsgrad, maximize, decoupled) = (
             p.flags & AMSGRAD != 0,
             p.flags & MAXIMIZE != 0,
@@ -118,30 +149,29 @@ unsafe fn update<G: Elem, C: Copy16>(p: &Params) {
         let mut j = start + thread_idx() as u64;
         while j < end {
             let j_ = j as usize;
-            let grad = (t.grad as *const G).add(j_);
-            let mut g = (*grad).to_f32();
-            if p.clip_ptr != 0 {
-                // Clipping scales the gradient in its own type, as `clip_grad_norm_` does.
-                g = G::round(g * clip);
-            }
-            if scale != 0 {
-                g = (g as f64 / *(scale as *const f32) as f64) as f32;
+            let mut g = gradient::<G>(p, &t, j_);
+            if p.grad_scale_ptr != 0 {
+                g /= *(p.grad_scale_ptr as *const f32);
             }
             if maximize {
                 g = -g;
             }
             let param = (t.param as *mut f32).add(j_);
             let mut th = *param;
-            if p.weight_decay != 0.0 {
+            if wd != 0.0 {
                 if decoupled {
-                    th = (th as f64 - lr * p.weight_decay * th as f64) as f32;
+                    th = fma(-(lr * wd), th, th);
                 } else {
-                    g = (g as f64 + th as f64 * p.weight_decay) as f32;
+                    g = fma(th, wd, g);
                 }
             }
-            let (m, v) = ((t.exp_avg as *mut f32).add(j_), (t.exp_avg_sq as *mut f32).add(j_));
-            let m1 = (p.beta1 * *m as f64 + (1.0 - p.beta1) * g as f64) as f32;
-            let v1 = (p.beta2 * *v as f64 + (1.0 - p.beta2) * g as f64 * g as f64) as f32;
+            let (m, v) = (
+                (t.exp_avg as *mut f32).add(j_),
+                (t.exp_avg_sq as *mut f32).add(j_),
+            );
+            let m1 = fma(b1, *m, fma(-b1, g, g));
+            let g2 = g * g;
+            let v1 = fma(b2, *v, fma(-b2, g2, g2));
             let second = if amsgrad {
                 let vmax = (t.max_exp_avg_sq as *mut f32).add(j_);
                 let mx = (*vmax).max(v1);
@@ -150,13 +180,69 @@ unsafe fn update<G: Elem, C: Copy16>(p: &Params) {
             } else {
                 v1
             };
-            let denom = ((sqrt(second) / bc2_sqrt) as f64 + p.eps) as f32;
+            let denom = sqrt(second) / bc2_sqrt + eps;
             th -= step_size * m1 / denom;
             *m = m1;
             *v = v1;
             *param = th;
             if C::SOME {
                 C::store(t.copy, j_, th);
+            }
+            j += block_dim() as u64;
+        }
+    }
+}
+
+/// The SGD update of the block's elements, PyTorch 2.11's `sgd_math` operation for
+/// operation: the hyper-parameters rounded to f32, f32 arithmetic with the `fma`s nvcc
+/// contracts its products and sums into.
+///
+/// # Safety
+/// As [`update`]; `exp_avg` holds the momentum buffer where `momentum` is not 0.
+#[inline(always)]
+unsafe fn sgd<G: Elem, C: Copy16>(p: &Params) {
+    // SAFETY (every access): the host's checks.
+    unsafe {
+        if scalar(p.found_inf_ptr, 0.0) != 0.0 {
+            return;
+        }
+        let (t, start) = tensor_of(p, block_idx() as u64);
+        let lr = scalar(p.lr_ptr, p.lr as f32);
+        let (wd, mom) = (p.weight_decay as f32, p.momentum as f32);
+        let undamped = 1.0 - p.dampening as f32;
+        let (nesterov, maximize, first) = (
+            p.flags & NESTEROV != 0,
+            p.flags & MAXIMIZE != 0,
+            p.flags & FIRST_STEP != 0,
+        );
+        let step = if maximize { lr } else { -lr };
+        let end = (start + BLOCK_ELEMS).min(t.len);
+        let mut j = start + thread_idx() as u64;
+        while j < end {
+            let j_ = j as usize;
+            let mut g = gradient::<G>(p, &t, j_);
+            if p.grad_scale_ptr != 0 {
+                g /= *(p.grad_scale_ptr as *const f32);
+            }
+            let param = (t.param as *mut f32).add(j_);
+            let th = *param;
+            if wd != 0.0 {
+                g = fma(wd, th, g);
+            }
+            if mom != 0.0 {
+                let buf = (t.exp_avg as *mut f32).add(j_);
+                let b = if first {
+                    g
+                } else {
+                    fma(mom, *buf, undamped * g)
+                };
+                *buf = b;
+                g = if nesterov { fma(mom, b, g) } else { b };
+            }
+            let th1 = fma(step, g, th);
+            *param = th1;
+            if C::SOME {
+                C::store(t.copy, j_, th1);
             }
             j += block_dim() as u64;
         }
@@ -253,6 +339,15 @@ adamw_kernels! {
     Update Bf16 None => update::<Bf16, NoCopy>;
     Update Bf16 F16 => update::<Bf16, f16>;
     Update Bf16 Bf16 => update::<Bf16, Bf16>;
+    Sgd F32 None => sgd::<f32, NoCopy>;
+    Sgd F32 F16 => sgd::<f32, f16>;
+    Sgd F32 Bf16 => sgd::<f32, Bf16>;
+    Sgd F16 None => sgd::<f16, NoCopy>;
+    Sgd F16 F16 => sgd::<f16, f16>;
+    Sgd F16 Bf16 => sgd::<f16, Bf16>;
+    Sgd Bf16 None => sgd::<Bf16, NoCopy>;
+    Sgd Bf16 F16 => sgd::<Bf16, f16>;
+    Sgd Bf16 Bf16 => sgd::<Bf16, Bf16>;
     SumSquares F32 => sum_squares::<f32>;
     SumSquares F16 => sum_squares::<f16>;
     SumSquares Bf16 => sum_squares::<Bf16>;
