@@ -1,6 +1,6 @@
-//! The optimizer's public arguments and their checks, shared by the GPU launchers and the CPU
+//! The optimizers' public arguments and their checks, shared by the GPU launchers and the CPU
 //! reference.
-use super::abi::{AMSGRAD, DECOUPLED, MAXIMIZE};
+use super::abi::{AMSGRAD, DECOUPLED, MAXIMIZE, NESTEROV};
 use crate::error::{Result, invalid};
 
 /// The hyper-parameters of one AdamW (or Adam) step: PyTorch's `torch.optim.AdamW` /
@@ -115,6 +115,105 @@ impl AdamWArgs {
         (if self.amsgrad { AMSGRAD } else { 0 })
             | (if self.maximize { MAXIMIZE } else { 0 })
             | (if self.decoupled { DECOUPLED } else { 0 })
+    }
+}
+
+/// The hyper-parameters of one SGD step: PyTorch's `torch.optim.SGD` arguments, with the same
+/// defaults.
+///
+/// ```
+/// use liger_rs::SgdArgs;
+/// let s = SgdArgs::new(0.1).with_momentum(0.9).with_nesterov(true);
+/// assert_eq!((s.momentum, s.dampening, s.weight_decay, s.nesterov), (0.9, 0.0, 0.0, true));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub struct SgdArgs {
+    /// Learning rate (≥ 0, finite).
+    pub lr: f64,
+    /// Momentum μ ≥ 0 (0: no momentum buffer).
+    pub momentum: f64,
+    /// Dampening of the gradient in the buffer.
+    pub dampening: f64,
+    /// L2 weight decay λ ≥ 0 (`g ← g + λ·θ`).
+    pub weight_decay: f64,
+    /// Nesterov momentum (needs momentum > 0 and dampening 0, as PyTorch requires).
+    pub nesterov: bool,
+    /// Ascend the objective instead of descending it.
+    pub maximize: bool,
+}
+
+impl SgdArgs {
+    /// `torch.optim.SGD(lr=lr)`'s defaults: no momentum, dampening 0, weight decay 0.
+    pub fn new(lr: f64) -> Self {
+        SgdArgs {
+            lr,
+            momentum: 0.0,
+            dampening: 0.0,
+            weight_decay: 0.0,
+            nesterov: false,
+            maximize: false,
+        }
+    }
+
+    /// Sets the momentum.
+    pub fn with_momentum(mut self, momentum: f64) -> Self {
+        self.momentum = momentum;
+        self
+    }
+
+    /// Sets the dampening.
+    pub fn with_dampening(mut self, dampening: f64) -> Self {
+        self.dampening = dampening;
+        self
+    }
+
+    /// Sets the weight decay.
+    pub fn with_weight_decay(mut self, weight_decay: f64) -> Self {
+        self.weight_decay = weight_decay;
+        self
+    }
+
+    /// Sets Nesterov momentum.
+    pub fn with_nesterov(mut self, nesterov: bool) -> Self {
+        self.nesterov = nesterov;
+        self
+    }
+
+    /// Sets maximize.
+    pub fn with_maximize(mut self, maximize: bool) -> Self {
+        self.maximize = maximize;
+        self
+    }
+
+    /// The checks of every call (PyTorch's, and finite values).
+    pub(crate) fn check(&self) -> Result<()> {
+        if !(self.lr.is_finite() && self.lr >= 0.0) {
+            return Err(invalid("args.lr", "a finite value ≥ 0", self.lr));
+        }
+        for (name, v) in [
+            ("args.momentum", self.momentum),
+            ("args.weight_decay", self.weight_decay),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(invalid(name, "a finite value ≥ 0", v));
+            }
+        }
+        if !self.dampening.is_finite() {
+            return Err(invalid("args.dampening", "a finite value", self.dampening));
+        }
+        if self.nesterov && (self.momentum <= 0.0 || self.dampening != 0.0) {
+            return Err(invalid(
+                "args.nesterov",
+                "momentum > 0 and dampening 0",
+                format!("momentum {}, dampening {}", self.momentum, self.dampening),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn flags(&self) -> u32 {
+        (if self.nesterov { NESTEROV } else { 0 }) | (if self.maximize { MAXIMIZE } else { 0 })
     }
 }
 

@@ -1,26 +1,28 @@
 //! Pointers and a plan → launches: the parameter block and one launch of a group.
-use super::abi::{Params, TENSORS, THREADS, Tensor};
-use super::args::AdamWArgs;
+use super::abi::{FIRST_STEP, Params, TENSORS, THREADS, Tensor};
+use super::args::{AdamWArgs, SgdArgs};
 use crate::error::Result;
 use crate::identity::Kernel;
 use crate::launch::{Launch, arg, launch_ex};
 use crate::module::kernels;
 use cudarc::driver::{CudaStream, LaunchConfig};
 
-/// A call's parameter block without tensors; `scalars`: the device step, lr, clip (its factor
-/// at index 1), grad scale and found-inf pointers, 0 where absent.
-pub(crate) fn params(args: &AdamWArgs, step: f32, scalars: [u64; 5]) -> Params {
+/// A parameter block without tensors or hyper-parameters; `scalars`: the device step, lr,
+/// clip (its factor at index 1), grad scale and found-inf pointers, 0 where absent.
+fn base(flags: u32, lr: f64, scalars: [u64; 5]) -> Params {
     let [step_ptr, lr_ptr, clip, grad_scale_ptr, found_inf_ptr] = scalars;
     Params {
         tensors: [Tensor::default(); TENSORS],
         count: 0,
-        flags: args.flags(),
-        lr: args.lr,
-        beta1: args.beta1,
-        beta2: args.beta2,
-        eps: args.eps,
-        weight_decay: args.weight_decay,
-        step,
+        flags,
+        lr,
+        beta1: 0.0,
+        beta2: 0.0,
+        eps: 0.0,
+        weight_decay: 0.0,
+        momentum: 0.0,
+        dampening: 0.0,
+        step: 0.0,
         pad: 0,
         step_ptr,
         lr_ptr,
@@ -33,6 +35,29 @@ pub(crate) fn params(args: &AdamWArgs, step: f32, scalars: [u64; 5]) -> Params {
         max_norm: 0.0,
         pad2: 0,
         norm: 0,
+    }
+}
+
+/// An AdamW call's parameter block without tensors.
+pub(crate) fn adamw_params(args: &AdamWArgs, step: f32, scalars: [u64; 5]) -> Params {
+    Params {
+        beta1: args.beta1,
+        beta2: args.beta2,
+        eps: args.eps,
+        weight_decay: args.weight_decay,
+        step,
+        ..base(args.flags(), args.lr, scalars)
+    }
+}
+
+/// An SGD call's parameter block without tensors.
+pub(crate) fn sgd_params(args: &SgdArgs, first_step: bool, scalars: [u64; 5]) -> Params {
+    let first = if first_step { FIRST_STEP } else { 0 };
+    Params {
+        weight_decay: args.weight_decay,
+        momentum: args.momentum,
+        dampening: args.dampening,
+        ..base(args.flags() | first, args.lr, scalars)
     }
 }
 

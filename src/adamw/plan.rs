@@ -43,10 +43,11 @@ pub(crate) fn groups(lens: &[usize]) -> Result<Vec<Group>> {
     Ok(out)
 }
 
-/// The update kernel for gradients of `grad` and copies of `copy`.
-pub(crate) fn update(grad: ElemType, copy: Option<ElemType>) -> Kernel {
+/// The update kernel of `pass` (AdamW's or SGD's) for gradients of `grad` and copies of
+/// `copy`.
+pub(crate) fn update(pass: AdamWPass, grad: ElemType, copy: Option<ElemType>) -> Kernel {
     Kernel::AdamW {
-        pass: AdamWPass::Update,
+        pass,
         grad: Some(grad),
         copy,
     }
@@ -77,9 +78,11 @@ pub(crate) mod tests {
         let mut v = vec![NORM];
         for g in ElemType::ALL.iter().copied() {
             v.push(sum_squares(g));
-            v.push(update(g, None));
-            v.push(update(g, Some(ElemType::F16)));
-            v.push(update(g, Some(ElemType::Bf16)));
+            for pass in [AdamWPass::Update, AdamWPass::Sgd] {
+                v.push(update(pass, g, None));
+                v.push(update(pass, g, Some(ElemType::F16)));
+                v.push(update(pass, g, Some(ElemType::Bf16)));
+            }
         }
         v
     }
@@ -104,10 +107,17 @@ pub(crate) mod tests {
         let total: u64 = lens[64..].iter().map(|&l| (l as u64).div_ceil(4096)).sum();
         assert_eq!(g[2].blocks as u64, total);
         assert!(groups(&[]).unwrap().is_empty());
-        assert_eq!(update(ElemType::Bf16, None).name(), "adamw_step_bf16");
         assert_eq!(
-            update(ElemType::F32, Some(ElemType::Bf16)).name(),
+            update(AdamWPass::Update, ElemType::Bf16, None).name(),
+            "adamw_step_bf16"
+        );
+        assert_eq!(
+            update(AdamWPass::Update, ElemType::F32, Some(ElemType::Bf16)).name(),
             "adamw_step_f32_bf16"
+        );
+        assert_eq!(
+            update(AdamWPass::Sgd, ElemType::F16, None).name(),
+            "adamw_sgd_f16"
         );
         assert_eq!(NORM.name(), "adamw_norm");
     }

@@ -1,17 +1,18 @@
-//! AdamW and Adam on the host, PyTorch's `AdamW(fused=True)` arithmetic operation for
-//! operation (see [`crate::adamw_step`]): f32 values, promoted to f64 exactly where PyTorch's
-//! C++ promotes them (its scalars are doubles), so the kernels' results are checked bit for
-//! bit. The bias corrections take `β^t` by repeated squaring in f64, as the kernels do; PyTorch
-//! calls `pow`, which can differ in the last f64 bit, and so, rarely, in the f32 bias
-//! correction.
+//! The optimizers on the host, operation for operation as PyTorch's fused kernels compute them
+//! (see [`crate::adamw_step`], [`crate::sgd_step`]), so that the kernels' results are checked
+//! bit for bit: each operation is exact and then rounded where PyTorch's kernel rounds.
+//! Both round their hyper-parameters to f32 and compute in f32, with the `fma`s of PyTorch's
+//! kernels (its `std::fma` calls and the products nvcc contracts into sums). The bias
+//! corrections' `β^t` is the exact power rounded to f32 (by squaring in f64), which is what
+//! the f32 `pow` of PyTorch's kernel returns for these arguments.
 use super::Element;
-use crate::adamw::args::{AdamWArgs, check_step};
+use crate::adamw::args::{AdamWArgs, SgdArgs, check_step};
 use crate::error::{Result, invalid};
 
-/// `β^t` by squaring.
-fn powi(beta: f64, t: f32) -> f64 {
+/// `β^t` rounded to f32.
+fn powf(beta: f32, t: f32) -> f32 {
     let mut n = t as u64;
-    let (mut base, mut acc) = (beta, 1.0f64);
+    let (mut base, mut acc) = (beta as f64, 1.0f64);
     while n > 0 {
         if n & 1 == 1 {
             acc *= base;
@@ -19,7 +20,26 @@ fn powi(beta: f64, t: f32) -> f64 {
         base *= base;
         n >>= 1;
     }
-    acc
+    acc as f32
+}
+
+/// The gradient as both rules take it: times the clip factor in its own type.
+fn gradient<G: Element>(g: G, clip: Option<f32>) -> f32 {
+    let g = g.to_f64() as f32;
+    match clip {
+        Some(c) => G::cast((g * c) as f64).to_f64() as f32,
+        None => g,
+    }
+}
+
+/// Every buffer's length against the gradient's.
+fn check_lens(n: usize, lens: &[(&'static str, usize)]) -> Result<()> {
+    for &(name, len) in lens {
+        if len != n {
+            return Err(invalid(name, format!("length {n} (the gradient's)"), len));
+        }
+    }
+    Ok(())
 }
 
 /// One tensor's buffers for [`adamw_step`].
@@ -50,15 +70,14 @@ pub fn adamw_step<G: Element>(
     args.check()?;
     check_step(step)?;
     let n = s.grad.len();
-    for (name, len) in [
-        ("param", s.param.len()),
-        ("exp_avg", s.exp_avg.len()),
-        ("exp_avg_sq", s.exp_avg_sq.len()),
-    ] {
-        if len != n {
-            return Err(invalid(name, format!("length {n} (the gradient's)"), len));
-        }
-    }
+    check_lens(
+        n,
+        &[
+            ("param", s.param.len()),
+            ("exp_avg", s.exp_avg.len()),
+            ("exp_avg_sq", s.exp_avg_sq.len()),
+        ],
+    )?;
     if s.max_exp_avg_sq.is_some() != args.amsgrad {
         return Err(invalid(
             "max_exp_avg_sq",
@@ -66,32 +85,31 @@ pub fn adamw_step<G: Element>(
             "the opposite",
         ));
     }
-    let bc1 = (1.0 - powi(args.beta1, step)) as f32;
-    let bc2_sqrt = (1.0 - powi(args.beta2, step)).sqrt() as f32;
-    let step_size = (args.lr / bc1 as f64) as f32;
+    let (lr, b1, b2) = (args.lr as f32, args.beta1 as f32, args.beta2 as f32);
+    let (wd, eps) = (args.weight_decay as f32, args.eps as f32);
+    let bc1 = 1.0 - powf(b1, step);
+    let bc2_sqrt = (1.0 - powf(b2, step)).sqrt();
+    let step_size = lr / bc1;
     let mut vmax = s.max_exp_avg_sq;
     for j in 0..n {
-        let mut g = s.grad[j].to_f64() as f32;
-        if let Some(c) = clip {
-            g = G::cast((g * c) as f64) as f32;
-        }
+        let mut g = gradient(s.grad[j], clip);
         if let Some(scale) = grad_scale {
-            g = (g as f64 / scale as f64) as f32;
+            g /= scale;
         }
         if args.maximize {
             g = -g;
         }
         let mut th = s.param[j];
-        if args.weight_decay != 0.0 {
+        if wd != 0.0 {
             if args.decoupled {
-                th = (th as f64 - args.lr * args.weight_decay * th as f64) as f32;
+                th = (-(lr * wd)).mul_add(th, th);
             } else {
-                g = (g as f64 + th as f64 * args.weight_decay) as f32;
+                g = th.mul_add(wd, g);
             }
         }
-        let m = (args.beta1 * s.exp_avg[j] as f64 + (1.0 - args.beta1) * g as f64) as f32;
-        let v =
-            (args.beta2 * s.exp_avg_sq[j] as f64 + (1.0 - args.beta2) * g as f64 * g as f64) as f32;
+        let m = b1.mul_add(s.exp_avg[j], (-b1).mul_add(g, g));
+        let g2 = g * g;
+        let v = b2.mul_add(s.exp_avg_sq[j], (-b2).mul_add(g2, g2));
         let second = match vmax.as_mut() {
             Some(mx) => {
                 mx[j] = mx[j].max(v);
@@ -99,11 +117,80 @@ pub fn adamw_step<G: Element>(
             }
             None => v,
         };
-        let denom = ((second.sqrt() / bc2_sqrt) as f64 + args.eps) as f32;
+        let denom = second.sqrt() / bc2_sqrt + eps;
         th -= step_size * m / denom;
         s.exp_avg[j] = m;
         s.exp_avg_sq[j] = v;
         s.param[j] = th;
+    }
+    Ok(())
+}
+
+/// One tensor's buffers for [`sgd_step`].
+pub struct SgdState<'a, G> {
+    /// θ.
+    pub param: &'a mut [f32],
+    /// The gradient.
+    pub grad: &'a [G],
+    /// The momentum buffer (exactly with momentum).
+    pub momentum_buffer: Option<&'a mut [f32]>,
+}
+
+/// One SGD step on one tensor: `clip` the clip factor, `grad_scale` PyTorch's gradient scale.
+///
+/// # Errors
+/// As [`crate::sgd_step`] for the arguments and lengths.
+pub fn sgd_step<G: Element>(
+    args: &SgdArgs,
+    first_step: bool,
+    clip: Option<f32>,
+    grad_scale: Option<f32>,
+    s: SgdState<'_, G>,
+) -> Result<()> {
+    args.check()?;
+    let n = s.grad.len();
+    check_lens(n, &[("param", s.param.len())])?;
+    if let Some(b) = &s.momentum_buffer {
+        check_lens(n, &[("momentum_buffer", b.len())])?;
+    }
+    if s.momentum_buffer.is_some() != (args.momentum != 0.0) {
+        return Err(invalid(
+            "momentum_buffer",
+            "a buffer exactly with momentum",
+            "the opposite",
+        ));
+    }
+    let (lr, wd, mom) = (
+        args.lr as f32,
+        args.weight_decay as f32,
+        args.momentum as f32,
+    );
+    let undamped = 1.0 - args.dampening as f32;
+    let step = if args.maximize { lr } else { -lr };
+    let mut buf = s.momentum_buffer;
+    for j in 0..n {
+        let mut g = gradient(s.grad[j], clip);
+        if let Some(scale) = grad_scale {
+            g /= scale;
+        }
+        let th = s.param[j];
+        if wd != 0.0 {
+            g = wd.mul_add(th, g);
+        }
+        if let Some(b) = buf.as_mut() {
+            let bj = if first_step {
+                g
+            } else {
+                mom.mul_add(b[j], undamped * g)
+            };
+            b[j] = bj;
+            g = if args.nesterov {
+                mom.mul_add(bj, g)
+            } else {
+                bj
+            };
+        }
+        s.param[j] = step.mul_add(g, th);
     }
     Ok(())
 }
@@ -140,7 +227,47 @@ mod tests {
         adamw_step(&args, 1.0, None, None, s).unwrap();
         let want = (1.0 - 1e-5) - 0.01 * 0.05 / (0.5 + 1e-8);
         assert!((p[0] as f64 - want).abs() < 2e-7, "{} vs {want}", p[0]);
-        assert_eq!((m[0], v[0]), (0.05f32, (0.001f64 * 0.25) as f32));
+        // m = g − β1·g and v = g² − β2·g² with β1, β2 rounded to f32, each in one rounding.
+        let (b1, b2) = (0.9f32 as f64, 0.999f32 as f64);
+        assert_eq!(m[0], (0.5 - b1 * 0.5) as f32);
+        assert_eq!(v[0], (0.25 - b2 * 0.25) as f32);
+        assert_ne!(m[0], 0.05f32, "β1 rounds to f32 before 1 − β1");
+    }
+
+    /// SGD with Nesterov momentum over three steps against the rule in f64 (PyTorch rounds
+    /// θ, g and the buffer to f32 at each step; the f64 rule here is within that rounding).
+    #[test]
+    fn sgd_with_nesterov_momentum_tracks_the_rule() {
+        let args = SgdArgs::new(0.1)
+            .with_momentum(0.9)
+            .with_nesterov(true)
+            .with_weight_decay(0.01);
+        let (mut p, mut b) = ([1.0f32, -2.0], [0f32; 2]);
+        let (mut pe, mut be) = ([1.0f64, -2.0], [0f64; 2]);
+        for t in 0..3 {
+            let g = [0.5f32 - t as f32, 0.25];
+            let s = SgdState {
+                param: &mut p,
+                grad: &g,
+                momentum_buffer: Some(&mut b),
+            };
+            sgd_step(&args, t == 0, None, None, s).unwrap();
+            for j in 0..2 {
+                let gj = g[j] as f64 + 0.01 * pe[j];
+                be[j] = if t == 0 { gj } else { 0.9 * be[j] + gj };
+                pe[j] -= 0.1 * (gj + 0.9 * be[j]);
+            }
+        }
+        for j in 0..2 {
+            assert!((p[j] as f64 - pe[j]).abs() < 1e-6, "{} vs {}", p[j], pe[j]);
+            assert!((b[j] as f64 - be[j]).abs() < 1e-6, "{} vs {}", b[j], be[j]);
+        }
+        let bad = SgdState {
+            param: &mut p,
+            grad: &[0.0f32; 2],
+            momentum_buffer: None,
+        };
+        assert!(sgd_step(&args, false, None, None, bad).is_err());
     }
 
     /// Many steps of the f32 emulation stay within f32 rounding of the same rule in f64.
