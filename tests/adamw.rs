@@ -1,17 +1,22 @@
-//! AdamW on the GPU against the reference (`liger_rs::reference::adamw`), bit for bit: the
-//! reference reproduces the kernels' arithmetic (PyTorch's fused operation order, f64 where
-//! its C++ promotes), so every θ, m, v, amsgrad maximum and copy must have
-//! the same bits after several steps. Tensors of odd lengths (1, 3, 4097, 100003) and more
-//! than one launch's worth (40 tensors), every gradient type and copy type, amsgrad, maximize,
-//! Adam's L2 decay, clipping by the global norm, a gradient scale, found-inf skipping, the
-//! step and the learning rate on the device, determinism, and rejected calls writing nothing.
+//! The optimizers on the GPU against the reference (`liger_rs::reference::adamw`), bit for
+//! bit: the reference reproduces the kernels' arithmetic (PyTorch's fused operation order and
+//! rounding points), so every θ, m, v, amsgrad maximum, momentum buffer and copy must have the
+//! same bits after several steps. Tensors of odd lengths (1, 3, 4097, 100003), more than one
+//! launch's worth (40 tensors) and one of 2³² + 3 elements, every gradient type and copy type,
+//! amsgrad, maximize, Adam's L2 decay, SGD with and without (Nesterov) momentum, clipping by
+//! the global norm, a gradient scale, found-inf skipping, the step and the learning rate on
+//! the device, determinism, two host threads on two streams at once, and rejected calls
+//! writing nothing.
 mod common;
 
-use common::{Failures, Rng, download, gpu, upload};
+use common::{Failures, Rng, download, gpu, gpu_for_huge, upload};
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
-use liger_rs::reference::adamw::{self as reference, AdamWState};
-use liger_rs::{AdamWArgs, AdamWTensor, Dtype, StepScalars, adamw_step, adamw_step_with_copies};
+use liger_rs::reference::adamw::{self as reference, AdamWState, SgdState};
+use liger_rs::{
+    AdamWArgs, AdamWTensor, Dtype, SgdArgs, SgdTensor, StepScalars, adamw_step,
+    adamw_step_with_copies, sgd_step, sgd_step_with_copies,
+};
 use std::sync::Arc;
 
 /// One tensor on the host and on the device.
@@ -227,7 +232,8 @@ fn copies_clipping_and_found_inf() {
     );
 }
 
-/// A rejected call launches nothing: a moment one element short.
+/// A rejected call launches nothing: a moment one element short, SGD momentum without its
+/// buffer.
 #[test]
 fn a_rejected_call_writes_nothing() {
     let Some(stream) = gpu("a_rejected_call_writes_nothing") else {
@@ -249,5 +255,276 @@ fn a_rejected_call_writes_nothing() {
         let r = adamw_step(&stream, &args, 1.0, &StepScalars::default(), &mut tensors);
         common::expect_invalid(r, "exp_avg_sq", "length 8");
     }
+    {
+        let mut tensors = [SgdTensor {
+            param: &mut p,
+            grad: &g,
+            momentum_buffer: None,
+        }];
+        let args = SgdArgs::new(0.1).with_momentum(0.9);
+        let r = sgd_step(&stream, &args, true, &StepScalars::default(), &mut tensors);
+        common::expect_invalid(r, "momentum_buffer", "momentum is not 0");
+    }
     assert!(download(&stream, &p).iter().all(|&x| x == 1.0));
+}
+
+/// SGD steps 1..=3 on every tensor (the first starts the buffers), checked like [`run`];
+/// with `copies`, the f16 copies are the updated θ rounded once.
+fn run_sgd<G: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &SgdArgs,
+    lens: &[usize],
+    grad_scale: Option<f32>,
+    seed: u64,
+) {
+    let case = format!(
+        "{} {args:?} lens {lens:?} scale {grad_scale:?} seed {seed}",
+        G::NAME
+    );
+    let mut rng = Rng::new(seed);
+    let mut states: Vec<State<G>> = lens.iter().map(|&n| state(stream, &mut rng, n)).collect();
+    let mut copies: Vec<CudaSlice<f16>> = lens
+        .iter()
+        .map(|&n| stream.alloc_zeros(n).expect("alloc"))
+        .collect();
+    let scale_dev = grad_scale.map(|s| upload(stream, &[s]));
+    let momentum = args.momentum != 0.0;
+    for step in 1..=3 {
+        for s in states.iter_mut() {
+            s.grad = rng.vec(s.grad.len(), 0.0, 0.1);
+            s.dgrad = upload(stream, &s.grad);
+        }
+        let mut tensors: Vec<SgdTensor<'_, G>> = states
+            .iter_mut()
+            .map(|s| {
+                let [p, b, _, _] = &mut s.dev;
+                SgdTensor {
+                    param: p,
+                    grad: &s.dgrad,
+                    momentum_buffer: momentum.then_some(b as &mut dyn DevicePtrMut<f32>),
+                }
+            })
+            .collect();
+        let scalars = StepScalars {
+            grad_scale: scale_dev.as_ref().map(|s| s as &dyn DevicePtr<f32>),
+            ..Default::default()
+        };
+        let mut c: Vec<&mut dyn DevicePtrMut<f16>> = copies.iter_mut().map(|c| c as _).collect();
+        sgd_step_with_copies(stream, args, step == 1, &scalars, &mut tensors, &mut c)
+            .expect("step");
+        for s in states.iter_mut() {
+            let [p, b, _, _] = &mut s.host;
+            let st = SgdState {
+                param: p,
+                grad: &s.grad,
+                momentum_buffer: momentum.then_some(&mut b[..]),
+            };
+            reference::sgd_step(args, step == 1, None, grad_scale, st).expect("reference");
+        }
+    }
+    for (i, s) in states.iter().enumerate() {
+        let case = format!("tensor {i}, {case}");
+        same_bits("param", &case, &download(stream, &s.dev[0]), &s.host[0]);
+        if momentum {
+            same_bits(
+                "momentum_buffer",
+                &case,
+                &download(stream, &s.dev[1]),
+                &s.host[1],
+            );
+        }
+        let c = download(stream, &copies[i]);
+        let rounded: Vec<f32> = s.host[0]
+            .iter()
+            .map(|&p| f16::from_f32(p).to_f32())
+            .collect();
+        let c: Vec<f32> = c.iter().map(|c| c.to_f32()).collect();
+        same_bits("copy", &case, &c, &rounded);
+    }
+}
+
+fn sgd_sweep<G: Dtype>(test: &str, seed: u64) {
+    let Some(stream) = gpu(test) else { return };
+    let mut failures = Failures::new(test);
+    let odd = [1, 3, 4097, 100_003];
+    let sets = [
+        SgdArgs::new(0.1),
+        SgdArgs::new(0.05)
+            .with_momentum(0.9)
+            .with_dampening(0.1)
+            .with_weight_decay(1e-4),
+        SgdArgs::new(0.01)
+            .with_momentum(0.95)
+            .with_nesterov(true)
+            .with_weight_decay(0.01),
+        SgdArgs::new(0.1).with_momentum(0.5).with_maximize(true),
+    ];
+    for (i, args) in sets.iter().enumerate() {
+        failures.run(|| run_sgd::<G>(&stream, args, &odd, None, seed + i as u64));
+    }
+    let many: Vec<usize> = (0..40).map(|i| 1 + i * 37).collect();
+    failures.run(|| run_sgd::<G>(&stream, &sets[2], &many, None, seed + 10));
+    failures.run(|| run_sgd::<G>(&stream, &sets[1], &odd, Some(512.0), seed + 11));
+    failures.finish();
+}
+
+#[test]
+fn sgd_matches_the_reference_bit_for_bit_f32() {
+    sgd_sweep::<f32>("sgd_matches_the_reference_bit_for_bit_f32", 300);
+}
+
+#[test]
+fn sgd_matches_the_reference_bit_for_bit_bf16() {
+    sgd_sweep::<bf16>("sgd_matches_the_reference_bit_for_bit_bf16", 400);
+}
+
+/// The step and the learning rate read from the device give the host values' bits; the
+/// global norm is the same bits twice over 40 tensors (a fixed reduction order).
+#[test]
+fn device_scalars_and_a_deterministic_norm() {
+    let Some(stream) = gpu("device_scalars_and_a_deterministic_norm") else {
+        return;
+    };
+    let lens: Vec<usize> = (0..40).map(|i| 1 + i * 997).collect();
+    let lr = 3e-3f32;
+    let args = AdamWArgs::new(lr as f64).with_weight_decay(0.1);
+    let mut rng = Rng::new(21);
+    let mut a: Vec<State<f32>> = lens.iter().map(|&n| state(&stream, &mut rng, n)).collect();
+    let mut b: Vec<State<f32>> = a
+        .iter()
+        .map(|s| State {
+            host: s.host.clone(),
+            grad: s.grad.clone(),
+            dev: s.host.clone().map(|h| upload(&stream, &h)),
+            dgrad: upload(&stream, &s.grad),
+        })
+        .collect();
+    let (step_dev, lr_dev) = (upload(&stream, &[4.0f32]), upload(&stream, &[lr]));
+    fn tensors(v: &mut [State<f32>]) -> Vec<AdamWTensor<'_, f32>> {
+        v.iter_mut()
+            .map(|s| {
+                let [p, m, v, _] = &mut s.dev;
+                AdamWTensor {
+                    param: p,
+                    grad: &s.dgrad,
+                    exp_avg: m,
+                    exp_avg_sq: v,
+                    max_exp_avg_sq: None,
+                }
+            })
+            .collect()
+    }
+    adamw_step(
+        &stream,
+        &args,
+        4.0,
+        &StepScalars::default(),
+        &mut tensors(&mut a),
+    )
+    .expect("host scalars");
+    let scalars = StepScalars {
+        step: Some(&step_dev),
+        lr: Some(&lr_dev),
+        ..Default::default()
+    };
+    let other = AdamWArgs::new(1.0).with_weight_decay(0.1);
+    adamw_step(&stream, &other, 1.0, &scalars, &mut tensors(&mut b)).expect("device scalars");
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        same_bits(
+            "param",
+            &format!("tensor {i}"),
+            &download(&stream, &x.dev[0]),
+            &download(&stream, &y.dev[0]),
+        );
+    }
+    let grads: Vec<&dyn DevicePtr<f32>> = a.iter().map(|s| &s.dgrad as _).collect();
+    let mut n1 = stream.alloc_zeros::<f32>(2).expect("alloc");
+    let mut n2 = stream.alloc_zeros::<f32>(2).expect("alloc");
+    liger_rs::clip_grad_norm(&stream, &grads, 1.0, &mut n1).expect("norm");
+    liger_rs::clip_grad_norm(&stream, &grads, 1.0, &mut n2).expect("norm");
+    same_bits(
+        "norm",
+        "twice",
+        &download(&stream, &n1),
+        &download(&stream, &n2),
+    );
+    let host: Vec<&[f32]> = a.iter().map(|s| &s.grad[..]).collect();
+    let (want, _) = reference::clip_grad_norm(&host, 1.0);
+    let got = download(&stream, &n1)[0] as f64;
+    assert!((got - want).abs() <= 1e-5 * want, "{got} vs {want}");
+}
+
+/// Two host threads, each on its own stream, step their own tensors at once; each matches
+/// the reference.
+#[test]
+fn two_threads_on_two_streams() {
+    let Some(stream) = gpu("two_threads_on_two_streams") else {
+        return;
+    };
+    let ctx = stream.context().clone();
+    std::thread::scope(|scope| {
+        for t in 0..2u64 {
+            let ctx = ctx.clone();
+            scope.spawn(move || {
+                let s = ctx.new_stream().expect("stream");
+                let args = AdamWArgs::new(1e-3).with_amsgrad(t == 1);
+                run::<bf16>(&s, &args, &[100_003, 4097, 5], None, 500 + t);
+            });
+        }
+    });
+}
+
+/// One tensor of 2³² + 3 elements (bf16 gradients): the elements around 2³¹ and 2³² and at
+/// the end match the reference, so no offset is truncated to 32 bits.
+#[test]
+fn a_tensor_over_2_32_elements() {
+    let Some(stream) = gpu_for_huge("a_tensor_over_2_32_elements") else {
+        return;
+    };
+    let n = (1usize << 32) + 3;
+    let windows = [
+        0..4096,
+        (1 << 31) - 2048..(1 << 31) + 2048,
+        (1 << 32) - 4093..n,
+    ];
+    let mut rng = Rng::new(77);
+    let z = || stream.alloc_zeros::<f32>(n).expect("alloc");
+    let (mut p, mut m, mut v) = (z(), z(), z());
+    let mut g = stream.alloc_zeros::<bf16>(n).expect("alloc");
+    let mut host = Vec::new();
+    for w in &windows {
+        let hp: Vec<f32> = rng.vec(w.len(), 0.0, 1.0);
+        let hg: Vec<bf16> = rng.vec(w.len(), 0.0, 0.1);
+        stream
+            .memcpy_htod(&hp, &mut p.slice_mut(w.clone()))
+            .expect("up");
+        stream
+            .memcpy_htod(&hg, &mut g.slice_mut(w.clone()))
+            .expect("up");
+        host.push((hp, hg));
+    }
+    let args = AdamWArgs::new(1e-3);
+    let mut tensors = [AdamWTensor {
+        param: &mut p,
+        grad: &g,
+        exp_avg: &mut m,
+        exp_avg_sq: &mut v,
+        max_exp_avg_sq: None,
+    }];
+    adamw_step(&stream, &args, 1.0, &StepScalars::default(), &mut tensors).expect("step");
+    for (w, (mut hp, hg)) in windows.iter().zip(host) {
+        let (mut hm, mut hv) = (vec![0f32; w.len()], vec![0f32; w.len()]);
+        let st = AdamWState {
+            param: &mut hp,
+            grad: &hg,
+            exp_avg: &mut hm,
+            exp_avg_sq: &mut hv,
+            max_exp_avg_sq: None,
+        };
+        reference::adamw_step(&args, 1.0, None, None, st).expect("reference");
+        let got = stream.clone_dtoh(&p.slice(w.clone())).expect("down");
+        same_bits("param", &format!("window {w:?}"), &got, &hp);
+        let got = stream.clone_dtoh(&v.slice(w.clone())).expect("down");
+        same_bits("exp_avg_sq", &format!("window {w:?}"), &got, &hv);
+    }
 }
