@@ -1,25 +1,84 @@
 //! candle-nn's `AdamW` optimizer on this crate's fused update: [`AdamW`] implements
 //! `candle_nn::Optimizer` with candle-nn's `ParamsAdamW`, so the port is the `use` line.
 //!
-//! Each step updates every variable with a gradient in place (candle's `inplace_op2`, one
-//! launch per variable: θ, m, v read and written once, PyTorch's fused AdamW arithmetic);
-//! the moments live in the optimizer as device buffers. Variables are f32 (the master
-//! weights); CPU variables run the reference.
-use super::crate_err;
-use crate::reference::adamw::AdamWState;
-use crate::{AdamWArgs, AdamWTensor, StepScalars};
+//! A step on CUDA is one multi-tensor launch per 32 variables (PyTorch's
+//! `AdamW(fused=True)` arithmetic): every variable's storage is write-locked through candle's
+//! own in-place-op locks, held together for the launch, and θ, m, v are read and written once.
+//! [`AdamW::new_mixed`] keeps f32 masters and hands the model f16/bf16 copies, which the same
+//! launch rewrites; [`AdamW::clip_grad_norm`] clips the next step by the global norm. CPU
+//! variables run the reference.
+use super::{crate_err, cuda, view};
+use crate::reference::adamw::{self as reference, AdamWState};
+use crate::{AdamWArgs, AdamWTensor, Dtype, StepScalars};
 use candle_core::backprop::GradStore;
-use candle_core::{CpuStorage, CudaStorage, DType, InplaceOp2, Layout, Result, Storage, Var};
+use candle_core::cuda_backend::CudaDType;
+use candle_core::{
+    CpuStorage, CudaStorage, DType, Device, InplaceOp1, Layout, Result, Storage, Tensor, Var,
+};
 use candle_nn::ParamsAdamW;
-use cudarc::driver::CudaSlice;
-use std::sync::Mutex;
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
+use half::{bf16, f16};
+use std::cell::RefCell;
 
 const OP: &str = "liger-adamw";
+
+fn msg(text: String) -> candle_core::Error {
+    candle_core::Error::Msg(format!("{OP}: {text}"))
+}
 
 /// A variable's moments.
 enum Moments {
     Cuda(CudaSlice<f32>, CudaSlice<f32>),
     Cpu(Vec<f32>, Vec<f32>),
+}
+
+/// One optimized variable: its f32 master, the low-precision copy the model uses (mixed
+/// precision), its moments.
+struct Entry {
+    master: Var,
+    copy: Option<Var>,
+    moments: Moments,
+}
+
+impl Entry {
+    fn new(master: Var, copy: Option<Var>) -> Result<Self> {
+        if master.dtype() != DType::F32 {
+            return Err(msg(format!(
+                "variables are f32 master weights, got {:?}",
+                master.dtype()
+            )));
+        }
+        let n = master.elem_count();
+        let moments = match &*master.storage_and_layout().0 {
+            Storage::Cuda(s) => {
+                let stream = s.device.cuda_stream();
+                let z = || {
+                    stream
+                        .alloc_zeros::<f32>(n.max(1))
+                        .map_err(|e| crate_err(e.into()))
+                };
+                Moments::Cuda(z()?, z()?)
+            }
+            Storage::Cpu(_) => Moments::Cpu(vec![0.0; n], vec![0.0; n]),
+            Storage::Metal(_) => return Err(msg("no Metal".into())),
+        };
+        Ok(Entry {
+            master,
+            copy,
+            moments,
+        })
+    }
+
+    /// The variable the model uses, whose gradient the step takes.
+    fn used(&self) -> &Var {
+        self.copy.as_ref().unwrap_or(&self.master)
+    }
+}
+
+/// The clip factor the next step applies: `[norm, factor]` on the device, or the factor.
+enum Clip {
+    Cuda(Tensor),
+    Cpu(f32),
 }
 
 /// candle-nn's `AdamW` (the same `ParamsAdamW`, learning-rate accessors and `step`) on the
@@ -31,14 +90,18 @@ enum Moments {
 /// let w = Var::new(&[1f32, -2.0, 3.0], &Device::Cpu)?;
 /// let mut opt = AdamW::new(vec![w.clone()], ParamsAdamW { lr: 0.1, ..Default::default() })?;
 /// let loss = w.as_tensor().sqr()?.sum_all()?;
-/// opt.backward_step(&loss)?;
+/// let grads = loss.backward()?;
+/// let norm = opt.clip_grad_norm(&grads, 1.0)?; // √(4 + 16 + 36), clipped to 1 in the step
+/// assert!((norm.to_scalar::<f32>()? - 56f32.sqrt()).abs() < 1e-5);
+/// opt.step(&grads)?;
 /// assert!(w.as_tensor().to_vec1::<f32>()?[0] < 1.0);
 /// # Ok::<(), candle_core::Error>(())
 /// ```
 pub struct AdamW {
-    vars: Vec<(Var, Moments)>,
+    entries: Vec<Entry>,
     params: ParamsAdamW,
     step: usize,
+    clip: Option<Clip>,
 }
 
 impl AdamW {
@@ -48,88 +111,396 @@ impl AdamW {
             .with_eps(self.params.eps)
             .with_weight_decay(self.params.weight_decay)
     }
+
+    /// Mixed precision: f32 master weights in, their `dtype` (f16 or bf16) copies out for
+    /// the model to use. The gradients are taken from the copies; each step updates the
+    /// masters and rewrites the copies (the updated masters rounded once) in the same launch.
+    ///
+    /// ```
+    /// use candle_core::{DType, Device, Var};
+    /// use liger_rs::candle::nn::{AdamW, Optimizer, ParamsAdamW};
+    /// let master = Var::new(&[1f32, -2.0], &Device::Cpu)?;
+    /// let (mut opt, copies) = AdamW::new_mixed(vec![master.clone()], ParamsAdamW::default(), DType::BF16)?;
+    /// let loss = copies[0].as_tensor().to_dtype(DType::F32)?.sqr()?.sum_all()?;
+    /// opt.backward_step(&loss)?;
+    /// let (m, c) = (master.as_tensor().to_vec1::<f32>()?, copies[0].as_tensor().to_vec1::<half::bf16>()?);
+    /// assert_eq!(c[0], half::bf16::from_f32(m[0]));
+    /// # Ok::<(), candle_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// A master that is not f32, a `dtype` other than f16 or bf16.
+    pub fn new_mixed(
+        masters: Vec<Var>,
+        params: ParamsAdamW,
+        dtype: DType,
+    ) -> Result<(Self, Vec<Var>)> {
+        if !matches!(dtype, DType::F16 | DType::BF16) {
+            return Err(msg(format!("copies are f16 or bf16, got {dtype:?}")));
+        }
+        let mut entries = Vec::with_capacity(masters.len());
+        let mut copies = Vec::with_capacity(masters.len());
+        for master in masters {
+            let copy = Var::from_tensor(&master.as_tensor().to_dtype(dtype)?)?;
+            copies.push(copy.clone());
+            entries.push(Entry::new(master, Some(copy))?);
+        }
+        let opt = AdamW {
+            entries,
+            params,
+            step: 0,
+            clip: None,
+        };
+        Ok((opt, copies))
+    }
+
+    /// The variables with a gradient in `grads` (and elements), with that gradient.
+    fn with_grads(&self, grads: &GradStore) -> Result<Vec<(usize, Tensor)>> {
+        let mut out = Vec::new();
+        for (i, e) in self.entries.iter().enumerate() {
+            if e.master.elem_count() == 0 {
+                continue;
+            }
+            if let Some(g) = grads.get(e.used()) {
+                out.push((i, g.contiguous()?));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The global L2 norm of the gradients in `grads` (PyTorch's `clip_grad_norm_`), returned
+    /// as a scalar f32 tensor on the variables' device without a host synchronisation; the
+    /// next [`step`](candle_nn::Optimizer::step) scales every gradient by
+    /// `min(1, max_norm / (norm + 1e-6))` inside its update (no extra pass).
+    ///
+    /// # Errors
+    /// `max_norm` not > 0; gradients of another device.
+    pub fn clip_grad_norm(&mut self, grads: &GradStore, max_norm: f64) -> Result<Tensor> {
+        if max_norm.is_nan() || max_norm <= 0.0 {
+            let e = crate::error::invalid("max_norm", "a value > 0", max_norm);
+            return Err(crate_err(e));
+        }
+        let list = self.with_grads(grads)?;
+        let device = match self.entries.first() {
+            Some(e) => e.master.device().clone(),
+            None => Device::Cpu,
+        };
+        if list.is_empty() {
+            self.clip = None;
+            return Tensor::zeros((), DType::F32, &device);
+        }
+        let dtype = list[0].1.dtype();
+        if let Device::Cuda(dev) = &device {
+            let guards: Vec<_> = list.iter().map(|(_, g)| g.storage_and_layout()).collect();
+            let mut out = dev
+                .cuda_stream()
+                .alloc_zeros::<f32>(2)
+                .map_err(|e| crate_err(e.into()))?;
+            match dtype {
+                DType::F32 => norm_into::<f32>(&guards, max_norm, &mut out)?,
+                DType::F16 => norm_into::<f16>(&guards, max_norm, &mut out)?,
+                DType::BF16 => norm_into::<bf16>(&guards, max_norm, &mut out)?,
+                other => return Err(msg(format!("gradients of {other:?}"))),
+            }
+            let both = super::tensor(super::wrap(out, dev), 2);
+            let norm = both.narrow(0, 0, 1)?.reshape(())?;
+            self.clip = Some(Clip::Cuda(both));
+            return Ok(norm);
+        }
+        let host: Vec<Vec<f32>> = list
+            .iter()
+            .map(|(_, g)| g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>())
+            .collect::<Result<_>>()?;
+        let slices: Vec<&[f32]> = host.iter().map(|h| &h[..]).collect();
+        let (norm, factor) = reference::clip_grad_norm(&slices, max_norm as f32);
+        self.clip = Some(Clip::Cpu(factor));
+        Tensor::new(norm as f32, &Device::Cpu)
+    }
+
+    /// The CPU step: the reference on each variable, then the copies.
+    fn step_cpu(&mut self, list: &[(usize, Tensor)], clip: Option<f32>) -> Result<()> {
+        let (args, step) = (self.args(), self.step as f32);
+        for (i, g) in list {
+            let e = &mut self.entries[*i];
+            let grad = g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            let Moments::Cpu(m, v) = &mut e.moments else {
+                return Err(msg("moments on another device".into()));
+            };
+            let op = HostUpdate {
+                args,
+                step,
+                clip,
+                grad,
+                moments: RefCell::new((m, v)),
+            };
+            e.master.as_tensor().inplace_op1(&op)?;
+            if let Some(c) = &e.copy {
+                c.set(&e.master.as_tensor().to_dtype(c.dtype())?)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The CUDA step: every variable write-locked at once, then the fused launches.
+    fn step_cuda(&mut self, list: &[(usize, Tensor)], clip: Option<&Tensor>) -> Result<()> {
+        let mut targets: Vec<Tensor> = list
+            .iter()
+            .map(|(i, _)| self.entries[*i].master.as_tensor().clone())
+            .collect();
+        let copy_dtype = self.entries[list[0].0].copy.as_ref().map(|c| c.dtype());
+        if copy_dtype.is_some() {
+            targets.extend(list.iter().filter_map(|(i, _)| {
+                self.entries[*i]
+                    .copy
+                    .as_ref()
+                    .map(|c| c.as_tensor().clone())
+            }));
+        }
+        let reads: Vec<&Tensor> = list.iter().map(|(_, g)| g).chain(clip).collect();
+        distinct(&targets, &reads)?;
+        let grad_dtype = list[0].1.dtype();
+        let guards: Vec<_> = list.iter().map(|(_, g)| g.storage_and_layout()).collect();
+        let clip_guard = clip.map(|c| c.storage_and_layout());
+        let layouts: Vec<Layout> = targets.iter().map(|t| t.layout().clone()).collect();
+        let (args, step) = (self.args(), self.step as f32);
+        let mut moments: Vec<&mut Moments> = Vec::with_capacity(list.len());
+        let mut wanted = list.iter().map(|(i, _)| *i).peekable();
+        for (i, e) in self.entries.iter_mut().enumerate() {
+            if wanted.peek() == Some(&i) {
+                wanted.next();
+                moments.push(&mut e.moments);
+            }
+        }
+        let fused = Fused {
+            args,
+            step,
+            grads: &guards,
+            clip: clip_guard.as_ref(),
+            layouts: &layouts,
+        };
+        let mut launch = |storages: &mut [&mut CudaStorage]| -> Result<()> {
+            match (grad_dtype, copy_dtype) {
+                (DType::F32, None) => fused.run::<f32, bf16>(storages, &mut moments, false),
+                (DType::F16, Some(DType::F16)) => {
+                    fused.run::<f16, f16>(storages, &mut moments, true)
+                }
+                (DType::BF16, Some(DType::BF16)) => {
+                    fused.run::<bf16, bf16>(storages, &mut moments, true)
+                }
+                (g, c) => Err(msg(format!("gradients of {g:?} for copies of {c:?}"))),
+            }
+        };
+        with_written(&targets, &mut launch)
+    }
 }
 
-/// One variable's update, in place.
-struct Update<'a> {
-    args: AdamWArgs,
-    step: f32,
-    moments: Mutex<&'a mut Moments>,
+/// The global norm of the gradients under `guards` into `out` (`[norm, factor]`).
+fn norm_into<G: Dtype + CudaDType>(
+    guards: &[(candle_core::StorageRef<'_>, &Layout)],
+    max_norm: f64,
+    out: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let views: Vec<CudaView<'_, G>> = guards
+        .iter()
+        .map(|(s, l)| view::<G>(cuda(s, OP, "grad")?, l, OP))
+        .collect::<Result<_>>()?;
+    let grads: Vec<&dyn DevicePtr<G>> = views.iter().map(|v| v as _).collect();
+    let stream = out.stream().clone();
+    crate::clip_grad_norm(&stream, &grads, max_norm as f32, out).map_err(crate_err)
 }
 
-impl InplaceOp2 for Update<'_> {
+/// Every written storage distinct from every other storage of the step (a repeated one would
+/// deadlock on its own lock, a read one would race).
+fn distinct(written: &[Tensor], read: &[&Tensor]) -> Result<()> {
+    let key = |t: &Tensor| &*t.storage_and_layout().0 as *const Storage as usize;
+    let w: Vec<usize> = written.iter().map(key).collect();
+    let r: Vec<usize> = read.iter().map(|t| key(t)).collect();
+    for (i, a) in w.iter().enumerate() {
+        if w[..i].contains(a) || r.contains(a) {
+            return Err(msg(
+                "a variable shares its storage with another variable or a gradient".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Runs `f` over the CUDA storages of `targets` (in that order), all write-locked at once
+/// through candle's `inplace_op1`, nested; the locks are taken in storage order, as candle's
+/// in-place ops take theirs, so that concurrent in-place ops cannot deadlock against a step.
+fn with_written(
+    targets: &[Tensor],
+    f: &mut dyn FnMut(&mut [&mut CudaStorage]) -> Result<()>,
+) -> Result<()> {
+    let key = |t: &Tensor| &*t.storage_and_layout().0 as *const Storage as usize;
+    let mut order: Vec<usize> = (0..targets.len()).collect();
+    order.sort_by_key(|&i| key(&targets[i]));
+    let sorted: Vec<&Tensor> = order.iter().map(|&i| &targets[i]).collect();
+    let held = RefCell::new(Vec::with_capacity(targets.len()));
+    let mut unsort = |locked: &mut [&mut CudaStorage]| -> Result<()> {
+        let mut slots: Vec<Option<&mut CudaStorage>> = (0..locked.len()).map(|_| None).collect();
+        for (k, s) in locked.iter_mut().enumerate() {
+            slots[order[k]] = Some(&mut **s);
+        }
+        let mut in_order: Vec<&mut CudaStorage> = slots.into_iter().flatten().collect();
+        f(&mut in_order)
+    };
+    let body = RefCell::new(&mut unsort as &mut dyn FnMut(&mut [&mut CudaStorage]) -> Result<()>);
+    match sorted.split_first() {
+        Some((first, rest)) => first.inplace_op1(&Nest {
+            rest,
+            held: &held,
+            body: &body,
+        }),
+        None => Ok(()),
+    }
+}
+
+type Body<'f> = RefCell<&'f mut dyn FnMut(&mut [&mut CudaStorage]) -> Result<()>>;
+
+/// One level of [`with_written`]: records its storage and locks the next, or runs the body.
+struct Nest<'a, 'f> {
+    rest: &'a [&'a Tensor],
+    held: &'a RefCell<Vec<*mut CudaStorage>>,
+    body: &'a Body<'f>,
+}
+
+impl InplaceOp1 for Nest<'_, '_> {
     fn name(&self) -> &'static str {
         OP
     }
 
-    fn cpu_fwd(
-        &self,
-        s1: &mut CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<()> {
-        let mut moments = self.moments.lock().unwrap_or_else(|p| p.into_inner());
-        let Moments::Cpu(m, v) = &mut **moments else {
-            return Err(candle_core::Error::Msg(format!(
-                "{OP}: moments on another device"
-            )));
-        };
-        let (CpuStorage::F32(p), CpuStorage::F32(g)) = (s1, s2) else {
-            return Err(candle_core::Error::Msg(format!(
-                "{OP}: variables must be f32"
-            )));
-        };
-        let (Some((a, b)), Some((c, d))) = (l1.contiguous_offsets(), l2.contiguous_offsets())
-        else {
-            return Err(candle_core::Error::RequiresContiguous { op: OP });
-        };
-        let state = AdamWState {
-            param: &mut p[a..b],
-            grad: &g[c..d],
-            exp_avg: m,
-            exp_avg_sq: v,
-            max_exp_avg_sq: None,
-        };
-        crate::reference::adamw::adamw_step(&self.args, self.step, None, None, state)
-            .map_err(crate_err)
+    fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout) -> Result<()> {
+        Err(msg("variables on the CPU and on CUDA in one step".into()))
     }
 
-    fn cuda_fwd(
+    fn cuda_fwd(&self, storage: &mut CudaStorage, _: &Layout) -> Result<()> {
+        self.held.borrow_mut().push(storage as *mut CudaStorage);
+        if let Some((next, rest)) = self.rest.split_first() {
+            return next.inplace_op1(&Nest {
+                rest,
+                held: self.held,
+                body: self.body,
+            });
+        }
+        let held = self.held.borrow();
+        // SAFETY: each pointer is the storage behind a write guard that an enclosing
+        // `inplace_op1` frame holds until this call returns, and the storages are distinct
+        // (`distinct`), so these mutable references neither dangle nor alias.
+        let mut storages: Vec<&mut CudaStorage> =
+            held.iter().map(|&p| unsafe { &mut *p }).collect();
+        (self.body.borrow_mut())(&mut storages)
+    }
+}
+
+/// The fused launch over locked storages: the masters first, then the copies.
+struct Fused<'a, 'g> {
+    args: AdamWArgs,
+    step: f32,
+    grads: &'a [(candle_core::StorageRef<'g>, &'g Layout)],
+    clip: Option<&'a (candle_core::StorageRef<'g>, &'g Layout)>,
+    layouts: &'a [Layout],
+}
+
+impl Fused<'_, '_> {
+    fn run<G: Dtype + CudaDType, C: Dtype + CudaDType>(
         &self,
-        s1: &mut CudaStorage,
-        l1: &Layout,
-        s2: &CudaStorage,
-        l2: &Layout,
+        storages: &mut [&mut CudaStorage],
+        moments: &mut [&mut Moments],
+        with_copies: bool,
     ) -> Result<()> {
-        let mut moments = self.moments.lock().unwrap_or_else(|p| p.into_inner());
-        let Moments::Cuda(m, v) = &mut **moments else {
-            return Err(candle_core::Error::Msg(format!(
-                "{OP}: moments on another device"
-            )));
+        let n = moments.len();
+        let stream = storages[0].device.cuda_stream();
+        let (masters, copies) = storages.split_at_mut(n);
+        let range = |l: &Layout| {
+            l.contiguous_offsets()
+                .ok_or(candle_core::Error::RequiresContiguous { op: OP })
         };
-        let (Some((a, b)), Some((c, d))) = (l1.contiguous_offsets(), l2.contiguous_offsets())
-        else {
-            return Err(candle_core::Error::RequiresContiguous { op: OP });
+        let mut params: Vec<CudaViewMut<'_, f32>> = Vec::with_capacity(n);
+        for (s, l) in masters.iter_mut().zip(self.layouts) {
+            let (a, b) = range(l)?;
+            params.push(s.as_cuda_slice_mut::<f32>()?.slice_mut(a..b));
+        }
+        let mut copy_views: Vec<CudaViewMut<'_, C>> = Vec::with_capacity(copies.len());
+        for (s, l) in copies.iter_mut().zip(&self.layouts[n..]) {
+            let (a, b) = range(l)?;
+            copy_views.push(s.as_cuda_slice_mut::<C>()?.slice_mut(a..b));
+        }
+        let grads: Vec<CudaView<'_, G>> = self
+            .grads
+            .iter()
+            .map(|(s, l)| view::<G>(cuda(s, OP, "grad")?, l, OP))
+            .collect::<Result<_>>()?;
+        let clip = match self.clip {
+            Some((s, l)) => Some(view::<f32>(cuda(s, OP, "clip")?, l, OP)?),
+            None => None,
         };
-        let stream = s1.device.cuda_stream();
-        let mut p = s1.as_cuda_slice_mut::<f32>()?.slice_mut(a..b);
-        let g = s2.as_cuda_slice::<f32>()?.slice(c..d);
-        let mut tensors = [AdamWTensor {
-            param: &mut p,
-            grad: &g,
+        let mut tensors = Vec::with_capacity(n);
+        for ((p, g), m) in params.iter_mut().zip(&grads).zip(moments.iter_mut()) {
+            let Moments::Cuda(m, v) = &mut **m else {
+                return Err(msg("moments on another device".into()));
+            };
+            tensors.push(AdamWTensor {
+                param: p,
+                grad: g,
+                exp_avg: m,
+                exp_avg_sq: v,
+                max_exp_avg_sq: None,
+            });
+        }
+        let scalars = StepScalars {
+            clip: clip.as_ref().map(|c| c as &dyn DevicePtr<f32>),
+            ..Default::default()
+        };
+        let r = if with_copies {
+            let mut c: Vec<&mut dyn DevicePtrMut<C>> =
+                copy_views.iter_mut().map(|c| c as _).collect();
+            crate::adamw_step_with_copies(
+                &stream,
+                &self.args,
+                self.step,
+                &scalars,
+                &mut tensors,
+                &mut c,
+            )
+        } else {
+            crate::adamw_step(&stream, &self.args, self.step, &scalars, &mut tensors)
+        };
+        r.map_err(crate_err)
+    }
+}
+
+/// One CPU variable's update, in place, through the reference.
+struct HostUpdate<'a> {
+    args: AdamWArgs,
+    step: f32,
+    clip: Option<f32>,
+    grad: Vec<f32>,
+    moments: RefCell<(&'a mut Vec<f32>, &'a mut Vec<f32>)>,
+}
+
+impl InplaceOp1 for HostUpdate<'_> {
+    fn name(&self) -> &'static str {
+        OP
+    }
+
+    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> Result<()> {
+        let CpuStorage::F32(p) = storage else {
+            return Err(msg("variables must be f32".into()));
+        };
+        let (a, b) = layout
+            .contiguous_offsets()
+            .ok_or(candle_core::Error::RequiresContiguous { op: OP })?;
+        let mut moments = self.moments.borrow_mut();
+        let (m, v) = &mut *moments;
+        let state = AdamWState {
+            param: &mut p[a..b],
+            grad: &self.grad,
             exp_avg: m,
             exp_avg_sq: v,
             max_exp_avg_sq: None,
-        }];
-        crate::adamw_step(
-            &stream,
-            &self.args,
-            self.step,
-            &StepScalars::default(),
-            &mut tensors,
-        )
-        .map_err(crate_err)
+        };
+        reference::adamw_step(&self.args, self.step, self.clip, None, state).map_err(crate_err)
     }
 }
 
@@ -137,39 +508,16 @@ impl candle_nn::Optimizer for AdamW {
     type Config = ParamsAdamW;
 
     fn new(vars: Vec<Var>, params: ParamsAdamW) -> Result<Self> {
-        let vars = vars
+        let entries = vars
             .into_iter()
             .filter(|v| v.dtype().is_float())
-            .map(|var| {
-                if var.dtype() != DType::F32 {
-                    return Err(candle_core::Error::Msg(format!(
-                        "{OP}: variables are f32 master weights, got {:?}",
-                        var.dtype()
-                    )));
-                }
-                let n = var.elem_count();
-                let moments = match &*var.storage_and_layout().0 {
-                    Storage::Cuda(s) => {
-                        let stream = s.device.cuda_stream();
-                        let z = || {
-                            stream
-                                .alloc_zeros::<f32>(n.max(1))
-                                .map_err(|e| crate_err(e.into()))
-                        };
-                        Moments::Cuda(z()?, z()?)
-                    }
-                    Storage::Cpu(_) => Moments::Cpu(vec![0.0; n], vec![0.0; n]),
-                    Storage::Metal(_) => {
-                        return Err(candle_core::Error::Msg(format!("{OP}: no Metal")));
-                    }
-                };
-                Ok((var, moments))
-            })
+            .map(|v| Entry::new(v, None))
             .collect::<Result<Vec<_>>>()?;
         Ok(AdamW {
-            vars,
+            entries,
             params,
             step: 0,
+            clip: None,
         })
     }
 
@@ -183,20 +531,17 @@ impl candle_nn::Optimizer for AdamW {
 
     fn step(&mut self, grads: &GradStore) -> Result<()> {
         self.step += 1;
-        let (args, step) = (self.args(), self.step as f32);
-        for (var, moments) in &mut self.vars {
-            let Some(g) = grads.get(var) else { continue };
-            if var.elem_count() == 0 {
-                continue;
-            }
-            let g = g.contiguous()?;
-            let op = Update {
-                args,
-                step,
-                moments: Mutex::new(moments),
-            };
-            var.as_tensor().inplace_op2(&g, &op)?;
+        let clip = self.clip.take();
+        let list = self.with_grads(grads)?;
+        if list.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        match (&self.entries[list[0].0].moments, clip) {
+            (Moments::Cuda(..), Some(Clip::Cuda(t))) => self.step_cuda(&list, Some(&t)),
+            (Moments::Cuda(..), None) => self.step_cuda(&list, None),
+            (Moments::Cpu(..), Some(Clip::Cpu(f))) => self.step_cpu(&list, Some(f)),
+            (Moments::Cpu(..), None) => self.step_cpu(&list, None),
+            _ => Err(msg("the clip factor is on another device".into())),
+        }
     }
 }
