@@ -3,13 +3,17 @@
 //! bf16 weight copies), timed with CUDA events (median of 20 after 3 warm-up steps), as GB/s
 //! on the 28 bytes per parameter a step must move (θ, m, v read and written in f32, the
 //! gradient read, the copy written) beside a device-to-device copy timed in the same run.
-//! `scripts/gpu/adamw_anchors.py` times PyTorch's `AdamW(fused=True)` and `foreach=True` on
-//! the same lists. `adamw -- --torch-cases DIR` instead checks liger-rs's steps bit for bit
+//! With `--features candle` it also times candle-nn's `AdamW` and this crate's candle
+//! optimizer on the same lists. `scripts/gpu/adamw_anchors.py` times PyTorch's
+//! `AdamW(fused=True)` and `foreach=True` on them. `adamw -- --torch-cases DIR` instead checks liger-rs's steps bit for bit
 //! against the PyTorch results that `adamw_anchors.py --write-cases DIR` saved. Without a
 //! GPU it prints one line and exits 0.
 use half::bf16;
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut, sys};
-use liger_rs::{AdamWArgs, AdamWTensor, Dtype, StepScalars, adamw_step, adamw_step_with_copies};
+use liger_rs::{
+    AdamWArgs, AdamWTensor, Dtype, SgdArgs, SgdTensor, StepScalars, adamw_step,
+    adamw_step_with_copies, sgd_step,
+};
 use std::sync::Arc;
 
 fn time_ms(stream: &Arc<CudaStream>, mut f: impl FnMut()) -> f64 {
@@ -110,25 +114,43 @@ fn read(dir: &str, name: &str) -> Vec<f32> {
         .collect()
 }
 
-/// Five steps of each saved case, compared with PyTorch's fused AdamW bit for bit.
+/// How many elements of `got` differ from `want` and by at most how many ulps, as
+/// `count (≤N ulp)`.
+fn differing(got: &[f32], want: &[f32]) -> String {
+    let ulps = |(a, b): (&f32, &f32)| (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs();
+    let d: Vec<u64> = got.iter().zip(want).map(ulps).filter(|&u| u > 0).collect();
+    format!("{} (≤{} ulp)", d.len(), d.iter().max().unwrap_or(&0))
+}
+
+/// Every step of each saved case, compared with PyTorch's fused AdamW bit for bit.
 fn torch_cases(stream: &Arc<CudaStream>, dir: &str) {
     let meta = std::fs::read_to_string(format!("{dir}/cases.txt")).expect("cases.txt");
     println!("case,step,param_bits_differing,m_bits_differing,v_bits_differing");
     for line in meta.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
+        if f[3] == "sgd" {
+            sgd_case(stream, dir, &f);
+            continue;
+        }
         let num = |i: usize| f[i].parse::<f64>().unwrap();
-        let args = AdamWArgs::new(num(2))
-            .with_betas(num(3), num(4))
-            .with_eps(num(5))
-            .with_weight_decay(num(6))
-            .with_amsgrad(f[7] == "1");
-        let n: usize = f[1].parse().unwrap();
+        let rule = if f[3] == "adam" {
+            AdamWArgs::adam
+        } else {
+            AdamWArgs::new
+        };
+        let args = rule(num(4))
+            .with_betas(num(5), num(6))
+            .with_eps(num(7))
+            .with_weight_decay(num(8))
+            .with_amsgrad(f[9] == "1")
+            .with_maximize(f[10] == "1");
+        let (n, steps): (usize, usize) = (f[1].parse().unwrap(), f[2].parse().unwrap());
         let z = || stream.alloc_zeros::<f32>(n).expect("alloc");
         let mut p = stream
             .clone_htod(&read(dir, &format!("{}.param0", f[0])))
             .expect("up");
         let (mut m, mut v, mut mx) = (z(), z(), z());
-        for t in 1..=5 {
+        for t in 1..=steps {
             let g = stream
                 .clone_htod(&read(dir, &format!("{}.grad{t}", f[0])))
                 .expect("up");
@@ -144,11 +166,7 @@ fn torch_cases(stream: &Arc<CudaStream>, dir: &str) {
             adamw_step(stream, &args, t as f32, &StepScalars::default(), &mut list).expect("step");
             let differ = |ours: &CudaSlice<f32>, what: &str| {
                 let want = read(dir, &format!("{}.{what}{t}", f[0]));
-                let got = stream.clone_dtoh(ours).expect("down");
-                got.iter()
-                    .zip(&want)
-                    .filter(|(a, b)| a.to_bits() != b.to_bits())
-                    .count()
+                differing(&stream.clone_dtoh(ours).expect("down"), &want)
             };
             println!(
                 "{},{t},{},{},{}",
@@ -158,6 +176,44 @@ fn torch_cases(stream: &Arc<CudaStream>, dir: &str) {
                 differ(&v, "v")
             );
         }
+    }
+}
+
+/// An SGD case of [`torch_cases`]: `name n steps sgd lr momentum dampening weight_decay
+/// nesterov maximize`; its buffer is saved as `m`.
+fn sgd_case(stream: &Arc<CudaStream>, dir: &str, f: &[&str]) {
+    let num = |i: usize| f[i].parse::<f64>().unwrap();
+    let args = SgdArgs::new(num(4))
+        .with_momentum(num(5))
+        .with_dampening(num(6))
+        .with_weight_decay(num(7))
+        .with_nesterov(f[8] == "1")
+        .with_maximize(f[9] == "1");
+    let (n, steps): (usize, usize) = (f[1].parse().unwrap(), f[2].parse().unwrap());
+    let mut p = stream
+        .clone_htod(&read(dir, &format!("{}.param0", f[0])))
+        .expect("up");
+    let mut b = stream.alloc_zeros::<f32>(n).expect("alloc");
+    let momentum = args.momentum != 0.0;
+    for t in 1..=steps {
+        let g = stream
+            .clone_htod(&read(dir, &format!("{}.grad{t}", f[0])))
+            .expect("up");
+        let mut list = [SgdTensor {
+            param: &mut p,
+            grad: &g,
+            momentum_buffer: momentum.then_some(&mut b as &mut dyn DevicePtrMut<f32>),
+        }];
+        sgd_step(stream, &args, t == 1, &StepScalars::default(), &mut list).expect("step");
+        let differ = |ours: &CudaSlice<f32>, what: &str| {
+            let want = read(dir, &format!("{}.{what}{t}", f[0]));
+            differing(&stream.clone_dtoh(ours).expect("down"), &want)
+        };
+        let bufs = match momentum {
+            true => differ(&b, "m"),
+            false => "-".into(),
+        };
+        println!("{},{t},{},{bufs},", f[0], differ(&p, "param"));
     }
 }
 
@@ -209,5 +265,49 @@ fn main() {
             bytes / ms / 1e6,
             100.0 * copy / ms
         );
+        drop((h, copies));
+        #[cfg(feature = "candle")]
+        candle_rows(name, &lens, copy);
     }
+}
+
+/// With the `candle` feature: one step of candle-nn's `AdamW` and of
+/// `liger_rs::candle::nn::AdamW` over f32 `Var`s of the same list (on candle's stream).
+#[cfg(feature = "candle")]
+fn candle_rows(name: &str, lens: &[usize], copy_ms: f64) {
+    use candle_core::{DType, Device, Tensor, Var, backprop::GradStore};
+    use candle_nn::{Optimizer, ParamsAdamW};
+    let dev = Device::new_cuda(0).expect("candle CUDA");
+    let Device::Cuda(cuda) = &dev else { return };
+    let stream = cuda.cuda_stream();
+    let vars: Vec<Var> = lens
+        .iter()
+        .map(|&n| Var::zeros(n, DType::F32, &dev).expect("var"))
+        .collect();
+    let mut grads = GradStore::default();
+    for v in &vars {
+        let g = Tensor::full(0.01f32, v.elem_count(), &dev).expect("grad");
+        grads.insert(v.as_tensor(), g);
+    }
+    let n: usize = lens.iter().sum();
+    let bytes = 28.0 * n as f64;
+    let params = ParamsAdamW {
+        lr: 1e-4,
+        ..Default::default()
+    };
+    let mut theirs = candle_nn::AdamW::new(vars.clone(), params.clone()).expect("candle-nn");
+    let ms = time_ms(&stream, || theirs.step(&grads).expect("step"));
+    println!(
+        "{name},{n},candle-nn AdamW (f32),{ms:.3},{:.0},,{:.1}%",
+        bytes / ms / 1e6,
+        100.0 * copy_ms / ms
+    );
+    drop(theirs);
+    let mut ours = liger_rs::candle::nn::AdamW::new(vars, params).expect("liger-rs");
+    let ms = time_ms(&stream, || ours.step(&grads).expect("step"));
+    println!(
+        "{name},{n},liger-rs candle AdamW (f32),{ms:.3},{:.0},,{:.1}%",
+        bytes / ms / 1e6,
+        100.0 * copy_ms / ms
+    );
 }

@@ -5,7 +5,8 @@
 //! `candle::flash_attn::flash_attn` on the projections' `[b, t, h, d]` views, with grouped
 //! key/value heads and no transposes, `candle::fused_linear_cross_entropy` for the head and the
 //! loss, whose `[tokens, vocab]` logits are never held whole, and `candle::nn::AdamW`, the
-//! fused optimizer step),
+//! fused optimizer step, which in f16/bf16 also rewrites the compute-dtype copies of the
+//! weights that the forward uses),
 //! then prints both loss curves side by side, each run's step time, tokens/s and peak device
 //! memory, and how far apart the two curves are.
 //!
@@ -20,8 +21,8 @@
 //! query heads and RoPE → residual; RMSNorm → SwiGLU MLP → residual), a final RMSNorm and an
 //! untied head, every matrix a `candle_nn::Linear`. Weights are kept in f32 and cast to
 //! `--dtype` in the forward pass (candle-nn's attention softmax and the loss in f32; the fused
-//! attention accumulates in f32), trained by
-//! `candle_nn::AdamW`.
+//! attention accumulates in f32), trained by AdamW with the gradients clipped to a global norm
+//! of 1 in both runs (in candle ops for candle-nn, inside the fused step for liger-rs).
 //!
 //! The task is generated in code and can be learnt: each sequence is a walk on a fixed random
 //! graph where every token has four possible successors (first half), followed by a copy of the
@@ -42,6 +43,15 @@ trait FusedOps {
     const NAME: &'static str;
     /// The optimizer (candle-nn's `ParamsAdamW`).
     type Opt: Optimizer<Config = ParamsAdamW>;
+    /// The optimizer over the f32 master weights, and the weights the forward computes with
+    /// where they are not the masters cast in the forward.
+    fn optimizer(
+        masters: Vec<Var>,
+        params: ParamsAdamW,
+        dtype: DType,
+    ) -> Result<(Self::Opt, Option<Vec<Var>>)>;
+    /// One optimizer step on `loss`, the gradients clipped to a global L2 norm of [`CLIP`].
+    fn step(opt: &mut Self::Opt, vars: &[Var], loss: &Tensor) -> Result<()>;
     /// RMSNorm over the last dim, candle-nn's `ops::rms_norm(xs, alpha, eps)`.
     fn rms_norm(xs: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor>;
     /// `silu(gate) · up`.
@@ -67,6 +77,36 @@ struct CandleNn;
 impl FusedOps for CandleNn {
     const NAME: &'static str = "candle-nn";
     type Opt = AdamW;
+    fn optimizer(
+        masters: Vec<Var>,
+        params: ParamsAdamW,
+        _: DType,
+    ) -> Result<(Self::Opt, Option<Vec<Var>>)> {
+        Ok((AdamW::new(masters, params)?, None))
+    }
+    /// `clip_grad_norm_` in candle ops: the norm of the gradients' norms, each gradient
+    /// scaled by `min(1, CLIP / (norm + 1e-6))`.
+    fn step(opt: &mut Self::Opt, vars: &[Var], loss: &Tensor) -> Result<()> {
+        let mut grads = loss.backward()?;
+        let mut sq = Vec::with_capacity(vars.len());
+        for v in vars {
+            if let Some(g) = grads.get(v) {
+                sq.push(g.to_dtype(DType::F32)?.sqr()?.sum_all()?);
+            }
+        }
+        let norm = Tensor::stack(&sq, 0)?.sum_all()?.sqrt()?;
+        let factor = (norm + 1e-6)?
+            .recip()?
+            .affine(CLIP, 0.0)?
+            .clamp(0f32, 1f32)?;
+        for v in vars {
+            if let Some(g) = grads.remove(v) {
+                let scaled = g.broadcast_mul(&factor.to_dtype(g.dtype())?)?;
+                grads.insert(v, scaled);
+            }
+        }
+        opt.step(&grads)
+    }
     fn rms_norm(xs: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor> {
         candle_nn::ops::rms_norm_slow(xs, alpha, eps)
     }
@@ -115,6 +155,24 @@ struct LigerRs;
 impl FusedOps for LigerRs {
     const NAME: &'static str = "liger-rs";
     type Opt = liger_rs::candle::nn::AdamW;
+    /// In f16/bf16 the optimizer keeps the compute-dtype copies the forward uses, rewritten by
+    /// each step's launch: no cast of the weights in the forward, none of their gradients.
+    fn optimizer(
+        masters: Vec<Var>,
+        params: ParamsAdamW,
+        dtype: DType,
+    ) -> Result<(Self::Opt, Option<Vec<Var>>)> {
+        if dtype == DType::F32 {
+            return Ok((Self::Opt::new(masters, params)?, None));
+        }
+        let (opt, copies) = Self::Opt::new_mixed(masters, params, dtype)?;
+        Ok((opt, Some(copies)))
+    }
+    fn step(opt: &mut Self::Opt, _: &[Var], loss: &Tensor) -> Result<()> {
+        let grads = loss.backward()?;
+        opt.clip_grad_norm(&grads, CLIP)?;
+        opt.step(&grads)
+    }
     fn rms_norm(xs: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor> {
         liger_rs::candle::nn::ops::rms_norm(xs, alpha, eps)
     }
@@ -431,6 +489,8 @@ fn initial_weights(cfg: &Config) -> Vec<(String, Vec<usize>, Vec<f32>)> {
 struct Model<'a> {
     cfg: &'a Config,
     vars: Vec<Var>,
+    /// The compute-dtype copies of `vars` that the optimizer keeps, if it keeps them.
+    copies: Option<Vec<Var>>,
     /// `[seq, head_dim/2]` in the compute dtype.
     cos: Tensor,
     sin: Tensor,
@@ -462,16 +522,20 @@ impl<'a> Model<'a> {
         Ok(Model {
             cfg,
             vars,
+            copies: None,
             cos: freqs.cos()?.to_dtype(cfg.dtype)?,
             sin: freqs.sin()?.to_dtype(cfg.dtype)?,
             mask: Tensor::from_vec(mask, (cfg.seq, cfg.seq), dev)?,
         })
     }
 
-    /// Var `i` in the compute dtype (a no-op in f32; in f16/bf16 the gradient reaches the f32
-    /// master weight through the cast).
+    /// Var `i` in the compute dtype: the optimizer's copy, or the master cast (a no-op in
+    /// f32; in f16/bf16 the gradient reaches the f32 master through the cast).
     fn weight(&self, i: usize) -> Result<Tensor> {
-        self.vars[i].as_tensor().to_dtype(self.cfg.dtype)
+        match &self.copies {
+            Some(c) => Ok(c[i].as_tensor().clone()),
+            None => self.vars[i].as_tensor().to_dtype(self.cfg.dtype),
+        }
     }
 
     fn linear(&self, i: usize, xs: &Tensor) -> Result<Tensor> {
@@ -608,12 +672,13 @@ fn train<O: FusedOps>(
     dev: &Device,
 ) -> Result<Run> {
     let pool = Pool::of(dev);
-    let model = Model::new(cfg, init, dev)?;
+    let mut model = Model::new(cfg, init, dev)?;
     let params = ParamsAdamW {
         lr: cfg.lr,
         ..ParamsAdamW::default()
     };
-    let mut opt = O::Opt::new(model.vars.clone(), params)?;
+    let (mut opt, copies) = O::optimizer(model.vars.clone(), params, cfg.dtype)?;
+    model.copies = copies;
     dev.synchronize()?;
     if let Some(pool) = &pool {
         pool.reset_peak();
@@ -624,7 +689,7 @@ fn train<O: FusedOps>(
         opt.set_learning_rate(cfg.lr * ((step + 1) as f64 / cfg.warmup.max(1) as f64).min(1.0));
         let (inputs, targets) = task.batch(cfg, step, dev)?;
         let loss = model.loss::<O>(&inputs, &targets)?;
-        opt.backward_step(&loss)?;
+        O::step(&mut opt, &model.vars, &loss)?;
         let loss = loss.to_scalar::<f32>()?;
         step_s.push(start.elapsed().as_secs_f64());
         losses.push(loss);
@@ -644,6 +709,9 @@ fn train<O: FusedOps>(
         peak_bytes: pool.and_then(|p| p.peak()),
     })
 }
+
+/// Both runs clip the gradients to this global L2 norm, as PyTorch's `clip_grad_norm_`.
+const CLIP: f64 = 1.0;
 
 /// Steps over which the f32 curves must agree, and how closely (relative).
 const AGREE_STEPS: usize = 50;
