@@ -1,13 +1,13 @@
 //! `cargo bench --bench adamw`: one AdamW step over the training example's 46 M parameters
 //! and over a 1.0 B-parameter list of Llama-shaped tensors (f32 gradients; bf16 gradients with
-//! bf16 weight copies), timed with CUDA events (median of 20 after 3 warm-up steps), as GB/s
-//! on the 28 bytes per parameter a step must move (θ, m, v read and written in f32, the
-//! gradient read, the copy written) beside a device-to-device copy timed in the same run.
-//! With `--features candle` it also times candle-nn's `AdamW` and this crate's candle
-//! optimizer on the same lists. `scripts/gpu/adamw_anchors.py` times PyTorch's
-//! `AdamW(fused=True)` and `foreach=True` on them. `adamw -- --torch-cases DIR` instead checks liger-rs's steps bit for bit
-//! against the PyTorch results that `adamw_anchors.py --write-cases DIR` saved. Without a
-//! GPU it prints one line and exits 0.
+//! bf16 weight copies), timed with CUDA events (median of 20 samples of 5 steps back to back,
+//! after 3 warm-up steps), as GB/s on the 28 bytes per parameter a step must move (θ, m, v
+//! read and written in f32, the gradient read, the copy written) beside a device-to-device
+//! copy timed in the same run. With `--features candle` it also times candle-nn's `AdamW` and
+//! this crate's candle optimizer on the same lists. `scripts/gpu/adamw_anchors.py` times
+//! PyTorch's `AdamW(fused=True)` and `foreach=True` on them. `adamw -- --torch-cases DIR`
+//! instead checks liger-rs's AdamW and SGD steps bit for bit against the PyTorch results that
+//! `adamw_anchors.py --write-cases DIR` saved. Without a GPU it prints one line and exits 0.
 use half::bf16;
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut, sys};
 use liger_rs::{
@@ -15,6 +15,10 @@ use liger_rs::{
     adamw_step_with_copies, sgd_step,
 };
 use std::sync::Arc;
+
+/// Steps per timed sample: back to back, as in a training loop, so that a step's host work
+/// overlaps the previous step's kernels.
+const BACK_TO_BACK: usize = 5;
 
 fn time_ms(stream: &Arc<CudaStream>, mut f: impl FnMut()) -> f64 {
     for _ in 0..3 {
@@ -29,10 +33,12 @@ fn time_ms(stream: &Arc<CudaStream>, mut f: impl FnMut()) -> f64 {
         .map(|_| {
             let (s, e) = (ev(), ev());
             s.record(stream).expect("record");
-            f();
+            for _ in 0..BACK_TO_BACK {
+                f();
+            }
             e.record(stream).expect("record");
             e.synchronize().expect("sync");
-            s.elapsed_ms(&e).expect("elapsed") as f64
+            s.elapsed_ms(&e).expect("elapsed") as f64 / BACK_TO_BACK as f64
         })
         .collect();
     ms.sort_by(f64::total_cmp);

@@ -12,36 +12,51 @@
 pub mod abi;
 
 use crate::identity::kernel_name;
-use crate::{Bf16, Elem, block_dim, block_idx, block_sum, fma, sqrt, sync_threads, thread_idx};
+use crate::{
+    Bf16, Elem, V8, V16, Vector, block_dim, block_idx, block_sum, fma, sqrt, sync_threads,
+    thread_idx,
+};
 use abi::{AMSGRAD, BLOCK_ELEMS, DECOUPLED, FIRST_STEP, MAXIMIZE, NESTEROV, Params, Tensor};
 use core::intrinsics::gpu::gpu_launch_sized_workgroup_mem;
 
 /// A copy type of the weights: none, or a 16-bit element type.
 pub(crate) trait Copy16 {
-    /// Whether there is a copy.
-    const SOME: bool;
-    /// Stores `v` rounded to this type at element `j` of `ptr`.
+    /// The alignment four copy elements need (1 without a copy).
+    const BYTES4: u64;
+    /// Stores `v` rounded to this type at element `j` of `ptr` (nothing without a copy).
     ///
     /// # Safety
     /// `ptr` valid for element `j`.
     unsafe fn store(ptr: u64, j: usize, v: f32);
+    /// Stores four values at elements `4q..4q + 4` of `ptr` (nothing without a copy).
+    ///
+    /// # Safety
+    /// `ptr` aligned to [`Copy16::BYTES4`] and valid for those elements.
+    unsafe fn store4(ptr: u64, q: usize, v: [f32; 4]);
 }
 
 /// No copy.
 pub(crate) struct NoCopy;
 
 impl Copy16 for NoCopy {
-    const SOME: bool = false;
+    const BYTES4: u64 = 1;
     #[inline(always)]
     unsafe fn store(_: u64, _: usize, _: f32) {}
+    #[inline(always)]
+    unsafe fn store4(_: u64, _: usize, _: [f32; 4]) {}
 }
 
 impl<T: Elem> Copy16 for T {
-    const SOME: bool = true;
+    const BYTES4: u64 = 4 * size_of::<T>() as u64;
     #[inline(always)]
     unsafe fn store(ptr: u64, j: usize, v: f32) {
         // SAFETY: the caller's.
         unsafe { *(ptr as *mut T).add(j) = T::from_f32(v) }
+    }
+    #[inline(always)]
+    unsafe fn store4(ptr: u64, q: usize, v: [f32; 4]) {
+        // SAFETY: the caller's.
+        unsafe { store4::<T>(ptr, q, v) }
     }
 }
 
@@ -96,21 +111,128 @@ unsafe fn scalar(ptr: u64, none: f32) -> f32 {
     }
 }
 
-/// The gradient element `j` as both updates take it: in f32, times the clip factor (rounded
-/// to the gradient's type, as `clip_grad_norm_` scales gradients in place), divided by the
-/// gradient scale by the callers (in f32, as PyTorch's kernels divide).
+/// Four consecutive elements of `T` at `ptr + 4·q`, widened (one 8- or 16-byte load).
 ///
 /// # Safety
-/// `t.grad` holds element `j`; the scalars' pointers are 0 or valid.
+/// `ptr` aligned to four elements and valid for elements `4q..4q + 4`.
 #[inline(always)]
-unsafe fn gradient<G: Elem>(p: &Params, t: &Tensor, j: usize) -> f32 {
+unsafe fn load4<T: Elem>(ptr: u64, q: usize) -> [f32; 4] {
     // SAFETY: the caller's.
     unsafe {
-        let mut g = (*(t.grad as *const G).add(j)).to_f32();
-        if p.clip_ptr != 0 {
-            g = G::round(g * *(p.clip_ptr as *const f32));
+        if T::PER_WORD == 1 {
+            let v = V16::load((ptr as *const V16).add(q));
+            [0, 1, 2, 3].map(|i| T::lane(&v, i))
+        } else {
+            let v = V8::load((ptr as *const V8).add(q));
+            [0, 1, 2, 3].map(|i| T::lane(&v, i))
         }
-        g
+    }
+}
+
+/// Stores four values rounded to `T` at `ptr + 4·q` (one 8- or 16-byte store).
+///
+/// # Safety
+/// As [`load4`].
+#[inline(always)]
+unsafe fn store4<T: Elem>(ptr: u64, q: usize, v: [f32; 4]) {
+    let w = [v[0], v[1], v[2], v[3], 0.0, 0.0, 0.0, 0.0];
+    // SAFETY: the caller's.
+    unsafe {
+        if T::PER_WORD == 1 {
+            T::pack::<V16>(&w).store((ptr as *mut V16).add(q));
+        } else {
+            T::pack::<V8>(&w).store((ptr as *mut V8).add(q));
+        }
+    }
+}
+
+/// Whether every buffer of `t` is aligned to four of its elements (0, an absent buffer, is).
+#[inline(always)]
+fn aligned<G: Elem, C: Copy16>(t: &Tensor) -> bool {
+    let f32s = t.param | t.exp_avg | t.exp_avg_sq | t.max_exp_avg_sq;
+    let g = 4 * size_of::<G>() as u64;
+    f32s % 16 == 0 && t.grad % g == 0 && t.copy % C::BYTES4 == 0
+}
+
+/// Runs the element rule `f(g, [θ, s1, s2, s3]) → [θ, s1, s2, s3]` over the block's elements
+/// of `t`: the gradient (times the clip factor, rounded to its type, as `clip_grad_norm_`
+/// scales gradients in place) read, θ and the states whose pointers are not 0 read and
+/// written, the copy of θ written. Aligned tensors go four elements per thread per step (16-
+/// and 8-byte accesses), the rest (and a tensor's last few elements) one.
+///
+/// # Safety
+/// The host's checks: every buffer of `t` holds `t.len` elements; the scalars' pointers are 0
+/// or valid.
+#[inline(always)]
+unsafe fn sweep<G: Elem, C: Copy16>(
+    p: &Params,
+    t: &Tensor,
+    start: u64,
+    f: impl Fn(f32, [f32; 4]) -> [f32; 4],
+) {
+    let end = (start + BLOCK_ELEMS).min(t.len);
+    let clip = p.clip_ptr;
+    let arrays = [t.param, t.exp_avg, t.exp_avg_sq, t.max_exp_avg_sq];
+    // SAFETY (every access): elements below `end ≤ len`; the caller's pointers.
+    unsafe {
+        let clip = scalar(clip, 1.0);
+        let grad = |g: f32| match p.clip_ptr {
+            0 => g,
+            _ => G::round(g * clip),
+        };
+        let (tid, bd) = (thread_idx() as u64, block_dim() as u64);
+        let mut j = start;
+        if aligned::<G, C>(t) {
+            let quads = (end - start) / 4;
+            let mut q = start / 4 + tid;
+            while q < start / 4 + quads {
+                let gs = load4::<G>(t.grad, q as usize);
+                let mut vals = [[0.0f32; 4]; 4];
+                for (k, &a) in arrays.iter().enumerate() {
+                    if a != 0 {
+                        vals[k] = load4::<f32>(a, q as usize);
+                    }
+                }
+                let mut th = [0.0f32; 4];
+                for l in 0..4 {
+                    let out = f(
+                        grad(gs[l]),
+                        [vals[0][l], vals[1][l], vals[2][l], vals[3][l]],
+                    );
+                    for k in 0..4 {
+                        vals[k][l] = out[k];
+                    }
+                    th[l] = out[0];
+                }
+                for (k, &a) in arrays.iter().enumerate() {
+                    if a != 0 {
+                        store4::<f32>(a, q as usize, vals[k]);
+                    }
+                }
+                C::store4(t.copy, q as usize, th);
+                q += bd;
+            }
+            j = start + 4 * quads;
+        }
+        let mut j = j + tid;
+        while j < end {
+            let i = j as usize;
+            let g = grad((*(t.grad as *const G).add(i)).to_f32());
+            let mut vals = [0.0f32; 4];
+            for (k, &a) in arrays.iter().enumerate() {
+                if a != 0 {
+                    vals[k] = *(a as *const f32).add(i);
+                }
+            }
+            let out = f(g, vals);
+            for (k, &a) in arrays.iter().enumerate() {
+                if a != 0 {
+                    *(a as *mut f32).add(i) = out[k];
+                }
+            }
+            C::store(t.copy, i, out[0]);
+            j += bd;
+        }
     }
 }
 
@@ -131,6 +253,7 @@ unsafe fn update<G: Elem, C: Copy16>(p: &Params) {
         let (t, start) = tensor_of(p, block_idx() as u64);
         let step = scalar(p.step_ptr, p.step);
         let lr = scalar(p.lr_ptr, p.lr as f32);
+        let scale = scalar(p.grad_scale_ptr, 1.0);
         let (b1, b2, wd, eps) = (
             p.beta1 as f32,
             p.beta2 as f32,
@@ -145,19 +268,13 @@ unsafe fn update<G: Elem, C: Copy16>(p: &Params) {
             p.flags & MAXIMIZE != 0,
             p.flags & DECOUPLED != 0,
         );
-        let end = (start + BLOCK_ELEMS).min(t.len);
-        let mut j = start + thread_idx() as u64;
-        while j < end {
-            let j_ = j as usize;
-            let mut g = gradient::<G>(p, &t, j_);
-            if p.grad_scale_ptr != 0 {
-                g /= *(p.grad_scale_ptr as *const f32);
-            }
+        let scaled = p.grad_scale_ptr != 0;
+        sweep::<G, C>(p, &t, start, |g, [th, m, v, mx]| {
+            let mut g = if scaled { g / scale } else { g };
             if maximize {
                 g = -g;
             }
-            let param = (t.param as *mut f32).add(j_);
-            let mut th = *param;
+            let mut th = th;
             if wd != 0.0 {
                 if decoupled {
                     th = fma(-(lr * wd), th, th);
@@ -165,31 +282,13 @@ unsafe fn update<G: Elem, C: Copy16>(p: &Params) {
                     g = fma(th, wd, g);
                 }
             }
-            let (m, v) = (
-                (t.exp_avg as *mut f32).add(j_),
-                (t.exp_avg_sq as *mut f32).add(j_),
-            );
-            let m1 = fma(b1, *m, fma(-b1, g, g));
+            let m1 = fma(b1, m, fma(-b1, g, g));
             let g2 = g * g;
-            let v1 = fma(b2, *v, fma(-b2, g2, g2));
-            let second = if amsgrad {
-                let vmax = (t.max_exp_avg_sq as *mut f32).add(j_);
-                let mx = (*vmax).max(v1);
-                *vmax = mx;
-                mx
-            } else {
-                v1
-            };
-            let denom = sqrt(second) / bc2_sqrt + eps;
-            th -= step_size * m1 / denom;
-            *m = m1;
-            *v = v1;
-            *param = th;
-            if C::SOME {
-                C::store(t.copy, j_, th);
-            }
-            j += block_dim() as u64;
-        }
+            let v1 = fma(b2, v, fma(-b2, g2, g2));
+            let mx1 = if amsgrad { mx.max(v1) } else { v1 };
+            let denom = sqrt(mx1) / bc2_sqrt + eps;
+            [th - step_size * m1 / denom, m1, v1, mx1]
+        });
     }
 }
 
@@ -208,44 +307,24 @@ unsafe fn sgd<G: Elem, C: Copy16>(p: &Params) {
         }
         let (t, start) = tensor_of(p, block_idx() as u64);
         let lr = scalar(p.lr_ptr, p.lr as f32);
+        let scale = scalar(p.grad_scale_ptr, 1.0);
         let (wd, mom) = (p.weight_decay as f32, p.momentum as f32);
         let undamped = 1.0 - p.dampening as f32;
-        let (nesterov, maximize, first) = (
-            p.flags & NESTEROV != 0,
-            p.flags & MAXIMIZE != 0,
-            p.flags & FIRST_STEP != 0,
-        );
-        let step = if maximize { lr } else { -lr };
-        let end = (start + BLOCK_ELEMS).min(t.len);
-        let mut j = start + thread_idx() as u64;
-        while j < end {
-            let j_ = j as usize;
-            let mut g = gradient::<G>(p, &t, j_);
-            if p.grad_scale_ptr != 0 {
-                g /= *(p.grad_scale_ptr as *const f32);
-            }
-            let param = (t.param as *mut f32).add(j_);
-            let th = *param;
+        let (nesterov, first) = (p.flags & NESTEROV != 0, p.flags & FIRST_STEP != 0);
+        let step = if p.flags & MAXIMIZE != 0 { lr } else { -lr };
+        let scaled = p.grad_scale_ptr != 0;
+        sweep::<G, C>(p, &t, start, |g, [th, b, _, _]| {
+            let mut g = if scaled { g / scale } else { g };
             if wd != 0.0 {
                 g = fma(wd, th, g);
             }
+            let mut b1 = b;
             if mom != 0.0 {
-                let buf = (t.exp_avg as *mut f32).add(j_);
-                let b = if first {
-                    g
-                } else {
-                    fma(mom, *buf, undamped * g)
-                };
-                *buf = b;
-                g = if nesterov { fma(mom, b, g) } else { b };
+                b1 = if first { g } else { fma(mom, b, undamped * g) };
+                g = if nesterov { fma(mom, b1, g) } else { b1 };
             }
-            let th1 = fma(step, g, th);
-            *param = th1;
-            if C::SOME {
-                C::store(t.copy, j_, th1);
-            }
-            j += block_dim() as u64;
-        }
+            [fma(step, g, th), b1, 0.0, 0.0]
+        });
     }
 }
 
