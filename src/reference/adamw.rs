@@ -166,12 +166,14 @@ pub fn sgd_step<G: Element>(
         args.momentum as f32,
     );
     let undamped = 1.0 - args.dampening as f32;
-    let step = if args.maximize { lr } else { -lr };
     let mut buf = s.momentum_buffer;
     for j in 0..n {
         let mut g = gradient(s.grad[j], clip);
         if let Some(scale) = grad_scale {
             g /= scale;
+        }
+        if args.maximize {
+            g = -g;
         }
         let th = s.param[j];
         if wd != 0.0 {
@@ -181,7 +183,7 @@ pub fn sgd_step<G: Element>(
             let bj = if first_step {
                 g
             } else {
-                mom.mul_add(b[j], undamped * g)
+                undamped.mul_add(g, mom * b[j])
             };
             b[j] = bj;
             g = if args.nesterov {
@@ -190,7 +192,7 @@ pub fn sgd_step<G: Element>(
                 bj
             };
         }
-        s.param[j] = step.mul_add(g, th);
+        s.param[j] = (-lr).mul_add(g, th);
     }
     Ok(())
 }

@@ -311,19 +311,23 @@ unsafe fn sgd<G: Elem, C: Copy16>(p: &Params) {
         let (wd, mom) = (p.weight_decay as f32, p.momentum as f32);
         let undamped = 1.0 - p.dampening as f32;
         let (nesterov, first) = (p.flags & NESTEROV != 0, p.flags & FIRST_STEP != 0);
-        let step = if p.flags & MAXIMIZE != 0 { lr } else { -lr };
+        let maximize = p.flags & MAXIMIZE != 0;
         let scaled = p.grad_scale_ptr != 0;
         sweep::<G, C>(p, &t, start, |g, [th, b, _, _]| {
             let mut g = if scaled { g / scale } else { g };
+            if maximize {
+                g = -g;
+            }
             if wd != 0.0 {
                 g = fma(wd, th, g);
             }
             let mut b1 = b;
             if mom != 0.0 {
-                b1 = if first { g } else { fma(mom, b, undamped * g) };
+                // nvcc fuses the second product: `μ·b` rounds, `(1 − dampening)·g` does not.
+                b1 = if first { g } else { fma(undamped, g, mom * b) };
                 g = if nesterov { fma(mom, b1, g) } else { b1 };
             }
-            [fma(step, g, th), b1, 0.0, 0.0]
+            [fma(-lr, g, th), b1, 0.0, 0.0]
         });
     }
 }
