@@ -72,13 +72,17 @@ struct Tensors<G> {
     grads: Vec<CudaSlice<G>>,
 }
 
+/// Zero weights and moments with gradients of 0.01, as PyTorch's anchor and the candle rows
+/// take them: an all-zero second moment would send every `√v` down the square root's slow
+/// path for special inputs and time that instead.
 fn tensors<G: Dtype>(stream: &Arc<CudaStream>, lens: &[usize]) -> Tensors<G> {
     let z = |n| stream.alloc_zeros::<f32>(n).expect("alloc");
+    let g = G::from_f64(0.01);
     Tensors {
         bufs: lens.iter().map(|&n| [z(n), z(n), z(n)]).collect(),
         grads: lens
             .iter()
-            .map(|&n| stream.alloc_zeros::<G>(n).expect("alloc"))
+            .map(|&n| stream.clone_htod(&vec![g; n]).expect("upload"))
             .collect(),
     }
 }

@@ -5,8 +5,10 @@
 //! ([`swiglu_forward`]), GEGLU ([`geglu_forward`], tanh or exact erf GELU), fused attention
 //! ([`attention_forward`], flash-attention 2 semantics), cross-entropy
 //! ([`cross_entropy_forward`], PyTorch's with Liger's options) and fused linear
-//! cross-entropy ([`fused_linear_cross_entropy`], on cuBLAS), forward and backward — written
-//! in Rust, compiled to PTX, and launched on your own [`cudarc`] device buffers.
+//! cross-entropy ([`fused_linear_cross_entropy`], on cuBLAS), forward and backward, and the
+//! fused multi-tensor optimizer steps ([`adamw_step`], [`sgd_step`], with [`clip_grad_norm`];
+//! PyTorch's fused AdamW/SGD arithmetic) — written in Rust, compiled to PTX, and launched on
+//! your own [`cudarc`] device buffers.
 //!
 //! * **Device code** lives in the `kernels-gpu` crate (`#![no_std]`, shipped inside this
 //!   package), compiled for `nvptx64-nvidia-cuda` by the nightly its `rust-toolchain.toml`
