@@ -144,8 +144,8 @@ mod validate;
 extern crate self as liger_rs;
 
 pub use adamw::{
-    AdamWArgs, AdamWTensor, SgdArgs, SgdTensor, StepScalars, adamw_step, adamw_step_with_copies,
-    clip_grad_norm, sgd_step, sgd_step_with_copies,
+    AdamWArgs, AdamWTensor, NormType, SgdArgs, SgdTensor, StepScalars, adamw_step,
+    adamw_step_with_copies, clip_grad_norm, sgd_step, sgd_step_with_copies,
 };
 pub use attention::{
     AttentionArgs, Strides, attention_backward, attention_backward_varlen, attention_forward,

@@ -14,7 +14,7 @@ use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use liger_rs::reference::adamw::{self as reference, AdamWState, SgdState};
 use liger_rs::{
-    AdamWArgs, AdamWTensor, Dtype, SgdArgs, SgdTensor, StepScalars, adamw_step,
+    AdamWArgs, AdamWTensor, Dtype, NormType, SgdArgs, SgdTensor, StepScalars, adamw_step,
     adamw_step_with_copies, sgd_step, sgd_step_with_copies,
 };
 use std::sync::Arc;
@@ -161,10 +161,10 @@ fn copies_clipping_and_found_inf() {
     let mut rng = Rng::new(9);
     let mut s = state::<bf16>(&stream, &mut rng, n);
     let mut copy = stream.alloc_zeros::<bf16>(n).expect("alloc");
-    let mut norm = stream.alloc_zeros::<f32>(2).expect("alloc");
-    liger_rs::clip_grad_norm(&stream, &[&s.dgrad], 0.5, &mut norm).expect("norm");
+    let mut norm = stream.alloc_zeros::<f32>(3).expect("alloc");
+    liger_rs::clip_grad_norm(&stream, &[&s.dgrad], 0.5, NormType::L2, &mut norm).expect("norm");
     let got_norm = download(&stream, &norm);
-    let (want_norm, want_factor) = reference::clip_grad_norm(&[&s.grad[..]], 0.5);
+    let (want_norm, want_factor) = reference::clip_grad_norm(&[&s.grad[..]], 0.5, NormType::L2);
     assert!(
         (got_norm[0] as f64 - want_norm).abs() <= 1e-5 * want_norm,
         "{got_norm:?} vs {want_norm}"
@@ -438,10 +438,10 @@ fn device_scalars_and_a_deterministic_norm() {
         );
     }
     let grads: Vec<&dyn DevicePtr<f32>> = a.iter().map(|s| &s.dgrad as _).collect();
-    let mut n1 = stream.alloc_zeros::<f32>(2).expect("alloc");
-    let mut n2 = stream.alloc_zeros::<f32>(2).expect("alloc");
-    liger_rs::clip_grad_norm(&stream, &grads, 1.0, &mut n1).expect("norm");
-    liger_rs::clip_grad_norm(&stream, &grads, 1.0, &mut n2).expect("norm");
+    let mut n1 = stream.alloc_zeros::<f32>(3).expect("alloc");
+    let mut n2 = stream.alloc_zeros::<f32>(3).expect("alloc");
+    liger_rs::clip_grad_norm(&stream, &grads, 1.0, NormType::L2, &mut n1).expect("norm");
+    liger_rs::clip_grad_norm(&stream, &grads, 1.0, NormType::L2, &mut n2).expect("norm");
     same_bits(
         "norm",
         "twice",
@@ -449,7 +449,7 @@ fn device_scalars_and_a_deterministic_norm() {
         &download(&stream, &n2),
     );
     let host: Vec<&[f32]> = a.iter().map(|s| &s.grad[..]).collect();
-    let (want, _) = reference::clip_grad_norm(&host, 1.0);
+    let (want, _) = reference::clip_grad_norm(&host, 1.0, NormType::L2);
     let got = download(&stream, &n1)[0] as f64;
     assert!((got - want).abs() <= 1e-5 * want, "{got} vs {want}");
 }
@@ -526,5 +526,71 @@ fn a_tensor_over_2_32_elements() {
         same_bits("param", &format!("window {w:?}"), &got, &hp);
         let got = stream.clone_dtoh(&v.slice(w.clone())).expect("down");
         same_bits("exp_avg_sq", &format!("window {w:?}"), &got, &hv);
+    }
+}
+
+/// The infinity norm over 40 f16 tensors is the largest `|g|` exactly; a NaN or an infinity
+/// in one gradient sets the non-finite flag (the L2 and the infinity norm alike, the factor
+/// as PyTorch's: NaN, 0), and that flag as `found_inf` skips the step.
+#[test]
+fn infinity_norm_and_the_non_finite_flag() {
+    let Some(stream) = gpu("infinity_norm_and_the_non_finite_flag") else {
+        return;
+    };
+    let mut rng = Rng::new(61);
+    let lens: Vec<usize> = (0..40).map(|i| 3 + i * 1013).collect();
+    let mut host: Vec<Vec<f16>> = lens.iter().map(|&n| rng.vec(n, 0.0, 1.0)).collect();
+    host[17][500] = f16::from_f32(-9.5);
+    let dev: Vec<CudaSlice<f16>> = host.iter().map(|h| upload(&stream, h)).collect();
+    let grads: Vec<&dyn DevicePtr<f16>> = dev.iter().map(|d| d as _).collect();
+    let mut out = stream.alloc_zeros::<f32>(3).expect("alloc");
+    liger_rs::clip_grad_norm(&stream, &grads, 2.0, NormType::Inf, &mut out).expect("inf norm");
+    let got = download(&stream, &out);
+    let slices: Vec<&[f16]> = host.iter().map(|h| &h[..]).collect();
+    let (want, factor) = reference::clip_grad_norm(&slices, 2.0, NormType::Inf);
+    assert_eq!((got[0], got[1], got[2]), (want as f32, factor, 0.0));
+    assert_eq!(got[0], 9.5);
+    for (bad, nan_factor) in [(f16::NAN, true), (f16::INFINITY, false)] {
+        let mut g = host[3].clone();
+        g[1] = bad;
+        let gd = upload(&stream, &g);
+        for norm_type in [NormType::L2, NormType::Inf] {
+            let mut list = grads.clone();
+            list[3] = &gd;
+            liger_rs::clip_grad_norm(&stream, &list, 1.0, norm_type, &mut out).expect("norm");
+            let got = download(&stream, &out);
+            assert_eq!(got[2], 1.0, "{bad:?} {norm_type:?}: {got:?}");
+            assert_eq!(
+                got[1].is_nan(),
+                nan_factor,
+                "{bad:?} {norm_type:?}: {got:?}"
+            );
+            if !nan_factor {
+                assert_eq!(got[1], 0.0);
+            }
+        }
+    }
+    // The flag as found_inf: the step leaves θ, m and v as they were.
+    let n = 1000;
+    let mut s = state::<f32>(&stream, &mut rng, n);
+    let before = s.host.clone();
+    {
+        let flag = out.slice(2..3);
+        let [p, m, v, _] = &mut s.dev;
+        let mut tensors = [AdamWTensor {
+            param: p,
+            grad: &s.dgrad,
+            exp_avg: m,
+            exp_avg_sq: v,
+            max_exp_avg_sq: None,
+        }];
+        let scalars = StepScalars {
+            found_inf: Some(&flag),
+            ..Default::default()
+        };
+        adamw_step(&stream, &AdamWArgs::new(1e-2), 1.0, &scalars, &mut tensors).expect("step");
+    }
+    for (dev, want) in s.dev.iter().zip(&before).take(3) {
+        same_bits("skipped", "found_inf", &download(&stream, dev), want);
     }
 }

@@ -217,6 +217,17 @@ impl SgdArgs {
     }
 }
 
+/// The norm [`clip_grad_norm`](crate::clip_grad_norm) clips by: PyTorch's `norm_type` 2 or
+/// `inf`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NormType {
+    /// `√Σ g²` over every gradient element.
+    #[default]
+    L2,
+    /// `max |g|` over every gradient element.
+    Inf,
+}
+
 /// Checks a step count as PyTorch keeps it (f32, at least 1, a whole number).
 pub(crate) fn check_step(step: f32) -> Result<()> {
     if !(step >= 1.0 && step.fract() == 0.0 && step < 16_777_216.0) {

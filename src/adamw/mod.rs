@@ -12,7 +12,7 @@ pub(crate) mod plan;
 #[path = "../../packaging/kernels-gpu/src/adamw/abi.rs"]
 pub(crate) mod abi;
 
-pub use args::{AdamWArgs, SgdArgs};
+pub use args::{AdamWArgs, NormType, SgdArgs};
 
 use crate::dtype::Dtype;
 use crate::error::{Error, Result, invalid};
@@ -54,13 +54,15 @@ pub struct StepScalars<'a> {
     pub step: Option<&'a dyn DevicePtr<f32>>,
     /// The learning rate on the device (else `args.lr`).
     pub lr: Option<&'a dyn DevicePtr<f32>>,
-    /// [`clip_grad_norm`]'s output (`[norm, factor]`): the gradients are scaled by the
-    /// factor, in their type, before the update.
+    /// [`clip_grad_norm`]'s output (`[norm, factor, non-finite]`): the gradients are scaled
+    /// by the factor, in their type, before the update.
     pub clip: Option<&'a dyn DevicePtr<f32>>,
     /// PyTorch's `grad_scale`: each gradient is divided by it before the update (PyTorch's
     /// fused kernel also writes the unscaled gradient back; this one leaves it).
     pub grad_scale: Option<&'a dyn DevicePtr<f32>>,
     /// PyTorch's `found_inf`: where it holds anything but 0 the step changes nothing.
+    /// [`clip_grad_norm`]'s third value (`out.slice(2..3)`) is such a flag: 1 where some
+    /// gradient is infinite or NaN.
     pub found_inf: Option<&'a dyn DevicePtr<f32>>,
 }
 
@@ -150,7 +152,7 @@ fn scalars<'b>(stream: &'b CudaStream, s: &StepScalars<'b>) -> Result<(Vec<Item<
     let all = [
         ("scalars.step", s.step, 1),
         ("scalars.lr", s.lr, 1),
-        ("scalars.clip", s.clip, 2),
+        ("scalars.clip", s.clip, abi::NORM_OUT),
         ("scalars.grad_scale", s.grad_scale, 1),
         ("scalars.found_inf", s.found_inf, 1),
     ];
@@ -425,18 +427,23 @@ pub fn sgd_step_with_copies<G: Dtype, C: Dtype>(
     sgd_impl::<G, C>(stream, args, first_step, scalars, tensors, Some(copies))
 }
 
-/// The global L2 norm of all `grads` and the clip factor `min(1, max_norm / (norm + 1e-6))`
-/// (PyTorch's `clip_grad_norm_`), written to `out` (f32 `[norm, factor]`) on the device:
-/// pass `out` as [`StepScalars::clip`] to clip inside the update, read it back to log the
-/// norm. Squares summed in f32 per block, the blocks in f64 in a fixed order (bitwise
-/// deterministic). Allocates the per-block sums on `stream` for the call.
+/// The global norm of all `grads` (L2, or the infinity norm: the largest `|g|`), the clip
+/// factor `max_norm / (norm + 1e-6)` clamped to 1 (PyTorch's `clip_grad_norm_`: 0 for an
+/// infinite norm, NaN for a NaN one) and a non-finite flag (1 where some gradient is infinite
+/// or NaN, else 0), written to `out` (f32 `[norm, factor, non-finite]`) on the device. Pass
+/// `out` as [`StepScalars::clip`] to clip inside the update, its third value as
+/// [`StepScalars::found_inf`] to skip a step with a non-finite gradient (loss scaling), and
+/// read it back to log the norm. L2: squares summed in f32 per block of 4096, the blocks in
+/// f64 in a fixed order (bitwise deterministic). Allocates the per-block partials on `stream`
+/// for the call. `max_norm = ∞` computes the norm and the flag without clipping.
 ///
 /// # Errors
-/// As [`adamw_step`] for the buffers; `max_norm` not > 0.
+/// As [`adamw_step`] for the buffers; `max_norm` not > 0; `out` not three f32.
 pub fn clip_grad_norm<G: Dtype>(
     stream: &Arc<CudaStream>,
     grads: &[&dyn DevicePtr<G>],
     max_norm: f32,
+    norm_type: NormType,
     out: &mut impl DevicePtrMut<f32>,
 ) -> Result<()> {
     if max_norm.is_nan() || max_norm <= 0.0 {
@@ -455,7 +462,7 @@ pub fn clip_grad_norm<G: Dtype>(
         });
         items.push(item);
     }
-    let out_item = take(stream, "out", 0, 2, Access::Write(out))?;
+    let out_item = take(stream, "out", 0, abi::NORM_OUT, Access::Write(out))?;
     let out_ptr = out_item.ptr;
     items.push(out_item);
     check_disjoint(&items)?;
@@ -463,6 +470,10 @@ pub fn clip_grad_norm<G: Dtype>(
     let partials = stream.alloc_zeros::<f32>(total.max(1) as usize)?;
     let (partials_ptr, _partials_use) = partials.device_ptr(stream);
     let mut params = launch::adamw_params(&AdamWArgs::new(0.0), 1.0, [0; 5]);
+    params.flags = match norm_type {
+        NormType::L2 => 0,
+        NormType::Inf => abi::NORM_INF,
+    };
     params.partials = partials_ptr;
     let kernel = plan::sum_squares(G::ELEM);
     let mut base = 0u64;

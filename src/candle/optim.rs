@@ -9,7 +9,7 @@
 //! variables run the reference.
 use super::{crate_err, cuda, view};
 use crate::reference::adamw::{self as reference, AdamWState};
-use crate::{AdamWArgs, AdamWTensor, Dtype, StepScalars};
+use crate::{AdamWArgs, AdamWTensor, Dtype, NormType, StepScalars};
 use candle_core::backprop::GradStore;
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{
@@ -75,7 +75,8 @@ impl Entry {
     }
 }
 
-/// The clip factor the next step applies: `[norm, factor]` on the device, or the factor.
+/// The clip factor the next step applies: `[norm, factor, non-finite]` on the device, or the
+/// factor.
 enum Clip {
     Cuda(Tensor),
     Cpu(f32),
@@ -194,7 +195,7 @@ impl AdamW {
             let guards: Vec<_> = list.iter().map(|(_, g)| g.storage_and_layout()).collect();
             let mut out = dev
                 .cuda_stream()
-                .alloc_zeros::<f32>(2)
+                .alloc_zeros::<f32>(3)
                 .map_err(|e| crate_err(e.into()))?;
             match dtype {
                 DType::F32 => norm_into::<f32>(&guards, max_norm, &mut out)?,
@@ -202,7 +203,7 @@ impl AdamW {
                 DType::BF16 => norm_into::<bf16>(&guards, max_norm, &mut out)?,
                 other => return Err(msg(format!("gradients of {other:?}"))),
             }
-            let both = super::tensor(super::wrap(out, dev), 2);
+            let both = super::tensor(super::wrap(out, dev), 3);
             let norm = both.narrow(0, 0, 1)?.reshape(())?;
             self.clip = Some(Clip::Cuda(both));
             return Ok(norm);
@@ -212,7 +213,7 @@ impl AdamW {
             .map(|(_, g)| g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>())
             .collect::<Result<_>>()?;
         let slices: Vec<&[f32]> = host.iter().map(|h| &h[..]).collect();
-        let (norm, factor) = reference::clip_grad_norm(&slices, max_norm as f32);
+        let (norm, factor) = reference::clip_grad_norm(&slices, max_norm as f32, NormType::L2);
         self.clip = Some(Clip::Cpu(factor));
         Tensor::new(norm as f32, &Device::Cpu)
     }
@@ -306,7 +307,7 @@ fn norm_into<G: Dtype + CudaDType>(
         .collect::<Result<_>>()?;
     let grads: Vec<&dyn DevicePtr<G>> = views.iter().map(|v| v as _).collect();
     let stream = out.stream().clone();
-    crate::clip_grad_norm(&stream, &grads, max_norm as f32, out).map_err(crate_err)
+    crate::clip_grad_norm(&stream, &grads, max_norm as f32, NormType::L2, out).map_err(crate_err)
 }
 
 /// Every written storage distinct from every other storage of the step (a repeated one would

@@ -6,7 +6,7 @@
 //! corrections' `β^t` is the exact power rounded to f32 (by squaring in f64), which is what
 //! the f32 `pow` of PyTorch's kernel returns for these arguments.
 use super::Element;
-use crate::adamw::args::{AdamWArgs, SgdArgs, check_step};
+use crate::adamw::args::{AdamWArgs, NormType, SgdArgs, check_step};
 use crate::error::{Result, invalid};
 
 /// `β^t` rounded to f32.
@@ -197,17 +197,28 @@ pub fn sgd_step<G: Element>(
     Ok(())
 }
 
-/// The global L2 norm of `grads` (in f64) and the clip factor `min(1, max_norm / (norm +
-/// 1e-6))` in f32, as [`crate::clip_grad_norm`] computes them (its norm is the f64 norm
-/// rounded to f32, up to the f32 rounding of its per-block sums).
-pub fn clip_grad_norm<G: Element>(grads: &[&[G]], max_norm: f32) -> (f64, f32) {
-    let sum: f64 = grads
-        .iter()
-        .flat_map(|g| g.iter())
-        .map(|x| x.to_f64() * x.to_f64())
-        .sum();
-    let norm = sum.sqrt();
-    (norm, (max_norm / (norm as f32 + 1e-6)).min(1.0))
+/// The global norm of `grads` (in f64) and the clip factor `max_norm / (norm + 1e-6)`
+/// clamped to 1 in f32 (NaN staying NaN), as [`crate::clip_grad_norm`] computes them (its L2
+/// norm is the f64 norm rounded to f32, up to the f32 rounding of its per-block sums; its
+/// infinity norm is exact).
+pub fn clip_grad_norm<G: Element>(
+    grads: &[&[G]],
+    max_norm: f32,
+    norm_type: NormType,
+) -> (f64, f32) {
+    let all = grads.iter().flat_map(|g| g.iter()).map(|x| x.to_f64());
+    let norm = match norm_type {
+        NormType::L2 => all.map(|x| x * x).sum::<f64>().sqrt(),
+        NormType::Inf => all.fold(0.0, |m: f64, x| {
+            if x.is_nan() || x.abs() > m {
+                x.abs()
+            } else {
+                m
+            }
+        }),
+    };
+    let f = max_norm / (norm as f32 + 1e-6);
+    (norm, if f > 1.0 { 1.0 } else { f })
 }
 
 #[cfg(test)]
@@ -319,9 +330,17 @@ mod tests {
 
     #[test]
     fn clipping_scales_to_the_max_norm() {
-        let (norm, factor) = clip_grad_norm(&[&[3.0f32][..], &[4.0f32][..]], 1.0);
+        let l2 = NormType::L2;
+        let (norm, factor) = clip_grad_norm(&[&[3.0f32][..], &[4.0f32][..]], 1.0, l2);
         assert_eq!(norm, 5.0);
         assert!((factor - 1.0 / (5.0 + 1e-6)).abs() < 1e-7);
-        assert_eq!(clip_grad_norm(&[&[0.3f32][..]], 1.0).1, 1.0);
+        assert_eq!(clip_grad_norm(&[&[0.3f32][..]], 1.0, l2).1, 1.0);
+        let inf = NormType::Inf;
+        assert_eq!(
+            clip_grad_norm(&[&[3.0f32, -7.0][..], &[4.0f32][..]], 1.0, inf).0,
+            7.0
+        );
+        assert_eq!(clip_grad_norm(&[&[f32::INFINITY][..]], 1.0, l2).1, 0.0);
+        assert!(clip_grad_norm(&[&[1.0, f32::NAN][..]], 1.0, inf).1.is_nan());
     }
 }

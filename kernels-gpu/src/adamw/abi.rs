@@ -85,7 +85,8 @@ pub struct Params {
     pub max_norm: f32,
     /// Keeps the layout free of implicit padding.
     pub pad2: u32,
-    /// The norm kernel's outputs: the global L2 norm (f32), then the clip factor (f32).
+    /// The norm kernel's outputs, f32 `[NORM_OUT]`: the global norm, the clip factor, and 1
+    /// where the norm is not finite (some gradient is infinite or NaN), else 0.
     pub norm: u64,
 }
 
@@ -99,3 +100,7 @@ pub const DECOUPLED: u32 = 4;
 pub const NESTEROV: u32 = 8;
 /// SGD's first step: the momentum buffer starts as the gradient.
 pub const FIRST_STEP: u32 = 16;
+/// The norm kernels: the infinity norm (the largest `|g|`), else the L2 norm.
+pub const NORM_INF: u32 = 32;
+/// f32 values the norm kernel writes.
+pub const NORM_OUT: usize = 3;

@@ -12,11 +12,14 @@
 pub mod abi;
 
 use crate::identity::kernel_name;
+use crate::math::shfl_xor;
 use crate::{
     Bf16, Elem, V8, V16, Vector, block_dim, block_idx, block_sum, fma, sqrt, sync_threads,
     thread_idx,
 };
-use abi::{AMSGRAD, BLOCK_ELEMS, DECOUPLED, FIRST_STEP, MAXIMIZE, NESTEROV, Params, Tensor};
+use abi::{
+    AMSGRAD, BLOCK_ELEMS, DECOUPLED, FIRST_STEP, MAXIMIZE, NESTEROV, NORM_INF, Params, Tensor,
+};
 use core::intrinsics::gpu::gpu_launch_sized_workgroup_mem;
 
 /// A copy type of the weights: none, or a 16-bit element type.
@@ -332,7 +335,43 @@ unsafe fn sgd<G: Elem, C: Copy16>(p: &Params) {
     }
 }
 
-/// Each block's sum of the squared gradient elements (f32) into `partials[partial_base + b]`.
+/// `a` or `b`, the larger, NaN where either is NaN (as `torch.max`): a NaN gradient must reach
+/// the infinity norm.
+#[inline(always)]
+fn max_nan(a: f32, b: f32) -> f32 {
+    if b.is_nan() || b > a { b } else { a }
+}
+
+/// The largest of `v ≥ 0` over the block (NaN if any is), to every thread; `SUM_SLOTS` f32 of
+/// shared memory, one barrier.
+#[inline(always)]
+fn block_max(v: f32) -> f32 {
+    let smem = gpu_launch_sized_workgroup_mem::<f32>();
+    let warp_max = |mut w: f32| {
+        let mut mask = 16;
+        while mask > 0 {
+            w = max_nan(w, shfl_xor(w, mask));
+            mask >>= 1;
+        }
+        w
+    };
+    let w = warp_max(v);
+    let (lane, warp, warps) = (thread_idx() & 31, thread_idx() >> 5, block_dim() >> 5);
+    if lane == 0 {
+        // SAFETY: one slot per warp, `SUM_SLOTS ≥ 32`.
+        unsafe { *smem.add(warp) = w };
+    }
+    sync_threads();
+    // SAFETY: the warps' slots, written before the barrier.
+    warp_max(if lane < warps {
+        unsafe { *smem.add(lane) }
+    } else {
+        0.0
+    })
+}
+
+/// Each block's sum of the squared gradient elements (f32; with [`NORM_INF`], the largest
+/// `|g|`) into `partials[partial_base + b]`.
 ///
 /// # Safety
 /// As [`update`]; `partials` holds the launch's blocks from `partial_base`; `SUM_SLOTS` f32 of
@@ -342,35 +381,74 @@ unsafe fn sum_squares<G: Elem>(p: &Params) {
     let b = block_idx() as u64;
     let (t, start) = tensor_of(p, b);
     let end = (start + BLOCK_ELEMS).min(t.len);
+    let inf = p.flags & NORM_INF != 0;
+    let add = |acc: f32, g: f32| {
+        if inf {
+            max_nan(acc, g.abs())
+        } else {
+            fma(g, g, acc)
+        }
+    };
+    let (tid, bd) = (thread_idx() as u64, block_dim() as u64);
     let mut acc = 0.0f32;
-    let mut j = start + thread_idx() as u64;
+    let mut j = start;
+    if t.grad % (4 * size_of::<G>() as u64) == 0 {
+        let quads = (end - start) / 4;
+        let mut q = start / 4 + tid;
+        while q < start / 4 + quads {
+            // SAFETY: elements `4q..4q + 4 ≤ end`, aligned.
+            let g = unsafe { load4::<G>(t.grad, q as usize) };
+            acc = add(add(add(add(acc, g[0]), g[1]), g[2]), g[3]);
+            q += bd;
+        }
+        j = start + 4 * quads;
+    }
+    let mut j = j + tid;
     while j < end {
         // SAFETY: `j < len`.
-        let g = unsafe { (*(t.grad as *const G).add(j as usize)).to_f32() };
-        acc += g * g;
-        j += block_dim() as u64;
+        acc = add(acc, unsafe {
+            (*(t.grad as *const G).add(j as usize)).to_f32()
+        });
+        j += bd;
     }
-    let total = block_sum(acc, 0);
+    let total = if inf {
+        block_max(acc)
+    } else {
+        block_sum(acc, 0)
+    };
     if thread_idx() == 0 {
         // SAFETY: the host sized the partials.
         unsafe { *(p.partials as *mut f32).add((p.partial_base + b) as usize) = total };
     }
 }
 
-/// The global L2 norm from the partial sums (f64, fixed order) and the clip factor
-/// `min(1, max_norm / (norm + 1e-6))` (f32, as PyTorch's `clip_grad_norm_`), one block.
+/// The global norm from the partials (L2: their sum in f64 in a fixed order, then the root;
+/// [`NORM_INF`]: their maximum), the clip factor `max_norm / (norm + 1e-6)` clamped to 1 (f32,
+/// NaN staying NaN, as PyTorch's `clip_grad_norm_`), and the non-finite flag; one block.
 ///
 /// # Safety
-/// `partials` holds `partial_count` values, `norm` two f32; `THREADS` f64 of shared memory.
+/// `partials` holds `partial_count` values, `norm` [`NORM_OUT`] f32; `THREADS` f64 of shared
+/// memory.
 #[inline(always)]
 unsafe fn norm(p: &Params) {
     let smem = gpu_launch_sized_workgroup_mem::<f64>();
     let (tid, bd) = (thread_idx(), block_dim());
+    let inf = p.flags & NORM_INF != 0;
+    let combine = |a: f64, b: f64| {
+        if !inf {
+            a + b
+        } else if b.is_nan() || b > a {
+            b
+        } else {
+            a
+        }
+    };
     let mut acc = 0.0f64;
     let mut i = tid as u64;
     while i < p.partial_count {
         // SAFETY: `i < partial_count`.
-        acc += unsafe { *(p.partials as *const f32).add(i as usize) } as f64;
+        acc = combine(acc, unsafe { *(p.partials as *const f32).add(i as usize) }
+            as f64);
         i += bd as u64;
     }
     // SAFETY: `bd` f64 of shared memory; a fixed tree.
@@ -380,15 +458,22 @@ unsafe fn norm(p: &Params) {
         while half > 0 {
             sync_threads();
             if tid < half {
-                *smem.add(tid) += *smem.add(tid + half);
+                *smem.add(tid) = combine(*smem.add(tid), *smem.add(tid + half));
             }
             half /= 2;
         }
         if tid == 0 {
-            let n = core::intrinsics::sqrtf64(*smem) as f32;
-            let factor = (p.max_norm / (n + 1e-6)).min(1.0);
-            *(p.norm as *mut f32) = n;
-            *(p.norm as *mut f32).add(1) = factor;
+            let total = *smem;
+            let n = if inf {
+                total as f32
+            } else {
+                core::intrinsics::sqrtf64(total) as f32
+            };
+            let f = p.max_norm / (n + 1e-6);
+            let out = p.norm as *mut f32;
+            *out = n;
+            *out.add(1) = if f > 1.0 { 1.0 } else { f };
+            *out.add(2) = if n.is_finite() { 0.0 } else { 1.0 };
         }
     }
 }
