@@ -275,10 +275,54 @@ fn main() {
             bytes / ms / 1e6,
             100.0 * copy / ms
         );
-        drop((h, copies));
+        drop(h);
+        let ms = bf16_moments(&stream, &lens, &mut copies);
+        // θ read and written (8 bytes), m and v in bf16 (8), the gradient and the copy (4).
+        let small = 20.0 * n as f64;
+        println!(
+            "{name},{n},bf16+bf16 copy+bf16 moments,{ms:.3},{:.0},{copy_gbs:.0},{:.1}%",
+            small / ms / 1e6,
+            100.0 * copy * (small / bytes) / ms
+        );
+        drop(copies);
         #[cfg(feature = "candle")]
         candle_rows(name, &lens, copy);
     }
+}
+
+/// One step with bf16 gradients, bf16 copies and bf16 moments over `lens` (ms).
+fn bf16_moments(stream: &Arc<CudaStream>, lens: &[usize], copies: &mut [CudaSlice<bf16>]) -> f64 {
+    let g = bf16::from_f32(0.01);
+    let mut params: Vec<CudaSlice<f32>> = lens
+        .iter()
+        .map(|&n| stream.alloc_zeros(n).expect("alloc"))
+        .collect();
+    let mut moments: Vec<[CudaSlice<bf16>; 2]> = lens
+        .iter()
+        .map(|&n| [0, 1].map(|_| stream.alloc_zeros(n).expect("alloc")))
+        .collect();
+    let grads: Vec<CudaSlice<bf16>> = lens
+        .iter()
+        .map(|&n| stream.clone_htod(&vec![g; n]).expect("upload"))
+        .collect();
+    time_ms(stream, || {
+        let mut list: Vec<AdamWTensor<'_, bf16, bf16>> = params
+            .iter_mut()
+            .zip(moments.iter_mut())
+            .zip(&grads)
+            .map(|((p, [m, v]), g)| AdamWTensor {
+                param: p,
+                grad: g,
+                exp_avg: m,
+                exp_avg_sq: v,
+                max_exp_avg_sq: None,
+            })
+            .collect();
+        let mut c: Vec<&mut dyn DevicePtrMut<bf16>> = copies.iter_mut().map(|c| c as _).collect();
+        let s = StepScalars::default();
+        adamw_step_with_copies(stream, &AdamWArgs::new(1e-4), 10.0, &s, &mut list, &mut c)
+            .expect("step");
+    })
 }
 
 /// With the `candle` feature: one step of candle-nn's `AdamW` and of

@@ -418,10 +418,10 @@ pub(crate) mod tests {
         // the other ops' 347, attention's 24 (the forward, dQ and dK/dV on SIMT for three
         // element types and on tensor cores for two at two head_dims; the preprocessing), and
         // cross-entropy's 26 (forward and backward rows on four paths for three element
-        // types; the count and the reduction), and the optimizers' 22 (the AdamW and the SGD
-        // update for three gradient types with no copy or an f16 or bf16 copy; the sums of
-        // squares; the norm).
-        assert_eq!(launchable.len(), 575);
+        // types; the count and the reduction), and the optimizers' 31 (the AdamW update with
+        // f32 or bf16 moments and the SGD update, each for three gradient types with no copy
+        // or an f16 or bf16 copy; the sums of squares; the norm).
+        assert_eq!(launchable.len(), 584);
     }
 
     #[test]

@@ -89,6 +89,8 @@ names! {
     pub enum AdamWPass / adamw_pass_name {
         /// The AdamW/Adam update of θ, m, v (and the copy) over many tensors.
         Update = "step",
+        /// [`AdamWPass::Update`] with bf16 moments.
+        UpdateBf16States = "step16",
         /// The SGD update of θ and the momentum buffer (and the copy) over many tensors.
         Sgd = "sgd",
         /// Per-block sums of the squared gradients.
@@ -380,7 +382,7 @@ pub enum Kernel {
         pass: AdamWPass,
         /// The gradients' element type (none for [`AdamWPass::Norm`]).
         grad: Option<ElemType>,
-        /// The weights' copy type ([`AdamWPass::Update`] and [`AdamWPass::Sgd`] only).
+        /// The weights' copy type (the updates only).
         copy: Option<ElemType>,
     },
     /// An attention kernel.

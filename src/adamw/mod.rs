@@ -20,19 +20,20 @@ use crate::identity::{AdamWPass, ElemType};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use std::sync::Arc;
 
-/// One parameter tensor's buffers for a step: the f32 weights, the gradient, the f32
-/// moments (updated in place), and amsgrad's running maximum of v.
-pub struct AdamWTensor<'a, G> {
+/// One parameter tensor's buffers for a step: the f32 weights, the gradient, the moments
+/// (updated in place) and amsgrad's running maximum of v, in `S`: f32, or bf16 to halve
+/// their memory (each computed in f32 and rounded once when stored).
+pub struct AdamWTensor<'a, G, S = f32> {
     /// θ, f32 `[n]`.
     pub param: &'a mut dyn DevicePtrMut<f32>,
     /// The gradient `[n]`, only read.
     pub grad: &'a dyn DevicePtr<G>,
-    /// m, f32 `[n]`.
-    pub exp_avg: &'a mut dyn DevicePtrMut<f32>,
-    /// v, f32 `[n]`.
-    pub exp_avg_sq: &'a mut dyn DevicePtrMut<f32>,
-    /// amsgrad's maximum of v, f32 `[n]` (required with amsgrad, refused without).
-    pub max_exp_avg_sq: Option<&'a mut dyn DevicePtrMut<f32>>,
+    /// m `[n]`.
+    pub exp_avg: &'a mut dyn DevicePtrMut<S>,
+    /// v `[n]`.
+    pub exp_avg_sq: &'a mut dyn DevicePtrMut<S>,
+    /// amsgrad's maximum of v `[n]` (required with amsgrad, refused without).
+    pub max_exp_avg_sq: Option<&'a mut dyn DevicePtrMut<S>>,
 }
 
 /// One parameter tensor's buffers for an SGD step: the f32 weights, the gradient and, with
@@ -168,10 +169,10 @@ fn scalars<'b>(stream: &'b CudaStream, s: &StepScalars<'b>) -> Result<(Vec<Item<
 
 /// One tensor's buffers as the shared body takes them: the gradient, θ, and the rule's f32
 /// states in the parameter block's order (m or the momentum buffer, v, amsgrad's maximum).
-struct Slots<'s, G> {
+struct Slots<'s, G, S> {
     grad: &'s dyn DevicePtr<G>,
     param: &'s mut dyn DevicePtrMut<f32>,
-    states: [Option<(&'static str, &'s mut dyn DevicePtrMut<f32>)>; 3],
+    states: [Option<(&'static str, &'s mut dyn DevicePtrMut<S>)>; 3],
 }
 
 /// What a launch computes: the kernel pass and its parameter block without tensors.
@@ -182,11 +183,11 @@ struct Rule {
 
 /// The shared body of every step: checks the copies and every buffer, then launches `rule`'s
 /// kernel over groups of tensors.
-fn step_impl<G: Dtype, C: Dtype>(
+fn step_impl<G: Dtype, C: Dtype, S: Dtype>(
     stream: &Arc<CudaStream>,
     rule: impl FnOnce([u64; 5]) -> Rule,
     scalars_in: &StepScalars<'_>,
-    tensors: Vec<Slots<'_, G>>,
+    tensors: Vec<Slots<'_, G, S>>,
     copies: Option<&mut [&mut dyn DevicePtrMut<C>]>,
 ) -> Result<()> {
     let copy_type = match (&copies, C::ELEM) {
@@ -254,15 +255,22 @@ fn step_impl<G: Dtype, C: Dtype>(
 }
 
 /// The AdamW body: its checks, its slots, its parameter block.
-fn adamw_impl<G: Dtype, C: Dtype>(
+fn adamw_impl<G: Dtype, C: Dtype, S: Dtype>(
     stream: &Arc<CudaStream>,
     args: &AdamWArgs,
     step: f32,
     scalars: &StepScalars<'_>,
-    tensors: &mut [AdamWTensor<'_, G>],
+    tensors: &mut [AdamWTensor<'_, G, S>],
     copies: Option<&mut [&mut dyn DevicePtrMut<C>]>,
 ) -> Result<()> {
     args.check()?;
+    let pass = match S::ELEM {
+        ElemType::F32 => AdamWPass::Update,
+        ElemType::Bf16 => AdamWPass::UpdateBf16States,
+        ElemType::F16 => {
+            return Err(invalid("exp_avg", "f32 or bf16 moments", "f16"));
+        }
+    };
     if scalars.step.is_none() {
         args::check_step(step)?;
     }
@@ -279,16 +287,16 @@ fn adamw_impl<G: Dtype, C: Dtype>(
             grad: t.grad,
             param: &mut *t.param,
             states: [
-                Some(("exp_avg", &mut *t.exp_avg as &mut dyn DevicePtrMut<f32>)),
+                Some(("exp_avg", &mut *t.exp_avg as &mut dyn DevicePtrMut<S>)),
                 Some(("exp_avg_sq", &mut *t.exp_avg_sq)),
                 t.max_exp_avg_sq
                     .as_mut()
-                    .map(|b| ("max_exp_avg_sq", &mut **b as &mut dyn DevicePtrMut<f32>)),
+                    .map(|b| ("max_exp_avg_sq", &mut **b as &mut dyn DevicePtrMut<S>)),
             ],
         });
     }
     let rule = |sp| Rule {
-        pass: AdamWPass::Update,
+        pass,
         params: launch::adamw_params(args, step, sp),
     };
     step_impl(stream, rule, scalars, slots, copies)
@@ -346,8 +354,8 @@ fn sgd_impl<G: Dtype, C: Dtype>(
 /// `θ ← θ − lr·λ·θ` (decoupled; Adam adds `λ·θ` to g instead), `m ← β1·m + (1 − β1)·g`,
 /// `v ← β2·v + (1 − β2)·g²`, `θ ← θ − (lr / (1 − β1ᵗ))·m / (√v / √(1 − β2ᵗ) + ε)` (amsgrad:
 /// √ of the running maximum of v), in f32 with PyTorch 2.11's operation order and fused
-/// multiply-adds, the hyper-parameters rounded to f32. θ, m, v in f32; gradients f32, f16 or
-/// bf16. Up to 32 tensors per launch, their addresses in the launch's parameter block (no
+/// multiply-adds, the hyper-parameters rounded to f32. θ in f32; m and v in f32, or bf16
+/// (`S`; PyTorch has no such form); gradients f32, f16 or bf16. Up to 32 tensors per launch, their addresses in the launch's parameter block (no
 /// upload, no allocation), so a step with its scalars on the device ([`StepScalars`]) can be
 /// captured in a graph.
 ///
@@ -361,17 +369,17 @@ fn sgd_impl<G: Dtype, C: Dtype>(
 /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a hyper-parameter out of
 /// range, a step that is not a whole number ≥ 1, a buffer whose length is not its tensor's
 /// gradient's, amsgrad's buffer missing or given without it, a scalar buffer that is not one
-/// f32 (two for `clip`); [`Error::WrongContext`](crate::Error::WrongContext);
+/// f32 (three for `clip`), f16 moments; [`Error::WrongContext`](crate::Error::WrongContext);
 /// [`Error::Aliasing`](crate::Error::Aliasing) when a written buffer overlaps any other. A
 /// rejected call launches nothing.
-pub fn adamw_step<G: Dtype>(
+pub fn adamw_step<G: Dtype, S: Dtype>(
     stream: &Arc<CudaStream>,
     args: &AdamWArgs,
     step: f32,
     scalars: &StepScalars<'_>,
-    tensors: &mut [AdamWTensor<'_, G>],
+    tensors: &mut [AdamWTensor<'_, G, S>],
 ) -> Result<()> {
-    adamw_impl::<G, half::bf16>(stream, args, step, scalars, tensors, None)
+    adamw_impl::<G, half::bf16, S>(stream, args, step, scalars, tensors, None)
 }
 
 /// [`adamw_step`], also writing each tensor's updated θ rounded to `C` (f16 or bf16) into
@@ -379,15 +387,15 @@ pub fn adamw_step<G: Dtype>(
 ///
 /// # Errors
 /// As [`adamw_step`]; also for f32 copies or a copy count other than the tensors'.
-pub fn adamw_step_with_copies<G: Dtype, C: Dtype>(
+pub fn adamw_step_with_copies<G: Dtype, C: Dtype, S: Dtype>(
     stream: &Arc<CudaStream>,
     args: &AdamWArgs,
     step: f32,
     scalars: &StepScalars<'_>,
-    tensors: &mut [AdamWTensor<'_, G>],
+    tensors: &mut [AdamWTensor<'_, G, S>],
     copies: &mut [&mut dyn DevicePtrMut<C>],
 ) -> Result<()> {
-    adamw_impl::<G, C>(stream, args, step, scalars, tensors, Some(copies))
+    adamw_impl::<G, C, S>(stream, args, step, scalars, tensors, Some(copies))
 }
 
 /// One SGD step over many tensors, PyTorch's `torch.optim.SGD(fused=True)` operation for

@@ -78,7 +78,11 @@ pub(crate) mod tests {
         let mut v = vec![NORM];
         for g in ElemType::ALL.iter().copied() {
             v.push(sum_squares(g));
-            for pass in [AdamWPass::Update, AdamWPass::Sgd] {
+            for pass in [
+                AdamWPass::Update,
+                AdamWPass::UpdateBf16States,
+                AdamWPass::Sgd,
+            ] {
                 v.push(update(pass, g, None));
                 v.push(update(pass, g, Some(ElemType::F16)));
                 v.push(update(pass, g, Some(ElemType::Bf16)));

@@ -43,29 +43,29 @@ fn check_lens(n: usize, lens: &[(&'static str, usize)]) -> Result<()> {
 }
 
 /// One tensor's buffers for [`adamw_step`].
-pub struct AdamWState<'a, G> {
+pub struct AdamWState<'a, G, S = f32> {
     /// θ.
     pub param: &'a mut [f32],
     /// The gradient.
     pub grad: &'a [G],
-    /// m.
-    pub exp_avg: &'a mut [f32],
+    /// m (f32, or bf16: computed in f32, rounded when stored).
+    pub exp_avg: &'a mut [S],
     /// v.
-    pub exp_avg_sq: &'a mut [f32],
+    pub exp_avg_sq: &'a mut [S],
     /// amsgrad's maximum of v.
-    pub max_exp_avg_sq: Option<&'a mut [f32]>,
+    pub max_exp_avg_sq: Option<&'a mut [S]>,
 }
 
 /// One step on one tensor: `clip` the clip factor, `grad_scale` PyTorch's gradient scale.
 ///
 /// # Errors
 /// As [`crate::adamw_step`] for the arguments and lengths.
-pub fn adamw_step<G: Element>(
+pub fn adamw_step<G: Element, S: Element>(
     args: &AdamWArgs,
     step: f32,
     clip: Option<f32>,
     grad_scale: Option<f32>,
-    s: AdamWState<'_, G>,
+    s: AdamWState<'_, G, S>,
 ) -> Result<()> {
     args.check()?;
     check_step(step)?;
@@ -107,20 +107,22 @@ pub fn adamw_step<G: Element>(
                 g = th.mul_add(wd, g);
             }
         }
-        let m = b1.mul_add(s.exp_avg[j], (-b1).mul_add(g, g));
+        let wide = |x: S| x.to_f64() as f32;
+        let m = b1.mul_add(wide(s.exp_avg[j]), (-b1).mul_add(g, g));
         let g2 = g * g;
-        let v = b2.mul_add(s.exp_avg_sq[j], (-b2).mul_add(g2, g2));
+        let v = b2.mul_add(wide(s.exp_avg_sq[j]), (-b2).mul_add(g2, g2));
         let second = match vmax.as_mut() {
             Some(mx) => {
-                mx[j] = mx[j].max(v);
-                mx[j]
+                let x = wide(mx[j]).max(v);
+                mx[j] = S::from_f64(x as f64);
+                x
             }
             None => v,
         };
         let denom = second.sqrt() / bc2_sqrt + eps;
         th -= step_size * m / denom;
-        s.exp_avg[j] = m;
-        s.exp_avg_sq[j] = v;
+        s.exp_avg[j] = S::from_f64(m as f64);
+        s.exp_avg_sq[j] = S::from_f64(v as f64);
         s.param[j] = th;
     }
     Ok(())

@@ -4,8 +4,9 @@
 //! multi-tensor apply): their addresses travel in the parameter block, by value, so a step
 //! needs no upload and can be captured in a graph.
 
-/// One parameter tensor of a launch: f32 master weights, f32 optimizer states, the gradient in
-/// the launch's gradient type, an optional low-precision copy of the weights. SGD keeps its
+/// One parameter tensor of a launch: f32 master weights, optimizer states (f32, or bf16 for
+/// the AdamW update with bf16 states), the gradient in the launch's gradient type, an optional
+/// low-precision copy of the weights. SGD keeps its
 /// momentum buffer in `exp_avg` (0 without momentum).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -14,11 +15,11 @@ pub struct Tensor {
     pub param: u64,
     /// The gradient, read.
     pub grad: u64,
-    /// The first moment m, f32.
+    /// The first moment m.
     pub exp_avg: u64,
-    /// The second moment v, f32.
+    /// The second moment v.
     pub exp_avg_sq: u64,
-    /// amsgrad's running maximum of v, f32, or 0.
+    /// amsgrad's running maximum of v, or 0.
     pub max_exp_avg_sq: u64,
     /// The weights rounded to the copy type after the update, or 0.
     pub copy: u64,

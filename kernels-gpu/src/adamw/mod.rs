@@ -151,23 +151,24 @@ unsafe fn store4<T: Elem>(ptr: u64, q: usize, v: [f32; 4]) {
 
 /// Whether every buffer of `t` is aligned to four of its elements (0, an absent buffer, is).
 #[inline(always)]
-fn aligned<G: Elem, C: Copy16>(t: &Tensor) -> bool {
-    let f32s = t.param | t.exp_avg | t.exp_avg_sq | t.max_exp_avg_sq;
-    let g = 4 * size_of::<G>() as u64;
-    f32s % 16 == 0 && t.grad % g == 0 && t.copy % C::BYTES4 == 0
+fn aligned<G: Elem, C: Copy16, S: Elem>(t: &Tensor) -> bool {
+    let states = t.exp_avg | t.exp_avg_sq | t.max_exp_avg_sq;
+    let (g, s) = (4 * size_of::<G>() as u64, 4 * size_of::<S>() as u64);
+    t.param % 16 == 0 && states % s == 0 && t.grad % g == 0 && t.copy % C::BYTES4 == 0
 }
 
 /// Runs the element rule `f(g, [θ, s1, s2, s3]) → [θ, s1, s2, s3]` over the block's elements
 /// of `t`: the gradient (times the clip factor, rounded to its type, as `clip_grad_norm_`
-/// scales gradients in place) read, θ and the states whose pointers are not 0 read and
-/// written, the copy of θ written. Aligned tensors go four elements per thread per step (16-
+/// scales gradients in place) read, θ (f32) and the states (of `S`, widened to f32 and
+/// rounded back when stored) whose pointers are not 0 read and written, the copy of θ
+/// written. Aligned tensors go four elements per thread per step (16-
 /// and 8-byte accesses), the rest (and a tensor's last few elements) one.
 ///
 /// # Safety
 /// The host's checks: every buffer of `t` holds `t.len` elements; the scalars' pointers are 0
 /// or valid.
 #[inline(always)]
-unsafe fn sweep<G: Elem, C: Copy16>(
+unsafe fn sweep<G: Elem, C: Copy16, S: Elem>(
     p: &Params,
     t: &Tensor,
     start: u64,
@@ -185,7 +186,7 @@ unsafe fn sweep<G: Elem, C: Copy16>(
         };
         let (tid, bd) = (thread_idx() as u64, block_dim() as u64);
         let mut j = start;
-        if aligned::<G, C>(t) {
+        if aligned::<G, C, S>(t) {
             let quads = (end - start) / 4;
             let mut q = start / 4 + tid;
             while q < start / 4 + quads {
@@ -193,7 +194,10 @@ unsafe fn sweep<G: Elem, C: Copy16>(
                 let mut vals = [[0.0f32; 4]; 4];
                 for (k, &a) in arrays.iter().enumerate() {
                     if a != 0 {
-                        vals[k] = load4::<f32>(a, q as usize);
+                        vals[k] = match k {
+                            0 => load4::<f32>(a, q as usize),
+                            _ => load4::<S>(a, q as usize),
+                        };
                     }
                 }
                 let mut th = [0.0f32; 4];
@@ -209,7 +213,10 @@ unsafe fn sweep<G: Elem, C: Copy16>(
                 }
                 for (k, &a) in arrays.iter().enumerate() {
                     if a != 0 {
-                        store4::<f32>(a, q as usize, vals[k]);
+                        match k {
+                            0 => store4::<f32>(a, q as usize, vals[k]),
+                            _ => store4::<S>(a, q as usize, vals[k]),
+                        }
                     }
                 }
                 C::store4(t.copy, q as usize, th);
@@ -224,13 +231,19 @@ unsafe fn sweep<G: Elem, C: Copy16>(
             let mut vals = [0.0f32; 4];
             for (k, &a) in arrays.iter().enumerate() {
                 if a != 0 {
-                    vals[k] = *(a as *const f32).add(i);
+                    vals[k] = match k {
+                        0 => *(a as *const f32).add(i),
+                        _ => (*(a as *const S).add(i)).to_f32(),
+                    };
                 }
             }
             let out = f(g, vals);
             for (k, &a) in arrays.iter().enumerate() {
                 if a != 0 {
-                    *(a as *mut f32).add(i) = out[k];
+                    match k {
+                        0 => *(a as *mut f32).add(i) = out[k],
+                        _ => *(a as *mut S).add(i) = S::from_f32(out[k]),
+                    }
                 }
             }
             C::store(t.copy, i, out[0]);
@@ -241,13 +254,14 @@ unsafe fn sweep<G: Elem, C: Copy16>(
 
 /// The AdamW/Adam update of the block's elements, PyTorch 2.11's `adam_math` operation for
 /// operation: the hyper-parameters rounded to f32, f32 arithmetic, its `fma`s where it calls
-/// `std::fma` or nvcc contracts a product into a sum.
+/// `std::fma` or nvcc contracts a product into a sum. The moments are of `S`: f32, or bf16
+/// (rounded once when stored; the step uses the f32 values it computed).
 ///
 /// # Safety
 /// The host's checks: every tensor's buffers hold `len` elements, the grid is the launch's
 /// blocks, the scalars' pointers are 0 or valid.
 #[inline(always)]
-unsafe fn update<G: Elem, C: Copy16>(p: &Params) {
+unsafe fn update<G: Elem, C: Copy16, S: Elem>(p: &Params) {
     // SAFETY (every access): the host's checks.
     unsafe {
         if scalar(p.found_inf_ptr, 0.0) != 0.0 {
@@ -272,7 +286,7 @@ unsafe fn update<G: Elem, C: Copy16>(p: &Params) {
             p.flags & DECOUPLED != 0,
         );
         let scaled = p.grad_scale_ptr != 0;
-        sweep::<G, C>(p, &t, start, |g, [th, m, v, mx]| {
+        sweep::<G, C, S>(p, &t, start, |g, [th, m, v, mx]| {
             let mut g = if scaled { g / scale } else { g };
             if maximize {
                 g = -g;
@@ -316,7 +330,7 @@ unsafe fn sgd<G: Elem, C: Copy16>(p: &Params) {
         let (nesterov, first) = (p.flags & NESTEROV != 0, p.flags & FIRST_STEP != 0);
         let maximize = p.flags & MAXIMIZE != 0;
         let scaled = p.grad_scale_ptr != 0;
-        sweep::<G, C>(p, &t, start, |g, [th, b, _, _]| {
+        sweep::<G, C, f32>(p, &t, start, |g, [th, b, _, _]| {
             let mut g = if scaled { g / scale } else { g };
             if maximize {
                 g = -g;
@@ -498,15 +512,24 @@ macro_rules! adamw_kernels {
 }
 
 adamw_kernels! {
-    Update F32 None => update::<f32, NoCopy>;
-    Update F32 F16 => update::<f32, f16>;
-    Update F32 Bf16 => update::<f32, Bf16>;
-    Update F16 None => update::<f16, NoCopy>;
-    Update F16 F16 => update::<f16, f16>;
-    Update F16 Bf16 => update::<f16, Bf16>;
-    Update Bf16 None => update::<Bf16, NoCopy>;
-    Update Bf16 F16 => update::<Bf16, f16>;
-    Update Bf16 Bf16 => update::<Bf16, Bf16>;
+    Update F32 None => update::<f32, NoCopy, f32>;
+    Update F32 F16 => update::<f32, f16, f32>;
+    Update F32 Bf16 => update::<f32, Bf16, f32>;
+    Update F16 None => update::<f16, NoCopy, f32>;
+    Update F16 F16 => update::<f16, f16, f32>;
+    Update F16 Bf16 => update::<f16, Bf16, f32>;
+    Update Bf16 None => update::<Bf16, NoCopy, f32>;
+    Update Bf16 F16 => update::<Bf16, f16, f32>;
+    Update Bf16 Bf16 => update::<Bf16, Bf16, f32>;
+    UpdateBf16States F32 None => update::<f32, NoCopy, Bf16>;
+    UpdateBf16States F32 F16 => update::<f32, f16, Bf16>;
+    UpdateBf16States F32 Bf16 => update::<f32, Bf16, Bf16>;
+    UpdateBf16States F16 None => update::<f16, NoCopy, Bf16>;
+    UpdateBf16States F16 F16 => update::<f16, f16, Bf16>;
+    UpdateBf16States F16 Bf16 => update::<f16, Bf16, Bf16>;
+    UpdateBf16States Bf16 None => update::<Bf16, NoCopy, Bf16>;
+    UpdateBf16States Bf16 F16 => update::<Bf16, f16, Bf16>;
+    UpdateBf16States Bf16 Bf16 => update::<Bf16, Bf16, Bf16>;
     Sgd F32 None => sgd::<f32, NoCopy>;
     Sgd F32 F16 => sgd::<f32, f16>;
     Sgd F32 Bf16 => sgd::<f32, Bf16>;
