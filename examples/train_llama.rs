@@ -409,6 +409,15 @@ impl Rng {
     }
 }
 
+/// `Σ (2i + 1)·xᵢ` modulo 2⁶⁴ over a sequence (f32 bits or tokens): what
+/// `scripts/gpu/train_llama.py` prints for its weights and data, so the two sides can be
+/// seen to train the same model on the same batches.
+fn fingerprint(xs: impl Iterator<Item = u64>) -> u64 {
+    xs.enumerate().fold(0u64, |h, (i, x)| {
+        h.wrapping_add(x.wrapping_mul(2 * i as u64 + 1))
+    })
+}
+
 /// Successors per token in the random walk: the walk half of each sequence costs ln 4 nats a
 /// token at best.
 const SUCCESSORS: usize = 4;
@@ -836,6 +845,16 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let params: usize = init.iter().map(|(_, _, v)| v.len()).sum();
     println!("{:.1} M parameters", params as f64 / 1e6);
     let task = Task::new(cfg.vocab, cfg.seed);
+    let (inputs, _) = task.batch(&cfg, 0, &Device::Cpu)?;
+    let tokens = inputs.flatten_all()?.to_vec1::<u32>()?;
+    let weights = init
+        .iter()
+        .flat_map(|(_, _, v)| v.iter().map(|x| x.to_bits() as u64));
+    println!(
+        "fingerprints: weights {:016x}, first batch {:016x}",
+        fingerprint(weights),
+        fingerprint(tokens.iter().map(|&t| t as u64))
+    );
     let mut runs = Vec::new();
     if cfg.mode != Mode::Liger {
         runs.push(train::<CandleNn>(&cfg, &init, &task, &dev)?);
