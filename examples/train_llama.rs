@@ -12,6 +12,7 @@
 //!
 //! ```sh
 //! cargo run --release --features candle --example train_llama                 # f32 on GPU 0
+//! cargo run --release --features candle --example train_llama -- --plot loss.svg   # and the curves
 //! cargo run --release --features candle --example train_llama -- --dtype bf16
 //! cargo run --release --features candle --example train_llama -- --cpu        # tiny model, CPU
 //! cargo run --release --features candle --example train_llama -- --size llama --dtype bf16
@@ -220,6 +221,8 @@ struct Config {
     dtype: DType,
     cpu: bool,
     mode: Mode,
+    /// `--plot FILE.svg`: where to draw the loss curves.
+    plot: Option<String>,
 }
 
 /// Which runs to make.
@@ -250,6 +253,7 @@ impl Config {
             dtype: DType::F32,
             cpu: false,
             mode: Mode::Both,
+            plot: None,
         }
     }
 
@@ -350,6 +354,7 @@ impl Config {
                         _ => return Err(format!("--mode {value}: both, candle or liger")),
                     }
                 }
+                "--plot" => cfg.plot = Some(value.clone()),
                 _ => return Err(format!("unknown flag {flag}")),
             }
         }
@@ -807,7 +812,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
                 "usage: train_llama [--cpu] [--size small|llama] [--dtype f32|bf16|f16] \
                  [--mode both|candle|liger] [--steps N] [--layers N] [--hidden N] [--heads N] [--kv-heads N] \
                  [--intermediate N] [--vocab N] [--seq N] [--batch N] [--lr X] [--warmup N] \
-                 [--seed N]"
+                 [--seed N] [--plot FILE.svg]"
             );
             std::process::exit(2);
         }
@@ -862,8 +867,62 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     if cfg.mode != Mode::Candle {
         runs.push(train::<LigerRs>(&cfg, &init, &task, &dev)?);
     }
+    if let Some(path) = &cfg.plot {
+        plot(&cfg, &runs, path)?;
+        println!("loss curves drawn to {path}");
+    }
     if !report(&cfg, &runs) {
         std::process::exit(1);
     }
+    Ok(())
+}
+
+/// The runs' loss curves (loss against step, one line per run) as an SVG at `path`.
+fn plot(
+    cfg: &Config,
+    runs: &[Run],
+    path: &str,
+) -> std::result::Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let all = runs.iter().flat_map(|r| r.losses.iter().copied());
+    let (lo, hi) = all.fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), x| {
+        (lo.min(x), hi.max(x))
+    });
+    let pad = 0.05 * (hi - lo).max(1e-3);
+    let title = format!(
+        "{} layers × hidden {}, vocab {}, {} × {} tokens, {:?}",
+        cfg.layers, cfg.hidden, cfg.vocab, cfg.batch, cfg.seq, cfg.dtype
+    );
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d(1..cfg.steps.max(2), (lo - pad)..(hi + pad))?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc("loss (nats)")
+        .draw()?;
+    for (i, run) in runs.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let points = run.losses.iter().enumerate().map(|(s, &l)| (s + 1, l));
+        chart
+            // Wider lines first, so that curves which agree stay visible one over the other.
+            .draw_series(LineSeries::new(
+                points,
+                color.stroke_width(4 - 2 * i.min(1) as u32),
+            ))?
+            .label(run.name)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .draw()?;
+    root.present()?;
     Ok(())
 }
