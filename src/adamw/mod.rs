@@ -1,6 +1,6 @@
-//! Fused multi-tensor AdamW and Adam (PyTorch's `AdamW(fused=True)` arithmetic), with
-//! low-precision copies of the weights written in the same pass, and the global gradient norm
-//! for clipping applied inside the update.
+//! Fused multi-tensor AdamW, Adam and SGD (PyTorch's fused arithmetic), with low-precision
+//! copies of the weights written in the same pass, f32 or bf16 moments, and the global
+//! gradient norm (L2 or infinity) for clipping applied inside the update.
 //!
 //! The anatomy of every op family: [`args`] → [`plan`] (launch groups, a pure function of the
 //! lengths) → [`launch`] (the one `#[repr(C)]` parameter block of [`abi`], which the device
@@ -62,8 +62,8 @@ pub struct StepScalars<'a> {
     /// fused kernel also writes the unscaled gradient back; this one leaves it).
     pub grad_scale: Option<&'a dyn DevicePtr<f32>>,
     /// PyTorch's `found_inf`: where it holds anything but 0 the step changes nothing.
-    /// [`clip_grad_norm`]'s third value (`out.slice(2..3)`) is such a flag: 1 where some
-    /// gradient is infinite or NaN.
+    /// [`clip_grad_norm`]'s third value (`out.slice(2..3)`) is such a flag: 1 where the norm
+    /// is not finite (see there).
     pub found_inf: Option<&'a dyn DevicePtr<f32>>,
 }
 
@@ -437,8 +437,10 @@ pub fn sgd_step_with_copies<G: Dtype, C: Dtype>(
 
 /// The global norm of all `grads` (L2, or the infinity norm: the largest `|g|`), the clip
 /// factor `max_norm / (norm + 1e-6)` clamped to 1 (PyTorch's `clip_grad_norm_`: 0 for an
-/// infinite norm, NaN for a NaN one) and a non-finite flag (1 where some gradient is infinite
-/// or NaN, else 0), written to `out` (f32 `[norm, factor, non-finite]`) on the device. Pass
+/// infinite norm, NaN for a NaN one) and a non-finite flag (1 where the norm is infinite or
+/// NaN, else 0: some gradient is, or, with the L2 norm, the f32 sum of a block's squares
+/// overflowed, which takes gradients near 10¹⁹), written to `out` (f32 `[norm, factor,
+/// non-finite]`) on the device. Pass
 /// `out` as [`StepScalars::clip`] to clip inside the update, its third value as
 /// [`StepScalars::found_inf`] to skip a step with a non-finite gradient (loss scaling), and
 /// read it back to log the norm. L2: squares summed in f32 per block of 4096, the blocks in

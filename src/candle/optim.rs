@@ -295,7 +295,8 @@ impl AdamW {
     }
 }
 
-/// The global norm of the gradients under `guards` into `out` (`[norm, factor]`).
+/// The global L2 norm of the gradients under `guards` into `out` (`[norm, factor,
+/// non-finite]`).
 fn norm_into<G: Dtype + CudaDType>(
     guards: &[(candle_core::StorageRef<'_>, &Layout)],
     max_norm: f64,

@@ -2,13 +2,14 @@
 //! operation; the global gradient norm for clipping. Host: `src/adamw/`, semantics:
 //! `src/reference/adamw.rs`.
 //!
-//! The update kernel: blocks of [`abi::BLOCK_ELEMS`] elements over the launch's tensors in
-//! order (a block finds its tensor in the parameter block), one element per thread per step.
-//! Each element is read and written once: θ, m, v (and amsgrad's maximum) in f32, the gradient
-//! in its own type, the low-precision copy of θ written in the same pass. The norm: a
-//! sum-of-squares kernel writes one f32 partial sum per block, a one-block kernel sums them in
-//! f64 in a fixed order (deterministic) and writes the norm and the clip factor, which the
-//! update multiplies the gradient by.
+//! The update kernels: blocks of [`abi::BLOCK_ELEMS`] elements over the launch's tensors in
+//! order (a block finds its tensor in the parameter block), four elements per thread per step
+//! on aligned tensors (`sweep`). Each element is read and written once: θ in f32, m, v (and
+//! amsgrad's maximum) in f32 or bf16, the gradient in its own type, the low-precision copy of θ
+//! written in the same pass. The norm: a sum-of-squares (or max-abs) kernel writes one f32
+//! partial per block, a one-block kernel reduces them in f64 in a fixed order (deterministic)
+//! and writes the norm, the clip factor (which the update multiplies the gradient by) and the
+//! non-finite flag.
 pub mod abi;
 
 use crate::identity::kernel_name;
