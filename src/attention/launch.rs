@@ -1,7 +1,7 @@
 //! Pointers and a plan → launches: the parameter block and the kernel launches of a call.
 use super::abi::{Params, Tensor};
 use super::args::{AttentionArgs, Strides};
-use super::plan::{BLOCK, Step};
+use super::plan::Step;
 use crate::error::Result;
 use crate::launch::{Launch, arg, launch_ex};
 use crate::module::kernels;
@@ -93,7 +93,7 @@ pub(crate) unsafe fn run(stream: &CudaStream, steps: &[Step], params: &Params) -
         }
         let cfg = LaunchConfig {
             grid_dim: step.grid,
-            block_dim: (BLOCK, 1, 1),
+            block_dim: (step.threads, 1, 1),
             shared_mem_bytes: step.shared,
         };
         // SAFETY: one parameter, a `Params` by value, as every attention entry takes; the

@@ -1,7 +1,8 @@
 //! Which kernels an attention call runs, on which grids: a pure function of the arguments,
 //! the element type and the buffers' alignment, unit-tested without a GPU.
 use super::abi::{
-    MMA_KEYS, MMA_ROWS, SIMT_ROWS, THREADS, dkdv_shared_bytes, dq_shared_bytes, fwd_shared_bytes,
+    DKDV_THREADS, MMA_KEYS, MMA_ROWS, SIMT_ROWS, THREADS, dkdv_shared_bytes, dq_shared_bytes,
+    fwd_shared_bytes,
 };
 use super::args::AttentionArgs;
 use crate::identity::{AttnPass, AttnPath, ElemType, Kernel};
@@ -13,6 +14,8 @@ pub(crate) struct Step {
     pub(crate) kernel: Kernel,
     /// Blocks along x (row blocks), y (heads), z (sequences); x may be 0 (nothing to do).
     pub(crate) grid: (u32, u32, u32),
+    /// Threads per block.
+    pub(crate) threads: u32,
     /// Dynamic shared memory per block, in bytes.
     pub(crate) shared: u32,
 }
@@ -74,6 +77,7 @@ pub(crate) fn forward(args: &AttentionArgs, elem: ElemType, path: AttnPath) -> S
             args.heads_q as u32,
             args.batch as u32,
         ),
+        threads: THREADS,
         shared: shared(path, fwd_shared_bytes),
     }
 }
@@ -92,23 +96,27 @@ pub(crate) fn backward(args: &AttentionArgs, elem: ElemType, path: AttnPath) -> 
         Step {
             kernel: kernel(AttnPass::Prep, AttnPath::Simt),
             grid: (blocks(args.seqlen_q, SIMT_ROWS), hq, b),
+            threads: THREADS,
             shared: 0,
         },
         Step {
             kernel: kernel(AttnPass::Dq, path),
             grid: (blocks(args.seqlen_q, rows), hq, b),
+            threads: THREADS,
             shared: shared(path, dq_shared_bytes),
         },
         Step {
             kernel: kernel(AttnPass::DkDv, path),
             grid: (blocks(args.seqlen_k, keys), hkv, b),
+            threads: if path == AttnPath::Simt {
+                THREADS
+            } else {
+                DKDV_THREADS
+            },
             shared: shared(path, dkdv_shared_bytes),
         },
     ]
 }
-
-/// Threads per block of every attention kernel.
-pub(crate) const BLOCK: u32 = THREADS;
 
 #[cfg(test)]
 pub(crate) mod tests {
@@ -188,6 +196,7 @@ pub(crate) mod tests {
         // Key blocks per key/value head.
         assert_eq!(dkdv.grid, (2, 4, 4));
         assert!(dkdv.shared > 48 * 1024 && dkdv.shared <= 227 * 1024);
+        assert_eq!((dq.threads, dkdv.threads), (128, 256));
         // No query rows: the forward and dQ have nothing to launch, dK/dV still zero the keys.
         let a = AttentionArgs::new(2, 0, 5, 2, 2, 64);
         let [pre, dq, dkdv] = backward(&a, ElemType::F16, AttnPath::Mma64);

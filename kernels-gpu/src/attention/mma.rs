@@ -188,13 +188,13 @@ pub(crate) const fn swizzled<const D: usize>(row: usize, chunk: usize) -> u32 {
 }
 
 /// Starts copying `rows` rows of `D` 16-bit elements into the tile at shared address `tile`
-/// (all 128 threads of the block call it): row `r` from `base + r·stride` elements, zeros for
+/// (all `N` threads of the block call it): row `r` from `base + r·stride` elements, zeros for
 /// rows `r ≥ valid`.
 ///
 /// # Safety
 /// `base` and `stride` are 16-byte aligned and rows `< valid` readable; `tile` has room.
 #[inline(always)]
-pub(crate) unsafe fn load_tile<const D: usize>(
+pub(crate) unsafe fn load_tile<const D: usize, const N: usize>(
     tile: u32,
     base: u64,
     stride: usize,
@@ -213,6 +213,6 @@ pub(crate) unsafe fn load_tile<const D: usize>(
             base
         };
         unsafe { cp_async_16(tile + swizzled::<D>(r, c), src, ok) };
-        idx += super::abi::THREADS as usize;
+        idx += N;
     }
 }

@@ -7,11 +7,18 @@
 //! fragment and swizzle layouts). As FA2, probabilities (and dS) are rounded to the element
 //! type before they meet V, dO, K or Q in a product.
 use super::abi::fwd_key_tile;
-use super::abi::{MMA_KEYS, MMA_ROWS, Params, dkdv_query_tile, dkdv_stage_bytes, dq_key_tile};
+use super::abi::{
+    DKDV_QUERY_TILE, DKDV_THREADS, MMA_KEYS, MMA_ROWS, Params, THREADS, dkdv_stage_bytes,
+    dq_key_tile,
+};
 use super::mma::{
-    Lanes, commit, ldmatrix_x4, ldmatrix_x4_trans, load_tile, mma, shared_addr, wait_all,
+    Lanes, commit, ldmatrix_x4, ldmatrix_x4_trans, load_tile, mma, shared_addr, swizzled, wait_all,
     wait_one_pending,
 };
+
+/// Threads of a four-warp block (the forward and dQ kernels) and of an eight-warp block (dK/dV).
+const WARPS4: usize = THREADS as usize;
+const WARPS8: usize = DKDV_THREADS as usize;
 use super::{Half, Score, Seq, block_y, block_z, exp2, lse_of, lse_offset, lse2_for_backward};
 use super::{all_lanes, offset, safe_max, shfl_xor};
 use crate::{block_idx, grid_dim, sync_threads, thread_idx};
@@ -172,7 +179,7 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
     let (kt, vt) = (p.k.token as usize, p.v.token as usize);
     unsafe {
         let q_base = p.q.ptr + 2 * offset(&p.q, b, s.q_start + m0 as usize, h) as u64;
-        load_tile::<D>(
+        load_tile::<D, WARPS4>(
             sq,
             q_base,
             p.q.token as usize,
@@ -187,7 +194,7 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
     let end = hi.max(0) as usize;
     if first < end {
         unsafe {
-            load_tile::<D>(
+            load_tile::<D, WARPS4>(
                 sk,
                 k_base + (2 * first * kt) as u64,
                 kt,
@@ -208,7 +215,7 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
         wait_all();
         sync_threads();
         unsafe {
-            load_tile::<D>(
+            load_tile::<D, WARPS4>(
                 sv,
                 v_base + (2 * n0 * vt) as u64,
                 vt,
@@ -272,7 +279,7 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
         if n0 + BC < end {
             let next = n0 + BC;
             unsafe {
-                load_tile::<D>(
+                load_tile::<D, WARPS4>(
                     sk,
                     k_base + (2 * next * kt) as u64,
                     kt,
@@ -372,7 +379,7 @@ pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
     let rows_left = (s.sq - m0) as usize;
     let tok0 = s.q_start + m0 as usize;
     unsafe {
-        load_tile::<D>(
+        load_tile::<D, WARPS4>(
             base,
             p.q.ptr + 2 * offset(&p.q, b, tok0, h) as u64,
             p.q.token as usize,
@@ -381,7 +388,7 @@ pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
             tid,
         );
         let d_o = p.d_o.ptr + 2 * offset(&p.d_o, b, tok0, h) as u64;
-        load_tile::<D>(
+        load_tile::<D, WARPS4>(
             base + (64 * D * 2) as u32,
             d_o,
             p.d_o.token as usize,
@@ -414,8 +421,8 @@ pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
     let load = |n0: usize, stage: u32| unsafe {
         let tile = stages + stage * stage_bytes;
         let valid = s.sk as usize - n0;
-        load_tile::<D>(tile, k_base + (2 * n0 * kt) as u64, kt, bc, valid, tid);
-        load_tile::<D>(
+        load_tile::<D, WARPS4>(tile, k_base + (2 * n0 * kt) as u64, kt, bc, valid, tid);
+        load_tile::<D, WARPS4>(
             tile + (bc * D * 2) as u32,
             v_base + (2 * n0 * vt) as u64,
             vt,
@@ -487,63 +494,79 @@ pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
 }
 
 /// dK and dV of a block of [`MMA_KEYS`] key rows of one key/value head, over every query head
-/// of its group and every query tile that sees them.
+/// of its group and every query tile that sees them, with eight warps. Each step takes a tile
+/// of [`DKDV_QUERY_TILE`] queries in two phases: warp `w` computes Sᵀ and dPᵀ for 16 keys
+/// (`16·(w % 4)`) and 32 queries (`32·(w / 4)`) and leaves P and dS (16-bit) in shared memory;
+/// then it adds `Pᵀ·dO` and `dSᵀ·Q` into dV and dK for 32 keys (`32·(w % 2)`) and a quarter of
+/// the head (`D/4·(w / 2)`). The split keeps a quarter of each accumulator per warp, so the
+/// query tile can be four times the four-warp kernel's, and gives every product a 32 × 32 or
+/// 16 × 32 warp tile instead of 16 × 16.
 ///
 /// # Safety
 /// As the entry points'.
 #[inline(always)]
 pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
     const { assert!(D == 64 || D == 128) };
-    let qt = dkdv_query_tile(D as u32) as usize;
+    const QT: usize = DKDV_QUERY_TILE as usize;
+    const KEYS: usize = MMA_KEYS as usize;
+    // 16-column groups of the head per warp in the second phase.
+    let pairs = D / 64;
     let (tid, (lane, g, c)) = (thread_idx(), lane_parts());
     let warp = tid >> 5;
+    let (wk, wq) = (warp & 3, warp >> 2);
+    let (kh, quarter) = (warp & 1, warp >> 1);
     let (b, hk) = (block_z(), block_y());
     let s = unsafe { Seq::of(p, b) };
-    let n0 = (block_idx() * MMA_KEYS as usize) as i64;
+    let n0 = (block_idx() * KEYS) as i64;
     if n0 >= s.sk {
         return;
     }
-    let n1 = (n0 + MMA_KEYS as i64 - 1).min(s.sk - 1);
+    let n1 = (n0 + KEYS as i64 - 1).min(s.sk - 1);
     let group = (p.heads_q / p.heads_kv) as usize;
     let score = Score::new(p);
     let base = shared_base();
-    let (sk, sv) = (base, base + (64 * D * 2) as u32);
-    let stages = base + (2 * 64 * D * 2) as u32;
+    let (sk, sv) = (base, base + (KEYS * D * 2) as u32);
+    let sp_off = 2 * KEYS * D * 2;
+    let sds_off = sp_off + KEYS * QT * 2;
+    let stages_off = sds_off + KEYS * QT * 2;
+    let (sp, sds) = (base + sp_off as u32, base + sds_off as u32);
+    let stages = base + stages_off as u32;
     let stage_bytes = dkdv_stage_bytes(D as u32);
     let smem = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<u8>();
     unsafe {
         let at = s.k_start + n0 as usize;
         let valid = (s.sk - n0) as usize;
-        load_tile::<D>(
+        load_tile::<D, WARPS8>(
             sk,
             p.k.ptr + 2 * offset(&p.k, b, at, hk) as u64,
             p.k.token as usize,
-            64,
+            KEYS,
             valid,
             tid,
         );
-        load_tile::<D>(
+        load_tile::<D, WARPS8>(
             sv,
             p.v.ptr + 2 * offset(&p.v, b, at, hk) as u64,
             p.v.token as usize,
-            64,
+            KEYS,
             valid,
             tid,
         );
     }
     let (lo, hi) = s.queries(n0, n1);
-    let first = (lo.max(0) as usize / qt) * qt;
+    let first = (lo.max(0) as usize / QT) * QT;
     let end = hi.max(0) as usize;
     let tiles = if first < end {
-        (end - first).div_ceil(qt)
+        (end - first).div_ceil(QT)
     } else {
         0
     };
     let steps = tiles * group;
     let (qtok, dtok) = (p.q.token as usize, p.d_o.token as usize);
+    let stats_at = |stage: u32| stages_off + (stage * stage_bytes) as usize + QT * D * 4;
     let load = |step: usize, stage: u32| unsafe {
         let h = hk * group + step / tiles;
-        let i0 = first + (step % tiles) * qt;
+        let i0 = first + (step % tiles) * QT;
         let tile = stages + stage * stage_bytes;
         let tok = s.q_start + i0;
         let valid = s.sq as usize - i0;
@@ -551,14 +574,12 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
             p.q.ptr + 2 * offset(&p.q, b, tok, h) as u64,
             p.d_o.ptr + 2 * offset(&p.d_o, b, tok, h) as u64,
         );
-        load_tile::<D>(tile, q, qtok, qt, valid, tid);
-        load_tile::<D>(tile + (qt * D * 2) as u32, d_o, dtok, qt, valid, tid);
+        load_tile::<D, WARPS8>(tile, q, qtok, QT, valid, tid);
+        load_tile::<D, WARPS8>(tile + (QT * D * 2) as u32, d_o, dtok, QT, valid, tid);
         // The tile's statistics, by plain stores: read after the barrier that the tile's
         // copies wait for. Rows past the sequence get probability 0.
-        if tid < qt {
-            let stats = smem
-                .add((2 * 64 * D * 2) as usize + (stage * stage_bytes) as usize + qt * D * 4)
-                as *mut [f32; 2];
+        if tid < QT {
+            let stats = smem.add(stats_at(stage)) as *mut [f32; 2];
             let i = i0 + tid;
             *stats.add(tid) = if (i as i64) < s.sq {
                 let at = lse_offset(p, b, h, s.q_start + i);
@@ -575,91 +596,112 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
         load(0, 0);
     }
     commit();
-    let (mut dk, mut dv) = ([[0.0f32; 4]; 16], [[0.0f32; 4]; 16]);
-    let key0 = n0 + (16 * warp + g) as i64;
-    // At head_dim 64 the warp's K and V rows stay in registers as A fragments (the same at
-    // every step); at 128 they do not fit beside dK and dV and are read at each step.
-    let hold = D <= 64;
-    let (kfr, vfr) = if hold {
-        wait_all();
-        sync_threads();
-        unsafe { (a_frags::<D>(sk, warp, lane), a_frags::<D>(sv, warp, lane)) }
-    } else {
-        ([[0; 4]; 8], [[0; 4]; 8])
-    };
+    let (mut dk, mut dv) = ([[[0.0f32; 4]; 4]; 2], [[[0.0f32; 4]; 4]; 2]);
+    let key0 = n0 + (16 * wk + g) as i64;
     let mut stage = 0u32;
     let mut step = 0;
     while step < steps {
+        wait_all();
+        // The barrier makes this step's tile visible and ends every warp's previous step, so
+        // the other stage and the P and dS tiles are free to overwrite.
+        sync_threads();
         if step + 1 < steps {
             load(step + 1, stage ^ 1);
-            commit();
-            wait_one_pending();
-        } else {
-            wait_all();
         }
-        sync_threads();
-        let i0 = first + (step % tiles) * qt;
+        commit();
+        let i0 = first + (step % tiles) * QT;
         let tile = stages + stage * stage_bytes;
-        let (sq, sdo) = (tile, tile + (qt * D * 2) as u32);
+        let (sq, sdo) = (tile, tile + (QT * D * 2) as u32);
         let (mut sc, mut dp) = ([[0.0f32; 4]; 8], [[0.0f32; 4]; 8]);
+        let rows = (32 * wq * D * 2) as u32;
         unsafe {
-            let l = Lanes::a::<D>(lane, warp);
-            let kf = |kk: usize| {
-                if hold {
-                    kfr[kk]
-                } else {
-                    ldmatrix_x4(l.at::<D>(sk, 0, kk))
-                }
-            };
-            let vf = |kk: usize| {
-                if hold {
-                    vfr[kk]
-                } else {
-                    ldmatrix_x4(l.at::<D>(sv, 0, kk))
-                }
-            };
-            mma_abt::<T, D>(&mut sc, sq, lane, qt / 8, kf);
-            mma_abt::<T, D>(&mut dp, sdo, lane, qt / 8, vf);
+            let l = Lanes::a::<D>(lane, wk);
+            mma_abt::<T, D>(&mut sc, sq + rows, lane, 4, |kk| {
+                ldmatrix_x4(l.at::<D>(sk, 0, kk))
+            });
+            mma_abt::<T, D>(&mut dp, sdo + rows, lane, 4, |kk| {
+                ldmatrix_x4(l.at::<D>(sv, 0, kk))
+            });
         }
         // Key rows past the sequence (zeros) need no mask: their dK and dV are not stored.
-        let masked = !s.all_allowed(i0 as i64, (i0 + qt - 1) as i64, n0, n1);
-        let stats = unsafe {
-            smem.add((2 * 64 * D * 2) as usize + (stage * stage_bytes) as usize + qt * D * 4)
-                as *const [f32; 2]
-        };
+        let masked = !s.all_allowed(i0 as i64, (i0 + QT - 1) as i64, n0, n1);
+        let stats = unsafe { smem.add(stats_at(stage)) as *const [f32; 2] };
+        // Each thread's columns: queries i0 + 32·wq + 8·nt + 2c + {0, 1}.
+        let col = |nt: usize, e: usize| 32 * wq + 8 * nt + 2 * c + (e & 1);
         probs_and_ds(
             &mut sc,
             &mut dp,
-            qt / 8,
+            4,
             &score,
             masked,
-            // Each thread's columns: queries i0 + 8·nt + 2c + {0, 1}.
             |nt, e| {
-                let [lse2, delta] = unsafe { *stats.add(8 * nt + 2 * c + (e & 1)) };
+                let [lse2, delta] = unsafe { *stats.add(col(nt, e)) };
                 (lse2, delta)
             },
             |nt, e| {
-                let i = (i0 + 8 * nt + 2 * c + (e & 1)) as i64;
+                let i = (i0 + col(nt, e)) as i64;
                 i < s.sq && s.allows(i, key0 + 8 * (e >> 1) as i64)
             },
         );
-        unsafe {
-            mma_pb::<T, D>(&mut dv, &sc, sdo, lane, qt / 16);
-            mma_pb::<T, D>(&mut dk, &dp, sq, lane, qt / 16);
-        }
+        each::<4>(|nt| {
+            each::<2>(|r| {
+                let (row, col) = (16 * wk + g + 8 * r, 32 * wq + 8 * nt + 2 * c);
+                let at = swizzled::<QT>(row, col / 8) as usize + 2 * (col % 8);
+                // SAFETY: inside the P and dS tiles; 4-byte aligned.
+                unsafe {
+                    *(smem.add(sp_off + at) as *mut u32) =
+                        T::pack2(sc[nt][2 * r], sc[nt][2 * r + 1]);
+                    *(smem.add(sds_off + at) as *mut u32) =
+                        T::pack2(dp[nt][2 * r], dp[nt][2 * r + 1]);
+                }
+            });
+        });
         sync_threads();
+        unsafe {
+            let la = Lanes::a::<QT>(lane, 0);
+            let lb = Lanes::bt::<D>(lane);
+            each::<4>(|kk| {
+                let pa = [0, 1].map(|mt| ldmatrix_x4(la.at::<QT>(sp, 2 * kh + mt, kk)));
+                let da = [0, 1].map(|mt| ldmatrix_x4(la.at::<QT>(sds, 2 * kh + mt, kk)));
+                each::<2>(|dp| {
+                    if dp < pairs {
+                        let pair = pairs * quarter + dp;
+                        let bo = ldmatrix_x4_trans(lb.at::<D>(sdo, kk, pair));
+                        let bq = ldmatrix_x4_trans(lb.at::<D>(sq, kk, pair));
+                        each::<2>(|mt| {
+                            mma::<T>(&mut dv[mt][2 * dp], &pa[mt], bo[0], bo[1]);
+                            mma::<T>(&mut dv[mt][2 * dp + 1], &pa[mt], bo[2], bo[3]);
+                            mma::<T>(&mut dk[mt][2 * dp], &da[mt], bq[0], bq[1]);
+                            mma::<T>(&mut dk[mt][2 * dp + 1], &da[mt], bq[2], bq[3]);
+                        });
+                    }
+                });
+            });
+        }
         step += 1;
         stage ^= 1;
     }
     wait_all();
-    each::<2>(|r| {
-        let j = key0 + 8 * r as i64;
-        if j < s.sk {
-            let tok = s.k_start + j as usize;
-            unsafe {
-                store_row::<T, D>(&dk, r, p.scale, p.dk.ptr, offset(&p.dk, b, tok, hk), c);
-                store_row::<T, D>(&dv, r, 1.0, p.dv.ptr, offset(&p.dv, b, tok, hk), c);
+    each::<2>(|mt| {
+        each::<2>(|r| {
+            let j = n0 + (32 * kh + 16 * mt + g + 8 * r) as i64;
+            if j < s.sk {
+                let tok = s.k_start + j as usize;
+                let (odk, odv) = (offset(&p.dk, b, tok, hk), offset(&p.dv, b, tok, hk));
+                each::<4>(|nt| {
+                    if nt < 2 * pairs {
+                        let col = D / 4 * quarter + 8 * nt + 2 * c;
+                        let (k, v) = (&dk[mt][nt], &dv[mt][nt]);
+                        // SAFETY: the host checked the tensors' extents and 16-byte alignment.
+                        unsafe {
+                            *(p.dk.ptr as *mut u32).add((odk + col) / 2) =
+                                T::pack2(k[2 * r] * p.scale, k[2 * r + 1] * p.scale);
+                            *(p.dv.ptr as *mut u32).add((odv + col) / 2) =
+                                T::pack2(v[2 * r], v[2 * r + 1]);
+                        }
+                    }
+                });
             }
-        }
+        });
     });
 }
