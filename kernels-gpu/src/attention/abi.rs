@@ -102,7 +102,9 @@ pub const MMA_KEYS: u32 = 64;
 pub const DKDV_THREADS: u32 = 256;
 
 /// Queries per step of the tensor-core dK/dV kernel.
-pub const DKDV_QUERY_TILE: u32 = 64;
+pub const fn dkdv_query_tile(head_dim: u32) -> u32 {
+    if head_dim > 64 { 64 } else { 128 }
+}
 
 /// Keys per step of the tensor-core forward (the tile of K and V in shared memory).
 pub const fn fwd_key_tile(_head_dim: u32) -> u32 {
@@ -133,13 +135,13 @@ pub const fn dq_shared_bytes(head_dim: u32) -> u32 {
 /// Bytes of one stage of the tensor-core dK/dV kernel: a Q and a dO tile, then the tile's
 /// log-sum-exp (log2 units) and delta values (f32).
 pub const fn dkdv_stage_bytes(head_dim: u32) -> u32 {
-    DKDV_QUERY_TILE * (2 * head_dim * 2 + 2 * 4)
+    dkdv_query_tile(head_dim) * (2 * head_dim * 2 + 2 * 4)
 }
 
 /// Bytes of dynamic shared memory of the tensor-core dK/dV kernel: the block's K and V tiles,
 /// the step's P and dS tiles (keys × queries, 16-bit) and two stages ([`dkdv_stage_bytes`]).
 pub const fn dkdv_shared_bytes(head_dim: u32) -> u32 {
     2 * MMA_KEYS * head_dim * 2
-        + 2 * MMA_KEYS * DKDV_QUERY_TILE * 2
+        + 2 * MMA_KEYS * dkdv_query_tile(head_dim) * 2
         + 2 * dkdv_stage_bytes(head_dim)
 }

@@ -8,7 +8,7 @@
 //! type before they meet V, dO, K or Q in a product.
 use super::abi::fwd_key_tile;
 use super::abi::{
-    DKDV_QUERY_TILE, DKDV_THREADS, MMA_KEYS, MMA_ROWS, Params, THREADS, dkdv_stage_bytes,
+    DKDV_THREADS, MMA_KEYS, MMA_ROWS, Params, THREADS, dkdv_query_tile, dkdv_stage_bytes,
     dq_key_tile,
 };
 use super::mma::{
@@ -495,7 +495,7 @@ pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
 
 /// dK and dV of a block of [`MMA_KEYS`] key rows of one key/value head, over every query head
 /// of its group and every query tile that sees them, with eight warps. Each step takes a tile
-/// of [`DKDV_QUERY_TILE`] queries in two phases: warp `w` computes Sᵀ and dPᵀ for 16 keys
+/// of [`dkdv_query_tile`] queries in two phases: warp `w` computes Sᵀ and dPᵀ for 16 keys
 /// (`16·(w % 4)`) and 32 queries (`32·(w / 4)`) and leaves P and dS (16-bit) in shared memory;
 /// then it adds `Pᵀ·dO` and `dSᵀ·Q` into dV and dK for 32 keys (`32·(w % 2)`) and a quarter of
 /// the head (`D/4·(w / 2)`). The split keeps a quarter of each accumulator per warp, so the
@@ -507,7 +507,16 @@ pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
 #[inline(always)]
 pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
     const { assert!(D == 64 || D == 128) };
-    const QT: usize = DKDV_QUERY_TILE as usize;
+    // The tile the host sized the shared memory for (`dkdv_query_tile`).
+    if dkdv_query_tile(D as u32) == 128 {
+        unsafe { dkdv_tile::<T, D, 128>(p) }
+    } else {
+        unsafe { dkdv_tile::<T, D, 64>(p) }
+    }
+}
+
+#[inline(always)]
+unsafe fn dkdv_tile<T: Half, const D: usize, const QT: usize>(p: &Params) {
     const KEYS: usize = MMA_KEYS as usize;
     // 16-column groups of the head per warp in the second phase.
     let pairs = D / 64;
@@ -598,6 +607,16 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
     commit();
     let (mut dk, mut dv) = ([[[0.0f32; 4]; 4]; 2], [[[0.0f32; 4]; 4]; 2]);
     let key0 = n0 + (16 * wk + g) as i64;
+    // At head_dim 64 the warp's K and V rows stay in registers as A fragments (the same at
+    // every step); at 128 they do not fit beside dK and dV and are read at each step.
+    let hold = D <= 64;
+    let (kfr, vfr) = if hold {
+        wait_all();
+        sync_threads();
+        unsafe { (a_frags::<D>(sk, wk, lane), a_frags::<D>(sv, wk, lane)) }
+    } else {
+        ([[0; 4]; 8], [[0; 4]; 8])
+    };
     let mut stage = 0u32;
     let mut step = 0;
     while step < steps {
@@ -613,25 +632,35 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
         let tile = stages + stage * stage_bytes;
         let (sq, sdo) = (tile, tile + (QT * D * 2) as u32);
         let (mut sc, mut dp) = ([[0.0f32; 4]; 8], [[0.0f32; 4]; 8]);
-        let rows = (32 * wq * D * 2) as u32;
+        let rows = (QT / 2 * wq * D * 2) as u32;
         unsafe {
             let l = Lanes::a::<D>(lane, wk);
-            mma_abt::<T, D>(&mut sc, sq + rows, lane, 4, |kk| {
-                ldmatrix_x4(l.at::<D>(sk, 0, kk))
-            });
-            mma_abt::<T, D>(&mut dp, sdo + rows, lane, 4, |kk| {
-                ldmatrix_x4(l.at::<D>(sv, 0, kk))
-            });
+            let kf = |kk: usize| {
+                if hold {
+                    kfr[kk]
+                } else {
+                    ldmatrix_x4(l.at::<D>(sk, 0, kk))
+                }
+            };
+            let vf = |kk: usize| {
+                if hold {
+                    vfr[kk]
+                } else {
+                    ldmatrix_x4(l.at::<D>(sv, 0, kk))
+                }
+            };
+            mma_abt::<T, D>(&mut sc, sq + rows, lane, QT / 16, kf);
+            mma_abt::<T, D>(&mut dp, sdo + rows, lane, QT / 16, vf);
         }
         // Key rows past the sequence (zeros) need no mask: their dK and dV are not stored.
         let masked = !s.all_allowed(i0 as i64, (i0 + QT - 1) as i64, n0, n1);
         let stats = unsafe { smem.add(stats_at(stage)) as *const [f32; 2] };
         // Each thread's columns: queries i0 + 32·wq + 8·nt + 2c + {0, 1}.
-        let col = |nt: usize, e: usize| 32 * wq + 8 * nt + 2 * c + (e & 1);
+        let col = |nt: usize, e: usize| QT / 2 * wq + 8 * nt + 2 * c + (e & 1);
         probs_and_ds(
             &mut sc,
             &mut dp,
-            4,
+            QT / 16,
             &score,
             masked,
             |nt, e| {
@@ -643,9 +672,12 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
                 i < s.sq && s.allows(i, key0 + 8 * (e >> 1) as i64)
             },
         );
-        each::<4>(|nt| {
+        each::<8>(|nt| {
             each::<2>(|r| {
-                let (row, col) = (16 * wk + g + 8 * r, 32 * wq + 8 * nt + 2 * c);
+                if nt >= QT / 16 {
+                    return;
+                }
+                let (row, col) = (16 * wk + g + 8 * r, QT / 2 * wq + 8 * nt + 2 * c);
                 let at = swizzled::<QT>(row, col / 8) as usize + 2 * (col % 8);
                 // SAFETY: inside the P and dS tiles; 4-byte aligned.
                 unsafe {
@@ -660,7 +692,10 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
         unsafe {
             let la = Lanes::a::<QT>(lane, 0);
             let lb = Lanes::bt::<D>(lane);
-            each::<4>(|kk| {
+            each::<8>(|kk| {
+                if kk >= QT / 16 {
+                    return;
+                }
                 let pa = [0, 1].map(|mt| ldmatrix_x4(la.at::<QT>(sp, 2 * kh + mt, kk)));
                 let da = [0, 1].map(|mt| ldmatrix_x4(la.at::<QT>(sds, 2 * kh + mt, kk)));
                 each::<2>(|dp| {
