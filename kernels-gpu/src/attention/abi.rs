@@ -111,11 +111,9 @@ pub const fn fwd_key_tile(_head_dim: u32) -> u32 {
     64
 }
 
-/// Keys per step of the tensor-core dQ kernel (its Q and dO tiles stay in shared memory, read
-/// by `ldmatrix` at each step, so the registers hold only dQ, S and dP): 32 at head_dim 128
-/// (64 spills), 64 at 64.
+/// Keys per step of the tensor-core dQ kernel.
 pub const fn dq_key_tile(head_dim: u32) -> u32 {
-    if head_dim > 64 { 32 } else { 64 }
+    if head_dim > 64 { 64 } else { 128 }
 }
 
 /// Bytes of dynamic shared memory of the tensor-core forward at `head_dim` (16-bit elements):
@@ -126,10 +124,11 @@ pub const fn fwd_shared_bytes(head_dim: u32) -> u32 {
     (MMA_ROWS + 2 * fwd_key_tile(head_dim)) * head_dim * 2
 }
 
-/// Bytes of dynamic shared memory of the tensor-core dQ kernel: the block's Q and dO tiles,
-/// then two stages of a K and a V tile.
+/// Bytes of dynamic shared memory of the tensor-core dQ kernel: the block's Q and dO tiles, the
+/// step's dS tile (queries × keys, 16-bit), then two stages of a K and a V tile.
 pub const fn dq_shared_bytes(head_dim: u32) -> u32 {
-    (2 * MMA_ROWS + 4 * dq_key_tile(head_dim)) * head_dim * 2
+    let keys = dq_key_tile(head_dim);
+    (2 * MMA_ROWS + 4 * keys) * head_dim * 2 + MMA_ROWS * keys * 2
 }
 
 /// Bytes of one stage of the tensor-core dK/dV kernel: a Q and a dO tile, then the tile's

@@ -143,34 +143,47 @@ pub(crate) struct Lanes {
 }
 
 impl Lanes {
-    /// The lane's addresses when it names row `row` (≡ lane mod 8) and chunks `2i + bit`.
+    /// The lane's addresses when it names row `row` (≡ lane mod 8) and chunks
+    /// `2·(first + i) + bit` (the swizzle changes only a chunk's low three bits).
     #[inline(always)]
-    fn new<const D: usize>(lane: usize, row: usize, bit: usize) -> Self {
+    fn new<const D: usize>(lane: usize, row: usize, bit: usize, first: usize) -> Self {
         let x = lane & 7;
         let rb = (row * D * 2) as u32;
         Lanes {
-            at: [0, 1, 2, 3].map(|i| rb + ((((2 * i + bit) ^ x) << 4) as u32)),
+            at: [0, 1, 2, 3].map(|i| rb + ((((2 * (first + i) + bit) ^ x) << 4) as u32)),
         }
     }
 
     /// A fragments of rows `16·block..`: lane rows `lane % 16`, chunks `2kk + lane / 16`.
     #[inline(always)]
     pub(crate) fn a<const D: usize>(lane: usize, block: usize) -> Self {
-        Self::new::<D>(lane, 16 * block + (lane & 15), lane >> 4)
+        Self::new::<D>(lane, 16 * block + (lane & 15), lane >> 4, 0)
     }
 
     /// B fragments from n-major rows (`ldmatrix` as stored): lane rows
     /// `lane % 8 + 8·(lane / 16)`, chunks `2kk + (lane / 8) % 2`.
     #[inline(always)]
     pub(crate) fn b<const D: usize>(lane: usize) -> Self {
-        Self::new::<D>(lane, (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1)
+        Self::new::<D>(lane, (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1, 0)
     }
 
     /// B fragments from k-major rows (`ldmatrix.trans`): lane rows `lane % 16` ordered
     /// `lane % 8 + 8·((lane / 8) % 2)`, chunks `2dp + lane / 16`.
     #[inline(always)]
     pub(crate) fn bt<const D: usize>(lane: usize) -> Self {
-        Self::new::<D>(lane, (lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4)
+        Self::bt_from::<D>(lane, 0)
+    }
+
+    /// As [`Lanes::bt`], chunk pairs counted from `first` (a column group that varies by warp:
+    /// indexing the offsets by it would put them in local memory).
+    #[inline(always)]
+    pub(crate) fn bt_from<const D: usize>(lane: usize, first: usize) -> Self {
+        Self::new::<D>(
+            lane,
+            (lane & 7) + (((lane >> 3) & 1) << 3),
+            lane >> 4,
+            first,
+        )
     }
 
     /// The lane's address for chunk pair `pair` (its chunks `2·pair`, `2·pair + 1`) of the rows

@@ -356,16 +356,126 @@ fn probs_and_ds(
     });
 }
 
-/// dQ of a block of [`MMA_ROWS`] query rows of one head.
+/// Stores a warp's `n8` accumulator tiles (rows `row0 + g`, `+ 8`; columns `col0 + 8·nt +
+/// 2c`, `+1`) rounded to 16 bits into the swizzled tile of `W`-element rows at byte `at` of
+/// shared memory.
+#[inline(always)]
+unsafe fn store_tile<T: Half, const W: usize>(
+    smem: *mut u8,
+    at: usize,
+    acc: &[[f32; 4]; 8],
+    n8: usize,
+    (row0, col0): (usize, usize),
+    (g, c): (usize, usize),
+) {
+    each::<8>(|nt| {
+        if nt < n8 {
+            each::<2>(|r| {
+                let (row, col) = (row0 + g + 8 * r, col0 + 8 * nt + 2 * c);
+                let off = swizzled::<W>(row, col / 8) as usize + 2 * (col % 8);
+                let w = T::pack2(acc[nt][2 * r], acc[nt][2 * r + 1]);
+                // SAFETY: inside the tile (the caller's); 4-byte aligned.
+                unsafe { *(smem.add(at + off) as *mut u32) = w };
+            });
+        }
+    });
+}
+
+/// `acc[i][mt][n] += A_i · B_i` for each of `N` products: a warp's 32 rows (`32·half`) of the
+/// 16-bit tile `a[i]` (`W`-element rows, the k dimension) and the `4·pairs` columns from
+/// `16·pair0` of the `D`-wide tile `b[i]` (its rows the k dimension: `ldmatrix.trans`). The
+/// products share each k-step, as the dK/dV kernel's two did before they had a helper (one
+/// after the other spills at head_dim 64).
+#[inline(always)]
+unsafe fn mma_rows32<T: Half, const W: usize, const D: usize, const N: usize>(
+    mut acc: [&mut [[[f32; 4]; 4]; 2]; N],
+    a: [u32; N],
+    b: [u32; N],
+    (half, pair0, pairs): (usize, usize, usize),
+    lane: usize,
+) {
+    let la = Lanes::a::<W>(lane, 0);
+    let lb = Lanes::bt_from::<D>(lane, pair0);
+    each::<8>(|kk| {
+        if kk < W / 16 {
+            let af = a
+                .map(|t| [0, 1].map(|mt| unsafe { ldmatrix_x4(la.at::<W>(t, 2 * half + mt, kk)) }));
+            each::<2>(|dp| {
+                if dp < pairs {
+                    let bf = b.map(|t| unsafe { ldmatrix_x4_trans(lb.at::<D>(t, kk, dp)) });
+                    each::<2>(|mt| {
+                        each::<N>(|i| {
+                            mma::<T>(&mut acc[i][mt][2 * dp], &af[i][mt], bf[i][0], bf[i][1]);
+                            mma::<T>(&mut acc[i][mt][2 * dp + 1], &af[i][mt], bf[i][2], bf[i][3]);
+                        });
+                    });
+                }
+            });
+        }
+    });
+}
+
+/// Stores each of `N` warp 32-row accumulators of [`mma_rows32`] times `mul[i]`: row
+/// `32·half + 16·mt + g + 8r` at element `at(row)[i]` of `ptr[i]` (skipped where `at` gives
+/// `None`), columns from `col0`.
+#[inline(always)]
+unsafe fn store_rows32<T: Half, const N: usize>(
+    acc: [&[[[f32; 4]; 4]; 2]; N],
+    n8: usize,
+    mul: [f32; N],
+    ptr: [u64; N],
+    (half, col0): (usize, usize),
+    (g, c): (usize, usize),
+    at: impl Fn(usize) -> Option<[usize; N]>,
+) {
+    each::<2>(|mt| {
+        each::<2>(|r| {
+            if let Some(o) = at(32 * half + 16 * mt + g + 8 * r) {
+                each::<4>(|nt| {
+                    if nt < n8 {
+                        let col = col0 + 8 * nt + 2 * c;
+                        each::<N>(|i| {
+                            let (x, m) = (&acc[i][mt][nt], mul[i]);
+                            // SAFETY: the host checked the tensor's extent and 16-byte
+                            // alignment.
+                            unsafe {
+                                *(ptr[i] as *mut u32).add((o[i] + col) / 2) =
+                                    T::pack2(x[2 * r] * m, x[2 * r + 1] * m)
+                            };
+                        });
+                    }
+                });
+            }
+        });
+    });
+}
+
+/// dQ of a block of [`MMA_ROWS`] query rows of one head, with eight warps. Each step takes a
+/// tile of [`dq_key_tile`] keys in two phases: warp `w` computes S and dP for 16 queries
+/// (`16·(w % 4)`, its Q and dO rows held in registers) and half the keys (`w / 4`) and leaves
+/// dS (16-bit) in shared memory; then it adds `dS·K` into dQ for 32 queries (`32·(w % 2)`) and
+/// a quarter of the head (`D/4·(w / 2)`).
 ///
 /// # Safety
 /// As the entry points'.
 #[inline(always)]
 pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
     const { assert!(D == 64 || D == 128) };
-    let bc = dq_key_tile(D as u32) as usize;
+    // The tile the host sized the shared memory for.
+    if dq_key_tile(D as u32) == 128 {
+        unsafe { dq_tile::<T, D, 128>(p) }
+    } else {
+        unsafe { dq_tile::<T, D, 64>(p) }
+    }
+}
+
+#[inline(always)]
+unsafe fn dq_tile<T: Half, const D: usize, const KT: usize>(p: &Params) {
+    let pairs = D / 64;
     let (tid, (lane, g, c)) = (thread_idx(), lane_parts());
     let warp = tid >> 5;
+    let (wr, wc) = (warp & 3, warp >> 2);
+    let (half, quarter) = (warp & 1, warp >> 1);
     let (b, h) = (block_z(), block_y());
     let s = unsafe { Seq::of(p, b) };
     let m0 = (last_first() * MMA_ROWS as usize) as i64;
@@ -376,21 +486,25 @@ pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
     let hk = h / (p.heads_q / p.heads_kv) as usize;
     let score = Score::new(p);
     let base = shared_base();
+    let smem = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<u8>();
     let rows_left = (s.sq - m0) as usize;
     let tok0 = s.q_start + m0 as usize;
+    let (sq, sdo) = (base, base + (64 * D * 2) as u32);
+    let sds_off = 2 * 64 * D * 2;
+    let sds = base + sds_off as u32;
+    let stages = sds + (64 * KT * 2) as u32;
     unsafe {
-        load_tile::<D, WARPS4>(
-            base,
+        load_tile::<D, WARPS8>(
+            sq,
             p.q.ptr + 2 * offset(&p.q, b, tok0, h) as u64,
             p.q.token as usize,
             64,
             rows_left,
             tid,
         );
-        let d_o = p.d_o.ptr + 2 * offset(&p.d_o, b, tok0, h) as u64;
-        load_tile::<D, WARPS4>(
-            base + (64 * D * 2) as u32,
-            d_o,
+        load_tile::<D, WARPS8>(
+            sdo,
+            p.d_o.ptr + 2 * offset(&p.d_o, b, tok0, h) as u64,
             p.d_o.token as usize,
             64,
             rows_left,
@@ -398,10 +512,9 @@ pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
         );
     }
     commit();
-    let (sq, sdo) = (base, base + (64 * D * 2) as u32);
     let mut stats = [(f32::INFINITY, 0.0f32); 2];
     each::<2>(|r| {
-        let i = m0 + (16 * warp + g + 8 * r) as i64;
+        let i = m0 + (16 * wr + g + 8 * r) as i64;
         if i < s.sq {
             let at = lse_offset(p, b, h, s.q_start + i as usize);
             // SAFETY: the row exists; lse and delta span every row.
@@ -413,84 +526,94 @@ pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
             };
         }
     });
-    let stages = base + (2 * 64 * D * 2) as u32;
     let k_base = p.k.ptr + 2 * offset(&p.k, b, s.k_start, hk) as u64;
     let v_base = p.v.ptr + 2 * offset(&p.v, b, s.k_start, hk) as u64;
     let (kt, vt) = (p.k.token as usize, p.v.token as usize);
-    let stage_bytes = (2 * bc * D * 2) as u32;
+    let stage_bytes = (2 * KT * D * 2) as u32;
     let load = |n0: usize, stage: u32| unsafe {
         let tile = stages + stage * stage_bytes;
         let valid = s.sk as usize - n0;
-        load_tile::<D, WARPS4>(tile, k_base + (2 * n0 * kt) as u64, kt, bc, valid, tid);
-        load_tile::<D, WARPS4>(
-            tile + (bc * D * 2) as u32,
+        load_tile::<D, WARPS8>(tile, k_base + (2 * n0 * kt) as u64, kt, KT, valid, tid);
+        load_tile::<D, WARPS8>(
+            tile + (KT * D * 2) as u32,
             v_base + (2 * n0 * vt) as u64,
             vt,
-            bc,
+            KT,
             valid,
             tid,
         );
     };
     let (lo, hi) = s.keys(m0, i1);
-    let first = (lo.max(0) as usize / bc) * bc;
+    let first = (lo.max(0) as usize / KT) * KT;
     let end = hi.max(0) as usize;
     if first < end {
         load(first, 0);
     }
     commit();
-    let mut acc = [[0.0f32; 4]; 16];
-    let row0 = m0 + (16 * warp + g) as i64;
+    wait_one_pending();
+    sync_threads();
+    let (qf, dof) = unsafe { (a_frags::<D>(sq, wr, lane), a_frags::<D>(sdo, wr, lane)) };
+    let mut acc = [[[0.0f32; 4]; 4]; 2];
+    let row0 = m0 + (16 * wr + g) as i64;
     let (mut n0, mut stage) = (first, 0u32);
     while n0 < end {
-        if n0 + bc < end {
-            load(n0 + bc, stage ^ 1);
-            commit();
-            wait_one_pending();
-        } else {
-            wait_all();
-        }
+        wait_all();
+        // The barrier makes this step's tile visible and ends every warp's previous step, so
+        // the other stage and the dS tile are free to overwrite.
         sync_threads();
+        if n0 + KT < end {
+            load(n0 + KT, stage ^ 1);
+        }
+        commit();
         let (sk, sv) = (
             stages + stage * stage_bytes,
-            stages + stage * stage_bytes + (bc * D * 2) as u32,
+            stages + stage * stage_bytes + (KT * D * 2) as u32,
         );
+        let keys = (KT / 2 * wc * D * 2) as u32;
         let (mut sc, mut dp) = ([[0.0f32; 4]; 8], [[0.0f32; 4]; 8]);
-        let masked = !s.all_allowed(m0, i1, n0 as i64, (n0 + bc - 1) as i64);
         unsafe {
-            let l = Lanes::a::<D>(lane, warp);
-            mma_abt::<T, D>(&mut sc, sk, lane, bc / 8, |kk| {
-                ldmatrix_x4(l.at::<D>(sq, 0, kk))
-            });
-            mma_abt::<T, D>(&mut dp, sv, lane, bc / 8, |kk| {
-                ldmatrix_x4(l.at::<D>(sdo, 0, kk))
-            });
+            mma_abt::<T, D>(&mut sc, sk + keys, lane, KT / 16, |kk| qf[kk]);
+            mma_abt::<T, D>(&mut dp, sv + keys, lane, KT / 16, |kk| dof[kk]);
         }
+        let masked = !s.all_allowed(m0, i1, n0 as i64, (n0 + KT - 1) as i64);
         probs_and_ds(
             &mut sc,
             &mut dp,
-            bc / 8,
+            KT / 16,
             &score,
             masked,
             |_, e| stats[e >> 1],
             |nt, e| {
-                let j = (n0 + 8 * nt + 2 * c + (e & 1)) as i64;
+                let j = (n0 + KT / 2 * wc + 8 * nt + 2 * c + (e & 1)) as i64;
                 s.allows(row0 + 8 * (e >> 1) as i64, j)
             },
         );
         unsafe {
-            mma_pb::<T, D>(&mut acc, &dp, sk, lane, bc / 16);
+            store_tile::<T, KT>(smem, sds_off, &dp, KT / 16, (16 * wr, KT / 2 * wc), (g, c));
         }
         sync_threads();
-        n0 += bc;
+        unsafe {
+            let tile = (half, pairs * quarter, pairs);
+            mma_rows32::<T, KT, D, 1>([&mut acc], [sds], [sk], tile, lane)
+        };
+        n0 += KT;
         stage ^= 1;
     }
-    each::<2>(|r| {
-        let i = m0 + (16 * warp + g + 8 * r) as i64;
-        if i < s.sq {
-            let at = offset(&p.dq, b, s.q_start + i as usize, h);
-            unsafe { store_row::<T, D>(&acc, r, p.scale, p.dq.ptr, at, c) };
-        }
-    });
+    wait_all();
+    unsafe {
+        store_rows32::<T, 1>(
+            [&acc],
+            2 * pairs,
+            [p.scale],
+            [p.dq.ptr],
+            (half, D / 4 * quarter),
+            (g, c),
+            |row| {
+                let i = m0 + row as i64;
+                (i < s.sq).then(|| [offset(&p.dq, b, s.q_start + i as usize, h)])
+            },
+        )
+    };
 }
 
 /// dK and dV of a block of [`MMA_KEYS`] key rows of one key/value head, over every query head
@@ -607,16 +730,6 @@ unsafe fn dkdv_tile<T: Half, const D: usize, const QT: usize>(p: &Params) {
     commit();
     let (mut dk, mut dv) = ([[[0.0f32; 4]; 4]; 2], [[[0.0f32; 4]; 4]; 2]);
     let key0 = n0 + (16 * wk + g) as i64;
-    // At head_dim 64 the warp's K and V rows stay in registers as A fragments (the same at
-    // every step); at 128 they do not fit beside dK and dV and are read at each step.
-    let hold = D <= 64;
-    let (kfr, vfr) = if hold {
-        wait_all();
-        sync_threads();
-        unsafe { (a_frags::<D>(sk, wk, lane), a_frags::<D>(sv, wk, lane)) }
-    } else {
-        ([[0; 4]; 8], [[0; 4]; 8])
-    };
     let mut stage = 0u32;
     let mut step = 0;
     while step < steps {
@@ -631,112 +744,70 @@ unsafe fn dkdv_tile<T: Half, const D: usize, const QT: usize>(p: &Params) {
         let i0 = first + (step % tiles) * QT;
         let tile = stages + stage * stage_bytes;
         let (sq, sdo) = (tile, tile + (QT * D * 2) as u32);
-        let (mut sc, mut dp) = ([[0.0f32; 4]; 8], [[0.0f32; 4]; 8]);
-        let rows = (QT / 2 * wq * D * 2) as u32;
-        unsafe {
-            let l = Lanes::a::<D>(lane, wk);
-            let kf = |kk: usize| {
-                if hold {
-                    kfr[kk]
-                } else {
-                    ldmatrix_x4(l.at::<D>(sk, 0, kk))
-                }
-            };
-            let vf = |kk: usize| {
-                if hold {
-                    vfr[kk]
-                } else {
-                    ldmatrix_x4(l.at::<D>(sv, 0, kk))
-                }
-            };
-            mma_abt::<T, D>(&mut sc, sq + rows, lane, QT / 16, kf);
-            mma_abt::<T, D>(&mut dp, sdo + rows, lane, QT / 16, vf);
-        }
         // Key rows past the sequence (zeros) need no mask: their dK and dV are not stored.
         let masked = !s.all_allowed(i0 as i64, (i0 + QT - 1) as i64, n0, n1);
         let stats = unsafe { smem.add(stats_at(stage)) as *const [f32; 2] };
-        // Each thread's columns: queries i0 + 32·wq + 8·nt + 2c + {0, 1}.
-        let col = |nt: usize, e: usize| QT / 2 * wq + 8 * nt + 2 * c + (e & 1);
-        probs_and_ds(
-            &mut sc,
-            &mut dp,
-            QT / 16,
-            &score,
-            masked,
-            |nt, e| {
-                let [lse2, delta] = unsafe { *stats.add(col(nt, e)) };
-                (lse2, delta)
-            },
-            |nt, e| {
-                let i = (i0 + col(nt, e)) as i64;
-                i < s.sq && s.allows(i, key0 + 8 * (e >> 1) as i64)
-            },
-        );
-        each::<8>(|nt| {
-            each::<2>(|r| {
-                if nt >= QT / 16 {
-                    return;
-                }
-                let (row, col) = (16 * wk + g + 8 * r, QT / 2 * wq + 8 * nt + 2 * c);
-                let at = swizzled::<QT>(row, col / 8) as usize + 2 * (col % 8);
-                // SAFETY: inside the P and dS tiles; 4-byte aligned.
-                unsafe {
-                    *(smem.add(sp_off + at) as *mut u32) =
-                        T::pack2(sc[nt][2 * r], sc[nt][2 * r + 1]);
-                    *(smem.add(sds_off + at) as *mut u32) =
-                        T::pack2(dp[nt][2 * r], dp[nt][2 * r + 1]);
-                }
-            });
-        });
+        // The warp's queries in parts of 32 (a 16 × 32 score tile at a time, which leaves
+        // registers for 128-query steps).
+        for part in 0..QT / 64 {
+            let q0 = QT / 2 * wq + 32 * part;
+            let (mut sc, mut dp) = ([[0.0f32; 4]; 8], [[0.0f32; 4]; 8]);
+            unsafe {
+                let l = Lanes::a::<D>(lane, wk);
+                let rows = (q0 * D * 2) as u32;
+                mma_abt::<T, D>(&mut sc, sq + rows, lane, 4, |kk| {
+                    ldmatrix_x4(l.at::<D>(sk, 0, kk))
+                });
+                mma_abt::<T, D>(&mut dp, sdo + rows, lane, 4, |kk| {
+                    ldmatrix_x4(l.at::<D>(sv, 0, kk))
+                });
+            }
+            // Each thread's columns: queries i0 + q0 + 8·nt + 2c + {0, 1}.
+            let col = |nt: usize, e: usize| q0 + 8 * nt + 2 * c + (e & 1);
+            probs_and_ds(
+                &mut sc,
+                &mut dp,
+                4,
+                &score,
+                masked,
+                |nt, e| {
+                    let [lse2, delta] = unsafe { *stats.add(col(nt, e)) };
+                    (lse2, delta)
+                },
+                |nt, e| {
+                    let i = (i0 + col(nt, e)) as i64;
+                    i < s.sq && s.allows(i, key0 + 8 * (e >> 1) as i64)
+                },
+            );
+            unsafe {
+                let at = (16 * wk, q0);
+                store_tile::<T, QT>(smem, sp_off, &sc, 4, at, (g, c));
+                store_tile::<T, QT>(smem, sds_off, &dp, 4, at, (g, c));
+            }
+        }
         sync_threads();
         unsafe {
-            let la = Lanes::a::<QT>(lane, 0);
-            let lb = Lanes::bt::<D>(lane);
-            each::<8>(|kk| {
-                if kk >= QT / 16 {
-                    return;
-                }
-                let pa = [0, 1].map(|mt| ldmatrix_x4(la.at::<QT>(sp, 2 * kh + mt, kk)));
-                let da = [0, 1].map(|mt| ldmatrix_x4(la.at::<QT>(sds, 2 * kh + mt, kk)));
-                each::<2>(|dp| {
-                    if dp < pairs {
-                        let pair = pairs * quarter + dp;
-                        let bo = ldmatrix_x4_trans(lb.at::<D>(sdo, kk, pair));
-                        let bq = ldmatrix_x4_trans(lb.at::<D>(sq, kk, pair));
-                        each::<2>(|mt| {
-                            mma::<T>(&mut dv[mt][2 * dp], &pa[mt], bo[0], bo[1]);
-                            mma::<T>(&mut dv[mt][2 * dp + 1], &pa[mt], bo[2], bo[3]);
-                            mma::<T>(&mut dk[mt][2 * dp], &da[mt], bq[0], bq[1]);
-                            mma::<T>(&mut dk[mt][2 * dp + 1], &da[mt], bq[2], bq[3]);
-                        });
-                    }
-                });
-            });
+            let tile = (kh, pairs * quarter, pairs);
+            mma_rows32::<T, QT, D, 2>([&mut dv, &mut dk], [sp, sds], [sdo, sq], tile, lane);
         }
         step += 1;
         stage ^= 1;
     }
     wait_all();
-    each::<2>(|mt| {
-        each::<2>(|r| {
-            let j = n0 + (32 * kh + 16 * mt + g + 8 * r) as i64;
-            if j < s.sk {
-                let tok = s.k_start + j as usize;
-                let (odk, odv) = (offset(&p.dk, b, tok, hk), offset(&p.dv, b, tok, hk));
-                each::<4>(|nt| {
-                    if nt < 2 * pairs {
-                        let col = D / 4 * quarter + 8 * nt + 2 * c;
-                        let (k, v) = (&dk[mt][nt], &dv[mt][nt]);
-                        // SAFETY: the host checked the tensors' extents and 16-byte alignment.
-                        unsafe {
-                            *(p.dk.ptr as *mut u32).add((odk + col) / 2) =
-                                T::pack2(k[2 * r] * p.scale, k[2 * r + 1] * p.scale);
-                            *(p.dv.ptr as *mut u32).add((odv + col) / 2) =
-                                T::pack2(v[2 * r], v[2 * r + 1]);
-                        }
-                    }
-                });
-            }
-        });
-    });
+    let cols = (kh, D / 4 * quarter);
+    unsafe {
+        store_rows32::<T, 2>(
+            [&dk, &dv],
+            2 * pairs,
+            [p.scale, 1.0],
+            [p.dk.ptr, p.dv.ptr],
+            cols,
+            (g, c),
+            |row| {
+                let j = n0 + row as i64;
+                let t = s.k_start + j as usize;
+                (j < s.sk).then(|| [offset(&p.dk, b, t, hk), offset(&p.dv, b, t, hk)])
+            },
+        );
+    }
 }
