@@ -86,7 +86,7 @@ pub struct Params {
 
 /// Query rows per block of the tensor-core forward and dQ kernels (16 per warp).
 pub const MMA_ROWS: u32 = 64;
-/// Threads per block of every attention kernel but the tensor-core dK/dV kernel.
+/// Threads per block of the attention kernels but the tensor-core backward's dQ and dK/dV.
 pub const THREADS: u32 = 128;
 /// Query rows per block of the SIMT kernels and of the backward's preprocessing (one warp
 /// each); key rows per block of the SIMT dK/dV kernel.
@@ -97,14 +97,12 @@ pub const SIMT_MAX_HEAD_DIM: u32 = 256;
 /// Key rows per block of the tensor-core dK/dV kernel.
 pub const MMA_KEYS: u32 = 64;
 
-/// Threads per block of the tensor-core dK/dV kernel (eight warps: its dK and dV accumulators
-/// split over twice the warps of the other kernels, so each holds a quarter of the head).
-pub const DKDV_THREADS: u32 = 256;
+/// Threads per block of the tensor-core dQ and dK/dV kernels (eight warps: each warp holds a
+/// quarter of the head of its accumulators, so a step can take four times the rows).
+pub const MMA_BWD_THREADS: u32 = 256;
 
 /// Queries per step of the tensor-core dK/dV kernel.
-pub const fn dkdv_query_tile(head_dim: u32) -> u32 {
-    if head_dim > 64 { 64 } else { 128 }
-}
+pub const DKDV_QUERY_TILE: u32 = 128;
 
 /// Keys per step of the tensor-core forward (the tile of K and V in shared memory).
 pub const fn fwd_key_tile(_head_dim: u32) -> u32 {
@@ -134,13 +132,13 @@ pub const fn dq_shared_bytes(head_dim: u32) -> u32 {
 /// Bytes of one stage of the tensor-core dK/dV kernel: a Q and a dO tile, then the tile's
 /// log-sum-exp (log2 units) and delta values (f32).
 pub const fn dkdv_stage_bytes(head_dim: u32) -> u32 {
-    dkdv_query_tile(head_dim) * (2 * head_dim * 2 + 2 * 4)
+    DKDV_QUERY_TILE * (2 * head_dim * 2 + 2 * 4)
 }
 
 /// Bytes of dynamic shared memory of the tensor-core dK/dV kernel: the block's K and V tiles,
 /// the step's P and dS tiles (keys × queries, 16-bit) and two stages ([`dkdv_stage_bytes`]).
 pub const fn dkdv_shared_bytes(head_dim: u32) -> u32 {
     2 * MMA_KEYS * head_dim * 2
-        + 2 * MMA_KEYS * dkdv_query_tile(head_dim) * 2
+        + 2 * MMA_KEYS * DKDV_QUERY_TILE * 2
         + 2 * dkdv_stage_bytes(head_dim)
 }

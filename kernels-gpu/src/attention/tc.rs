@@ -8,7 +8,7 @@
 //! type before they meet V, dO, K or Q in a product.
 use super::abi::fwd_key_tile;
 use super::abi::{
-    DKDV_THREADS, MMA_KEYS, MMA_ROWS, Params, THREADS, dkdv_query_tile, dkdv_stage_bytes,
+    DKDV_QUERY_TILE, MMA_BWD_THREADS, MMA_KEYS, MMA_ROWS, Params, THREADS, dkdv_stage_bytes,
     dq_key_tile,
 };
 use super::mma::{
@@ -18,7 +18,7 @@ use super::mma::{
 
 /// Threads of a four-warp block (the forward and dQ kernels) and of an eight-warp block (dK/dV).
 const WARPS4: usize = THREADS as usize;
-const WARPS8: usize = DKDV_THREADS as usize;
+const WARPS8: usize = MMA_BWD_THREADS as usize;
 use super::{Half, Score, Seq, block_y, block_z, exp2, lse_of, lse_offset, lse2_for_backward};
 use super::{all_lanes, offset, safe_max, shfl_xor};
 use crate::{block_idx, grid_dim, sync_threads, thread_idx};
@@ -618,7 +618,7 @@ unsafe fn dq_tile<T: Half, const D: usize, const KT: usize>(p: &Params) {
 
 /// dK and dV of a block of [`MMA_KEYS`] key rows of one key/value head, over every query head
 /// of its group and every query tile that sees them, with eight warps. Each step takes a tile
-/// of [`dkdv_query_tile`] queries in two phases: warp `w` computes Sᵀ and dPᵀ for 16 keys
+/// of [`DKDV_QUERY_TILE`] queries in two phases: warp `w` computes Sᵀ and dPᵀ for 16 keys
 /// (`16·(w % 4)`) and 32 queries (`32·(w / 4)`) and leaves P and dS (16-bit) in shared memory;
 /// then it adds `Pᵀ·dO` and `dSᵀ·Q` into dV and dK for 32 keys (`32·(w % 2)`) and a quarter of
 /// the head (`D/4·(w / 2)`). The split keeps a quarter of each accumulator per warp, so the
@@ -630,16 +630,7 @@ unsafe fn dq_tile<T: Half, const D: usize, const KT: usize>(p: &Params) {
 #[inline(always)]
 pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
     const { assert!(D == 64 || D == 128) };
-    // The tile the host sized the shared memory for (`dkdv_query_tile`).
-    if dkdv_query_tile(D as u32) == 128 {
-        unsafe { dkdv_tile::<T, D, 128>(p) }
-    } else {
-        unsafe { dkdv_tile::<T, D, 64>(p) }
-    }
-}
-
-#[inline(always)]
-unsafe fn dkdv_tile<T: Half, const D: usize, const QT: usize>(p: &Params) {
+    const QT: usize = DKDV_QUERY_TILE as usize;
     const KEYS: usize = MMA_KEYS as usize;
     // 16-column groups of the head per warp in the second phase.
     let pairs = D / 64;
