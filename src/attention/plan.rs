@@ -1,7 +1,7 @@
 //! Which kernels an attention call runs, on which grids: a pure function of the arguments,
 //! the element type and the buffers' alignment, unit-tested without a GPU.
 use super::abi::{
-    MMA_BWD_THREADS, MMA_KEYS, MMA_ROWS, SIMT_ROWS, THREADS, dkdv_shared_bytes, dq_shared_bytes,
+    DKDV_THREADS, MMA_KEYS, MMA_ROWS, SIMT_ROWS, THREADS, dkdv_shared_bytes, dq_shared_bytes,
     fwd_shared_bytes,
 };
 use super::args::AttentionArgs;
@@ -91,11 +91,6 @@ pub(crate) fn backward(args: &AttentionArgs, elem: ElemType, path: AttnPath) -> 
         (MMA_ROWS, MMA_KEYS)
     };
     let kernel = |pass, path| Kernel::Attention { pass, path, elem };
-    let bwd_threads = if path == AttnPath::Simt {
-        THREADS
-    } else {
-        MMA_BWD_THREADS
-    };
     let (hq, hkv, b) = (args.heads_q as u32, args.heads_kv as u32, args.batch as u32);
     [
         Step {
@@ -107,13 +102,17 @@ pub(crate) fn backward(args: &AttentionArgs, elem: ElemType, path: AttnPath) -> 
         Step {
             kernel: kernel(AttnPass::Dq, path),
             grid: (blocks(args.seqlen_q, rows), hq, b),
-            threads: bwd_threads,
+            threads: THREADS,
             shared: shared(path, dq_shared_bytes),
         },
         Step {
             kernel: kernel(AttnPass::DkDv, path),
             grid: (blocks(args.seqlen_k, keys), hkv, b),
-            threads: bwd_threads,
+            threads: if path == AttnPath::Simt {
+                THREADS
+            } else {
+                DKDV_THREADS
+            },
             shared: shared(path, dkdv_shared_bytes),
         },
     ]
@@ -197,7 +196,7 @@ pub(crate) mod tests {
         // Key blocks per key/value head.
         assert_eq!(dkdv.grid, (2, 4, 4));
         assert!(dkdv.shared > 48 * 1024 && dkdv.shared <= 227 * 1024);
-        assert_eq!((pre.threads, dq.threads, dkdv.threads), (128, 256, 256));
+        assert_eq!((pre.threads, dq.threads, dkdv.threads), (128, 128, 256));
         // No query rows: the forward and dQ have nothing to launch, dK/dV still zero the keys.
         let a = AttentionArgs::new(2, 0, 5, 2, 2, 64);
         let [pre, dq, dkdv] = backward(&a, ElemType::F16, AttnPath::Mma64);

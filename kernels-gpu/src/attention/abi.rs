@@ -86,7 +86,7 @@ pub struct Params {
 
 /// Query rows per block of the tensor-core forward and dQ kernels (16 per warp).
 pub const MMA_ROWS: u32 = 64;
-/// Threads per block of the attention kernels but the tensor-core backward's dQ and dK/dV.
+/// Threads per block of every attention kernel but the tensor-core dK/dV kernel.
 pub const THREADS: u32 = 128;
 /// Query rows per block of the SIMT kernels and of the backward's preprocessing (one warp
 /// each); key rows per block of the SIMT dK/dV kernel.
@@ -97,9 +97,9 @@ pub const SIMT_MAX_HEAD_DIM: u32 = 256;
 /// Key rows per block of the tensor-core dK/dV kernel.
 pub const MMA_KEYS: u32 = 64;
 
-/// Threads per block of the tensor-core dQ and dK/dV kernels (eight warps: each warp holds a
-/// quarter of the head of its accumulators, so a step can take four times the rows).
-pub const MMA_BWD_THREADS: u32 = 256;
+/// Threads per block of the tensor-core dK/dV kernel (eight warps: its dK and dV accumulators
+/// split over twice the warps of the other kernels, so each holds a quarter of the head).
+pub const DKDV_THREADS: u32 = 256;
 
 /// Queries per step of the tensor-core dK/dV kernel.
 pub const DKDV_QUERY_TILE: u32 = 128;
@@ -109,9 +109,11 @@ pub const fn fwd_key_tile(_head_dim: u32) -> u32 {
     64
 }
 
-/// Keys per step of the tensor-core dQ kernel.
+/// Keys per step of the tensor-core dQ kernel (its Q and dO tiles stay in shared memory, read
+/// by `ldmatrix` at each step, so the registers hold only dQ, S and dP): 32 at head_dim 128
+/// (64 spills), 64 at 64.
 pub const fn dq_key_tile(head_dim: u32) -> u32 {
-    if head_dim > 64 { 64 } else { 128 }
+    if head_dim > 64 { 32 } else { 64 }
 }
 
 /// Bytes of dynamic shared memory of the tensor-core forward at `head_dim` (16-bit elements):
@@ -122,11 +124,10 @@ pub const fn fwd_shared_bytes(head_dim: u32) -> u32 {
     (MMA_ROWS + 2 * fwd_key_tile(head_dim)) * head_dim * 2
 }
 
-/// Bytes of dynamic shared memory of the tensor-core dQ kernel: the block's Q and dO tiles, the
-/// step's dS tile (queries × keys, 16-bit), then two stages of a K and a V tile.
+/// Bytes of dynamic shared memory of the tensor-core dQ kernel: the block's Q and dO tiles,
+/// then two stages of a K and a V tile.
 pub const fn dq_shared_bytes(head_dim: u32) -> u32 {
-    let keys = dq_key_tile(head_dim);
-    (2 * MMA_ROWS + 4 * keys) * head_dim * 2 + MMA_ROWS * keys * 2
+    (2 * MMA_ROWS + 4 * dq_key_tile(head_dim)) * head_dim * 2
 }
 
 /// Bytes of one stage of the tensor-core dK/dV kernel: a Q and a dO tile, then the tile's

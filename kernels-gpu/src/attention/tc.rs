@@ -8,7 +8,7 @@
 //! type before they meet V, dO, K or Q in a product.
 use super::abi::fwd_key_tile;
 use super::abi::{
-    DKDV_QUERY_TILE, MMA_BWD_THREADS, MMA_KEYS, MMA_ROWS, Params, THREADS, dkdv_stage_bytes,
+    DKDV_QUERY_TILE, DKDV_THREADS, MMA_KEYS, MMA_ROWS, Params, THREADS, dkdv_stage_bytes,
     dq_key_tile,
 };
 use super::mma::{
@@ -18,7 +18,7 @@ use super::mma::{
 
 /// Threads of a four-warp block (the forward and dQ kernels) and of an eight-warp block (dK/dV).
 const WARPS4: usize = THREADS as usize;
-const WARPS8: usize = MMA_BWD_THREADS as usize;
+const WARPS8: usize = DKDV_THREADS as usize;
 use super::{Half, Score, Seq, block_y, block_z, exp2, lse_of, lse_offset, lse2_for_backward};
 use super::{all_lanes, offset, safe_max, shfl_xor};
 use crate::{block_idx, grid_dim, sync_threads, thread_idx};
@@ -450,32 +450,16 @@ unsafe fn store_rows32<T: Half, const N: usize>(
     });
 }
 
-/// dQ of a block of [`MMA_ROWS`] query rows of one head, with eight warps. Each step takes a
-/// tile of [`dq_key_tile`] keys in two phases: warp `w` computes S and dP for 16 queries
-/// (`16·(w % 4)`, its Q and dO rows held in registers) and half the keys (`w / 4`) and leaves
-/// dS (16-bit) in shared memory; then it adds `dS·K` into dQ for 32 queries (`32·(w % 2)`) and
-/// a quarter of the head (`D/4·(w / 2)`).
+/// dQ of a block of [`MMA_ROWS`] query rows of one head.
 ///
 /// # Safety
 /// As the entry points'.
 #[inline(always)]
 pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
     const { assert!(D == 64 || D == 128) };
-    // The tile the host sized the shared memory for.
-    if dq_key_tile(D as u32) == 128 {
-        unsafe { dq_tile::<T, D, 128>(p) }
-    } else {
-        unsafe { dq_tile::<T, D, 64>(p) }
-    }
-}
-
-#[inline(always)]
-unsafe fn dq_tile<T: Half, const D: usize, const KT: usize>(p: &Params) {
-    let pairs = D / 64;
+    let bc = dq_key_tile(D as u32) as usize;
     let (tid, (lane, g, c)) = (thread_idx(), lane_parts());
     let warp = tid >> 5;
-    let (wr, wc) = (warp & 3, warp >> 2);
-    let (half, quarter) = (warp & 1, warp >> 1);
     let (b, h) = (block_z(), block_y());
     let s = unsafe { Seq::of(p, b) };
     let m0 = (last_first() * MMA_ROWS as usize) as i64;
@@ -486,25 +470,21 @@ unsafe fn dq_tile<T: Half, const D: usize, const KT: usize>(p: &Params) {
     let hk = h / (p.heads_q / p.heads_kv) as usize;
     let score = Score::new(p);
     let base = shared_base();
-    let smem = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<u8>();
     let rows_left = (s.sq - m0) as usize;
     let tok0 = s.q_start + m0 as usize;
-    let (sq, sdo) = (base, base + (64 * D * 2) as u32);
-    let sds_off = 2 * 64 * D * 2;
-    let sds = base + sds_off as u32;
-    let stages = sds + (64 * KT * 2) as u32;
     unsafe {
-        load_tile::<D, WARPS8>(
-            sq,
+        load_tile::<D, WARPS4>(
+            base,
             p.q.ptr + 2 * offset(&p.q, b, tok0, h) as u64,
             p.q.token as usize,
             64,
             rows_left,
             tid,
         );
-        load_tile::<D, WARPS8>(
-            sdo,
-            p.d_o.ptr + 2 * offset(&p.d_o, b, tok0, h) as u64,
+        let d_o = p.d_o.ptr + 2 * offset(&p.d_o, b, tok0, h) as u64;
+        load_tile::<D, WARPS4>(
+            base + (64 * D * 2) as u32,
+            d_o,
             p.d_o.token as usize,
             64,
             rows_left,
@@ -512,9 +492,10 @@ unsafe fn dq_tile<T: Half, const D: usize, const KT: usize>(p: &Params) {
         );
     }
     commit();
+    let (sq, sdo) = (base, base + (64 * D * 2) as u32);
     let mut stats = [(f32::INFINITY, 0.0f32); 2];
     each::<2>(|r| {
-        let i = m0 + (16 * wr + g + 8 * r) as i64;
+        let i = m0 + (16 * warp + g + 8 * r) as i64;
         if i < s.sq {
             let at = lse_offset(p, b, h, s.q_start + i as usize);
             // SAFETY: the row exists; lse and delta span every row.
@@ -526,94 +507,84 @@ unsafe fn dq_tile<T: Half, const D: usize, const KT: usize>(p: &Params) {
             };
         }
     });
+    let stages = base + (2 * 64 * D * 2) as u32;
     let k_base = p.k.ptr + 2 * offset(&p.k, b, s.k_start, hk) as u64;
     let v_base = p.v.ptr + 2 * offset(&p.v, b, s.k_start, hk) as u64;
     let (kt, vt) = (p.k.token as usize, p.v.token as usize);
-    let stage_bytes = (2 * KT * D * 2) as u32;
+    let stage_bytes = (2 * bc * D * 2) as u32;
     let load = |n0: usize, stage: u32| unsafe {
         let tile = stages + stage * stage_bytes;
         let valid = s.sk as usize - n0;
-        load_tile::<D, WARPS8>(tile, k_base + (2 * n0 * kt) as u64, kt, KT, valid, tid);
-        load_tile::<D, WARPS8>(
-            tile + (KT * D * 2) as u32,
+        load_tile::<D, WARPS4>(tile, k_base + (2 * n0 * kt) as u64, kt, bc, valid, tid);
+        load_tile::<D, WARPS4>(
+            tile + (bc * D * 2) as u32,
             v_base + (2 * n0 * vt) as u64,
             vt,
-            KT,
+            bc,
             valid,
             tid,
         );
     };
     let (lo, hi) = s.keys(m0, i1);
-    let first = (lo.max(0) as usize / KT) * KT;
+    let first = (lo.max(0) as usize / bc) * bc;
     let end = hi.max(0) as usize;
     if first < end {
         load(first, 0);
     }
     commit();
-    wait_one_pending();
-    sync_threads();
-    let (qf, dof) = unsafe { (a_frags::<D>(sq, wr, lane), a_frags::<D>(sdo, wr, lane)) };
-    let mut acc = [[[0.0f32; 4]; 4]; 2];
-    let row0 = m0 + (16 * wr + g) as i64;
+    let mut acc = [[0.0f32; 4]; 16];
+    let row0 = m0 + (16 * warp + g) as i64;
     let (mut n0, mut stage) = (first, 0u32);
     while n0 < end {
-        wait_all();
-        // The barrier makes this step's tile visible and ends every warp's previous step, so
-        // the other stage and the dS tile are free to overwrite.
-        sync_threads();
-        if n0 + KT < end {
-            load(n0 + KT, stage ^ 1);
+        if n0 + bc < end {
+            load(n0 + bc, stage ^ 1);
+            commit();
+            wait_one_pending();
+        } else {
+            wait_all();
         }
-        commit();
+        sync_threads();
         let (sk, sv) = (
             stages + stage * stage_bytes,
-            stages + stage * stage_bytes + (KT * D * 2) as u32,
+            stages + stage * stage_bytes + (bc * D * 2) as u32,
         );
-        let keys = (KT / 2 * wc * D * 2) as u32;
         let (mut sc, mut dp) = ([[0.0f32; 4]; 8], [[0.0f32; 4]; 8]);
+        let masked = !s.all_allowed(m0, i1, n0 as i64, (n0 + bc - 1) as i64);
         unsafe {
-            mma_abt::<T, D>(&mut sc, sk + keys, lane, KT / 16, |kk| qf[kk]);
-            mma_abt::<T, D>(&mut dp, sv + keys, lane, KT / 16, |kk| dof[kk]);
+            let l = Lanes::a::<D>(lane, warp);
+            mma_abt::<T, D>(&mut sc, sk, lane, bc / 8, |kk| {
+                ldmatrix_x4(l.at::<D>(sq, 0, kk))
+            });
+            mma_abt::<T, D>(&mut dp, sv, lane, bc / 8, |kk| {
+                ldmatrix_x4(l.at::<D>(sdo, 0, kk))
+            });
         }
-        let masked = !s.all_allowed(m0, i1, n0 as i64, (n0 + KT - 1) as i64);
         probs_and_ds(
             &mut sc,
             &mut dp,
-            KT / 16,
+            bc / 8,
             &score,
             masked,
             |_, e| stats[e >> 1],
             |nt, e| {
-                let j = (n0 + KT / 2 * wc + 8 * nt + 2 * c + (e & 1)) as i64;
+                let j = (n0 + 8 * nt + 2 * c + (e & 1)) as i64;
                 s.allows(row0 + 8 * (e >> 1) as i64, j)
             },
         );
         unsafe {
-            store_tile::<T, KT>(smem, sds_off, &dp, KT / 16, (16 * wr, KT / 2 * wc), (g, c));
+            mma_pb::<T, D>(&mut acc, &dp, sk, lane, bc / 16);
         }
         sync_threads();
-        unsafe {
-            let tile = (half, pairs * quarter, pairs);
-            mma_rows32::<T, KT, D, 1>([&mut acc], [sds], [sk], tile, lane)
-        };
-        n0 += KT;
+        n0 += bc;
         stage ^= 1;
     }
-    wait_all();
-    unsafe {
-        store_rows32::<T, 1>(
-            [&acc],
-            2 * pairs,
-            [p.scale],
-            [p.dq.ptr],
-            (half, D / 4 * quarter),
-            (g, c),
-            |row| {
-                let i = m0 + row as i64;
-                (i < s.sq).then(|| [offset(&p.dq, b, s.q_start + i as usize, h)])
-            },
-        )
-    };
+    each::<2>(|r| {
+        let i = m0 + (16 * warp + g + 8 * r) as i64;
+        if i < s.sq {
+            let at = offset(&p.dq, b, s.q_start + i as usize, h);
+            unsafe { store_row::<T, D>(&acc, r, p.scale, p.dq.ptr, at, c) };
+        }
+    });
 }
 
 /// dK and dV of a block of [`MMA_KEYS`] key rows of one key/value head, over every query head
