@@ -1,8 +1,8 @@
 //! The tensor-core path (`mma.sync` m16n8k16, f32 accumulators) for 16-bit elements at
-//! head_dim `D` ∈ {64, 128}, on 16-byte aligned rows (the host checks). Four warps per block,
-//! each owning 16 rows of the block's tile (query rows in the forward and dQ kernels, key rows
-//! in dK/dV), so a row's softmax statistics stay within the four lanes that share it
-//! (`shfl.xor` 1 and 2). Operand tiles go global → shared by `cp.async` (overlapping the
+//! head_dim `D` ∈ {64, 128}, on 16-byte aligned rows (the host checks). The forward and dQ
+//! kernels have four warps per block, each owning 16 query rows of the block's tile, so a row's
+//! softmax statistics stay within the four lanes that share it (`shfl.xor` 1 and 2); the dK/dV
+//! kernel has eight, which trade P and dS through shared memory ([`dkdv`]). Operand tiles go global → shared by `cp.async` (overlapping the
 //! previous tile's math) and shared → registers by `ldmatrix` ([`super::mma`] has the
 //! fragment and swizzle layouts). As FA2, probabilities (and dS) are rounded to the element
 //! type before they meet V, dO, K or Q in a product.
@@ -384,8 +384,7 @@ unsafe fn store_tile<T: Half, const W: usize>(
 /// `acc[i][mt][n] += A_i · B_i` for each of `N` products: a warp's 32 rows (`32·half`) of the
 /// 16-bit tile `a[i]` (`W`-element rows, the k dimension) and the `4·pairs` columns from
 /// `16·pair0` of the `D`-wide tile `b[i]` (its rows the k dimension: `ldmatrix.trans`). The
-/// products share each k-step, as the dK/dV kernel's two did before they had a helper (one
-/// after the other spills at head_dim 64).
+/// products share each k-step's loop, so their loads can interleave.
 #[inline(always)]
 unsafe fn mma_rows32<T: Half, const W: usize, const D: usize, const N: usize>(
     mut acc: [&mut [[[f32; 4]; 4]; 2]; N],
@@ -590,11 +589,14 @@ pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
 /// dK and dV of a block of [`MMA_KEYS`] key rows of one key/value head, over every query head
 /// of its group and every query tile that sees them, with eight warps. Each step takes a tile
 /// of [`DKDV_QUERY_TILE`] queries in two phases: warp `w` computes Sᵀ and dPᵀ for 16 keys
-/// (`16·(w % 4)`) and 32 queries (`32·(w / 4)`) and leaves P and dS (16-bit) in shared memory;
+/// (`16·(w % 4)`) and 64 queries (`64·(w / 4)`, 32 at a time) and leaves P and dS (16-bit) in
+/// shared memory;
 /// then it adds `Pᵀ·dO` and `dSᵀ·Q` into dV and dK for 32 keys (`32·(w % 2)`) and a quarter of
 /// the head (`D/4·(w / 2)`). The split keeps a quarter of each accumulator per warp, so the
-/// query tile can be four times the four-warp kernel's, and gives every product a 32 × 32 or
-/// 16 × 32 warp tile instead of 16 × 16.
+/// query step can take 128 queries (a four-warp block holding whole dK and dV rows took 16 at
+/// head_dim 128), and gives the dV and dK products 32 × 32 (head_dim 128) or 32 × 16 warp
+/// tiles with A from shared memory instead of 16 × 128 ones that re-read K and V at every
+/// 16-query step.
 ///
 /// # Safety
 /// As the entry points'.
