@@ -2,6 +2,7 @@
 //! differentiable ops (`ops::rms_norm_slow`, `rotary_emb::rope_slow`, `silu(gate) * up`, and
 //! attention as matmul, mask, f32 softmax, matmul over repeated key/value heads) and once with
 //! liger-rs's (`liger_rs::candle::nn::ops::rms_norm`, `rotary_emb::rope_thd`, `ops::silu_mul`,
+//! `nn::Linear`, one autograd node per layer,
 //! `candle::flash_attn::flash_attn` on the projections' `[b, t, h, d]` views, with grouped
 //! key/value heads and no transposes, `candle::fused_linear_cross_entropy` for the head and the
 //! loss, whose `[tokens, vocab]` logits are never held whole, and `candle::nn::AdamW`, the
@@ -20,7 +21,7 @@
 //!
 //! The model: token embedding, `--layers` pre-norm blocks (RMSNorm → attention with grouped
 //! query heads and RoPE → residual; RMSNorm → SwiGLU MLP → residual), a final RMSNorm and an
-//! untied head, every matrix a `candle_nn::Linear`. Weights are kept in f32 and cast to
+//! untied head, every matrix a linear layer without a bias. Weights are kept in f32 and cast to
 //! `--dtype` in the forward pass (candle-nn's attention softmax and the loss in f32; the fused
 //! attention accumulates in f32), trained by AdamW with the gradients clipped to a global norm
 //! of 1 in both runs (in candle ops for candle-nn, inside the fused step for liger-rs).
@@ -57,6 +58,8 @@ trait FusedOps {
     fn rms_norm(xs: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor>;
     /// `silu(gate) · up`.
     fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor>;
+    /// `xs · wᵀ` over the last dim of `xs`, `w [out, in]`: candle-nn's `Linear` without a bias.
+    fn linear(w: &Tensor, xs: &Tensor) -> Result<Tensor>;
     /// Causal attention with RoPE over the q, k, v projections `[b, t, heads·d]` (k and v of
     /// `kv_heads`), returning `[b, t, heads·d]`.
     fn attention(
@@ -113,6 +116,9 @@ impl FusedOps for CandleNn {
     }
     fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         gate.silu()? * up
+    }
+    fn linear(w: &Tensor, xs: &Tensor) -> Result<Tensor> {
+        Linear::new(w.clone(), None).forward(xs)
     }
     fn attention(
         cfg: &Config,
@@ -179,6 +185,11 @@ impl FusedOps for LigerRs {
     }
     fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         liger_rs::candle::nn::ops::silu_mul(gate, up)
+    }
+    /// One autograd node (candle-nn's `Linear` is four, each costing the backward a zero
+    /// fill and an add of its gradient).
+    fn linear(w: &Tensor, xs: &Tensor) -> Result<Tensor> {
+        liger_rs::candle::nn::Linear::new(w.clone(), None).forward(xs)
     }
     fn attention(
         cfg: &Config,
@@ -552,24 +563,24 @@ impl<'a> Model<'a> {
         }
     }
 
-    fn linear(&self, i: usize, xs: &Tensor) -> Result<Tensor> {
-        Linear::new(self.weight(i)?, None).forward(xs)
+    fn linear<O: FusedOps>(&self, i: usize, xs: &Tensor) -> Result<Tensor> {
+        O::linear(&self.weight(i)?, xs)
     }
 
     fn attention<O: FusedOps>(&self, base: usize, xs: &Tensor) -> Result<Tensor> {
         let qkv = [
-            self.linear(base + 1, xs)?,
-            self.linear(base + 2, xs)?,
-            self.linear(base + 3, xs)?,
+            self.linear::<O>(base + 1, xs)?,
+            self.linear::<O>(base + 2, xs)?,
+            self.linear::<O>(base + 3, xs)?,
         ];
         let out = O::attention(self.cfg, qkv, &self.cos, &self.sin, &self.mask)?;
-        self.linear(base + 4, &out)
+        self.linear::<O>(base + 4, &out)
     }
 
     fn mlp<O: FusedOps>(&self, base: usize, xs: &Tensor) -> Result<Tensor> {
-        let gate = self.linear(base + 6, xs)?;
-        let up = self.linear(base + 7, xs)?;
-        self.linear(base + 8, &O::silu_mul(&gate, &up)?)
+        let gate = self.linear::<O>(base + 6, xs)?;
+        let up = self.linear::<O>(base + 7, xs)?;
+        self.linear::<O>(base + 8, &O::silu_mul(&gate, &up)?)
     }
 
     /// Mean cross-entropy of the next-token predictions, f32.

@@ -86,6 +86,7 @@ use std::sync::Arc;
 mod cross_entropy;
 pub mod flash_attn;
 mod fused_add_rms_norm;
+mod linear;
 pub mod nn;
 mod optim;
 mod rms_norm;
@@ -96,6 +97,7 @@ pub use cross_entropy::{
     CrossEntropyConfig, cross_entropy, cross_entropy_with, fused_linear_cross_entropy,
 };
 pub use fused_add_rms_norm::fused_add_rms_norm;
+pub use linear::linear;
 pub use rms_norm::{RmsNormConfig, rms_norm, rms_norm_backward, rms_norm_forward};
 pub use rope::{RopeConfig, rope, rope_backward, rope_backward_with, rope_with};
 pub use swiglu::{

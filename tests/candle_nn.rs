@@ -8,8 +8,8 @@ mod common;
 
 use candle_core::{D, DType, Device, Tensor, Var};
 use common::Rng;
-use liger_rs::candle::nn::{Module, RmsNorm, ops, rotary_emb};
-use liger_rs::candle::{RopeConfig, rope, rope_with};
+use liger_rs::candle::nn::{Linear, Module, RmsNorm, ops, rotary_emb};
+use liger_rs::candle::{RopeConfig, linear, rope, rope_with};
 
 /// CUDA device 0 as candle opens it, or `None` after the skip line of [`common::gpu`].
 fn candle_gpu(test: &str) -> Option<Device> {
@@ -130,6 +130,15 @@ fn rope_thd_slow(x: &[Tensor]) -> candle_core::Result<Tensor> {
     candle_nn::rotary_emb::rope_slow(&xs, &x[1], &x[2])?.transpose(1, 2)
 }
 
+/// candle-nn's `Linear` on `x`, a row of one for a vector (which candle-nn does not take).
+fn candle_nn_linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> candle_core::Result<Tensor> {
+    let layer = candle_nn::Linear::new(w.clone(), b.cloned());
+    match x.rank() {
+        1 => layer.forward(&x.unsqueeze(0)?)?.squeeze(0),
+        _ => layer.forward(x),
+    }
+}
+
 /// Every nn function on several shapes in `dtype` on `dev`.
 fn nn_sweep(dtype: DType, dev: &Device, seed: u64) -> usize {
     let mut rng = Rng::new(seed);
@@ -241,6 +250,43 @@ fn nn_sweep(dtype: DType, dev: &Device, seed: u64) -> usize {
             vec![a, b],
             Box::new(|t| ops::silu_mul(&t[0], &t[1])),
             Box::new(|t| t[0].silu()? * &t[1]),
+        );
+    }
+
+    // (x dims, out features): rank 1 to 4, one row, one feature.
+    for (dims, out) in [
+        (vec![7], 5),
+        (vec![6, 16], 9),
+        (vec![2, 3, 33], 1),
+        (vec![2, 1, 3, 8], 12),
+    ] {
+        let k = *dims.last().unwrap();
+        let x = randn(&mut rng, &dims, 1.0, f64_, &cpu);
+        let w = randn(&mut rng, &[out, k], 0.5, f64_, &cpu);
+        let bias = randn(&mut rng, &[out], 1.0, f64_, &cpu);
+        run(
+            format!("Linear::forward {dims:?} → {out}"),
+            vec![x.clone(), w.clone()],
+            Box::new(|t| Linear::new(t[1].clone(), None).forward(&t[0])),
+            Box::new(|t| candle_nn_linear(&t[0], &t[1], None)),
+        );
+        run(
+            format!("Linear::forward {dims:?} → {out} with bias"),
+            vec![x.clone(), w.clone(), bias],
+            Box::new(|t| Linear::new(t[1].clone(), Some(t[2].clone())).forward(&t[0])),
+            Box::new(|t| candle_nn_linear(&t[0], &t[1], Some(&t[2]))),
+        );
+        if dims.len() < 2 {
+            continue;
+        }
+        // A transposed (non-contiguous) input. candle-nn's Linear sends it through a matmul
+        // with the broadcast weight, which candle 0.11.1's CPU backend gets wrong for a
+        // transposed left operand, so the ground truth is the contiguous copy's.
+        run(
+            format!("linear of a transposed {dims:?}"),
+            vec![x.t().unwrap(), w],
+            Box::new(|t| linear(&t[0].t()?, &t[1], None)),
+            Box::new(|t| candle_nn_linear(&t[0].t()?.contiguous()?, &t[1], None)),
         );
     }
     n
@@ -632,5 +678,42 @@ fn gpu_adamw_follows_candle_nn() {
         a.as_tensor(),
         b.as_tensor(),
         DType::F32,
+    );
+}
+
+#[test]
+fn linear_errors_name_the_argument() {
+    let dev = Device::Cpu;
+    let z = |dims: &[usize], dtype: DType| Tensor::zeros(dims, dtype, &dev).unwrap();
+    let w = z(&[3, 4], DType::F32);
+    expect_err(
+        "x of another width",
+        linear(&z(&[2, 5], DType::F32), &w, None),
+        &["x must be [..., 4]", "[3, 4]", "[2, 5]"],
+    );
+    expect_err(
+        "a scalar x",
+        linear(&z(&[], DType::F32), &w, None),
+        &["x must be [..., 4]"],
+    );
+    expect_err(
+        "a weight of rank 3",
+        linear(&z(&[2, 4], DType::F32), &z(&[1, 3, 4], DType::F32), None),
+        &["weight must be [out, in]"],
+    );
+    expect_err(
+        "a bias of another length",
+        linear(&z(&[2, 4], DType::F32), &w, Some(&z(&[4], DType::F32))),
+        &["bias must be [3]", "[4]"],
+    );
+    expect_err(
+        "a weight of another dtype",
+        linear(&z(&[2, 4], DType::F32), &z(&[3, 4], DType::F64), None),
+        &["weight is F64, x is F32"],
+    );
+    expect_err(
+        "a bias of another dtype",
+        linear(&z(&[2, 4], DType::F32), &w, Some(&z(&[3], DType::BF16))),
+        &["bias is BF16, x is F32"],
     );
 }

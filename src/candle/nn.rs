@@ -22,9 +22,12 @@
 //! # Ok::<(), candle_core::Error>(())
 //! ```
 //!
-//! Everything else of candle-nn is re-exported unchanged (`Linear`, `VarBuilder`,
-//! `ops::softmax`, `rotary_emb::rope_slow`, …), so a `use` line that names those too keeps
-//! working. What differs from candle-nn:
+//! [`Linear`] (and its constructors [`linear`], [`linear_no_bias`], [`linear_b`]) computes
+//! candle-nn's layer as one autograd node instead of four, which saves candle's backward a
+//! zero fill and an add of each of those nodes' gradients ([`crate::candle::linear`]).
+//! Everything else of candle-nn is re-exported unchanged (`VarBuilder`, `ops::softmax`,
+//! `rotary_emb::rope_slow`, …), so a `use` line that names those too keeps working. What
+//! differs from candle-nn:
 //!
 //! * **Gradients** for every input: `xs` and `alpha`/the weight; `xs`, `cos` and `sin` of the
 //!   rotary embeddings (the tables' only when they track a gradient: candle ops reducing over
@@ -46,8 +49,33 @@ use super::rope::{NnRope, nn_rope};
 use super::{RmsNormConfig, SwigluConfig};
 use candle_core::{Result, Tensor};
 
+pub use super::linear::Linear;
 pub use super::optim::AdamW;
 pub use candle_nn::*;
+
+/// candle-nn's `linear`: a [`Linear`] with a bias, from `vb` (candle-nn's initialisation).
+///
+/// # Errors
+/// `vb`'s errors.
+pub fn linear(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Linear> {
+    candle_nn::linear(in_dim, out_dim, vb).map(Linear::from)
+}
+
+/// candle-nn's `linear_no_bias`: a [`Linear`] without a bias, from `vb`.
+///
+/// # Errors
+/// `vb`'s errors.
+pub fn linear_no_bias(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Linear> {
+    candle_nn::linear_no_bias(in_dim, out_dim, vb).map(Linear::from)
+}
+
+/// candle-nn's `linear_b`: a [`Linear`] with a bias when `bias`, from `vb`.
+///
+/// # Errors
+/// `vb`'s errors.
+pub fn linear_b(in_dim: usize, out_dim: usize, bias: bool, vb: VarBuilder) -> Result<Linear> {
+    candle_nn::linear_b(in_dim, out_dim, bias, vb).map(Linear::from)
+}
 
 /// candle-nn's `loss` with [`cross_entropy`](loss::cross_entropy) fused (one pass forward,
 /// one backward) and its gradient this crate's.
