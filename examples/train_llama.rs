@@ -2,7 +2,7 @@
 //! differentiable ops (`ops::rms_norm_slow`, `rotary_emb::rope_slow`, `silu(gate) * up`, and
 //! attention as matmul, mask, f32 softmax, matmul over repeated key/value heads) and once with
 //! liger-rs's (`liger_rs::candle::nn::ops::rms_norm`, `rotary_emb::rope_thd`, `ops::silu_mul`,
-//! `nn::Linear`, one autograd node per layer,
+//! `nn::Linear` and `nn::Embedding`, one autograd node each,
 //! `candle::flash_attn::flash_attn` on the projections' `[b, t, h, d]` views, with grouped
 //! key/value heads and no transposes, `candle::fused_linear_cross_entropy` for the head and the
 //! loss, whose `[tokens, vocab]` logits are never held whole, and `candle::nn::AdamW`, the
@@ -60,6 +60,8 @@ trait FusedOps {
     fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor>;
     /// `xs · wᵀ` over the last dim of `xs`, `w [out, in]`: candle-nn's `Linear` without a bias.
     fn linear(w: &Tensor, xs: &Tensor) -> Result<Tensor>;
+    /// The rows of `w [vocab, hidden]` at `ids`: candle-nn's `Embedding`.
+    fn embedding(w: &Tensor, ids: &Tensor) -> Result<Tensor>;
     /// Causal attention with RoPE over the q, k, v projections `[b, t, heads·d]` (k and v of
     /// `kv_heads`), returning `[b, t, heads·d]`.
     fn attention(
@@ -119,6 +121,9 @@ impl FusedOps for CandleNn {
     }
     fn linear(w: &Tensor, xs: &Tensor) -> Result<Tensor> {
         Linear::new(w.clone(), None).forward(xs)
+    }
+    fn embedding(w: &Tensor, ids: &Tensor) -> Result<Tensor> {
+        Embedding::new(w.clone(), w.dim(1)?).forward(ids)
     }
     fn attention(
         cfg: &Config,
@@ -190,6 +195,11 @@ impl FusedOps for LigerRs {
     /// fill and an add of its gradient).
     fn linear(w: &Tensor, xs: &Tensor) -> Result<Tensor> {
         liger_rs::candle::nn::Linear::new(w.clone(), None).forward(xs)
+    }
+    /// One node with a deterministic backward kernel (candle's `index_add` has one thread
+    /// per column walk every id).
+    fn embedding(w: &Tensor, ids: &Tensor) -> Result<Tensor> {
+        liger_rs::candle::nn::Embedding::new(w.clone(), w.dim(1)?).forward(ids)
     }
     fn attention(
         cfg: &Config,
@@ -586,7 +596,7 @@ impl<'a> Model<'a> {
     /// Mean cross-entropy of the next-token predictions, f32.
     fn loss<O: FusedOps>(&self, inputs: &Tensor, targets: &Tensor) -> Result<Tensor> {
         let cfg = self.cfg;
-        let mut xs = Embedding::new(self.weight(0)?, cfg.hidden).forward(inputs)?;
+        let mut xs = O::embedding(&self.weight(0)?, inputs)?;
         for l in 0..cfg.layers {
             let base = 1 + l * PER_LAYER;
             let h = O::rms_norm(&xs, &self.weight(base)?, EPS)?;

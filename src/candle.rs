@@ -84,6 +84,7 @@ use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use std::sync::Arc;
 
 mod cross_entropy;
+mod embedding;
 pub mod flash_attn;
 mod fused_add_rms_norm;
 mod linear;
@@ -96,6 +97,7 @@ mod swiglu;
 pub use cross_entropy::{
     CrossEntropyConfig, cross_entropy, cross_entropy_with, fused_linear_cross_entropy,
 };
+pub use embedding::embedding;
 pub use fused_add_rms_norm::fused_add_rms_norm;
 pub use linear::linear;
 pub use rms_norm::{RmsNormConfig, rms_norm, rms_norm_backward, rms_norm_forward};

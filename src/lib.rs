@@ -117,6 +117,7 @@ mod blas;
 pub mod candle;
 mod cross_entropy;
 mod dtype;
+mod embedding;
 mod error;
 mod fused_add_rms_norm;
 mod geglu;
@@ -162,6 +163,7 @@ pub use cross_entropy::{
 };
 pub use cudarc;
 pub use dtype::Dtype;
+pub use embedding::{EmbeddingArgs, TokenId, embedding_backward, embedding_forward};
 pub use error::{Error, Result};
 pub use fused_add_rms_norm::{
     fused_add_rms_norm_backward, fused_add_rms_norm_backward_inplace, fused_add_rms_norm_forward,

@@ -401,6 +401,7 @@ pub(crate) mod tests {
             crate::attention::plan::tests::launchable_kernels(),
             crate::cross_entropy::plan::tests::launchable_kernels(),
             crate::adamw::plan::tests::launchable_kernels(),
+            crate::embedding::plan::tests::launchable_kernels(),
         ]
         .into_iter()
         .flatten()
@@ -420,8 +421,9 @@ pub(crate) mod tests {
         // cross-entropy's 26 (forward and backward rows on four paths for three element
         // types; the count and the reduction), and the optimizers' 31 (the AdamW update with
         // f32 or bf16 moments and the SGD update, each for three gradient types with no copy
-        // or an f16 or bf16 copy; the sums of squares; the norm).
-        assert_eq!(launchable.len(), 584);
+        // or an f16 or bf16 copy; the sums of squares; the norm), and the embedding's 12 (the
+        // forward and backward for three element types and two id types).
+        assert_eq!(launchable.len(), 596);
     }
 
     #[test]

@@ -305,12 +305,13 @@ impl<'b, E> Access<'b, E> {
 }
 
 /// A buffer argument of a call whose buffers differ in element type: the call's `T`, f32
-/// (`rstd`), i32 or i64 (position ids), or ids in host memory (a length only: no context and
+/// (`rstd`), i32 or i64 (position ids), u32 or i64 (token ids), or ids in host memory (a length only: no context and
 /// no device pointer).
 pub(crate) enum Buf<'b, T> {
     T(Access<'b, T>),
     F32(Access<'b, f32>),
     I32(Access<'b, i32>),
+    U32(Access<'b, u32>),
     I64(Access<'b, i64>),
     Host(usize),
 }
@@ -321,6 +322,7 @@ impl<'b, T> Buf<'b, T> {
             Buf::T(a) => a.seen(),
             Buf::F32(a) => a.seen(),
             Buf::I32(a) => a.seen(),
+            Buf::U32(a) => a.seen(),
             Buf::I64(a) => a.seen(),
             Buf::Host(len) => Seen {
                 len: *len,
@@ -335,6 +337,7 @@ impl<'b, T> Buf<'b, T> {
             Buf::T(a) => a.take(stream),
             Buf::F32(a) => a.take(stream),
             Buf::I32(a) => a.take(stream),
+            Buf::U32(a) => a.take(stream),
             Buf::I64(a) => a.take(stream),
             Buf::Host(_) => (0, None),
         }

@@ -717,3 +717,72 @@ fn linear_errors_name_the_argument() {
         &["bias is BF16, x is F32"],
     );
 }
+
+/// `Embedding` against candle-nn's on the same table and ids: the rows exactly, the table's
+/// gradient (under `Σ y·R`) within the dtype's rounding of candle-nn's in f64 on the CPU;
+/// ids of every type candle-nn takes, one id repeated.
+fn embedding_sweep(dtype: DType, dev: &Device) {
+    let mut rng = Rng::new(31);
+    let cpu = Device::Cpu;
+    let (vocab, hidden) = (23, 40);
+    let table = randn(&mut rng, &[vocab, hidden], 1.0, DType::F64, &cpu)
+        .to_dtype(dtype)
+        .unwrap();
+    let ids: Vec<u32> = (0..30)
+        .map(|i| if i % 4 == 0 { 7 } else { (i * 5 % 23) as u32 })
+        .collect();
+    let ids = Tensor::from_vec(ids, (3, 10), &cpu).unwrap();
+    for id_type in [DType::U32, DType::I64, DType::U8] {
+        let what = format!("Embedding {dtype:?}, {id_type:?} ids");
+        let ids = ids.to_dtype(id_type).unwrap();
+        let ours_table = Var::from_tensor(&table.to_device(dev).unwrap()).unwrap();
+        let y = liger_rs::candle::nn::Embedding::new(ours_table.as_tensor().clone(), hidden)
+            .forward(&ids.to_device(dev).unwrap())
+            .unwrap();
+        let exact_table = Var::from_tensor(&table.to_dtype(DType::F64).unwrap()).unwrap();
+        let y_want = candle_nn::Embedding::new(exact_table.as_tensor().clone(), hidden)
+            .forward(&ids)
+            .unwrap();
+        assert_eq!(y.dims(), [3, 10, hidden], "{what}: shape");
+        assert_eq!(f64s(&y), f64s(&y_want), "{what}: rows");
+        let r = randn(&mut rng, y.dims(), 1.0, DType::F64, &cpu);
+        let loss = |y: &Tensor| (y.to_dtype(DType::F64)?.to_device(&cpu)? * &r)?.sum_all();
+        let g = loss(&y).unwrap().backward().unwrap();
+        let g_want = loss(&y_want).unwrap().backward().unwrap();
+        let dw = g.get(&ours_table).expect("a gradient for the table");
+        assert_eq!(dw.dtype(), dtype, "{what}: gradient dtype");
+        assert_near(
+            &format!("{what}: d table"),
+            dw,
+            g_want.get(&exact_table).unwrap(),
+            dtype,
+        );
+    }
+    expect_err(
+        "a 3-D table",
+        liger_rs::candle::embedding(&table.reshape((1, vocab, hidden)).unwrap(), &ids),
+        &["table must be [vocab, hidden]"],
+    );
+    expect_err(
+        "f32 ids",
+        liger_rs::candle::embedding(&table, &ids.to_dtype(DType::F32).unwrap()),
+        &["ids must be u8, u32 or i64"],
+    );
+}
+
+#[test]
+fn cpu_embedding_matches_candle_nn() {
+    for dtype in [DType::F64, DType::F32, DType::BF16] {
+        embedding_sweep(dtype, &Device::Cpu);
+    }
+}
+
+#[test]
+fn gpu_embedding_matches_candle_nn() {
+    let Some(dev) = candle_gpu("gpu_embedding_matches_candle_nn") else {
+        return;
+    };
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        embedding_sweep(dtype, &dev);
+    }
+}

@@ -81,6 +81,18 @@ names! {
         CrossEntropy = "ce",
         /// The optimizers: AdamW, Adam and SGD (`kernels-gpu/src/adamw/`).
         AdamW = "adamw",
+        /// Embedding lookup (`kernels-gpu/src/embedding/`).
+        Embedding = "embedding",
+    }
+}
+
+names! {
+    /// The element type of an embedding's token ids: the last part of its entry name.
+    pub enum IdType / id_type_name {
+        /// `u32` (candle's usual ids).
+        U32 = "u32",
+        /// `i64` (PyTorch's).
+        I64 = "i64",
     }
 }
 
@@ -385,6 +397,15 @@ pub enum Kernel {
         /// The weights' copy type (the updates only).
         copy: Option<ElemType>,
     },
+    /// An embedding forward or backward.
+    Embedding {
+        /// [`Direction::Forward`] or [`Direction::Backward`].
+        direction: Direction,
+        /// The element type of the table and the rows.
+        elem: ElemType,
+        /// The ids' type.
+        ids: IdType,
+    },
     /// An attention kernel.
     Attention {
         /// The pass.
@@ -465,6 +486,10 @@ macro_rules! kernel_name {
     (AdamW, $pass:ident, $grad:ident, $copy:ident) => {
         $crate::identity::kernel_name!(@join
             op_name(AdamW), adamw_pass_name($pass), elem_name($grad), elem_name($copy))
+    };
+    (Embedding, $dir:ident, $elem:ident, $ids:ident) => {
+        $crate::identity::kernel_name!(@join
+            op_name(Embedding), direction_name($dir), elem_name($elem), id_type_name($ids))
     };
     (CrossEntropy, $pass:ident) => {
         $crate::identity::kernel_name!(@join op_name(CrossEntropy), ce_pass_name($pass))
@@ -576,6 +601,17 @@ impl Kernel {
                 pass.name(),
                 grad.map_or("", ElemType::name),
                 copy.map_or("", ElemType::name),
+                "",
+            ],
+            Kernel::Embedding {
+                direction,
+                elem,
+                ids,
+            } => [
+                Op::Embedding.name(),
+                direction.name(),
+                elem.name(),
+                ids.name(),
                 "",
             ],
             Kernel::Attention { pass, path, elem } => [

@@ -22,6 +22,7 @@
 pub mod adamw;
 pub mod attention;
 pub mod cross_entropy;
+pub mod embedding;
 pub mod geglu;
 pub mod identity;
 mod math;

@@ -24,7 +24,9 @@
 //!
 //! [`Linear`] (and its constructors [`linear`], [`linear_no_bias`], [`linear_b`]) computes
 //! candle-nn's layer as one autograd node instead of four, which saves candle's backward a
-//! zero fill and an add of each of those nodes' gradients ([`crate::candle::linear`]).
+//! zero fill and an add of each of those nodes' gradients ([`crate::candle::linear`]);
+//! [`Embedding`] (and [`embedding`]) is one node whose backward is a deterministic kernel
+//! ([`crate::candle::embedding`]; candle's `index_add` is serial over the ids).
 //! Everything else of candle-nn is re-exported unchanged (`VarBuilder`, `ops::softmax`,
 //! `rotary_emb::rope_slow`, …), so a `use` line that names those too keeps working. What
 //! differs from candle-nn:
@@ -49,9 +51,19 @@ use super::rope::{NnRope, nn_rope};
 use super::{RmsNormConfig, SwigluConfig};
 use candle_core::{Result, Tensor};
 
+pub use super::embedding::Embedding;
 pub use super::linear::Linear;
 pub use super::optim::AdamW;
 pub use candle_nn::*;
+
+/// candle-nn's `embedding`: an [`Embedding`] of `in_size` rows of `out_size`, from `vb`
+/// (candle-nn's initialisation).
+///
+/// # Errors
+/// `vb`'s errors.
+pub fn embedding(in_size: usize, out_size: usize, vb: VarBuilder) -> Result<Embedding> {
+    candle_nn::embedding(in_size, out_size, vb).map(Embedding::from)
+}
 
 /// candle-nn's `linear`: a [`Linear`] with a bias, from `vb` (candle-nn's initialisation).
 ///

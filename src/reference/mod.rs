@@ -24,6 +24,7 @@
 pub mod adamw;
 pub mod attention;
 pub mod cross_entropy;
+pub mod embedding;
 pub mod fused_add_rms_norm;
 pub mod geglu;
 pub mod rms_norm;
@@ -35,6 +36,7 @@ pub use cross_entropy::{
     CrossEntropyOut, LinearCrossEntropyOut, cross_entropy_backward, cross_entropy_forward,
     fused_linear_cross_entropy,
 };
+pub use embedding::{embedding_backward, embedding_forward};
 pub use fused_add_rms_norm::{fused_add_rms_norm_backward, fused_add_rms_norm_forward};
 pub use geglu::{geglu_backward, geglu_forward};
 pub use rms_norm::{rms_norm_backward, rms_norm_backward_dx, rms_norm_forward};
