@@ -786,3 +786,34 @@ fn gpu_embedding_matches_candle_nn() {
         embedding_sweep(dtype, &dev);
     }
 }
+
+/// The gradients a backward hands out record no graph of their own: a graph would keep the
+/// incoming gradient alive for as long as the gradient store (the optimizer step).
+#[test]
+fn gradients_of_linear_and_rope_tables_hold_no_graph() {
+    let dev = Device::Cpu;
+    let mut rng = Rng::new(41);
+    let x = Var::from_tensor(&randn(&mut rng, &[2, 3, 8], 1.0, DType::F32, &dev)).unwrap();
+    let w = Var::from_tensor(&randn(&mut rng, &[5, 8], 1.0, DType::F32, &dev)).unwrap();
+    let y = linear(x.as_tensor(), w.as_tensor(), None).unwrap();
+    let grads = y.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+    for (name, v, other) in [("dW", &w, &x), ("dx", &x, &w)] {
+        let g = grads.get(v).unwrap();
+        let again = g.sum_all().unwrap().backward().unwrap();
+        assert!(again.get(other).is_none(), "{name} records a graph");
+    }
+    let xs = Var::from_tensor(&randn(&mut rng, &[1, 4, 2, 8], 1.0, DType::F32, &dev)).unwrap();
+    let angles = randn(&mut rng, &[4, 4], 1.0, DType::F32, &dev);
+    let cos = Var::from_tensor(&angles.cos().unwrap()).unwrap();
+    let sin = Var::from_tensor(&angles.sin().unwrap()).unwrap();
+    let y = rotary_emb::rope_thd(xs.as_tensor(), cos.as_tensor(), sin.as_tensor()).unwrap();
+    let grads = y.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+    let again = grads
+        .get(&cos)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    assert!(again.get(&xs).is_none(), "dcos records a graph");
+}

@@ -45,9 +45,12 @@ fn matmul_bias<S: BackendStorage>(
 
 /// `(dx, dW)` of `y = x·Wᵀ` for the output gradient `dy`.
 fn grads(x: &Tensor, w: &Tensor, dy: &Tensor) -> Result<(Tensor, Tensor)> {
+    // On detached inputs (the same storage): the products of tracked `x` and `w` would record
+    // graph nodes holding `dy`, which the gradient store would keep alive to its end.
+    let (x, w) = (x.detach(), w.detach());
     let (n, k) = w.dims2()?;
     let dy = dy.reshape(((), n))?;
-    let dx = dy.matmul(w)?.reshape(x.shape())?;
+    let dx = dy.matmul(&w)?.reshape(x.shape())?;
     let dw = dy.t()?.matmul(&x.reshape(((), k))?)?;
     Ok((dx, dw))
 }

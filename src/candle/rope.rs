@@ -875,7 +875,9 @@ impl OneOp {
                 ))
             }
         };
-        let ((x1, x2), (g1, g2)) = (pairs(xs)?, pairs(grad)?);
+        // `xs` detached: products of the tracked input would record graph nodes holding the
+        // gradient, which the gradient store would keep alive to its end.
+        let ((x1, x2), (g1, g2)) = (pairs(&xs.detach())?, pairs(grad)?);
         let dc = ((&g1 * &x1)? + (&g2 * &x2)?)?;
         let ds = ((&g2 * &x1)? - (&g1 * &x2)?)?;
         let heads = if a.head_major { 1 } else { 2 };
