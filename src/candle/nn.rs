@@ -22,10 +22,10 @@
 //! # Ok::<(), candle_core::Error>(())
 //! ```
 //!
-//! [`Linear`] (and its constructors [`linear`], [`linear_no_bias`], [`linear_b`]) computes
+//! [`Linear`] (and its constructors [`linear()`], [`linear_no_bias`], [`linear_b`]) computes
 //! candle-nn's layer as one autograd node instead of four, which saves candle's backward a
 //! zero fill and an add of each of those nodes' gradients ([`crate::candle::linear`]);
-//! [`Embedding`] (and [`embedding`]) is one node whose backward is a deterministic kernel
+//! [`Embedding`] (and [`embedding()`]) is one node whose backward is a deterministic kernel
 //! ([`crate::candle::embedding`]; candle's `index_add` is serial over the ids).
 //! Everything else of candle-nn is re-exported unchanged (`VarBuilder`, `ops::softmax`,
 //! `rotary_emb::rope_slow`, …), so a `use` line that names those too keeps working. What
