@@ -1,8 +1,9 @@
 //! Trains a small Llama-style decoder twice from the same initial weights: once with candle-nn's
 //! differentiable ops (`ops::rms_norm_slow`, `rotary_emb::rope_slow`, `silu(gate) * up`, and
 //! attention as matmul, mask, f32 softmax, matmul over repeated key/value heads) and once with
-//! liger-rs's (`liger_rs::candle::nn::ops::rms_norm`, `rotary_emb::rope_thd`, `ops::silu_mul`,
-//! `nn::Linear` and `nn::Embedding`, one autograd node each,
+//! liger-rs's (`liger_rs::candle::nn::ops::rms_norm`, `rotary_emb::rope_thd`, `nn::Linear`,
+//! `nn::Embedding` and `nn::SwigluMlp` (the MLP over one fused gate-up weight), one autograd
+//! node each,
 //! `candle::flash_attn::flash_attn` on the projections' `[b, t, h, d]` views, with grouped
 //! key/value heads and no transposes, `candle::fused_linear_cross_entropy` for the head and the
 //! loss, whose `[tokens, vocab]` logits are never held whole, and `candle::nn::AdamW`, the
@@ -36,6 +37,7 @@
 use candle_core::{D, DType, Device, Result, Tensor, Var};
 use candle_nn::{AdamW, Embedding, Linear, Module, Optimizer, ParamsAdamW};
 use liger_rs::cudarc::driver::sys;
+use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
@@ -56,8 +58,13 @@ trait FusedOps {
     fn step(opt: &mut Self::Opt, vars: &[Var], loss: &Tensor) -> Result<()>;
     /// RMSNorm over the last dim, candle-nn's `ops::rms_norm(xs, alpha, eps)`.
     fn rms_norm(xs: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor>;
-    /// `silu(gate) · up`.
-    fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor>;
+    /// The parameters as this run trains them, from [`initial_weights`]'s list (the same
+    /// values; a run may join tensors that its ops take as one).
+    fn parameters(init: &[Param]) -> Vec<Param> {
+        init.to_vec()
+    }
+    /// Block `l`'s SwiGLU MLP on `xs`: `down(silu(gate(xs)) · up(xs))`.
+    fn mlp(model: &Model, l: usize, xs: &Tensor) -> Result<Tensor>;
     /// `xs · wᵀ` over the last dim of `xs`, `w [out, in]`: candle-nn's `Linear` without a bias.
     fn linear(w: &Tensor, xs: &Tensor) -> Result<Tensor>;
     /// The rows of `w [vocab, hidden]` at `ids`: candle-nn's `Embedding`.
@@ -116,8 +123,10 @@ impl FusedOps for CandleNn {
     fn rms_norm(xs: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor> {
         candle_nn::ops::rms_norm_slow(xs, alpha, eps)
     }
-    fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-        gate.silu()? * up
+    fn mlp(model: &Model, l: usize, xs: &Tensor) -> Result<Tensor> {
+        let gate = model.linear::<Self>(&format!("{l}.gate"), xs)?;
+        let up = model.linear::<Self>(&format!("{l}.up"), xs)?;
+        model.linear::<Self>(&format!("{l}.down"), &(gate.silu()? * up)?)
     }
     fn linear(w: &Tensor, xs: &Tensor) -> Result<Tensor> {
         Linear::new(w.clone(), None).forward(xs)
@@ -188,8 +197,28 @@ impl FusedOps for LigerRs {
     fn rms_norm(xs: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor> {
         liger_rs::candle::nn::ops::rms_norm(xs, alpha, eps)
     }
-    fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-        liger_rs::candle::nn::ops::silu_mul(gate, up)
+    /// The gate and up projections as one `[2·inter, hidden]` weight (gate rows, then up).
+    fn parameters(init: &[Param]) -> Vec<Param> {
+        let mut out: Vec<Param> = Vec::with_capacity(init.len());
+        for (name, shape, values) in init {
+            match name.strip_suffix(".up") {
+                Some(l) => {
+                    let (gate, _, mut joined) = out.pop().expect("the gate precedes the up");
+                    assert_eq!(gate, format!("{l}.gate"), "initial_weights' order");
+                    joined.extend_from_slice(values);
+                    out.push((format!("{l}.gate_up"), vec![2 * shape[0], shape[1]], joined));
+                }
+                None => out.push((name.clone(), shape.clone(), values.clone())),
+            }
+        }
+        out
+    }
+    /// One autograd node (`nn::SwigluMlp`): candle-nn's four layers cost the backward a zero
+    /// fill and an add per input of each (three of the intermediate size).
+    fn mlp(model: &Model, l: usize, xs: &Tensor) -> Result<Tensor> {
+        let gate_up = model.weight(&format!("{l}.gate_up"))?;
+        let down = model.weight(&format!("{l}.down"))?;
+        liger_rs::candle::nn::SwigluMlp::new(gate_up, down).forward(xs)
     }
     /// One autograd node (candle-nn's `Linear` is four, each costing the backward a zero
     /// fill and an add of its gradient).
@@ -494,7 +523,10 @@ impl Task {
 }
 
 /// One initial value per trainable tensor, by name; each run makes its own `Var`s from these.
-fn initial_weights(cfg: &Config) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+/// A named parameter: shape and initial values.
+type Param = (String, Vec<usize>, Vec<f32>);
+
+fn initial_weights(cfg: &Config) -> Vec<Param> {
     let mut rng = Rng(cfg.seed);
     let mut normal = |name: String, shape: Vec<usize>| {
         let n = shape.iter().product();
@@ -523,6 +555,8 @@ fn initial_weights(cfg: &Config) -> Vec<(String, Vec<usize>, Vec<f32>)> {
 /// The decoder, generic over the three fused ops.
 struct Model<'a> {
     cfg: &'a Config,
+    /// Each parameter's index in `vars`.
+    index: HashMap<String, usize>,
     vars: Vec<Var>,
     /// The compute-dtype copies of `vars` that the optimizer keeps, if it keeps them.
     copies: Option<Vec<Var>>,
@@ -533,12 +567,10 @@ struct Model<'a> {
     mask: Tensor,
 }
 
-/// The trainable tensors of one block, in [`initial_weights`]'s order.
-const PER_LAYER: usize = 9;
 const EPS: f32 = 1e-5;
 
 impl<'a> Model<'a> {
-    fn new(cfg: &'a Config, init: &[(String, Vec<usize>, Vec<f32>)], dev: &Device) -> Result<Self> {
+    fn new(cfg: &'a Config, init: &[Param], dev: &Device) -> Result<Self> {
         let vars = init
             .iter()
             .map(|(_, shape, values)| Var::from_vec(values.clone(), shape.as_slice(), dev))
@@ -556,6 +588,9 @@ impl<'a> Model<'a> {
             .collect();
         Ok(Model {
             cfg,
+            index: (init.iter().enumerate())
+                .map(|(i, (name, _, _))| (name.clone(), i))
+                .collect(),
             vars,
             copies: None,
             cos: freqs.cos()?.to_dtype(cfg.dtype)?,
@@ -564,50 +599,46 @@ impl<'a> Model<'a> {
         })
     }
 
-    /// Var `i` in the compute dtype: the optimizer's copy, or the master cast (a no-op in
-    /// f32; in f16/bf16 the gradient reaches the f32 master through the cast).
-    fn weight(&self, i: usize) -> Result<Tensor> {
+    /// The parameter `name` in the compute dtype: the optimizer's copy, or the master cast (a
+    /// no-op in f32; in f16/bf16 the gradient reaches the f32 master through the cast).
+    fn weight(&self, name: &str) -> Result<Tensor> {
+        let i = *self
+            .index
+            .get(name)
+            .expect("a parameter of initial_weights");
         match &self.copies {
             Some(c) => Ok(c[i].as_tensor().clone()),
             None => self.vars[i].as_tensor().to_dtype(self.cfg.dtype),
         }
     }
 
-    fn linear<O: FusedOps>(&self, i: usize, xs: &Tensor) -> Result<Tensor> {
-        O::linear(&self.weight(i)?, xs)
+    fn linear<O: FusedOps>(&self, name: &str, xs: &Tensor) -> Result<Tensor> {
+        O::linear(&self.weight(name)?, xs)
     }
 
-    fn attention<O: FusedOps>(&self, base: usize, xs: &Tensor) -> Result<Tensor> {
+    fn attention<O: FusedOps>(&self, l: usize, xs: &Tensor) -> Result<Tensor> {
         let qkv = [
-            self.linear::<O>(base + 1, xs)?,
-            self.linear::<O>(base + 2, xs)?,
-            self.linear::<O>(base + 3, xs)?,
+            self.linear::<O>(&format!("{l}.q"), xs)?,
+            self.linear::<O>(&format!("{l}.k"), xs)?,
+            self.linear::<O>(&format!("{l}.v"), xs)?,
         ];
         let out = O::attention(self.cfg, qkv, &self.cos, &self.sin, &self.mask)?;
-        self.linear::<O>(base + 4, &out)
-    }
-
-    fn mlp<O: FusedOps>(&self, base: usize, xs: &Tensor) -> Result<Tensor> {
-        let gate = self.linear::<O>(base + 6, xs)?;
-        let up = self.linear::<O>(base + 7, xs)?;
-        self.linear::<O>(base + 8, &O::silu_mul(&gate, &up)?)
+        self.linear::<O>(&format!("{l}.o"), &out)
     }
 
     /// Mean cross-entropy of the next-token predictions, f32.
     fn loss<O: FusedOps>(&self, inputs: &Tensor, targets: &Tensor) -> Result<Tensor> {
         let cfg = self.cfg;
-        let mut xs = O::embedding(&self.weight(0)?, inputs)?;
+        let mut xs = O::embedding(&self.weight("embed")?, inputs)?;
         for l in 0..cfg.layers {
-            let base = 1 + l * PER_LAYER;
-            let h = O::rms_norm(&xs, &self.weight(base)?, EPS)?;
-            xs = (xs + self.attention::<O>(base, &h)?)?;
-            let h = O::rms_norm(&xs, &self.weight(base + 5)?, EPS)?;
-            xs = (xs + self.mlp::<O>(base, &h)?)?;
+            let h = O::rms_norm(&xs, &self.weight(&format!("{l}.attn_norm"))?, EPS)?;
+            xs = (xs + self.attention::<O>(l, &h)?)?;
+            let h = O::rms_norm(&xs, &self.weight(&format!("{l}.mlp_norm"))?, EPS)?;
+            xs = (xs + O::mlp(self, l, &h)?)?;
         }
-        let last = 1 + cfg.layers * PER_LAYER;
-        let xs = O::rms_norm(&xs, &self.weight(last)?, EPS)?;
+        let xs = O::rms_norm(&xs, &self.weight("norm")?, EPS)?;
         let xs = xs.reshape((cfg.tokens_per_step(), cfg.hidden))?;
-        O::head_loss(&xs, &self.weight(last + 1)?, targets)
+        O::head_loss(&xs, &self.weight("head")?, targets)
     }
 }
 
@@ -700,14 +731,9 @@ fn progress(name: &str, step: usize, steps: usize, loss: f32, tokens_per_s: f64)
     }
 }
 
-fn train<O: FusedOps>(
-    cfg: &Config,
-    init: &[(String, Vec<usize>, Vec<f32>)],
-    task: &Task,
-    dev: &Device,
-) -> Result<Run> {
+fn train<O: FusedOps>(cfg: &Config, init: &[Param], task: &Task, dev: &Device) -> Result<Run> {
     let pool = Pool::of(dev);
-    let mut model = Model::new(cfg, init, dev)?;
+    let mut model = Model::new(cfg, &O::parameters(init), dev)?;
     let params = ParamsAdamW {
         lr: cfg.lr,
         ..ParamsAdamW::default()

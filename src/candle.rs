@@ -88,6 +88,7 @@ mod embedding;
 pub mod flash_attn;
 mod fused_add_rms_norm;
 mod linear;
+mod mlp;
 pub mod nn;
 mod optim;
 mod rms_norm;
@@ -100,6 +101,7 @@ pub use cross_entropy::{
 pub use embedding::embedding;
 pub use fused_add_rms_norm::fused_add_rms_norm;
 pub use linear::linear;
+pub use mlp::{geglu_mlp, swiglu_mlp};
 pub use rms_norm::{RmsNormConfig, rms_norm, rms_norm_backward, rms_norm_forward};
 pub use rope::{RopeConfig, rope, rope_backward, rope_backward_with, rope_with};
 pub use swiglu::{

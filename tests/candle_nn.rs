@@ -2,14 +2,17 @@
 //! differentiable `_slow` functions run in f64 on the CPU, forward and the gradient of every
 //! input, on random inputs of several shapes in every dtype: on the CPU (always run) and on
 //! CUDA (GPU). Shapes that mean something else in candle-nn are errors that say why, in the
-//! nn functions and in `liger_rs::candle::rope` (always run).
+//! nn functions and in `liger_rs::candle::rope` (always run). The MLP (`SwigluMlp`, one node)
+//! against candle-nn's layers composed.
 #![cfg(feature = "candle")]
 mod common;
 
 use candle_core::{D, DType, Device, Tensor, Var};
 use common::Rng;
-use liger_rs::candle::nn::{Linear, Module, RmsNorm, ops, rotary_emb};
-use liger_rs::candle::{RopeConfig, linear, rope, rope_with};
+use liger_rs::Gelu;
+use liger_rs::candle::nn::{Linear, Module, RmsNorm, SwigluMlp, ops, rotary_emb};
+use liger_rs::candle::{RopeConfig, linear, rope, rope_with, swiglu_mlp};
+use std::f64::consts::{FRAC_1_SQRT_2, PI};
 
 /// CUDA device 0 as candle opens it, or `None` after the skip line of [`common::gpu`].
 fn candle_gpu(test: &str) -> Option<Device> {
@@ -289,7 +292,63 @@ fn nn_sweep(dtype: DType, dev: &Device, seed: u64) -> usize {
             Box::new(|t| candle_nn_linear(&t[0].t()?.contiguous()?, &t[1], None)),
         );
     }
+
+    // (x dims, inter): rank 1 to 3, an intermediate of one, one wider than the hidden size.
+    for (dims, inter) in [
+        (vec![5], 3),
+        (vec![6, 16], 24),
+        (vec![2, 3, 33], 1),
+        (vec![4, 40], 9),
+    ] {
+        let hidden = *dims.last().unwrap();
+        let x = randn(&mut rng, &dims, 1.0, f64_, &cpu);
+        let gate_up = randn(&mut rng, &[2 * inter, hidden], 0.5, f64_, &cpu);
+        let down = randn(&mut rng, &[hidden, inter], 0.5, f64_, &cpu);
+        for (form, act) in [
+            ("swiglu", None),
+            ("geglu tanh", Some(Gelu::Tanh)),
+            ("geglu erf", Some(Gelu::Erf)),
+        ] {
+            run(
+                format!("SwigluMlp::forward ({form}) {dims:?}, inter {inter}"),
+                vec![x.clone(), gate_up.clone(), down.clone()],
+                Box::new(move |t| {
+                    let (g, d) = (t[1].clone(), t[2].clone());
+                    match act {
+                        None => SwigluMlp::new(g, d),
+                        Some(gelu) => SwigluMlp::geglu(g, d, gelu),
+                    }
+                    .forward(&t[0])
+                }),
+                Box::new(move |t| mlp_slow(&t[0], &t[1], &t[2], act)),
+            );
+        }
+    }
     n
+}
+
+/// Llama's (or with `gelu`, Gemma's) MLP as candle-nn's layers compose it.
+fn mlp_slow(
+    x: &Tensor,
+    gate_up: &Tensor,
+    down: &Tensor,
+    gelu: Option<Gelu>,
+) -> candle_core::Result<Tensor> {
+    let inter = down.dim(1)?;
+    let gate = candle_nn_linear(x, &gate_up.narrow(0, 0, inter)?, None)?;
+    let up = candle_nn_linear(x, &gate_up.narrow(0, inter, inter)?, None)?;
+    // GELU from elementary ops: the backward of candle's `gelu` uses six-digit constants.
+    let half_x = (&gate * 0.5)?;
+    let gate = match gelu {
+        None => gate.silu()?,
+        Some(Gelu::Tanh) => {
+            let inner = ((&gate + (gate.powf(3.0)? * 0.044715)?)? * (2.0 / PI).sqrt())?;
+            (&half_x * (inner.tanh()? + 1.0)?)?
+        }
+        Some(Gelu::Erf) => (&half_x * ((&gate * FRAC_1_SQRT_2)?.erf()? + 1.0)?)?,
+        Some(other) => panic!("no candle form of {other:?}"),
+    };
+    candle_nn_linear(&(gate * up)?, down, None)
 }
 
 #[test]
@@ -718,6 +777,47 @@ fn linear_errors_name_the_argument() {
     );
 }
 
+#[test]
+fn mlp_errors_name_the_argument() {
+    let dev = Device::Cpu;
+    let z = |dims: &[usize], dtype: DType| Tensor::zeros(dims, dtype, &dev).unwrap();
+    let (x, gu, down) = (
+        z(&[2, 4], DType::F32),
+        z(&[6, 4], DType::F32),
+        z(&[4, 3], DType::F32),
+    );
+    expect_err(
+        "an odd gate-up height",
+        swiglu_mlp(&x, &z(&[5, 4], DType::F32), &down),
+        &["gate_up_weight must be [2·inter, hidden]", "[5, 4]"],
+    );
+    expect_err(
+        "a gate-up weight of rank 1",
+        swiglu_mlp(&x, &z(&[6], DType::F32), &down),
+        &["gate_up_weight must be"],
+    );
+    expect_err(
+        "a down weight of the gate-up's shape",
+        swiglu_mlp(&x, &gu, &z(&[3, 4], DType::F32)),
+        &["down_weight must be [4, 3]", "[3, 4]"],
+    );
+    expect_err(
+        "x of another width",
+        swiglu_mlp(&z(&[2, 5], DType::F32), &gu, &down),
+        &["x must be [..., 4]", "[2, 5]"],
+    );
+    expect_err(
+        "a scalar x",
+        swiglu_mlp(&z(&[], DType::F32), &gu, &down),
+        &["x must be [..., 4]"],
+    );
+    expect_err(
+        "a down weight of another dtype",
+        swiglu_mlp(&x, &gu, &z(&[4, 3], DType::BF16)),
+        &["down_weight is BF16, x is F32"],
+    );
+}
+
 /// `Embedding` against candle-nn's on the same table and ids: the rows exactly, the table's
 /// gradient (under `Σ y·R`) within the dtype's rounding of candle-nn's in f64 on the CPU;
 /// ids of every type candle-nn takes, one id repeated.
@@ -790,7 +890,7 @@ fn gpu_embedding_matches_candle_nn() {
 /// The gradients a backward hands out record no graph of their own: a graph would keep the
 /// incoming gradient alive for as long as the gradient store (the optimizer step).
 #[test]
-fn gradients_of_linear_and_rope_tables_hold_no_graph() {
+fn gradients_of_linear_mlp_and_rope_tables_hold_no_graph() {
     let dev = Device::Cpu;
     let mut rng = Rng::new(41);
     let x = Var::from_tensor(&randn(&mut rng, &[2, 3, 8], 1.0, DType::F32, &dev)).unwrap();
@@ -816,4 +916,16 @@ fn gradients_of_linear_and_rope_tables_hold_no_graph() {
         .backward()
         .unwrap();
     assert!(again.get(&xs).is_none(), "dcos records a graph");
+
+    let x = Var::from_tensor(&randn(&mut rng, &[3, 8], 1.0, DType::F32, &dev)).unwrap();
+    let gu = Var::from_tensor(&randn(&mut rng, &[10, 8], 1.0, DType::F32, &dev)).unwrap();
+    let down = Var::from_tensor(&randn(&mut rng, &[8, 5], 1.0, DType::F32, &dev)).unwrap();
+    let y = swiglu_mlp(x.as_tensor(), gu.as_tensor(), down.as_tensor()).unwrap();
+    let grads = y.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+    for (name, v) in [("MLP dx", &x), ("MLP dW_gu", &gu), ("MLP dW_down", &down)] {
+        let again = grads.get(v).unwrap().sum_all().unwrap().backward().unwrap();
+        for other in [&x, &gu, &down] {
+            assert!(again.get(other).is_none(), "{name} records a graph");
+        }
+    }
 }

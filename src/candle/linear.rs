@@ -17,7 +17,12 @@ use candle_core::{
 struct LinearOp;
 
 /// `x [..., k]` (contiguous) times `Wᵀ` for `W [n, k]`: `[..., n]`.
-fn matmul<S: BackendStorage>(x: &S, lx: &Layout, w: &S, lw: &Layout) -> Result<(S, Shape)> {
+pub(super) fn matmul<S: BackendStorage>(
+    x: &S,
+    lx: &Layout,
+    w: &S,
+    lw: &Layout,
+) -> Result<(S, Shape)> {
     if !lx.is_contiguous() {
         bail!("liger-rs linear: x must be contiguous (the wrapper makes it so)")
     }

@@ -53,6 +53,7 @@ use candle_core::{Result, Tensor};
 
 pub use super::embedding::Embedding;
 pub use super::linear::Linear;
+pub use super::mlp::SwigluMlp;
 pub use super::optim::AdamW;
 pub use candle_nn::*;
 

@@ -475,7 +475,7 @@ pub fn geglu_fused_backward(
 }
 
 /// [`swiglu_fused_backward`] or [`geglu_fused_backward`].
-fn glu_fused_backward(
+pub(super) fn glu_fused_backward(
     glu: Glu,
     dc: &Tensor,
     gate_up: &Tensor,
@@ -549,9 +549,19 @@ fn fused_bwd_cuda<T: Elem>(
 
 /// The autograd op of [`swiglu`]/[`geglu`] (two inputs) and [`swiglu_fused`]/[`geglu_fused`]
 /// (one input); `cfg`'s `dm` is already rounded to the tensors' dtype.
-struct GluOp {
+pub(super) struct GluOp {
     glu: Glu,
     cfg: SwigluConfig,
+}
+
+impl GluOp {
+    /// The fused-layout op of `glu` with the default multipliers.
+    pub(super) fn fused(glu: Glu) -> Self {
+        GluOp {
+            glu,
+            cfg: SwigluConfig::default(),
+        }
+    }
 }
 
 impl CustomOp1 for GluOp {
