@@ -1,14 +1,13 @@
 //! Trains a small Llama-style decoder twice from the same initial weights: once with candle-nn's
 //! differentiable ops (`ops::rms_norm_slow`, `rotary_emb::rope_slow`, `silu(gate) * up`, and
 //! attention as matmul, mask, f32 softmax, matmul over repeated key/value heads) and once with
-//! liger-rs's (`liger_rs::candle::nn::ops::rms_norm`, `rotary_emb::rope_thd`, `nn::Linear`,
-//! `nn::Embedding` and `nn::SwigluMlp` (the MLP over one fused gate-up weight), one autograd
-//! node each,
-//! `candle::flash_attn::flash_attn` on the projections' `[b, t, h, d]` views, with grouped
-//! key/value heads and no transposes, `candle::fused_linear_cross_entropy` for the head and the
-//! loss, whose `[tokens, vocab]` logits are never held whole, and `candle::nn::AdamW`, the
-//! fused optimizer step, which in f16/bf16 also rewrites the compute-dtype copies of the
-//! weights that the forward uses),
+//! liger-rs's (`liger_rs::candle::nn::ops::rms_norm`, `nn::Linear`, `nn::Embedding` and
+//! `nn::SwigluMlp` (the MLP over one fused gate-up weight), one autograd node each, one fused
+//! QKV projection and `candle::flash_attn::flash_attn_qkv`, which applies RoPE to its q and k
+//! and attends over views of it with grouped key/value heads, one node,
+//! `candle::fused_linear_cross_entropy` for the head and the loss, whose `[tokens, vocab]`
+//! logits are never held whole, and `candle::nn::AdamW`, the fused optimizer step, which in
+//! f16/bf16 also rewrites the compute-dtype copies of the weights that the forward uses),
 //! then prints both loss curves side by side, each run's step time, tokens/s and peak device
 //! memory, and how far apart the two curves are.
 //!
@@ -69,15 +68,9 @@ trait FusedOps {
     fn linear(w: &Tensor, xs: &Tensor) -> Result<Tensor>;
     /// The rows of `w [vocab, hidden]` at `ids`: candle-nn's `Embedding`.
     fn embedding(w: &Tensor, ids: &Tensor) -> Result<Tensor>;
-    /// Causal attention with RoPE over the q, k, v projections `[b, t, heads·d]` (k and v of
-    /// `kv_heads`), returning `[b, t, heads·d]`.
-    fn attention(
-        cfg: &Config,
-        qkv: [Tensor; 3],
-        cos: &Tensor,
-        sin: &Tensor,
-        mask: &Tensor,
-    ) -> Result<Tensor>;
+    /// Block `l`'s attention on `xs`: the q, k, v projections, RoPE on q and k, causal
+    /// attention with grouped key/value heads, the output projection.
+    fn attention(model: &Model, l: usize, xs: &Tensor) -> Result<Tensor>;
     /// Mean cross-entropy (f32) of the LM head `w [vocab, hidden]` over `xs [tokens, hidden]`
     /// against `targets [tokens]`.
     fn head_loss(xs: &Tensor, w: &Tensor, targets: &Tensor) -> Result<Tensor>;
@@ -134,13 +127,10 @@ impl FusedOps for CandleNn {
     fn embedding(w: &Tensor, ids: &Tensor) -> Result<Tensor> {
         Embedding::new(w.clone(), w.dim(1)?).forward(ids)
     }
-    fn attention(
-        cfg: &Config,
-        [q, k, v]: [Tensor; 3],
-        cos: &Tensor,
-        sin: &Tensor,
-        mask: &Tensor,
-    ) -> Result<Tensor> {
+    fn attention(model: &Model, l: usize, xs: &Tensor) -> Result<Tensor> {
+        let (cfg, cos, sin) = (model.cfg, &model.cos, &model.sin);
+        let proj = |p: &str| model.linear::<Self>(&format!("{l}.{p}"), xs);
+        let (q, k, v) = (proj("q")?, proj("k")?, proj("v")?);
         let (b, t, d) = (cfg.batch, cfg.seq, cfg.head_dim());
         let heads = |x: Tensor, n: usize| x.reshape((b, t, n, d))?.transpose(1, 2)?.contiguous();
         let rope = candle_nn::rotary_emb::rope_slow;
@@ -155,12 +145,13 @@ impl FusedOps for CandleNn {
         let (k, v) = (repeat(k)?, repeat(v)?);
         let scores = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?
             .to_dtype(DType::F32)?
-            .broadcast_add(mask)?;
+            .broadcast_add(&model.mask)?;
         let probs = candle_nn::ops::softmax(&scores, D::Minus1)?.to_dtype(cfg.dtype)?;
-        probs
+        let out = probs
             .matmul(&v)?
             .transpose(1, 2)?
-            .reshape((b, t, cfg.hidden))
+            .reshape((b, t, cfg.hidden))?;
+        model.linear::<Self>(&format!("{l}.o"), &out)
     }
     fn head_loss(xs: &Tensor, w: &Tensor, targets: &Tensor) -> Result<Tensor> {
         let logits = Linear::new(w.clone(), None)
@@ -197,16 +188,30 @@ impl FusedOps for LigerRs {
     fn rms_norm(xs: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor> {
         liger_rs::candle::nn::ops::rms_norm(xs, alpha, eps)
     }
-    /// The gate and up projections as one `[2·inter, hidden]` weight (gate rows, then up).
+    /// The q, k and v projections as one `qkv` weight, the gate and up projections as one
+    /// `gate_up` (rows stacked in that order).
     fn parameters(init: &[Param]) -> Vec<Param> {
+        // (a part, the joined weight it goes into, the part that starts it)
+        const JOINS: [(&str, &str, &str); 5] = [
+            ("q", "qkv", "q"),
+            ("k", "qkv", "q"),
+            ("v", "qkv", "q"),
+            ("gate", "gate_up", "gate"),
+            ("up", "gate_up", "gate"),
+        ];
         let mut out: Vec<Param> = Vec::with_capacity(init.len());
         for (name, shape, values) in init {
-            match name.strip_suffix(".up") {
-                Some(l) => {
-                    let (gate, _, mut joined) = out.pop().expect("the gate precedes the up");
-                    assert_eq!(gate, format!("{l}.gate"), "initial_weights' order");
-                    joined.extend_from_slice(values);
-                    out.push((format!("{l}.gate_up"), vec![2 * shape[0], shape[1]], joined));
+            let join = name.rsplit_once('.').and_then(|(l, part)| {
+                let (_, into, first) = JOINS.iter().find(|j| j.0 == part)?;
+                Some((format!("{l}.{into}"), part == *first))
+            });
+            match join {
+                Some((into, true)) => out.push((into, shape.clone(), values.clone())),
+                Some((into, false)) => {
+                    let last = out.last_mut().expect("a joined weight's first part");
+                    assert_eq!(last.0, into, "initial_weights' order");
+                    last.1[0] += shape[0];
+                    last.2.extend_from_slice(values);
                 }
                 None => out.push((name.clone(), shape.clone(), values.clone())),
             }
@@ -230,21 +235,22 @@ impl FusedOps for LigerRs {
     fn embedding(w: &Tensor, ids: &Tensor) -> Result<Tensor> {
         liger_rs::candle::nn::Embedding::new(w.clone(), w.dim(1)?).forward(ids)
     }
-    fn attention(
-        cfg: &Config,
-        [q, k, v]: [Tensor; 3],
-        cos: &Tensor,
-        sin: &Tensor,
-        _mask: &Tensor,
-    ) -> Result<Tensor> {
-        let (b, t, d) = (cfg.batch, cfg.seq, cfg.head_dim());
-        let heads = |x: Tensor, n: usize| x.reshape((b, t, n, d));
-        let q = liger_rs::candle::nn::rotary_emb::rope_thd(&heads(q, cfg.heads)?, cos, sin)?;
-        let k = liger_rs::candle::nn::rotary_emb::rope_thd(&heads(k, cfg.kv_heads)?, cos, sin)?;
-        let v = heads(v, cfg.kv_heads)?;
-        let scale = 1.0 / (d as f32).sqrt();
-        liger_rs::candle::flash_attn::flash_attn(&q, &k, &v, scale, true)?
-            .reshape((b, t, cfg.hidden))
+    /// One fused QKV projection and `flash_attn_qkv`, which applies RoPE to q and k itself:
+    /// two linears and one attention node in candle's graph.
+    fn attention(model: &Model, l: usize, xs: &Tensor) -> Result<Tensor> {
+        let cfg = model.cfg;
+        let qkv = model.linear::<Self>(&format!("{l}.qkv"), xs)?;
+        let rope = Some((&model.cos, &model.sin));
+        let scale = 1.0 / (cfg.head_dim() as f32).sqrt();
+        let out = liger_rs::candle::flash_attn::flash_attn_qkv(
+            &qkv,
+            cfg.heads,
+            cfg.kv_heads,
+            rope,
+            scale,
+            true,
+        )?;
+        model.linear::<Self>(&format!("{l}.o"), &out)
     }
     fn head_loss(xs: &Tensor, w: &Tensor, targets: &Tensor) -> Result<Tensor> {
         let cfg = liger_rs::candle::CrossEntropyConfig::default();
@@ -616,23 +622,13 @@ impl<'a> Model<'a> {
         O::linear(&self.weight(name)?, xs)
     }
 
-    fn attention<O: FusedOps>(&self, l: usize, xs: &Tensor) -> Result<Tensor> {
-        let qkv = [
-            self.linear::<O>(&format!("{l}.q"), xs)?,
-            self.linear::<O>(&format!("{l}.k"), xs)?,
-            self.linear::<O>(&format!("{l}.v"), xs)?,
-        ];
-        let out = O::attention(self.cfg, qkv, &self.cos, &self.sin, &self.mask)?;
-        self.linear::<O>(&format!("{l}.o"), &out)
-    }
-
     /// Mean cross-entropy of the next-token predictions, f32.
     fn loss<O: FusedOps>(&self, inputs: &Tensor, targets: &Tensor) -> Result<Tensor> {
         let cfg = self.cfg;
         let mut xs = O::embedding(&self.weight("embed")?, inputs)?;
         for l in 0..cfg.layers {
             let h = O::rms_norm(&xs, &self.weight(&format!("{l}.attn_norm"))?, EPS)?;
-            xs = (xs + self.attention::<O>(l, &h)?)?;
+            xs = (xs + O::attention(self, l, &h)?)?;
             let h = O::rms_norm(&xs, &self.weight(&format!("{l}.mlp_norm"))?, EPS)?;
             xs = (xs + O::mlp(self, l, &h)?)?;
         }

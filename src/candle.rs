@@ -91,6 +91,7 @@ mod linear;
 mod mlp;
 pub mod nn;
 mod optim;
+mod qkv_attn;
 mod rms_norm;
 mod rope;
 mod swiglu;

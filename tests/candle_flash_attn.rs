@@ -4,6 +4,8 @@
 //! strided view of a fused QKV tensor and candle-nn's `[b, h, t, d]` layout; on the GPU the
 //! same calls agree with the CPU path on the same inputs within the element type's rounding
 //! (tests/attention.rs bounds the kernels themselves); bad arguments are candle errors.
+//! `flash_attn_qkv` (one fused projection, RoPE inside) against candle-nn's `rope_slow` and a
+//! softmax attention in candle ops in f64 on the CPU, and on the GPU against its CPU path.
 #![cfg(feature = "candle")]
 mod common;
 
@@ -11,8 +13,8 @@ use candle_core::{DType, Device, Tensor, Var};
 use common::Rng;
 use liger_rs::AttentionArgs;
 use liger_rs::candle::flash_attn::{
-    flash_attn, flash_attn_alibi_windowed_softcap, flash_attn_bhtd, flash_attn_varlen,
-    flash_attn_varlen_windowed, flash_attn_windowed,
+    flash_attn, flash_attn_alibi_windowed_softcap, flash_attn_bhtd, flash_attn_qkv,
+    flash_attn_varlen, flash_attn_varlen_windowed, flash_attn_windowed,
 };
 
 fn randn(rng: &mut Rng, shape: &[usize], dev: &Device) -> Tensor {
@@ -236,5 +238,245 @@ fn gpu_calls_agree_with_the_cpu_path() {
                 "{dt:?} output {i}: error {err} of max {scale}"
             );
         }
+    }
+}
+
+/// `flash_attn_qkv`'s call: heads, tables, scale, causal.
+struct QkvCall {
+    hq: usize,
+    hkv: usize,
+    rope: Option<(Tensor, Tensor)>,
+    scale: f32,
+    causal: bool,
+}
+
+impl QkvCall {
+    fn ours(&self, qkv: &Tensor) -> candle_core::Result<Tensor> {
+        let dev = qkv.device();
+        let tables = match &self.rope {
+            Some((c, s)) => Some((
+                c.to_dtype(qkv.dtype())?.to_device(dev)?,
+                s.to_dtype(qkv.dtype())?.to_device(dev)?,
+            )),
+            None => None,
+        };
+        let rope = tables.as_ref().map(|(c, s)| (c, s));
+        flash_attn_qkv(qkv, self.hq, self.hkv, rope, self.scale, self.causal)
+    }
+
+    /// candle-nn's `rope_slow` on `[b, h, t, d]` heads and softmax attention over repeated
+    /// key/value heads, in candle ops.
+    fn slow(&self, qkv: &Tensor) -> candle_core::Result<Tensor> {
+        let (b, t, row) = qkv.dims3()?;
+        let (hq, hkv) = (self.hq, self.hkv);
+        let d = row / (hq + 2 * hkv);
+        let heads = |at: usize, h: usize| {
+            qkv.narrow(2, at * d, h * d)?
+                .reshape((b, t, h, d))?
+                .transpose(1, 2)?
+                .contiguous()
+        };
+        let (mut q, mut k, v) = (heads(0, hq)?, heads(hq, hkv)?, heads(hq + hkv, hkv)?);
+        if let Some((c, s)) = &self.rope {
+            let table = |x: &Tensor| x.narrow(0, 0, t)?.to_dtype(qkv.dtype());
+            let (c, s) = (table(c)?, table(s)?);
+            q = candle_nn::rotary_emb::rope_slow(&q, &c, &s)?;
+            k = candle_nn::rotary_emb::rope_slow(&k, &c, &s)?;
+        }
+        let rep = |x: Tensor| -> candle_core::Result<Tensor> {
+            x.unsqueeze(2)?
+                .broadcast_as((b, hkv, hq / hkv, t, d))?
+                .reshape((b, hq, t, d))
+        };
+        let (k, v) = (rep(k)?, rep(v)?);
+        let mut scores = (q.matmul(&k.t()?.contiguous()?)? * self.scale as f64)?;
+        if self.causal {
+            let mask: Vec<f64> = (0..t * t)
+                .map(|i| {
+                    if i % t > i / t {
+                        f64::NEG_INFINITY
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            let mask = Tensor::from_vec(mask, (t, t), qkv.device())?.to_dtype(qkv.dtype())?;
+            scores = scores.broadcast_add(&mask)?;
+        }
+        let p = candle_nn::ops::softmax(&scores, candle_core::D::Minus1)?;
+        p.matmul(&v)?.transpose(1, 2)?.reshape((b, t, hq * d))
+    }
+}
+
+/// The output and the gradient of `Σ o·w` with respect to `qkv`.
+fn qkv_run(
+    f: &dyn Fn(&Tensor) -> candle_core::Result<Tensor>,
+    qkv: &Tensor,
+    w: &Tensor,
+) -> [Vec<f32>; 2] {
+    let x = Var::from_tensor(qkv).expect("var");
+    let o = f(x.as_tensor()).expect("forward");
+    let w = w.to_dtype(o.dtype()).and_then(|w| w.to_device(o.device()));
+    let grads = (&o * w.expect("weights"))
+        .and_then(|x| x.to_dtype(DType::F64))
+        .and_then(|x| x.sum_all())
+        .and_then(|x| x.backward())
+        .expect("backward");
+    [vals(&o), vals(grads.get(&x).expect("a gradient"))]
+}
+
+fn qkv_inputs(
+    rng: &mut Rng,
+    (b, t, hq, hkv, d): (usize, usize, usize, usize, usize),
+) -> (Tensor, Tensor, Option<(Tensor, Tensor)>) {
+    let cpu = Device::Cpu;
+    let qkv = randn(rng, &[b, t, (hq + 2 * hkv) * d], &cpu);
+    let w = randn(rng, &[b, t, hq * d], &cpu);
+    // More rows than tokens: the first `t` are read.
+    let angles = randn(rng, &[t + 3, d / 2], &cpu);
+    let rope = Some((angles.cos().unwrap(), angles.sin().unwrap()));
+    (qkv, w, rope)
+}
+
+fn assert_close(what: &str, got: &[Vec<f32>; 2], want: &[Vec<f32>; 2], bound: f32) {
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.len(), w.len(), "{what}: output {i} length");
+        let scale = w.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let err = g.iter().zip(w).fold(0f32, |m, (a, b)| {
+            if a.is_nan() {
+                f32::NAN
+            } else {
+                m.max((a - b).abs())
+            }
+        });
+        assert!(
+            err <= bound * scale,
+            "{what}: output {i} error {err} of max {scale}"
+        );
+    }
+}
+
+#[test]
+fn cpu_qkv_attention_is_rope_slow_and_softmax_attention() {
+    let mut rng = Rng::new(9);
+    for (shape, causal, with_rope) in [
+        ((2, 9, 4, 2, 8), true, true),
+        ((1, 7, 3, 1, 6), false, true),
+        ((2, 5, 2, 2, 4), true, false),
+    ] {
+        let (qkv, w, rope) = qkv_inputs(&mut rng, shape);
+        let f64_ = |t: Tensor| t.to_dtype(DType::F64).unwrap();
+        let call = QkvCall {
+            hq: shape.2,
+            hkv: shape.3,
+            rope: rope.filter(|_| with_rope).map(|(c, s)| (f64_(c), f64_(s))),
+            scale: 0.4,
+            causal,
+        };
+        let qkv = f64_(qkv);
+        let got = qkv_run(&|x| call.ours(x), &qkv, &w);
+        let want = qkv_run(&|x| call.slow(x), &qkv, &w);
+        assert_close(&format!("{shape:?} causal {causal}"), &got, &want, 1e-12);
+    }
+}
+
+#[test]
+fn qkv_attention_bad_arguments_are_named() {
+    let cpu = Device::Cpu;
+    let z = |shape: &[usize], dt: DType| Tensor::zeros(shape, dt, &cpu).expect("zeros");
+    let qkv = z(&[1, 4, 6 * 8], DType::F32);
+    let table = z(&[4, 4], DType::F32);
+    let err = |r: candle_core::Result<Tensor>, needle: &str| {
+        let e = r.expect_err("an error").to_string();
+        assert!(e.contains(needle), "{e:?} lacks {needle:?}");
+    };
+    err(
+        flash_attn_qkv(&z(&[4, 48], DType::F32), 4, 1, None, 1.0, true),
+        "qkv must be [batch, seq, (heads_q + 2·heads_kv)·head_dim]",
+    );
+    err(
+        flash_attn_qkv(&qkv, 3, 2, None, 1.0, true),
+        "heads_kv (2) must divide heads_q (3)",
+    );
+    err(flash_attn_qkv(&qkv, 4, 0, None, 1.0, true), "heads_kv (0)");
+    err(
+        flash_attn_qkv(&qkv, 3, 1, None, 1.0, true),
+        "must be (heads_q + 2·heads_kv)·head_dim = 5·head_dim",
+    );
+    err(
+        flash_attn_qkv(
+            &qkv,
+            4,
+            1,
+            Some((&z(&[3, 4], DType::F32), &table)),
+            1.0,
+            true,
+        ),
+        "cos must be [rows ≥ 4, 4]",
+    );
+    err(
+        flash_attn_qkv(
+            &qkv,
+            4,
+            1,
+            Some((&table, &z(&[4, 8], DType::F32))),
+            1.0,
+            true,
+        ),
+        "sin must be [rows ≥ 4, 4]",
+    );
+    err(
+        flash_attn_qkv(
+            &qkv,
+            4,
+            1,
+            Some((&table, &z(&[4, 4], DType::BF16))),
+            1.0,
+            true,
+        ),
+        "sin is BF16, qkv is F32",
+    );
+}
+
+#[test]
+fn gpu_qkv_attention_agrees_with_the_cpu_path() {
+    let test = "gpu_qkv_attention_agrees_with_the_cpu_path";
+    let dev = match Device::new_cuda(0) {
+        Ok(d) => d,
+        Err(e) => {
+            let first = e.to_string().lines().next().unwrap_or_default().to_string();
+            return common::skip(test, &format!("no GPU ({first})"), common::Need::Gpus(1));
+        }
+    };
+    let mut rng = Rng::new(11);
+    for (dt, shape, causal, with_rope, bound) in [
+        (DType::F32, (2, 77, 4, 2, 64), true, true, 2e-5),
+        (DType::BF16, (2, 130, 8, 2, 128), true, true, 3e-2),
+        (DType::F16, (1, 64, 4, 1, 64), false, true, 4e-3),
+        (DType::BF16, (2, 33, 4, 4, 64), true, false, 3e-2),
+    ] {
+        let (qkv, w, rope) = qkv_inputs(&mut rng, shape);
+        let rope = rope.filter(|_| with_rope);
+        let qkv = qkv.to_dtype(dt).unwrap();
+        // The tables rounded to the dtype once, for both sides.
+        let rope = rope.map(|(c, s)| (c.to_dtype(dt).unwrap(), s.to_dtype(dt).unwrap()));
+        let call = |rope: Option<(Tensor, Tensor)>| QkvCall {
+            hq: shape.2,
+            hkv: shape.3,
+            rope,
+            scale: 1.0 / (shape.4 as f32).sqrt(),
+            causal,
+        };
+        let f64_ = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
+        let exact = call(rope.as_ref().map(|(c, s)| (f64_(c), f64_(s))));
+        let want = qkv_run(&|x| exact.ours(x), &f64_(&qkv), &w);
+        let on_gpu = call(rope);
+        let got = qkv_run(&|x| on_gpu.ours(x), &qkv.to_device(&dev).unwrap(), &w);
+        assert_close(
+            &format!("{dt:?} {shape:?} causal {causal}"),
+            &got,
+            &want,
+            bound,
+        );
     }
 }

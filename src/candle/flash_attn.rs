@@ -17,7 +17,8 @@
 //! and u32 offsets `[batch + 1]`. Beyond candle-flash-attn: f32 tensors (on CUDA cores), any
 //! head_dim up to 256, and CPU tensors through [`crate::reference`]. ALiBi is not
 //! implemented: the `alibi_slopes` argument must be `None`. [`flash_attn_bhtd`] takes
-//! candle-nn's `[batch, heads, seq, head_dim]` layout without a copy.
+//! candle-nn's `[batch, heads, seq, head_dim]` layout without a copy. [`flash_attn_qkv`] takes
+//! the output of one fused QKV projection and applies RoPE itself, one autograd node.
 use super::{
     HostElem, On, by_dtype, by_host_dtype, crate_err, cuda, host_tensor, on, output, tensor,
 };
@@ -27,6 +28,8 @@ use candle_core::{
     CpuStorage, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor,
 };
 use std::sync::Mutex;
+
+pub use super::qkv_attn::flash_attn_qkv;
 
 const OP: &str = "flash-attn";
 
