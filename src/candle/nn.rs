@@ -26,7 +26,9 @@
 //! candle-nn's layer as one autograd node instead of four, which saves candle's backward a
 //! zero fill and an add of each of those nodes' gradients ([`crate::candle::linear`]);
 //! [`Embedding`] (and [`embedding()`]) is one node whose backward is a deterministic kernel
-//! ([`crate::candle::embedding`]; candle's `index_add` is serial over the ids).
+//! ([`crate::candle::embedding`]; candle's `index_add` is serial over the ids);
+//! [`SwigluMlp`] is Llama's (or Gemma's) MLP over one fused gate-up weight as one node
+//! ([`crate::candle::swiglu_mlp`]: candle-nn's layers would be four).
 //! Everything else of candle-nn is re-exported unchanged (`VarBuilder`, `ops::softmax`,
 //! `rotary_emb::rope_slow`, …), so a `use` line that names those too keeps working. What
 //! differs from candle-nn:

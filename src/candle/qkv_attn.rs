@@ -309,7 +309,9 @@ pub fn flash_attn_qkv(
                     bail!("{OP}: {name} is on another device than qkv")
                 }
             }
-            Some((cos.detach().contiguous()?, sin.detach().contiguous()?))
+            // The first `t` rows: the kernels read a table of exactly the sequence's rows.
+            let rows = |x: &Tensor| x.detach().narrow(0, 0, t)?.contiguous();
+            Some((rows(cos)?, rows(sin)?))
         }
     };
     if !qkv.device().is_cuda() {
