@@ -140,6 +140,52 @@ impl<'s> Blas<'s> {
         })
     }
 
+    /// Queues `x ← α·x` over `n` elements of `T` (f32 arithmetic, one rounding), `α` an f32
+    /// read from the device when the scale runs (a value computed on the stream needs no
+    /// sync).
+    ///
+    /// # Safety
+    /// `x` is a live device buffer of this context of at least `n` elements of `T`, and
+    /// `alpha` one f32, both ordered on the stream.
+    pub(crate) unsafe fn scale<T: Dtype>(&self, n: usize, alpha: u64, x: u64) -> Result<()> {
+        let bytes = T::ELEM.size() as u64;
+        // SAFETY: the caller vouches for the buffers; the pointer mode is the handle's
+        // (this thread's alone) and is set back to host before returning, as `gemm` expects.
+        unsafe {
+            sys::cublasSetPointerMode_v2(
+                self.raw,
+                sys::cublasPointerMode_t::CUBLAS_POINTER_MODE_DEVICE,
+            )
+            .result()
+            .map_err(|e| status("cublasSetPointerMode", e))?;
+            let mut done = 0usize;
+            let mut outcome = Ok(());
+            while done < n && outcome.is_ok() {
+                let part = (n - done).min(i32::MAX as usize);
+                outcome = sys::cublasScalEx(
+                    self.raw,
+                    part as i32,
+                    alpha as *const _,
+                    sys::cudaDataType::CUDA_R_32F,
+                    (x + done as u64 * bytes) as *mut _,
+                    data_type(T::ELEM),
+                    1,
+                    sys::cudaDataType::CUDA_R_32F,
+                )
+                .result()
+                .map_err(|e| status("cublasScalEx", e));
+                done += part;
+            }
+            let host = sys::cublasSetPointerMode_v2(
+                self.raw,
+                sys::cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST,
+            )
+            .result()
+            .map_err(|e| status("cublasSetPointerMode", e));
+            outcome.and(host)
+        }
+    }
+
     /// Queues `g` with A and B of `T` on the stream.
     ///
     /// # Safety

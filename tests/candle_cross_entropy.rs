@@ -234,3 +234,53 @@ fn fused_linear_matches_matmul_and_candle_nn() {
         }
     }
 }
+
+/// The fused linear form's gradients under an upstream gradient of 3 (computed on the
+/// device, where the backward reads it) are those under 1 times 3, rounded once to the dtype:
+/// bit for bit, in every dtype.
+#[test]
+fn fused_linear_gradients_scale_by_the_upstream_gradient() {
+    let Some(dev) = common::gpu("fused_linear_gradients_scale_by_the_upstream_gradient")
+        .map(|_| Device::new_cuda(0).expect("cuda device"))
+    else {
+        return;
+    };
+    let (tokens, hidden, vocab) = (700, 96, 3000);
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let randn = |shape: (usize, usize), std: f32| {
+            Tensor::randn(0f32, std, shape, &dev)
+                .and_then(|t| t.to_dtype(dtype))
+                .and_then(|t| Var::from_tensor(&t))
+                .unwrap()
+        };
+        let (x, w) = (randn((tokens, hidden), 1.0), randn((vocab, hidden), 0.1));
+        let t: Vec<u32> = (0..tokens).map(|i| (i * 7 % vocab) as u32).collect();
+        let t = Tensor::new(t.as_slice(), &dev).unwrap();
+        let grads = |factor: f64| {
+            let loss = fused_linear_cross_entropy(
+                x.as_tensor(),
+                w.as_tensor(),
+                None,
+                &t,
+                &CrossEntropyConfig::default(),
+            )
+            .unwrap();
+            let g = (loss * factor).unwrap().backward().unwrap();
+            [g.get(&x).unwrap().clone(), g.get(&w).unwrap().clone()]
+        };
+        let (once, thrice) = (grads(1.0), grads(3.0));
+        for (name, one, three) in [("dx", &once[0], &thrice[0]), ("dw", &once[1], &thrice[1])] {
+            let want = (one.to_dtype(DType::F64).unwrap() * 3.0)
+                .and_then(|t| t.to_dtype(dtype))
+                .unwrap();
+            let bits = |t: &Tensor| {
+                t.to_dtype(DType::F32)
+                    .and_then(|t| t.flatten_all())
+                    .and_then(|t| t.to_vec1::<f32>())
+                    .unwrap()
+            };
+            assert!(max_abs(one) > 0.0, "{dtype:?} {name}: all zeros");
+            assert_eq!(bits(three), bits(&want), "{dtype:?} {name}");
+        }
+    }
+}
