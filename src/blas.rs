@@ -147,6 +147,7 @@ impl<'s> Blas<'s> {
     /// # Safety
     /// `x` is a live device buffer of this context of at least `n` elements of `T`, and
     /// `alpha` one f32, both ordered on the stream.
+    #[cfg(feature = "candle")]
     pub(crate) unsafe fn scale<T: Dtype>(&self, n: usize, alpha: u64, x: u64) -> Result<()> {
         let bytes = T::ELEM.size() as u64;
         // SAFETY: the caller vouches for the buffers; the pointer mode is the handle's
