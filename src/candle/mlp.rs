@@ -199,7 +199,7 @@ pub fn geglu_mlp(
 fn glu_mlp(glu: Glu, x: &Tensor, gate_up_weight: &Tensor, down_weight: &Tensor) -> Result<Tensor> {
     let op = name(glu);
     let (width, hidden) = match *gate_up_weight.dims() {
-        [w, h] if w % 2 == 0 && w > 0 => (w, h),
+        [w, h] if w.is_multiple_of(2) && w > 0 => (w, h),
         _ => bail!(
             "{op}: gate_up_weight must be [2·inter, hidden] (gate rows, then up rows), got {:?}",
             gate_up_weight.dims()

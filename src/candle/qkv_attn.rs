@@ -276,11 +276,11 @@ pub fn flash_attn_qkv(
             qkv.dims()
         ),
     };
-    if heads_q == 0 || heads_kv == 0 || heads_q % heads_kv != 0 {
+    if heads_q == 0 || heads_kv == 0 || !heads_q.is_multiple_of(heads_kv) {
         bail!("{OP}: heads_kv ({heads_kv}) must divide heads_q ({heads_q}), both ≥ 1")
     }
     let heads = heads_q + 2 * heads_kv;
-    if row == 0 || row % heads != 0 {
+    if row == 0 || !row.is_multiple_of(heads) {
         bail!(
             "{OP}: qkv's last dim ({row}) must be (heads_q + 2·heads_kv)·head_dim = {heads}·head_dim"
         )
