@@ -1,9 +1,9 @@
 //! Compiles `kernels-gpu` to PTX with its pinned nightly and hands it to the library through
-//! `OUT_DIR`: `kernels.ptx` built for sm_80 and `kernels_sm90.ptx` built for sm_90, where the
-//! RMSNorm dW reduction waits for the backward with sm_90's `griddepcontrol` instructions, so
-//! the host can launch it as a programmatic dependent launch, and the backward can merge its
-//! dW partial rows within thread-block clusters (see `crates/ptx-builder` and
-//! `src/module.rs`).
+//! `OUT_DIR`: `kernels.ptx` built for sm_80 and `kernels_sm90.ptx` built for sm_90a (Hopper's
+//! architecture-specific target), where the RMSNorm dW reduction waits for the backward with
+//! sm_90's `griddepcontrol` instructions, so the host can launch it as a programmatic dependent
+//! launch, the backward can merge its dW partial rows within thread-block clusters, and the
+//! attention forward multiplies with `wgmma` (see `crates/ptx-builder` and `src/module.rs`).
 //!
 //! The device crate is read through `packaging/kernels-gpu/`: symbolic links to the files of
 //! `kernels-gpu/`, its `Cargo.toml` as `manifest.toml`. `cargo package` leaves `kernels-gpu/`
@@ -27,7 +27,7 @@ const SHIPPED_MANIFEST: &str = "manifest.toml";
 /// The device crate in a checkout (absent from the package).
 const CHECKOUT_CRATE: &str = "kernels-gpu";
 /// Each device build: its `-C target-cpu` and the file in `OUT_DIR` that receives its PTX.
-const BUILDS: [(&str, &str); 2] = [("sm_80", "kernels.ptx"), ("sm_90", "kernels_sm90.ptx")];
+const BUILDS: [(&str, &str); 2] = [("sm_80", "kernels.ptx"), ("sm_90a", "kernels_sm90.ptx")];
 
 fn main() {
     let root =

@@ -13,7 +13,7 @@
 //! * **Device code** lives in the `kernels-gpu` crate (`#![no_std]`, shipped inside this
 //!   package), compiled for `nvptx64-nvidia-cuda` by the nightly its `rust-toolchain.toml`
 //!   pins, with `-Zbuild-std=core --emit=asm`. `build.rs` runs that build for sm_80 and for
-//!   sm_90 and embeds both ([`PTX`], [`PTX_SM90`]); it needs rustup, and installs the nightly
+//!   sm_90a and embeds both ([`PTX`], [`PTX_SM90`]); it needs rustup, and installs the nightly
 //!   and `rust-src` when they are missing (set `LIGER_RS_NO_TOOLCHAIN_INSTALL` to get an error
 //!   naming the `rustup` command instead).
 //!   The host crate itself builds on stable Rust (its `rust-version` or newer).

@@ -21,8 +21,11 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 /// ```
 pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
 
-/// The same kernels built for sm_90. The code is [`PTX`]'s but for the RMSNorm backward's dW
-/// hand-off: the dW reduction starts with `griddepcontrol.wait`, as the host launches it as a
+/// The same kernels built for sm_90a (Hopper's architecture-specific target, which the driver
+/// loads on compute capability 9.0 only). The code is [`PTX`]'s but for the attention
+/// forward's two products, `wgmma.mma_async` of a warpgroup on shared-memory tiles laid out
+/// for its 128-byte swizzle (where [`PTX`] has `mma.sync` per warp), and the RMSNorm
+/// backward's dW hand-off: the dW reduction starts with `griddepcontrol.wait`, as the host launches it as a
 /// programmatic dependent launch after the backward (its launch is processed while the
 /// backward runs, and its blocks start as the backward's last blocks exit, then wait there for
 /// the backward's partial rows); the f32 backward kernels that keep dW in registers
@@ -32,13 +35,15 @@ pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
 /// rows into one partial row per cluster through distributed shared memory (`barrier.cluster`,
 /// `mapa`, `ld.shared::cluster`; half the partial rows). PERFORMANCE.md ("sm_90: dependent
 /// launch and dW clusters") has what each saves.
-/// Used on devices of compute capability ≥ 9.0 with a driver of CUDA ≥ 12.3, unless the
+/// Used on devices of compute capability 9.0 with a driver of CUDA ≥ 12.3, unless the
 /// environment variable [`BASELINE_PTX_ENV`] is set; loaded kernel by kernel as [`PTX`] is.
 ///
 /// ```
 /// assert!(liger_rs::PTX_SM90.contains("griddepcontrol.wait"));
 /// assert!(liger_rs::PTX_SM90.contains("barrier.cluster.wait"));
+/// assert!(liger_rs::PTX_SM90.contains("wgmma.mma_async"));
 /// assert!(!liger_rs::PTX.contains("griddepcontrol"));
+/// assert!(!liger_rs::PTX.contains("wgmma"));
 /// assert!(!liger_rs::PTX.contains("cluster"));
 /// ```
 pub const PTX_SM90: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels_sm90.ptx"));
@@ -283,7 +288,7 @@ fn sm90_build(ctx: &CudaContext) -> Result<bool> {
     let mut driver = 0;
     // SAFETY: writes one int; the driver is loaded (a context exists).
     unsafe { sys::cuDriverGetVersion(&mut driver) }.result()?;
-    Ok(major >= 9 && driver >= SM90_MIN_DRIVER)
+    Ok(major == 9 && driver >= SM90_MIN_DRIVER)
 }
 
 /// Whether the CUDA driver library loads under one of the names cudarc loads it by

@@ -187,7 +187,7 @@ pub(crate) mod tests {
         let a = AttentionArgs::new(4, 2049, 100, 16, 4, 128);
         let f = forward(&a, ElemType::Bf16, AttnPath::Mma128);
         assert_eq!(f.grid, (33, 16, 4));
-        assert_eq!(f.shared, 48 * 1024);
+        assert_eq!(f.shared, 49 * 1024);
         let s = forward(&a, ElemType::F32, AttnPath::Simt);
         assert_eq!((s.grid, s.shared), ((513, 16, 4), 0));
         let [pre, dq, dkdv] = backward(&a, ElemType::Bf16, AttnPath::Mma128);

@@ -118,11 +118,12 @@ pub const fn dq_key_tile(head_dim: u32) -> u32 {
 }
 
 /// Bytes of dynamic shared memory of the tensor-core forward at `head_dim` (16-bit elements):
-/// the block's Q tile, one K tile and one V tile. (Two stages of K and V, one barrier pair per
-/// tile, measured 2–3 % slower at head_dim 128 and 17 % at 64, where their registers leave two
-/// blocks per SM instead of three.)
+/// the block's Q tile, one K tile and one V tile, and 1 KiB of slack to start them 1024-byte
+/// aligned (the period of `wgmma`'s 128-byte swizzle). (Two stages of K and V, one barrier
+/// pair per tile, measured 2–3 % slower at head_dim 128 and 17 % at 64 with `mma.sync`, where
+/// their registers leave two blocks per SM instead of three.)
 pub const fn fwd_shared_bytes(head_dim: u32) -> u32 {
-    (MMA_ROWS + 2 * fwd_key_tile(head_dim)) * head_dim * 2
+    (MMA_ROWS + 2 * fwd_key_tile(head_dim)) * head_dim * 2 + 1024
 }
 
 /// Bytes of dynamic shared memory of the tensor-core dQ kernel: the block's Q and dO tiles,

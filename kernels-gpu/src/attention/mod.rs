@@ -17,6 +17,8 @@ pub mod abi;
 mod mma;
 mod simt;
 mod tc;
+#[cfg(target_feature = "sm_90a")]
+mod wgmma;
 
 use crate::{Bf16, Elem};
 use abi::{Params, Tensor};

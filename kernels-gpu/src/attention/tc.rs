@@ -26,7 +26,7 @@ use crate::{block_idx, grid_dim, sync_threads, thread_idx};
 /// Calls `f(0), …, f(N − 1)` as straight-line code (`N ≤ 16`), so that register arrays indexed
 /// by the argument keep constant indices.
 #[inline(always)]
-fn each<const N: usize>(mut f: impl FnMut(usize)) {
+pub(super) fn each<const N: usize>(mut f: impl FnMut(usize)) {
     const { assert!(N <= 16) };
     macro_rules! step {
         ($($i:literal)*) => { $( if N > $i { f($i); } )* };
@@ -56,6 +56,7 @@ fn lane_parts() -> (usize, usize, usize) {
 
 /// A fragments of the warp's 16 rows (from `16·warp`) of a `D`-wide tile: k-step `kk` in
 /// `frags[kk]` (D/16 of them; at most 8).
+#[cfg(not(target_feature = "sm_90a"))]
 #[inline(always)]
 unsafe fn a_frags<const D: usize>(tile: u32, warp: usize, lane: usize) -> [[u32; 4]; 8] {
     let mut f = [[0u32; 4]; 8];
@@ -148,7 +149,32 @@ unsafe fn store_row<T: Half, const D: usize>(
     });
 }
 
-/// The forward of a block of [`MMA_ROWS`] query rows of one head.
+/// The forward's tiles: 1024-byte aligned for `wgmma`'s swizzle (the plan adds the slack).
+#[inline(always)]
+fn fwd_shared_base() -> u32 {
+    (shared_base() + 1023) & !1023
+}
+
+/// Waits for this thread's copies, then (a barrier) for the block's: the tiles are readable
+/// by the next products (through the async proxy for `wgmma`), and the products before are
+/// done with the tile the next copy overwrites.
+#[inline(always)]
+fn fwd_landed() {
+    wait_all();
+    #[cfg(target_feature = "sm_90a")]
+    wgmma::proxy_fence();
+    sync_threads();
+}
+
+#[cfg(not(target_feature = "sm_90a"))]
+use super::mma::load_tile as fwd_load_tile;
+#[cfg(target_feature = "sm_90a")]
+use super::wgmma::{self, load_tile as fwd_load_tile};
+
+/// The forward of a block of [`MMA_ROWS`] query rows of one head. Built for sm_90a, its two
+/// products are `wgmma` (a warpgroup's, [`super::wgmma`]) on tiles in that file's layout;
+/// elsewhere `mma.sync` on tiles in [`super::mma`]'s. The online softmax is the same code on
+/// the same fragments.
 ///
 /// # Safety
 /// As the entry points'.
@@ -157,7 +183,7 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
     const { assert!(D == 64 || D == 128) };
     const BC: usize = 64;
     const { assert!(fwd_key_tile(D as u32) as usize == BC) };
-    let (tid, (lane, g, c)) = (thread_idx(), lane_parts());
+    let (tid, (_, g, c)) = (thread_idx(), lane_parts());
     let warp = tid >> 5;
     let (b, h) = (block_z(), block_y());
     let s = unsafe { Seq::of(p, b) };
@@ -168,7 +194,7 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
     let i1 = (m0 + MMA_ROWS as i64 - 1).min(s.sq - 1);
     let hk = h / (p.heads_q / p.heads_kv) as usize;
     let score = Score::new(p);
-    let base = shared_base();
+    let base = fwd_shared_base();
     let (sq, sk, sv) = (
         base,
         base + (64 * D * 2) as u32,
@@ -179,7 +205,7 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
     let (kt, vt) = (p.k.token as usize, p.v.token as usize);
     unsafe {
         let q_base = p.q.ptr + 2 * offset(&p.q, b, s.q_start + m0 as usize, h) as u64;
-        load_tile::<D, WARPS4>(
+        fwd_load_tile::<D, WARPS4>(
             sq,
             q_base,
             p.q.token as usize,
@@ -194,7 +220,7 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
     let end = hi.max(0) as usize;
     if first < end {
         unsafe {
-            load_tile::<D, WARPS4>(
+            fwd_load_tile::<D, WARPS4>(
                 sk,
                 k_base + (2 * first * kt) as u64,
                 kt,
@@ -205,17 +231,19 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
         };
     }
     commit();
-    wait_one_pending();
-    sync_threads();
-    let qf = unsafe { a_frags::<D>(sq, warp, lane) };
+    #[cfg(not(target_feature = "sm_90a"))]
+    let qf = {
+        wait_one_pending();
+        sync_threads();
+        unsafe { a_frags::<D>(sq, warp, tid & 31) }
+    };
     let (mut m, mut l) = ([f32::NEG_INFINITY; 2], [0.0f32; 2]);
     let mut o = [[0.0f32; 4]; 16];
     let mut n0 = first;
     while n0 < end {
-        wait_all();
-        sync_threads();
+        fwd_landed();
         unsafe {
-            load_tile::<D, WARPS4>(
+            fwd_load_tile::<D, WARPS4>(
                 sv,
                 v_base + (2 * n0 * vt) as u64,
                 vt,
@@ -226,7 +254,15 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
         };
         commit();
         let mut sc = [[0.0f32; 4]; 8];
-        unsafe { mma_abt::<T, D>(&mut sc, sk, lane, 8, |kk| qf[kk]) };
+        #[cfg(target_feature = "sm_90a")]
+        unsafe {
+            wgmma::scores::<T, D>(&mut sc, sq, sk);
+            wgmma::wait32(&mut sc);
+        }
+        #[cfg(not(target_feature = "sm_90a"))]
+        unsafe {
+            mma_abt::<T, D>(&mut sc, sk, tid & 31, 8, |kk| qf[kk])
+        };
         let masked = !s.all_allowed(m0, i1, n0 as i64, (n0 + BC - 1) as i64);
         let row0 = m0 + (16 * warp + g) as i64;
         // One branch per tile on block-uniform conditions: the common tile (no mask, no
@@ -274,12 +310,11 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
                 });
             }
         });
-        wait_all();
-        sync_threads();
+        fwd_landed();
         if n0 + BC < end {
             let next = n0 + BC;
             unsafe {
-                load_tile::<D, WARPS4>(
+                fwd_load_tile::<D, WARPS4>(
                     sk,
                     k_base + (2 * next * kt) as u64,
                     kt,
@@ -290,7 +325,15 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
             };
         }
         commit();
-        unsafe { mma_pb::<T, D>(&mut o, &sc, sv, lane, 4) };
+        #[cfg(target_feature = "sm_90a")]
+        unsafe {
+            wgmma::pv::<T, D>(&mut o, &sc, sv);
+            wgmma::wait64(&mut o);
+        }
+        #[cfg(not(target_feature = "sm_90a"))]
+        unsafe {
+            mma_pb::<T, D>(&mut o, &sc, sv, tid & 31, 4)
+        };
         n0 += BC;
     }
     wait_all();

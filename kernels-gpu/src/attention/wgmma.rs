@@ -1,0 +1,281 @@
+//! Warpgroup tensor-core building blocks through inline PTX (sm_90a): `wgmma.mma_async`
+//! m64nNk16 with f32 accumulators, operands in shared memory named by matrix descriptors (or
+//! the A operand in registers), and the shared-memory layout those descriptors read.
+//!
+//! A warpgroup is four consecutive warps; warp `w` of it owns rows `16w..16w + 16` of the
+//! 64-row product, and within a warp the accumulator and register-A fragments are those of
+//! `mma.sync` m16n8k16 ([`super::mma`]), repeated along N: accumulator `acc[j]` is the n8 tile
+//! `j`. So the online softmax of the `mma.sync` forward runs unchanged on these registers.
+//!
+//! Tiles are stored for the 128-byte swizzle: the head is cut into blocks of 64 elements (128
+//! bytes), each block a run of `rows` rows of 128 bytes, and chunk `c` (16 bytes) of row `r`
+//! of a block sits at chunk `c ^ (r % 8)`; a tile starts 1024-byte aligned, so the swizzle the
+//! hardware applies to an address (its bits 4–6 XOR bits 7–9) is this one. The same bytes are
+//! a K-major operand (Q as A, K as B: rows are M or N, the head is the k dimension) and an
+//! MN-major one (V as B: rows are the k dimension, the head is N).
+use super::Half;
+use super::mma::cp_async_16;
+use super::tc::each;
+use core::arch::asm;
+
+/// Bytes of one 8-row group of a tile (the swizzle's period).
+const GROUP: u64 = 1024;
+
+/// Byte offset of chunk `chunk` (16 bytes) of row `row` in a tile of `rows` rows.
+#[inline(always)]
+pub(crate) const fn swizzled(rows: usize, row: usize, chunk: usize) -> u32 {
+    ((chunk / 8) * rows * 128 + row * 128 + (((chunk % 8) ^ (row % 8)) << 4)) as u32
+}
+
+/// A descriptor of the operand at shared address `addr`, its 8-row groups `sbo` bytes apart
+/// and its 64-element blocks `lbo` bytes apart (read only for MN-major operands).
+#[inline(always)]
+const fn descriptor(addr: u32, lbo: u64, sbo: u64) -> u64 {
+    ((addr as u64 & 0x3_ffff) >> 4) | ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (1 << 62)
+}
+
+/// The descriptor of k-step `kk` (16 elements of the head) of a K-major tile at `tile`, of
+/// `rows` rows: within a 64-element block a k-step is 32 bytes further along the rows.
+#[inline(always)]
+pub(crate) const fn k_major(tile: u32, rows: usize, kk: usize) -> u64 {
+    descriptor(
+        tile + ((kk / 4) * rows * 128 + (kk % 4) * 32) as u32,
+        1 << 4,
+        GROUP,
+    )
+}
+
+/// The descriptor of k-step `kk` (rows `16kk..16kk + 16`) of an MN-major tile at `tile`, of
+/// `rows` rows: its 64-element blocks (along N) `rows · 128` bytes apart.
+#[inline(always)]
+pub(crate) const fn mn_major(tile: u32, rows: usize, kk: usize) -> u64 {
+    descriptor(tile + (kk * 16 * 128) as u32, (rows * 128) as u64, GROUP)
+}
+
+/// Starts copying `rows` rows of `D` 16-bit elements into the tile at shared address `tile`
+/// (all `N` threads of the block call it): row `r` from `base + r·stride` elements, zeros for
+/// rows `r ≥ valid`.
+///
+/// # Safety
+/// `base` and `stride` are 16-byte aligned and rows `< valid` readable; `tile` is 1024-byte
+/// aligned with room for the tile.
+#[inline(always)]
+pub(crate) unsafe fn load_tile<const D: usize, const N: usize>(
+    tile: u32,
+    base: u64,
+    stride: usize,
+    rows: usize,
+    valid: usize,
+    tid: usize,
+) {
+    let chunks = D / 8;
+    let mut idx = tid;
+    while idx < rows * chunks {
+        let (r, c) = (idx / chunks, idx % chunks);
+        let ok = r < valid;
+        let src = if ok {
+            base + ((r * stride + c * 8) * 2) as u64
+        } else {
+            base
+        };
+        unsafe { cp_async_16(tile + swizzled(rows, r, c), src, ok) };
+        idx += N;
+    }
+}
+
+/// Makes this thread's completed shared-memory writes (`cp.async` included, once waited for)
+/// visible to the async proxy that `wgmma` reads operands through; a barrier after it makes
+/// the whole block's visible.
+#[inline(always)]
+pub(crate) fn proxy_fence() {
+    // SAFETY: a memory fence.
+    unsafe { asm!("fence.proxy.async.shared::cta;", options(nostack)) }
+}
+
+/// Orders the warpgroup's register writes before the `wgmma` that follow (needed before the
+/// first `wgmma` of a group whose accumulators or A registers were written since).
+#[inline(always)]
+pub(crate) fn fence() {
+    // SAFETY: a warpgroup-wide ordering instruction; every thread of the block executes it.
+    unsafe { asm!("wgmma.fence.sync.aligned;", options(nostack)) }
+}
+
+/// Closes the group of `wgmma` issued since the last call.
+#[inline(always)]
+pub(crate) fn commit() {
+    // SAFETY: as `fence`.
+    unsafe { asm!("wgmma.commit_group.sync.aligned;", options(nostack)) }
+}
+
+/// `wgmma.wait_group 0` with `acc` passing through it: the accumulators' later reads depend on
+/// the wait, so the compiler cannot move them before it.
+macro_rules! wait_with {
+    ($name:ident, $n:literal, $first:literal $($i:literal)*) => {
+        /// Waits for every committed `wgmma` group of the warpgroup, then hands back `acc`.
+        #[inline(always)]
+        pub(crate) fn $name(acc: &mut [[f32; 4]; $n / 4]) {
+            // SAFETY: the tiles of `acc` are its contiguous elements.
+            let a = unsafe { &mut *(acc as *mut [[f32; 4]; $n / 4] as *mut [f32; $n]) };
+            // SAFETY: as `fence`; the registers pass through unchanged.
+            unsafe {
+                asm!(
+                    concat!("wgmma.wait_group.sync.aligned 0; // {", stringify!($first), "}"
+                        $(, " {", stringify!($i), "}")*),
+                    inout(reg32) a[$first], $(inout(reg32) a[$i],)*
+                    options(nostack)
+                )
+            }
+        }
+    };
+}
+
+/// `acc (64×64) = acc·[accumulate] + A·B` for one k-step: A (64×16) and B (16×64, stored as
+/// 64 rows of k) read from shared memory through the K-major descriptors `a` and `b`.
+macro_rules! ss_n64 {
+    ($name:ident, $ty:literal, $first:literal $($i:literal)*) => {
+        /// One `wgmma` m64n64k16 with both operands K-major in shared memory.
+        ///
+        /// # Safety
+        /// `a` and `b` describe landed, proxy-fenced tiles; every thread of the warpgroup
+        /// executes it; `acc` is read only after [`wait32`].
+        #[inline(always)]
+        pub(crate) unsafe fn $name(acc: &mut [[f32; 4]; 8], a: u64, b: u64, accumulate: bool) {
+            // SAFETY: the tiles of `acc` are its contiguous elements.
+            let d = unsafe { &mut *(acc as *mut [[f32; 4]; 8] as *mut [f32; 32]) };
+            unsafe {
+                asm!(
+                    concat!(
+                        "{{ .reg .pred p; setp.ne.b32 p, {z}, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32.",
+                        $ty, ".", $ty, " {{{", stringify!($first), "}"
+                        $(, ", {", stringify!($i), "}")*,
+                        "}}, {a}, {b}, p, 1, 1, 0, 0; }}"
+                    ),
+                    inout(reg32) d[$first], $(inout(reg32) d[$i],)*
+                    a = in(reg64) a, b = in(reg64) b, z = in(reg32) accumulate as u32,
+                    options(nostack)
+                )
+            }
+        }
+    };
+}
+
+/// `acc (64×N) += A·B` for one k-step: A (64×16) in registers, B (16×N) MN-major in shared
+/// memory through the descriptor `b`.
+macro_rules! rs {
+    ($name:ident, $shape:literal, $ty:literal, $n:literal, $first:literal $($i:literal)*) => {
+        /// One `wgmma` with A from registers and B MN-major in shared memory, accumulating.
+        ///
+        /// # Safety
+        /// As the shared-memory form; `a` was written before the last [`fence`].
+        #[inline(always)]
+        pub(crate) unsafe fn $name(acc: &mut [[f32; 4]; $n / 4], a: &[u32; 4], b: u64) {
+            // SAFETY: the tiles of `acc` are its contiguous elements.
+            let d = unsafe { &mut *(acc as *mut [[f32; 4]; $n / 4] as *mut [f32; $n]) };
+            unsafe {
+                asm!(
+                    concat!(
+                        "{{ .reg .pred p; setp.ne.b32 p, {z}, 0; wgmma.mma_async.sync.aligned.", $shape, ".f32.", $ty, ".", $ty,
+                        " {{{", stringify!($first), "}" $(, ", {", stringify!($i), "}")*,
+                        "}}, {{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1, 1; }}"
+                    ),
+                    inout(reg32) d[$first], $(inout(reg32) d[$i],)*
+                    a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2],
+                    a3 = in(reg32) a[3], b = in(reg64) b, z = in(reg32) 1u32,
+                    options(nostack)
+                )
+            }
+        }
+    };
+}
+
+/// The register lists of 32 and 64 accumulators.
+macro_rules! regs32 {
+    ($m:ident $(, $arg:tt)*) => {
+        $m!($($arg,)* 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27
+            28 29 30 31);
+    };
+}
+macro_rules! regs64 {
+    ($m:ident $(, $arg:tt)*) => {
+        $m!($($arg,)* 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27
+            28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55
+            56 57 58 59 60 61 62 63);
+    };
+}
+
+regs32!(wait_with, wait32, 32);
+regs64!(wait_with, wait64, 64);
+regs32!(ss_n64, ss_n64_bf16, "bf16");
+regs32!(ss_n64, ss_n64_f16, "f16");
+regs32!(rs, rs_n64_bf16, "m64n64k16", "bf16", 32);
+regs32!(rs, rs_n64_f16, "m64n64k16", "f16", 32);
+regs64!(rs, rs_n128_bf16, "m64n128k16", "bf16", 64);
+regs64!(rs, rs_n128_f16, "m64n128k16", "f16", 64);
+
+/// `S = Q·Kᵀ` for a warpgroup's 64 query rows and 64 keys over a `D`-wide head: `q` and `k`
+/// K-major tiles of 64 rows. Issued and committed, not waited for.
+///
+/// # Safety
+/// As [`ss_n64_bf16`].
+#[inline(always)]
+pub(crate) unsafe fn scores<T: Half, const D: usize>(acc: &mut [[f32; 4]; 8], q: u32, k: u32) {
+    fence();
+    each::<8>(|kk| {
+        if kk < D / 16 {
+            let (a, b) = (k_major(q, 64, kk), k_major(k, 64, kk));
+            unsafe {
+                if T::IS_BF16 {
+                    ss_n64_bf16(acc, a, b, kk > 0)
+                } else {
+                    ss_n64_f16(acc, a, b, kk > 0)
+                }
+            }
+        }
+    });
+    commit();
+}
+
+/// `O += P·V` for a warpgroup's 64 query rows over 64 keys: `p` the score tile's accumulators
+/// (rounded to `T` here, as the A operand), `v` an MN-major tile of 64 key rows of a `D`-wide
+/// head. Issued and committed, not waited for.
+///
+/// # Safety
+/// As [`rs_n128_bf16`].
+#[inline(always)]
+pub(crate) unsafe fn pv<T: Half, const D: usize>(
+    o: &mut [[f32; 4]; 16],
+    p: &[[f32; 4]; 8],
+    v: u32,
+) {
+    let a: [[u32; 4]; 4] = core::array::from_fn(|kk| {
+        let (lo, hi) = (&p[2 * kk], &p[2 * kk + 1]);
+        [
+            T::pack2(lo[0], lo[1]),
+            T::pack2(lo[2], lo[3]),
+            T::pack2(hi[0], hi[1]),
+            T::pack2(hi[2], hi[3]),
+        ]
+    });
+    fence();
+    each::<4>(|kk| {
+        let b = mn_major(v, 64, kk);
+        unsafe {
+            if D == 128 {
+                if T::IS_BF16 {
+                    rs_n128_bf16(o, &a[kk], b)
+                } else {
+                    rs_n128_f16(o, &a[kk], b)
+                }
+            } else {
+                // SAFETY: the first 8 of the 16 tiles (the head's 64 columns).
+                let half = &mut *(o as *mut [[f32; 4]; 16] as *mut [[f32; 4]; 8]);
+                if T::IS_BF16 {
+                    rs_n64_bf16(half, &a[kk], b)
+                } else {
+                    rs_n64_f16(half, &a[kk], b)
+                }
+            }
+        }
+    });
+    commit();
+}
