@@ -215,6 +215,22 @@ pub(crate) unsafe fn load_tile<const D: usize, const N: usize>(
     valid: usize,
     tid: usize,
 ) {
+    unsafe { load_rows::<D, N>(tile, (base, stride), rows, valid, tid, swizzled::<D>) }
+}
+
+/// As [`load_tile`], chunk `c` of row `r` stored at byte `at(r, c)` of the tile.
+///
+/// # Safety
+/// As [`load_tile`]; `at` stays within the tile's room.
+#[inline(always)]
+pub(crate) unsafe fn load_rows<const D: usize, const N: usize>(
+    tile: u32,
+    (base, stride): (u64, usize),
+    rows: usize,
+    valid: usize,
+    tid: usize,
+    at: impl Fn(usize, usize) -> u32,
+) {
     let chunks = D / 8;
     let mut idx = tid;
     while idx < rows * chunks {
@@ -225,7 +241,7 @@ pub(crate) unsafe fn load_tile<const D: usize, const N: usize>(
         } else {
             base
         };
-        unsafe { cp_async_16(tile + swizzled::<D>(r, c), src, ok) };
+        unsafe { cp_async_16(tile + at(r, c), src, ok) };
         idx += N;
     }
 }

@@ -14,7 +14,7 @@
 //! a K-major operand (Q as A, K as B: rows are M or N, the head is the k dimension) and an
 //! MN-major one (V as B: rows are the k dimension, the head is N).
 use super::Half;
-use super::mma::cp_async_16;
+use super::mma::load_rows;
 use super::tc::each;
 use core::arch::asm;
 
@@ -68,18 +68,10 @@ pub(crate) unsafe fn load_tile<const D: usize, const N: usize>(
     valid: usize,
     tid: usize,
 ) {
-    let chunks = D / 8;
-    let mut idx = tid;
-    while idx < rows * chunks {
-        let (r, c) = (idx / chunks, idx % chunks);
-        let ok = r < valid;
-        let src = if ok {
-            base + ((r * stride + c * 8) * 2) as u64
-        } else {
-            base
-        };
-        unsafe { cp_async_16(tile + swizzled(rows, r, c), src, ok) };
-        idx += N;
+    unsafe {
+        load_rows::<D, N>(tile, (base, stride), rows, valid, tid, |r, c| {
+            swizzled(rows, r, c)
+        })
     }
 }
 
