@@ -156,7 +156,8 @@ fn backward<T: Dtype>(
         &[q, k, v, o, d_o, dq, dk, dv],
         &strides(args),
     );
-    let steps = plan::backward(args, T::ELEM, path);
+    let sm90 = crate::module::kernels(stream.context())?.sm90;
+    let steps = plan::backward(args, T::ELEM, path, sm90);
     // SAFETY: as in `forward`; `delta` spans every query row and lives until the launches
     // are queued (its free is ordered behind them on the stream).
     unsafe { launch::run(stream, &steps, &launch::params(args, &ptrs)) }

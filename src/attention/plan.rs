@@ -1,8 +1,8 @@
 //! Which kernels an attention call runs, on which grids: a pure function of the arguments,
 //! the element type and the buffers' alignment, unit-tested without a GPU.
 use super::abi::{
-    DKDV_THREADS, MMA_KEYS, MMA_ROWS, SIMT_ROWS, THREADS, dkdv_shared_bytes, dq_shared_bytes,
-    fwd_shared_bytes,
+    DKDV_THREADS, MMA_KEYS, MMA_ROWS, SIMT_ROWS, THREADS, dkdv_shared_bytes,
+    dkdv_shared_bytes_sm90, dq_shared_bytes, dq_shared_bytes_sm90, fwd_shared_bytes,
 };
 use super::args::AttentionArgs;
 use crate::identity::{AttnPass, AttnPath, ElemType, Kernel};
@@ -83,8 +83,15 @@ pub(crate) fn forward(args: &AttentionArgs, elem: ElemType, path: AttnPath) -> S
 }
 
 /// The backward: the preprocessing (`Σ dO·O` per query row), then dQ over blocks of query
-/// rows and dK/dV over blocks of key rows (each over its group's query heads).
-pub(crate) fn backward(args: &AttentionArgs, elem: ElemType, path: AttnPath) -> [Step; 3] {
+/// rows and dK/dV over blocks of key rows (each over its group's query heads). `sm90`: the
+/// sm_90a build's kernels are in use, whose tensor-core dQ and dK/dV kernels (`wgmma`) take
+/// other tiles, so other shared memory, than the sm_80 build's (`mma.sync`).
+pub(crate) fn backward(
+    args: &AttentionArgs,
+    elem: ElemType,
+    path: AttnPath,
+    sm90: bool,
+) -> [Step; 3] {
     let (rows, keys) = if path == AttnPath::Simt {
         (SIMT_ROWS, SIMT_ROWS)
     } else {
@@ -103,7 +110,7 @@ pub(crate) fn backward(args: &AttentionArgs, elem: ElemType, path: AttnPath) -> 
             kernel: kernel(AttnPass::Dq, path),
             grid: (blocks(args.seqlen_q, rows), hq, b),
             threads: THREADS,
-            shared: shared(path, dq_shared_bytes),
+            shared: shared(path, [dq_shared_bytes, dq_shared_bytes_sm90][sm90 as usize]),
         },
         Step {
             kernel: kernel(AttnPass::DkDv, path),
@@ -113,7 +120,10 @@ pub(crate) fn backward(args: &AttentionArgs, elem: ElemType, path: AttnPath) -> 
             } else {
                 DKDV_THREADS
             },
-            shared: shared(path, dkdv_shared_bytes),
+            shared: shared(
+                path,
+                [dkdv_shared_bytes, dkdv_shared_bytes_sm90][sm90 as usize],
+            ),
         },
     ]
 }
@@ -130,7 +140,7 @@ pub(crate) mod tests {
                 let args = AttentionArgs::new(1, 1, 1, 1, 1, d);
                 let path = path(&args, elem, &[0], &[d]);
                 v.push(forward(&args, elem, path).kernel);
-                v.extend(backward(&args, elem, path).map(|s| s.kernel));
+                v.extend(backward(&args, elem, path, false).map(|s| s.kernel));
             }
         }
         v.sort_by_key(|k| k.name());
@@ -190,16 +200,23 @@ pub(crate) mod tests {
         assert_eq!(f.shared, 49 * 1024);
         let s = forward(&a, ElemType::F32, AttnPath::Simt);
         assert_eq!((s.grid, s.shared), ((513, 16, 4), 0));
-        let [pre, dq, dkdv] = backward(&a, ElemType::Bf16, AttnPath::Mma128);
-        assert_eq!(pre.grid, (513, 16, 4));
-        assert_eq!(dq.grid, (33, 16, 4));
-        // Key blocks per key/value head.
-        assert_eq!(dkdv.grid, (2, 4, 4));
-        assert!(dkdv.shared > 48 * 1024 && dkdv.shared <= 227 * 1024);
-        assert_eq!((pre.threads, dq.threads, dkdv.threads), (128, 128, 256));
-        // No query rows: the forward and dQ have nothing to launch, dK/dV still zero the keys.
-        let a = AttentionArgs::new(2, 0, 5, 2, 2, 64);
-        let [pre, dq, dkdv] = backward(&a, ElemType::F16, AttnPath::Mma64);
-        assert_eq!((pre.grid.0, dq.grid.0, dkdv.grid.0), (0, 0, 1));
+        for sm90 in [false, true] {
+            let [pre, dq, dkdv] = backward(&a, ElemType::Bf16, AttnPath::Mma128, sm90);
+            assert_eq!(pre.grid, (513, 16, 4));
+            assert_eq!(dq.grid, (33, 16, 4));
+            // Key blocks per key/value head.
+            assert_eq!(dkdv.grid, (2, 4, 4));
+            assert!(dkdv.shared > 48 * 1024 && dkdv.shared <= 227 * 1024);
+            assert_eq!((pre.threads, dq.threads, dkdv.threads), (128, 128, 256));
+            // No query rows: the forward and dQ have nothing to launch, dK/dV still zero the
+            // keys.
+            let a = AttentionArgs::new(2, 0, 5, 2, 2, 64);
+            let [pre, dq, dkdv] = backward(&a, ElemType::F16, AttnPath::Mma64, sm90);
+            assert_eq!((pre.grid.0, dq.grid.0, dkdv.grid.0), (0, 0, 1));
+        }
+        // The `wgmma` kernels at head_dim 128: two dQ blocks per SM (Q, dO and two stages of
+        // 64-key K and V tiles), one dK/dV block of two warpgroups.
+        let [_, dq, dkdv] = backward(&a, ElemType::Bf16, AttnPath::Mma128, true);
+        assert_eq!((dq.shared, dkdv.shared), (97 * 1024, 115 * 1024));
     }
 }

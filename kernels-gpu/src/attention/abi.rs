@@ -145,3 +145,24 @@ pub const fn dkdv_shared_bytes(head_dim: u32) -> u32 {
         + 2 * MMA_KEYS * DKDV_QUERY_TILE * 2
         + 2 * dkdv_stage_bytes(head_dim)
 }
+
+/// Bytes of dynamic shared memory of the sm_90a build's dQ kernel (`wgmma`, 64 keys per
+/// step): the block's Q and dO tiles, two stages of a K and a V tile, and 1 KiB of slack to
+/// start them 1024-byte aligned.
+pub const fn dq_shared_bytes_sm90(head_dim: u32) -> u32 {
+    6 * MMA_ROWS * head_dim * 2 + 1024
+}
+
+/// Bytes of one stage of the sm_90a build's dK/dV kernel: a Q and a dO tile of [`MMA_ROWS`]
+/// queries, then their log-sum-exp (log2 units) and delta values (f32), padded to keep the
+/// next stage 1024-byte aligned.
+pub const fn dkdv_stage_bytes_sm90(head_dim: u32) -> u32 {
+    2 * MMA_ROWS * head_dim * 2 + 1024
+}
+
+/// Bytes of dynamic shared memory of the sm_90a build's dK/dV kernel (two warpgroups, 64 key
+/// rows): the block's K and V tiles, two stages ([`dkdv_stage_bytes_sm90`]), the exchange of
+/// a 64 × 64 f32 product between the warpgroups and 1 KiB of alignment slack.
+pub const fn dkdv_shared_bytes_sm90(head_dim: u32) -> u32 {
+    2 * MMA_KEYS * head_dim * 2 + 2 * dkdv_stage_bytes_sm90(head_dim) + MMA_KEYS * 64 * 4 + 1024
+}

@@ -10,15 +10,26 @@
 //! probabilities from the log-sum-exp, tile by tile.
 //!
 //! Two paths: [`simt`] (one warp per row, f32 in CUDA cores: any element type, head_dim up to
-//! 256, any alignment) and [`tc`] (tensor cores: `mma.sync` m16n8k16 on 16-bit elements,
-//! operands staged in shared memory by `cp.async` and read by `ldmatrix`, at head_dim 64 and
-//! 128). Both apply the same masks through [`Seq`].
+//! 256, any alignment) and the tensor cores on 16-bit elements at head_dim 64 and 128
+//! (operands staged in shared memory by `cp.async`): [`tc`] (the forward) with [`mma_bwd`]
+//! (`mma.sync` m16n8k16, `ldmatrix`) in the sm_80 build, or with `hopper` (warpgroup `wgmma`)
+//! in the sm_90a build. All apply the same masks through [`Seq`].
 pub mod abi;
 mod mma;
 mod simt;
 mod tc;
 #[cfg(target_feature = "sm_90a")]
 mod wgmma;
+// The tensor-core backward: `mma.sync` in the sm_80 build, `wgmma` in the sm_90a one (same
+// entry points, blocks of other sizes: the host plans by the build).
+#[cfg(target_feature = "sm_90a")]
+mod hopper;
+#[cfg(target_feature = "sm_90a")]
+use hopper as tc_bwd;
+#[cfg(not(target_feature = "sm_90a"))]
+mod mma_bwd;
+#[cfg(not(target_feature = "sm_90a"))]
+use mma_bwd as tc_bwd;
 
 use crate::{Bf16, Elem};
 use abi::{Params, Tensor};
@@ -268,14 +279,14 @@ attn_kernels! {
     Forward Mma64 Bf16 => tc::forward::<Bf16, 64>;
     Forward Mma128 F16 => tc::forward::<f16, 128>;
     Forward Mma128 Bf16 => tc::forward::<Bf16, 128>;
-    Dq Mma64 F16 => tc::dq::<f16, 64>;
-    Dq Mma64 Bf16 => tc::dq::<Bf16, 64>;
-    Dq Mma128 F16 => tc::dq::<f16, 128>;
-    Dq Mma128 Bf16 => tc::dq::<Bf16, 128>;
-    DkDv Mma64 F16 => tc::dkdv::<f16, 64>;
-    DkDv Mma64 Bf16 => tc::dkdv::<Bf16, 64>;
-    DkDv Mma128 F16 => tc::dkdv::<f16, 128>;
-    DkDv Mma128 Bf16 => tc::dkdv::<Bf16, 128>;
+    Dq Mma64 F16 => tc_bwd::dq::<f16, 64>;
+    Dq Mma64 Bf16 => tc_bwd::dq::<Bf16, 64>;
+    Dq Mma128 F16 => tc_bwd::dq::<f16, 128>;
+    Dq Mma128 Bf16 => tc_bwd::dq::<Bf16, 128>;
+    DkDv Mma64 F16 => tc_bwd::dkdv::<f16, 64>;
+    DkDv Mma64 Bf16 => tc_bwd::dkdv::<Bf16, 64>;
+    DkDv Mma128 F16 => tc_bwd::dkdv::<f16, 128>;
+    DkDv Mma128 Bf16 => tc_bwd::dkdv::<Bf16, 128>;
 }
 
 /// A 16-bit element type of the tensor-core kernels.
