@@ -82,10 +82,18 @@ pub(crate) fn forward(args: &AttentionArgs, elem: ElemType, path: AttnPath) -> S
     }
 }
 
+/// Whether the backward adds dQ by atomics in its dK/dV pass: on the tensor-core path when
+/// the arguments ask for the nondeterministic order. It then needs an f32 sum of dQ, zeroed
+/// before the launches.
+pub(crate) fn atomic_dq(args: &AttentionArgs, path: AttnPath) -> bool {
+    !args.deterministic && path != AttnPath::Simt
+}
+
 /// The backward: the preprocessing (`Σ dO·O` per query row), then dQ over blocks of query
-/// rows and dK/dV over blocks of key rows (each over its group's query heads). `sm90`: the
-/// sm_90a build's kernels are in use, whose tensor-core dQ and dK/dV kernels (`wgmma`) take
-/// other tiles, so other shared memory, than the sm_80 build's (`mma.sync`).
+/// rows and dK/dV over blocks of key rows (each over its group's query heads); with
+/// [`atomic_dq`], dK/dV with dQ's shares added into its f32 sum, then dQ cast from that sum.
+/// `sm90`: the sm_90a build's kernels are in use, whose tensor-core dQ and dK/dV kernels
+/// (`wgmma`) take other tiles, so other shared memory, than the sm_80 build's (`mma.sync`).
 pub(crate) fn backward(
     args: &AttentionArgs,
     elem: ElemType,
@@ -99,32 +107,46 @@ pub(crate) fn backward(
     };
     let kernel = |pass, path| Kernel::Attention { pass, path, elem };
     let (hq, hkv, b) = (args.heads_q as u32, args.heads_kv as u32, args.batch as u32);
-    [
-        Step {
-            kernel: kernel(AttnPass::Prep, AttnPath::Simt),
-            grid: (blocks(args.seqlen_q, SIMT_ROWS), hq, b),
-            threads: THREADS,
-            shared: 0,
+    let simt_rows = |pass| Step {
+        kernel: kernel(pass, AttnPath::Simt),
+        grid: (blocks(args.seqlen_q, SIMT_ROWS), hq, b),
+        threads: THREADS,
+        shared: 0,
+    };
+    let atomic = atomic_dq(args, path);
+    let dkdv = Step {
+        kernel: kernel(
+            if atomic {
+                AttnPass::DkDvDq
+            } else {
+                AttnPass::DkDv
+            },
+            path,
+        ),
+        grid: (blocks(args.seqlen_k, keys), hkv, b),
+        threads: if path == AttnPath::Simt {
+            THREADS
+        } else {
+            DKDV_THREADS
         },
+        shared: match path {
+            AttnPath::Simt => 0,
+            _ if sm90 => dkdv_shared_bytes_sm90(args.head_dim as u32, atomic),
+            _ => dkdv_shared_bytes(args.head_dim as u32),
+        },
+    };
+    if atomic {
+        return [simt_rows(AttnPass::Prep), dkdv, simt_rows(AttnPass::DqCast)];
+    }
+    [
+        simt_rows(AttnPass::Prep),
         Step {
             kernel: kernel(AttnPass::Dq, path),
             grid: (blocks(args.seqlen_q, rows), hq, b),
             threads: THREADS,
             shared: shared(path, [dq_shared_bytes, dq_shared_bytes_sm90][sm90 as usize]),
         },
-        Step {
-            kernel: kernel(AttnPass::DkDv, path),
-            grid: (blocks(args.seqlen_k, keys), hkv, b),
-            threads: if path == AttnPath::Simt {
-                THREADS
-            } else {
-                DKDV_THREADS
-            },
-            shared: shared(
-                path,
-                [dkdv_shared_bytes, dkdv_shared_bytes_sm90][sm90 as usize],
-            ),
-        },
+        dkdv,
     ]
 }
 
@@ -140,7 +162,10 @@ pub(crate) mod tests {
                 let args = AttentionArgs::new(1, 1, 1, 1, 1, d);
                 let path = path(&args, elem, &[0], &[d]);
                 v.push(forward(&args, elem, path).kernel);
-                v.extend(backward(&args, elem, path, false).map(|s| s.kernel));
+                for deterministic in [true, false] {
+                    let args = args.with_deterministic(deterministic);
+                    v.extend(backward(&args, elem, path, false).map(|s| s.kernel));
+                }
             }
         }
         v.sort_by_key(|k| k.name());

@@ -13,9 +13,9 @@
 //! Each product is waited for before its registers are read. K/V (dQ) and Q/dO (dK/dV) come in
 //! two `cp.async` stages, the next tile's copy overlapping the current tile's products.
 use super::abi::{DKDV_THREADS, MMA_KEYS, MMA_ROWS, Params, THREADS, dkdv_stage_bytes_sm90};
-use super::mma::{commit, wait_all};
+use super::mma::{commit, red_add, wait_all};
 use super::tc::{each, probs_and_ds, store_row};
-use super::wgmma::{self, load_tile, pv, scores, wait32, wait64};
+use super::wgmma::{self, load_tile, mn_product, pv, scores, wait32, wait64};
 use super::{Half, Score, Seq, block_y, block_z, exp2, lse_offset, lse2_for_backward, offset};
 use crate::{block_idx, grid_dim, sync_threads, thread_idx};
 use core::arch::asm;
@@ -177,6 +177,21 @@ fn probs_wait() {
     unsafe { asm!("bar.sync 1, 256;", options(nostack)) }
 }
 
+/// Named barrier 2, as [`probs_arrive`] the other way: the second warpgroup arrives once its
+/// dSᵀ tile is in shared memory, the first (which computes `dQ = dS·K`) waits for it.
+#[inline(always)]
+fn ds_arrive() {
+    // SAFETY: as `probs_arrive`.
+    unsafe { asm!("bar.arrive 2, 256;", options(nostack)) }
+}
+
+/// See [`ds_arrive`].
+#[inline(always)]
+fn ds_wait() {
+    // SAFETY: as `probs_wait`.
+    unsafe { asm!("bar.sync 2, 256;", options(nostack)) }
+}
+
 /// dK and dV of a block of 64 key rows of one key/value head, over every query head of its
 /// group and every tile of 64 queries that sees them, summed in registers in that order. Two
 /// warpgroups share each step's tiles and split its four products: the first computes
@@ -186,10 +201,15 @@ fn probs_wait() {
 /// `dK += dSᵀ·Q`. Each thread then holds one 64 × D accumulator and one 64 × 64 product, where
 /// one warpgroup doing all four would hold two of each and spill at head_dim 128.
 ///
+/// With `DQ` (the nondeterministic backward) the step also takes dQ's share of its keys: the
+/// second warpgroup leaves dSᵀ (16-bit, the tile layout) in shared memory and the first,
+/// while `dV += Pᵀ·dO` runs, computes `dS·K` 64 columns at a time (both operands MN-major)
+/// and adds it into `dq_accum` by atomics.
+///
 /// # Safety
 /// As the entry points'.
 #[inline(always)]
-pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
+pub(crate) unsafe fn dkdv<T: Half, const D: usize, const DQ: bool>(p: &Params) {
     const { assert!(D == 64 || D == 128) };
     let tid = thread_idx();
     let (wg, t) = (tid >> 7, tid & 127);
@@ -208,7 +228,10 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
     let (sk, sv, stages) = (base, base + tile, base + 2 * tile);
     let stage_bytes = dkdv_stage_bytes_sm90(D as u32);
     // After the two stages: the exchange of Pᵀ ∘ slope, word `i` of thread `t` at `i·128 + t`.
-    let xchg = unsafe { smem.add((2 * tile + 2 * stage_bytes) as usize) as *mut f32 };
+    let xchg_at = 2 * tile + 2 * stage_bytes;
+    let xchg = unsafe { smem.add(xchg_at as usize) as *mut f32 };
+    // After the exchange: the step's dSᵀ tile (64 keys × 64 queries), with `DQ`.
+    let sds = base + xchg_at + (ROWS * 64 * 4) as u32;
     unsafe {
         let at = s.k_start + n0 as usize;
         let valid = (s.sk - n0) as usize;
@@ -310,6 +333,22 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
             }
             probs_arrive();
             unsafe { pv::<T, D>(&mut acc, &x, sdo) };
+            if DQ {
+                // Rows of one head and sequence are consecutive rows of the sum.
+                let h = hk * group + step / tiles;
+                let rows = lse_offset(p, b, h, s.q_start + i0) * D;
+                let rows = unsafe { (p.dq_accum as *mut f32).add(rows) };
+                ds_wait();
+                each::<2>(|half| {
+                    if half < D / 64 {
+                        let mut q = [[0.0f32; 4]; 8];
+                        unsafe { mn_product::<T>(&mut q, sds, sk + half as u32 * tile / 2) };
+                        wait32(&mut q);
+                        let valid = s.sq as usize - i0;
+                        unsafe { add_dq::<D>(rows, &q, valid, half, (warp, g, c)) };
+                    }
+                });
+            }
         } else {
             unsafe { scores::<T, D>(&mut x, sv, sdo) };
             wait32(&mut x);
@@ -321,6 +360,19 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
                     x[nt][e] = ps * (x[nt][e] - delta);
                 });
             });
+            if DQ {
+                each::<8>(|nt| {
+                    each::<2>(|r| {
+                        let (key, col) = (16 * warp + g + 8 * r, 8 * nt + 2 * c);
+                        let at = wgmma::swizzled(ROWS, key, col / 8) as usize + 2 * (col % 8);
+                        let w = T::pack2(x[nt][2 * r], x[nt][2 * r + 1]);
+                        // SAFETY: inside the dSᵀ tile; 4-byte aligned.
+                        unsafe { *(smem.add((sds - base) as usize + at) as *mut u32) = w };
+                    });
+                });
+                wgmma::proxy_fence();
+                ds_arrive();
+            }
             unsafe { pv::<T, D>(&mut acc, &x, sq) };
         }
         wait64(&mut acc);
@@ -338,6 +390,32 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
                 (&p.dk, p.scale)
             };
             unsafe { store_row::<T, D>(&acc, r, mul, out.ptr, offset(out, b, tok, hk), c) };
+        }
+    });
+}
+
+/// Adds a warpgroup's 64 × 64 block `half` of `dS·K` (rows `16·warp + g + 8r` of the step's
+/// queries, head columns `64·half + 8·nt + 2c`, `+1`) into the f32 rows of `D` at `rows`,
+/// skipping rows from `valid` on (past the sequence).
+///
+/// # Safety
+/// `rows` has `valid` rows of `D` f32.
+#[inline(always)]
+unsafe fn add_dq<const D: usize>(
+    rows: *mut f32,
+    q: &[[f32; 4]; 8],
+    valid: usize,
+    half: usize,
+    (warp, g, c): (usize, usize, usize),
+) {
+    each::<2>(|r| {
+        let i = 16 * warp + g + 8 * r;
+        if i < valid {
+            let row = unsafe { rows.add(i * D + 64 * half + 2 * c) };
+            each::<8>(|nt| unsafe {
+                red_add(row.add(8 * nt), q[nt][2 * r]);
+                red_add(row.add(8 * nt + 1), q[nt][2 * r + 1]);
+            });
         }
     });
 }

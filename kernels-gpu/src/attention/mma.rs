@@ -164,7 +164,19 @@ impl Lanes {
     /// `lane % 8 + 8·(lane / 16)`, chunks `2kk + (lane / 8) % 2`.
     #[inline(always)]
     pub(crate) fn b<const D: usize>(lane: usize) -> Self {
-        Self::new::<D>(lane, (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1, 0)
+        Self::b_from::<D>(lane, 0)
+    }
+
+    /// As [`Lanes::b`], chunk pairs counted from `first` (see [`Lanes::bt_from`]): read with
+    /// `ldmatrix.trans`, the A fragments of a tile's transpose (row block `first` of it).
+    #[inline(always)]
+    pub(crate) fn b_from<const D: usize>(lane: usize, first: usize) -> Self {
+        Self::new::<D>(
+            lane,
+            (lane & 7) + ((lane >> 4) << 3),
+            (lane >> 3) & 1,
+            first,
+        )
     }
 
     /// B fragments from k-major rows (`ldmatrix.trans`): lane rows `lane % 16` ordered
@@ -244,4 +256,17 @@ pub(crate) unsafe fn load_rows<const D: usize, const N: usize>(
         unsafe { cp_async_16(tile + at(r, c), src, ok) };
         idx += N;
     }
+}
+
+/// Adds `v` to the f32 at `ptr` in global memory (`red.global.add.f32`, relaxed, device scope):
+/// the order of concurrent adds varies, so their sum may vary in its last bits.
+///
+/// # Safety
+/// `ptr` is a 4-byte aligned global address of a writable f32.
+#[inline(always)]
+pub(crate) unsafe fn red_add(ptr: *mut f32, v: f32) {
+    unsafe {
+        asm!("red.global.add.f32 [{p}], {v};", p = in(reg64) ptr, v = in(reg32) v,
+             options(nostack))
+    };
 }

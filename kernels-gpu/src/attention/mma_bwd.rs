@@ -6,7 +6,7 @@ use super::abi::{
     dq_key_tile,
 };
 use super::mma::{
-    Lanes, commit, ldmatrix_x4, ldmatrix_x4_trans, load_tile, mma, swizzled, wait_all,
+    Lanes, commit, ldmatrix_x4, ldmatrix_x4_trans, load_tile, mma, red_add, swizzled, wait_all,
     wait_one_pending,
 };
 use super::tc::{
@@ -261,10 +261,14 @@ pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
 /// tiles with A from shared memory instead of 16 × 128 ones that re-read K and V at every
 /// 16-query step.
 ///
+/// With `DQ` (the nondeterministic backward) a third phase takes dQ's share of the block's
+/// keys: warp `w` computes `dS·K` for 16 queries (`16·w`) and the whole head, A read
+/// transposed from the dSᵀ tile, and adds it into `dq_accum` by atomics.
+///
 /// # Safety
 /// As the entry points'.
 #[inline(always)]
-pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
+pub(crate) unsafe fn dkdv<T: Half, const D: usize, const DQ: bool>(p: &Params) {
     const { assert!(D == 64 || D == 128) };
     const QT: usize = DKDV_QUERY_TILE as usize;
     const KEYS: usize = MMA_KEYS as usize;
@@ -417,6 +421,13 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
             let tile = (kh, pairs * quarter, pairs);
             mma_rows32::<T, QT, D, 2>([&mut dv, &mut dk], [sp, sds], [sdo, sq], tile, lane);
         }
+        if DQ {
+            let h = hk * group + step / tiles;
+            // Rows of one head and sequence are consecutive rows of the sum.
+            let rows = lse_offset(p, b, h, s.q_start + i0) * D;
+            let rows = unsafe { (p.dq_accum as *mut f32).add(rows) };
+            unsafe { add_dq::<T, D>(rows, (sds, sk), s.sq as usize - i0, warp) };
+        }
         step += 1;
         stage ^= 1;
     }
@@ -437,4 +448,47 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
             },
         );
     }
+}
+
+/// `dS·K` for a warp's 16 queries (`16·warp` of the step's tile) over the block's 64 keys and
+/// the whole head, added into the f32 rows of `D` at `rows` (the tile's; `valid` of them in
+/// the sequence): A from the dSᵀ tile at `sds` (keys × [`DKDV_QUERY_TILE`] queries, read
+/// transposed), B the K tile at `sk`.
+///
+/// # Safety
+/// The tiles are written and visible; `rows` has `valid` rows of `D` f32.
+#[inline(always)]
+unsafe fn add_dq<T: Half, const D: usize>(
+    rows: *mut f32,
+    (sds, sk): (u32, u32),
+    valid: usize,
+    warp: usize,
+) {
+    const QT: usize = DKDV_QUERY_TILE as usize;
+    let (lane, g, c) = lane_parts();
+    // The warp's queries are row block `warp` of the transpose: folded into the lane's offsets
+    // (indexing them by it would put them in local memory).
+    let (la, lb) = (Lanes::b_from::<QT>(lane, warp), Lanes::bt::<D>(lane));
+    // 16 columns of the head at a time: more accumulators spill at head_dim 128.
+    each::<8>(|part| {
+        if part < D / 16 {
+            let mut q = [[0.0f32; 4]; 2];
+            each::<4>(|kk| {
+                let a = unsafe { ldmatrix_x4_trans(la.at::<QT>(sds, kk, 0)) };
+                let bf = unsafe { ldmatrix_x4_trans(lb.at::<D>(sk, kk, part)) };
+                mma::<T>(&mut q[0], &a, bf[0], bf[1]);
+                mma::<T>(&mut q[1], &a, bf[2], bf[3]);
+            });
+            each::<2>(|r| {
+                let i = 16 * warp + g + 8 * r;
+                if i < valid {
+                    let row = unsafe { rows.add(i * D + 16 * part + 2 * c) };
+                    each::<2>(|dt| unsafe {
+                        red_add(row.add(8 * dt), q[dt][2 * r]);
+                        red_add(row.add(8 * dt + 1), q[dt][2 * r + 1]);
+                    });
+                }
+            });
+        }
+    });
 }

@@ -283,10 +283,16 @@ attn_kernels! {
     Dq Mma64 Bf16 => tc_bwd::dq::<Bf16, 64>;
     Dq Mma128 F16 => tc_bwd::dq::<f16, 128>;
     Dq Mma128 Bf16 => tc_bwd::dq::<Bf16, 128>;
-    DkDv Mma64 F16 => tc_bwd::dkdv::<f16, 64>;
-    DkDv Mma64 Bf16 => tc_bwd::dkdv::<Bf16, 64>;
-    DkDv Mma128 F16 => tc_bwd::dkdv::<f16, 128>;
-    DkDv Mma128 Bf16 => tc_bwd::dkdv::<Bf16, 128>;
+    DkDv Mma64 F16 => tc_bwd::dkdv::<f16, 64, false>;
+    DkDv Mma64 Bf16 => tc_bwd::dkdv::<Bf16, 64, false>;
+    DkDv Mma128 F16 => tc_bwd::dkdv::<f16, 128, false>;
+    DkDv Mma128 Bf16 => tc_bwd::dkdv::<Bf16, 128, false>;
+    DkDvDq Mma64 F16 => tc_bwd::dkdv::<f16, 64, true>;
+    DkDvDq Mma64 Bf16 => tc_bwd::dkdv::<Bf16, 64, true>;
+    DkDvDq Mma128 F16 => tc_bwd::dkdv::<f16, 128, true>;
+    DkDvDq Mma128 Bf16 => tc_bwd::dkdv::<Bf16, 128, true>;
+    DqCast Simt F16 => simt::dq_cast::<f16>;
+    DqCast Simt Bf16 => simt::dq_cast::<Bf16>;
 }
 
 /// A 16-bit element type of the tensor-core kernels.
