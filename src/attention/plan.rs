@@ -244,4 +244,29 @@ pub(crate) mod tests {
         let [_, dq, dkdv] = backward(&a, ElemType::Bf16, AttnPath::Mma128, true);
         assert_eq!((dq.shared, dkdv.shared), (97 * 1024, 115 * 1024));
     }
+
+    #[test]
+    fn atomic_dq_replaces_the_dq_pass_on_tensor_cores_only() {
+        let a = AttentionArgs::new(2, 300, 200, 8, 2, 128).with_deterministic(false);
+        let pass = |s: &Step| match s.kernel {
+            Kernel::Attention { pass, path, .. } => (pass, path),
+            k => panic!("{k:?}"),
+        };
+        for sm90 in [false, true] {
+            let [pre, dkdv, cast] = backward(&a, ElemType::Bf16, AttnPath::Mma128, sm90);
+            assert_eq!(pass(&pre), (AttnPass::Prep, AttnPath::Simt));
+            assert_eq!(pass(&dkdv), (AttnPass::DkDvDq, AttnPath::Mma128));
+            assert_eq!(pass(&cast), (AttnPass::DqCast, AttnPath::Simt));
+            // The cast covers every query row; dK/dV every key block of every kv head.
+            assert_eq!((cast.grid, dkdv.grid), ((75, 8, 2), (4, 2, 2)));
+            assert!(atomic_dq(&a, AttnPath::Mma128));
+        }
+        // With dSᵀ's tile beside the exchange: still one block per SM on Hopper.
+        let [_, dkdv, _] = backward(&a, ElemType::Bf16, AttnPath::Mma128, true);
+        assert_eq!(dkdv.shared, 123 * 1024);
+        // CUDA cores keep the deterministic passes.
+        let [_, dq, dkdv] = backward(&a, ElemType::F32, AttnPath::Simt, false);
+        assert_eq!((pass(&dq).0, pass(&dkdv).0), (AttnPass::Dq, AttnPass::DkDv));
+        assert!(!atomic_dq(&a, AttnPath::Simt));
+    }
 }
