@@ -14,9 +14,9 @@
 //! two `cp.async` stages, the next tile's copy overlapping the current tile's products.
 use super::abi::{DKDV_THREADS, MMA_KEYS, MMA_ROWS, Params, THREADS, dkdv_stage_bytes_sm90};
 use super::mma::{commit, red_add, wait_all};
-use super::tc::{each, probs_and_ds, store_row};
+use super::tc::{each, probs_and_ds, row_stats, store_row};
 use super::wgmma::{self, load_tile, mn_product, pv, scores, wait32, wait64};
-use super::{Half, Score, Seq, block_y, block_z, exp2, lse_offset, lse2_for_backward, offset};
+use super::{Half, Score, Seq, block_y, block_z, exp2, lse_offset, offset};
 use crate::{block_idx, grid_dim, sync_threads, thread_idx};
 use core::arch::asm;
 
@@ -76,19 +76,9 @@ pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
         load_tile::<D, THREADS4>(sdo, d_o, p.d_o.token as usize, ROWS, rows_left, tid);
     }
     commit();
-    let mut stats = [(f32::INFINITY, 0.0f32); 2];
-    each::<2>(|r| {
-        let i = m0 + (16 * warp + g + 8 * r) as i64;
-        if i < s.sq {
-            let at = lse_offset(p, b, h, s.q_start + i as usize);
-            // SAFETY: the row exists; lse and delta span every row.
-            stats[r] = unsafe {
-                (
-                    lse2_for_backward(*(p.lse as *const f32).add(at)),
-                    *(p.delta as *const f32).add(at),
-                )
-            };
-        }
+    let stats: [_; 2] = core::array::from_fn(|r| {
+        let [lse2, delta] = unsafe { row_stats(p, &s, b, h, m0 + (16 * warp + g + 8 * r) as i64) };
+        (lse2, delta)
     });
     let k_base = p.k.ptr + 2 * offset(&p.k, b, s.k_start, hk) as u64;
     let v_base = p.v.ptr + 2 * offset(&p.v, b, s.k_start, hk) as u64;
@@ -267,16 +257,7 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize, const DQ: bool>(p: &Params) {
         // The tile's statistics, by plain stores: read after the barrier that the tile's
         // copies wait for. Rows past the sequence get probability 0.
         if tid < ROWS {
-            let i = i0 + tid;
-            *stats_of(stage).add(tid) = if (i as i64) < s.sq {
-                let at = lse_offset(p, b, h, s.q_start + i);
-                [
-                    lse2_for_backward(*(p.lse as *const f32).add(at)),
-                    *(p.delta as *const f32).add(at),
-                ]
-            } else {
-                [f32::INFINITY, 0.0]
-            };
+            *stats_of(stage).add(tid) = row_stats(p, &s, b, h, (i0 + tid) as i64);
         }
     };
     if steps > 0 {

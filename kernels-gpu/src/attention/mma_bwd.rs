@@ -10,9 +10,9 @@ use super::mma::{
     wait_one_pending,
 };
 use super::tc::{
-    each, lane_parts, last_first, mma_abt, mma_pb, probs_and_ds, shared_base, store_row,
+    each, lane_parts, last_first, mma_abt, mma_pb, probs_and_ds, row_stats, shared_base, store_row,
 };
-use super::{Half, Score, Seq, block_y, block_z, lse_offset, lse2_for_backward, offset};
+use super::{Half, Score, Seq, block_y, block_z, lse_offset, offset};
 use crate::{block_idx, sync_threads, thread_idx};
 
 /// Threads of a four-warp block (dQ) and of an eight-warp block (dK/dV).
@@ -155,19 +155,9 @@ pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
     }
     commit();
     let (sq, sdo) = (base, base + (64 * D * 2) as u32);
-    let mut stats = [(f32::INFINITY, 0.0f32); 2];
-    each::<2>(|r| {
-        let i = m0 + (16 * warp + g + 8 * r) as i64;
-        if i < s.sq {
-            let at = lse_offset(p, b, h, s.q_start + i as usize);
-            // SAFETY: the row exists; lse and delta span every row.
-            stats[r] = unsafe {
-                (
-                    lse2_for_backward(*(p.lse as *const f32).add(at)),
-                    *(p.delta as *const f32).add(at),
-                )
-            };
-        }
+    let stats: [_; 2] = core::array::from_fn(|r| {
+        let [lse2, delta] = unsafe { row_stats(p, &s, b, h, m0 + (16 * warp + g + 8 * r) as i64) };
+        (lse2, delta)
     });
     let stages = base + (2 * 64 * D * 2) as u32;
     let k_base = p.k.ptr + 2 * offset(&p.k, b, s.k_start, hk) as u64;
@@ -343,16 +333,7 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize, const DQ: bool>(p: &Params) {
         // copies wait for. Rows past the sequence get probability 0.
         if tid < QT {
             let stats = smem.add(stats_at(stage)) as *mut [f32; 2];
-            let i = i0 + tid;
-            *stats.add(tid) = if (i as i64) < s.sq {
-                let at = lse_offset(p, b, h, s.q_start + i);
-                [
-                    lse2_for_backward(*(p.lse as *const f32).add(at)),
-                    *(p.delta as *const f32).add(at),
-                ]
-            } else {
-                [f32::INFINITY, 0.0]
-            };
+            *stats.add(tid) = row_stats(p, &s, b, h, (i0 + tid) as i64);
         }
     };
     if steps > 0 {

@@ -11,7 +11,7 @@ use super::abi::{MMA_ROWS, Params, THREADS, fwd_key_tile};
 #[cfg(not(target_feature = "sm_90a"))]
 use super::mma::{Lanes, ldmatrix_x4, ldmatrix_x4_trans, mma, wait_one_pending};
 use super::mma::{commit, shared_addr, wait_all};
-use super::{Half, Score, Seq, block_y, block_z, exp2, lse_of, lse_offset};
+use super::{Half, Score, Seq, block_y, block_z, exp2, lse_of, lse_offset, lse2_for_backward};
 use super::{all_lanes, offset, safe_max, shfl_xor};
 use crate::{block_idx, grid_dim, sync_threads, thread_idx};
 
@@ -349,6 +349,26 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
             }
         }
     });
+}
+
+/// Query row `i` (of sequence `b`, head `h`) as the backward weighs it: its log-sum-exp in
+/// log2 units and its delta; `[+∞, 0]` for a row past the sequence (probability 0).
+///
+/// # Safety
+/// `lse` and `delta` span every row of the call.
+#[inline(always)]
+pub(super) unsafe fn row_stats(p: &Params, s: &Seq, b: usize, h: usize, i: i64) -> [f32; 2] {
+    if i < s.sq {
+        let at = lse_offset(p, b, h, s.q_start + i as usize);
+        unsafe {
+            [
+                lse2_for_backward(*(p.lse as *const f32).add(at)),
+                *(p.delta as *const f32).add(at),
+            ]
+        }
+    } else {
+        [f32::INFINITY, 0.0]
+    }
 }
 
 /// The probabilities and dS of a warp's score tile, in place: `sc` holds `q·k` and becomes
