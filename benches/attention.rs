@@ -2,9 +2,7 @@
 //! events (median of 20 after 3 warm-up runs), as TFLOP/s on `4·B·Hq·Sq·Sk·d` forward FLOPs
 //! (half of that causal) and 2.5× those backward, at the shapes `scripts/gpu/attention_anchors.py`
 //! times PyTorch SDPA (flash) and FlexAttention on: B = 4, Hq = 16, Hkv = 4, bf16, seq 2048
-//! and 8192, head_dim 128 and 64, causal and not; the backward in both summation orders
-//! (`attn_bwd`: deterministic, the default; `attn_bwd_atomic_dq`:
-//! `AttentionArgs::with_deterministic(false)`). `LIGER_BENCH_ATTN=small` runs seq 2048 only.
+//! and 8192, head_dim 128 and 64, causal and not. `LIGER_BENCH_ATTN=small` runs seq 2048 only.
 //! Without a GPU it prints one line and exits 0.
 use half::bf16;
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, sys::CUevent_flags};
@@ -87,18 +85,12 @@ fn main() {
                     )
                     .expect("backward")
                 });
-                let atomic = args.with_deterministic(false);
-                let bwd_atomic = time_ms(&stream, || {
-                    attention_backward(
-                        &stream, &atomic, &q, &k, &v, &o, &d_o, &lse, &mut dq, &mut dk, &mut dv,
-                    )
-                    .expect("backward")
-                });
                 let c = if causal { "causal" } else { "full" };
                 println!("attn_fwd,{s},{d},{c},{fwd:.3},{:.1}", flops / fwd / 1e9);
-                for (op, ms) in [("attn_bwd", bwd), ("attn_bwd_atomic_dq", bwd_atomic)] {
-                    println!("{op},{s},{d},{c},{ms:.3},{:.1}", 2.5 * flops / ms / 1e9);
-                }
+                println!(
+                    "attn_bwd,{s},{d},{c},{bwd:.3},{:.1}",
+                    2.5 * flops / bwd / 1e9
+                );
             }
         }
     }

@@ -279,10 +279,6 @@ struct Config {
     mode: Mode,
     /// `--plot FILE.svg`: where to draw the loss curves.
     plot: Option<String>,
-    /// `--attn-dq deterministic|atomic`: the liger-rs run's attention backward order
-    /// (`liger_rs::candle::flash_attn::set_deterministic`; atomic is flash-attention 2's and
-    /// PyTorch SDPA's).
-    attn_deterministic: bool,
 }
 
 /// Which runs to make.
@@ -314,7 +310,6 @@ impl Config {
             cpu: false,
             mode: Mode::Both,
             plot: None,
-            attn_deterministic: true,
         }
     }
 
@@ -416,13 +411,6 @@ impl Config {
                     }
                 }
                 "--plot" => cfg.plot = Some(value.clone()),
-                "--attn-dq" => {
-                    cfg.attn_deterministic = match value.as_str() {
-                        "deterministic" => true,
-                        "atomic" => false,
-                        _ => return Err(format!("--attn-dq {value}: deterministic or atomic")),
-                    }
-                }
                 _ => return Err(format!("unknown flag {flag}")),
             }
         }
@@ -867,7 +855,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
                 "usage: train_llama [--cpu] [--size small|llama] [--dtype f32|bf16|f16] \
                  [--mode both|candle|liger] [--steps N] [--layers N] [--hidden N] [--heads N] [--kv-heads N] \
                  [--intermediate N] [--vocab N] [--seq N] [--batch N] [--lr X] [--warmup N] \
-                 [--seed N] [--plot FILE.svg] [--attn-dq deterministic|atomic]"
+                 [--seed N] [--plot FILE.svg]"
             );
             std::process::exit(2);
         }
@@ -886,8 +874,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let head_dim = cfg.head_dim();
     println!(
         "{} layers, hidden {}, {} query / {} key-value heads of {head_dim}, intermediate {}, \
-         vocab {}; batch {} × {} tokens; {} steps of AdamW (lr {}, {} warm-up); {:?} on {}; \
-         liger-rs attention backward: {}",
+         vocab {}; batch {} × {} tokens; {} steps of AdamW (lr {}, {} warm-up); {:?} on {}",
         cfg.layers,
         cfg.hidden,
         cfg.heads,
@@ -900,12 +887,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         cfg.lr,
         cfg.warmup,
         cfg.dtype,
-        if cfg.cpu { "the CPU" } else { "GPU 0" },
-        if cfg.attn_deterministic {
-            "deterministic"
-        } else {
-            "atomic dQ"
-        }
+        if cfg.cpu { "the CPU" } else { "GPU 0" }
     );
     let init = initial_weights(&cfg);
     let params: usize = init.iter().map(|(_, _, v)| v.len()).sum();
@@ -926,7 +908,6 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         runs.push(train::<CandleNn>(&cfg, &init, &task, &dev)?);
     }
     if cfg.mode != Mode::Candle {
-        liger_rs::candle::flash_attn::set_deterministic(cfg.attn_deterministic);
         runs.push(train::<LigerRs>(&cfg, &init, &task, &dev)?);
     }
     if let Some(path) = &cfg.plot {

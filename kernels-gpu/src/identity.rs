@@ -153,11 +153,6 @@ names! {
         Dq = "bwd_dq",
         /// The backward's dK and dV, each block over every query head of its group.
         DkDv = "bwd_dkdv",
-        /// [`AttnPass::DkDv`] that also adds each block's share of dQ into an f32 sum by
-        /// atomics (the nondeterministic backward, no dQ pass).
-        DkDvDq = "bwd_dkdv_dq",
-        /// dQ from that f32 sum: scaled and rounded to the element type.
-        DqCast = "bwd_dq_cast",
     }
 }
 

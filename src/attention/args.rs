@@ -86,14 +86,6 @@ pub struct AttentionArgs {
     pub v: Strides,
     /// The layout of dq, dk and dv written by the backward.
     pub grads: [Strides; 3],
-    /// The backward's summation order (default `true`): every gradient element summed in a
-    /// fixed order, so runs give the same bits (dQ in a pass of its own, which recomputes the
-    /// scores). `false`, on the tensor-core path, lets the dK/dV pass also add each key
-    /// block's share of dQ into an f32 scratch sum by atomics, as flash-attention 2 and
-    /// PyTorch's SDPA do: one pass over the scores fewer (BENCHMARKS.md, "Attention", has the
-    /// gain), dq's last bits varying from run to run. The CUDA-core path is always
-    /// deterministic.
-    pub deterministic: bool,
 }
 
 /// Tokens, heads and elements of each tensor of a call, for its checks.
@@ -192,7 +184,6 @@ impl AttentionArgs {
             k,
             v: k,
             grads: [q, k, k],
-            deterministic: true,
         }
     }
 
@@ -269,12 +260,6 @@ impl AttentionArgs {
     /// buffer shaped as the QKV projection.
     pub fn with_grad_strides(mut self, dq: Strides, dk: Strides, dv: Strides) -> Self {
         self.grads = [dq, dk, dv];
-        self
-    }
-
-    /// The backward's summation order ([`AttentionArgs::deterministic`]).
-    pub fn with_deterministic(mut self, deterministic: bool) -> Self {
-        self.deterministic = deterministic;
         self
     }
 

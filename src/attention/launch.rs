@@ -20,7 +20,6 @@ pub(crate) struct Ptrs {
     pub(crate) dv: u64,
     pub(crate) lse: u64,
     pub(crate) delta: u64,
-    pub(crate) dq_accum: u64,
     pub(crate) cu_seqlens_q: u64,
     pub(crate) cu_seqlens_k: u64,
 }
@@ -54,7 +53,6 @@ pub(crate) fn params(args: &AttentionArgs, p: &Ptrs) -> Params {
         dv: tensor(p.dv, &args.grads[2], packed),
         lse: p.lse,
         delta: p.delta,
-        dq_accum: p.dq_accum,
         lse_batch,
         lse_head,
         cu_seqlens_q: p.cu_seqlens_q,

@@ -141,16 +141,9 @@ fn backward<T: Dtype>(
     );
     let sm90 = crate::module::kernels(stream.context())?.sm90;
     let steps = plan::backward(args, T::ELEM, path, sm90);
-    // Σ dO·O per query row and, with atomic dQ, dQ's f32 sum: stream-ordered scratch, freed
-    // behind the launches.
+    // Σ dO·O per query row: stream-ordered scratch, freed behind the launches.
     let delta = stream.alloc_zeros::<f32>(args.lse_len().max(1))?;
     let (delta_ptr, _delta_use) = delta.device_ptr(stream);
-    let accum_len = match plan::atomic_dq(args, path) {
-        true => args.lse_len() * args.head_dim,
-        false => 0,
-    };
-    let accum = stream.alloc_zeros::<f32>(accum_len.max(1))?;
-    let (dq_accum, _accum_use) = accum.device_ptr(stream);
     let ptrs = Ptrs {
         q,
         k,
@@ -162,13 +155,11 @@ fn backward<T: Dtype>(
         dv,
         lse,
         delta: delta_ptr,
-        dq_accum,
         cu_seqlens_q: cq,
         cu_seqlens_k: ck,
     };
-    // SAFETY: as in `forward`; `delta` spans every query row, `accum` (with atomic dQ) every
-    // row at head_dim columns, and both live until the launches are queued (their frees are
-    // ordered behind them on the stream).
+    // SAFETY: as in `forward`; `delta` spans every query row and lives until the launches
+    // are queued (its free is ordered behind them on the stream).
     unsafe { launch::run(stream, &steps, &launch::params(args, &ptrs)) }
 }
 
@@ -252,14 +243,11 @@ pub fn attention_forward_varlen<T: Dtype>(
 /// (times the softcap's `1 − tanh²`), `dq = scale · ds·k`, `dk = scale · dsᵀ·q`; dk and dv
 /// are summed over the query heads of each key/value head's group.
 ///
-/// Deterministic by default: every gradient element is summed by one thread in a fixed order
-/// (dK/dV blocks walk every query head of their group; no atomics), so runs give the same
-/// bits. With [`AttentionArgs::with_deterministic`]`(false)` the tensor-core path adds dQ by
-/// f32 atomics in the dK/dV pass instead of recomputing the scores in a dQ pass of its own
-/// (faster; dq varies in its last bits from run to run). Three launches; the per-row
-/// `Σ dO·O` (f32, one value per query row and head) and, with atomic dQ, the f32 sum of dQ
-/// (`lse_len · head_dim` values) are scratch allocated on `stream` for the call and freed
-/// behind it, stream-ordered (graph capture records them as allocation nodes). dq, dk and dv take the layouts `args.grads` names
+/// Deterministic: every gradient element is summed by one thread in a fixed order (dK/dV
+/// blocks walk every query head of their group; no atomics), so runs give the same bits.
+/// Three launches; the per-row `Σ dO·O` (f32, one value per query row and head) is scratch
+/// allocated on `stream` for the call and freed behind it, stream-ordered (graph capture
+/// records it as an allocation node). dq, dk and dv take the layouts `args.grads` names
 /// (contiguous by default) and must not overlap any input or each other.
 ///
 /// # Errors

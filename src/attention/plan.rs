@@ -1,8 +1,8 @@
 //! Which kernels an attention call runs, on which grids: a pure function of the arguments,
 //! the element type and the buffers' alignment, unit-tested without a GPU.
 use super::abi::{
-    DKDV_THREADS, MMA_KEYS, MMA_ROWS, SIMT_ROWS, THREADS, dkdv_shared_bytes,
-    dkdv_shared_bytes_sm90, dq_shared_bytes, dq_shared_bytes_sm90, fwd_shared_bytes,
+    DKDV_THREADS, MMA_KEYS, MMA_ROWS, SIMT_ROWS, THREADS, dkdv_shared_bytes, dq_shared_bytes,
+    dq_shared_bytes_sm90, fwd_shared_bytes,
 };
 use super::args::AttentionArgs;
 use crate::identity::{AttnPass, AttnPath, ElemType, Kernel};
@@ -82,18 +82,10 @@ pub(crate) fn forward(args: &AttentionArgs, elem: ElemType, path: AttnPath) -> S
     }
 }
 
-/// Whether the backward adds dQ by atomics in its dK/dV pass: on the tensor-core path when
-/// the arguments ask for the nondeterministic order. It then needs an f32 sum of dQ, zeroed
-/// before the launches.
-pub(crate) fn atomic_dq(args: &AttentionArgs, path: AttnPath) -> bool {
-    !args.deterministic && path != AttnPath::Simt
-}
-
 /// The backward: the preprocessing (`Σ dO·O` per query row), then dQ over blocks of query
-/// rows and dK/dV over blocks of key rows (each over its group's query heads); with
-/// [`atomic_dq`], dK/dV with dQ's shares added into its f32 sum, then dQ cast from that sum.
-/// `sm90`: the sm_90a build's kernels are in use, whose tensor-core dQ and dK/dV kernels
-/// (`wgmma`) take other tiles, so other shared memory, than the sm_80 build's (`mma.sync`).
+/// rows and dK/dV over blocks of key rows (each over its group's query heads). `sm90`: the
+/// sm_90a build's kernels are in use, whose tensor-core dQ kernel (`wgmma`) takes other tiles,
+/// so other shared memory, than the sm_80 build's (`mma.sync`).
 pub(crate) fn backward(
     args: &AttentionArgs,
     elem: ElemType,
@@ -107,46 +99,29 @@ pub(crate) fn backward(
     };
     let kernel = |pass, path| Kernel::Attention { pass, path, elem };
     let (hq, hkv, b) = (args.heads_q as u32, args.heads_kv as u32, args.batch as u32);
-    let simt_rows = |pass| Step {
-        kernel: kernel(pass, AttnPath::Simt),
-        grid: (blocks(args.seqlen_q, SIMT_ROWS), hq, b),
-        threads: THREADS,
-        shared: 0,
-    };
-    let atomic = atomic_dq(args, path);
-    let dkdv = Step {
-        kernel: kernel(
-            if atomic {
-                AttnPass::DkDvDq
-            } else {
-                AttnPass::DkDv
-            },
-            path,
-        ),
-        grid: (blocks(args.seqlen_k, keys), hkv, b),
-        threads: if path == AttnPath::Simt {
-            THREADS
-        } else {
-            DKDV_THREADS
-        },
-        shared: match path {
-            AttnPath::Simt => 0,
-            _ if sm90 => dkdv_shared_bytes_sm90(args.head_dim as u32, atomic),
-            _ => dkdv_shared_bytes(args.head_dim as u32),
-        },
-    };
-    if atomic {
-        return [simt_rows(AttnPass::Prep), dkdv, simt_rows(AttnPass::DqCast)];
-    }
     [
-        simt_rows(AttnPass::Prep),
+        Step {
+            kernel: kernel(AttnPass::Prep, AttnPath::Simt),
+            grid: (blocks(args.seqlen_q, SIMT_ROWS), hq, b),
+            threads: THREADS,
+            shared: 0,
+        },
         Step {
             kernel: kernel(AttnPass::Dq, path),
             grid: (blocks(args.seqlen_q, rows), hq, b),
             threads: THREADS,
             shared: shared(path, [dq_shared_bytes, dq_shared_bytes_sm90][sm90 as usize]),
         },
-        dkdv,
+        Step {
+            kernel: kernel(AttnPass::DkDv, path),
+            grid: (blocks(args.seqlen_k, keys), hkv, b),
+            threads: if path == AttnPath::Simt {
+                THREADS
+            } else {
+                DKDV_THREADS
+            },
+            shared: shared(path, dkdv_shared_bytes),
+        },
     ]
 }
 
@@ -162,10 +137,7 @@ pub(crate) mod tests {
                 let args = AttentionArgs::new(1, 1, 1, 1, 1, d);
                 let path = path(&args, elem, &[0], &[d]);
                 v.push(forward(&args, elem, path).kernel);
-                for deterministic in [true, false] {
-                    let args = args.with_deterministic(deterministic);
-                    v.extend(backward(&args, elem, path, false).map(|s| s.kernel));
-                }
+                v.extend(backward(&args, elem, path, false).map(|s| s.kernel));
             }
         }
         v.sort_by_key(|k| k.name());
@@ -239,34 +211,18 @@ pub(crate) mod tests {
             let [pre, dq, dkdv] = backward(&a, ElemType::F16, AttnPath::Mma64, sm90);
             assert_eq!((pre.grid.0, dq.grid.0, dkdv.grid.0), (0, 0, 1));
         }
-        // The `wgmma` kernels at head_dim 128: two dQ blocks per SM (Q, dO and two stages of
-        // 64-key K and V tiles), one dK/dV block of two warpgroups.
-        let [_, dq, dkdv] = backward(&a, ElemType::Bf16, AttnPath::Mma128, true);
-        assert_eq!((dq.shared, dkdv.shared), (97 * 1024, 115 * 1024));
-    }
-
-    #[test]
-    fn atomic_dq_replaces_the_dq_pass_on_tensor_cores_only() {
-        let a = AttentionArgs::new(2, 300, 200, 8, 2, 128).with_deterministic(false);
-        let pass = |s: &Step| match s.kernel {
-            Kernel::Attention { pass, path, .. } => (pass, path),
-            k => panic!("{k:?}"),
+        // The `wgmma` dQ kernel: Q, dO and two stages of 64-key K and V tiles (two blocks per
+        // SM at head_dim 128); the `mma.sync` one takes 32-key tiles at 128.
+        let dq = |d, sm90| {
+            backward(
+                &AttentionArgs::new(1, 8, 8, 1, 1, d),
+                ElemType::Bf16,
+                mma_path(d).unwrap(),
+                sm90,
+            )[1]
+            .shared
         };
-        for sm90 in [false, true] {
-            let [pre, dkdv, cast] = backward(&a, ElemType::Bf16, AttnPath::Mma128, sm90);
-            assert_eq!(pass(&pre), (AttnPass::Prep, AttnPath::Simt));
-            assert_eq!(pass(&dkdv), (AttnPass::DkDvDq, AttnPath::Mma128));
-            assert_eq!(pass(&cast), (AttnPass::DqCast, AttnPath::Simt));
-            // The cast covers every query row; dK/dV every key block of every kv head.
-            assert_eq!((cast.grid, dkdv.grid), ((75, 8, 2), (4, 2, 2)));
-            assert!(atomic_dq(&a, AttnPath::Mma128));
-        }
-        // With dSᵀ's tile beside the exchange: still one block per SM on Hopper.
-        let [_, dkdv, _] = backward(&a, ElemType::Bf16, AttnPath::Mma128, true);
-        assert_eq!(dkdv.shared, 123 * 1024);
-        // CUDA cores keep the deterministic passes.
-        let [_, dq, dkdv] = backward(&a, ElemType::F32, AttnPath::Simt, false);
-        assert_eq!((pass(&dq).0, pass(&dkdv).0), (AttnPass::Dq, AttnPass::DkDv));
-        assert!(!atomic_dq(&a, AttnPath::Simt));
+        assert_eq!((dq(128, true), dq(64, true)), (97 * 1024, 49 * 1024));
+        assert_eq!((dq(128, false), dq(64, false)), (64 * 1024, 48 * 1024));
     }
 }

@@ -28,31 +28,10 @@ use candle_core::{
     CpuStorage, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor,
 };
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use super::qkv_attn::flash_attn_qkv;
 
 const OP: &str = "flash-attn";
-
-/// The backward's summation order of the calls made from now on ([`set_deterministic`]).
-static DETERMINISTIC: AtomicBool = AtomicBool::new(true);
-
-/// Sets the summation order of the backward of every attention call of this module
-/// ([`flash_attn`] and its kin, [`flash_attn_bhtd`], [`flash_attn_qkv`]) built from now on in
-/// this process; each call keeps the order in force when its forward ran. `true` (the
-/// default): bitwise deterministic. `false`: on tensor cores dQ is summed by atomics in the
-/// dK/dV pass, as flash-attention 2 and PyTorch's SDPA do, which saves a pass over the scores
-/// and leaves dq's last bits varying from run to run
-/// ([`AttentionArgs::with_deterministic`]). The raw launchers take it per call through their
-/// arguments instead.
-pub fn set_deterministic(deterministic: bool) {
-    DETERMINISTIC.store(deterministic, Ordering::Relaxed);
-}
-
-/// The summation order new calls take ([`set_deterministic`]).
-pub fn deterministic() -> bool {
-    DETERMINISTIC.load(Ordering::Relaxed)
-}
 
 /// The scalar options of a call.
 #[derive(Debug, Clone, Copy)]
@@ -61,7 +40,6 @@ struct Options {
     window_left: Option<usize>,
     window_right: Option<usize>,
     softcap: f32,
-    deterministic: bool,
 }
 
 /// A packed batch's offsets and longest sequences.
@@ -141,7 +119,6 @@ impl FlashAttn {
                     .with_scale(o.scale)
                     .with_window(o.window_left, o.window_right)
                     .with_softcap(o.softcap)
-                    .with_deterministic(o.deterministic)
                     .with_strides(
                         strides("q", q, true)?,
                         strides("k", k, true)?,
@@ -153,7 +130,6 @@ impl FlashAttn {
             .with_scale(o.scale)
             .with_window(o.window_left, o.window_right)
             .with_softcap(o.softcap)
-            .with_deterministic(o.deterministic)
             .with_strides(
                 strides("q", q, packed)?,
                 strides("k", k, packed)?,
@@ -496,7 +472,6 @@ fn options(
         window_left,
         window_right,
         softcap,
-        deterministic: deterministic(),
     }
 }
 

@@ -25,8 +25,6 @@ struct QkvAttn {
     heads_kv: usize,
     scale: f32,
     causal: bool,
-    /// The backward's summation order ([`super::flash_attn::set_deterministic`]).
-    deterministic: bool,
     /// `cos`, `sin` `[rows ≥ t, d/2]` (detached), or none.
     rope: Option<(Tensor, Tensor)>,
     saved: Mutex<Option<[Tensor; 2]>>,
@@ -67,7 +65,6 @@ impl QkvAttn {
             .with_scale(self.scale)
             .with_window(None, self.causal.then_some(0))
             .with_strides(s, s, s)
-            .with_deterministic(self.deterministic)
     }
 
     /// RoPE over `b·t` rows of `heads` heads, `stride` elements apart (half-width tables).
@@ -331,7 +328,6 @@ pub fn flash_attn_qkv(
         heads_kv,
         scale: softmax_scale,
         causal,
-        deterministic: super::flash_attn::deterministic(),
         rope,
         saved: Mutex::new(None),
     };

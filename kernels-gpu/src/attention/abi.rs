@@ -49,9 +49,6 @@ pub struct Params {
     /// f32 `Σ_e dO·O` of each query row (the backward's preprocessing writes it), laid out as
     /// `lse`.
     pub delta: u64,
-    /// f32 `[rows of lse, head_dim]`: the sum of dQ (before the scale) that the dK/dV kernel
-    /// with dQ adds into by atomics (row `r` of `lse` at `r · head_dim`), 0 otherwise.
-    pub dq_accum: u64,
     /// Elements between batches of `lse` and `delta` (0 in a packed batch).
     pub lse_batch: u64,
     /// Elements between heads of `lse` and `delta`.
@@ -154,23 +151,4 @@ pub const fn dkdv_shared_bytes(head_dim: u32) -> u32 {
 /// start them 1024-byte aligned.
 pub const fn dq_shared_bytes_sm90(head_dim: u32) -> u32 {
     6 * MMA_ROWS * head_dim * 2 + 1024
-}
-
-/// Bytes of one stage of the sm_90a build's dK/dV kernel: a Q and a dO tile of [`MMA_ROWS`]
-/// queries, then their log-sum-exp (log2 units) and delta values (f32), padded to keep the
-/// next stage 1024-byte aligned.
-pub const fn dkdv_stage_bytes_sm90(head_dim: u32) -> u32 {
-    2 * MMA_ROWS * head_dim * 2 + 1024
-}
-
-/// Bytes of dynamic shared memory of the sm_90a build's dK/dV kernel (two warpgroups, 64 key
-/// rows): the block's K and V tiles, two stages ([`dkdv_stage_bytes_sm90`]), the exchange of
-/// a 64 × 64 f32 product between the warpgroups, with `dq` the step's 16-bit dSᵀ tile, and
-/// 1 KiB of alignment slack.
-pub const fn dkdv_shared_bytes_sm90(head_dim: u32, dq: bool) -> u32 {
-    2 * MMA_KEYS * head_dim * 2
-        + 2 * dkdv_stage_bytes_sm90(head_dim)
-        + MMA_KEYS * 64 * 4
-        + if dq { MMA_KEYS * 64 * 2 } else { 0 }
-        + 1024
 }

@@ -13,6 +13,7 @@
 //! `r` at chunk `c ^ (r % 8)`: the eight rows an `ldmatrix` matrix reads at one logical chunk
 //! then fall in eight different bank groups (no conflicts), as do `cp.async` writes.
 use super::Half;
+use super::tc::each;
 use core::arch::asm;
 
 /// `d = a·b + d` on one m16n8k16 tile (bf16 or f16 operands, f32 accumulators).
@@ -164,19 +165,7 @@ impl Lanes {
     /// `lane % 8 + 8·(lane / 16)`, chunks `2kk + (lane / 8) % 2`.
     #[inline(always)]
     pub(crate) fn b<const D: usize>(lane: usize) -> Self {
-        Self::b_from::<D>(lane, 0)
-    }
-
-    /// As [`Lanes::b`], chunk pairs counted from `first` (see [`Lanes::bt_from`]): read with
-    /// `ldmatrix.trans`, the A fragments of a tile's transpose (row block `first` of it).
-    #[inline(always)]
-    pub(crate) fn b_from<const D: usize>(lane: usize, first: usize) -> Self {
-        Self::new::<D>(
-            lane,
-            (lane & 7) + ((lane >> 4) << 3),
-            (lane >> 3) & 1,
-            first,
-        )
+        Self::new::<D>(lane, (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1, 0)
     }
 
     /// B fragments from k-major rows (`ldmatrix.trans`): lane rows `lane % 16` ordered
@@ -258,15 +247,62 @@ pub(crate) unsafe fn load_rows<const D: usize, const N: usize>(
     }
 }
 
-/// Adds `v` to the f32 at `ptr` in global memory (`red.global.add.f32`, relaxed, device scope):
-/// the order of concurrent adds varies, so their sum may vary in its last bits.
-///
-/// # Safety
-/// `ptr` is a 4-byte aligned global address of a writable f32.
+/// `acc[n] += A · Bᵀ` for the `n8` n-tiles (8 rows each) of a `D`-wide tile of B rows, A given
+/// by `a(kk)` per k-step: B rows are the n dimension, their elements the k dimension
+/// (`ldmatrix` without transposition: K for scores, V for dP, Q or dO for the dK/dV kernel's
+/// transposed scores).
 #[inline(always)]
-pub(crate) unsafe fn red_add(ptr: *mut f32, v: f32) {
-    unsafe {
-        asm!("red.global.add.f32 [{p}], {v};", p = in(reg64) ptr, v = in(reg32) v,
-             options(nostack))
-    };
+pub(crate) unsafe fn mma_abt<T: Half, const D: usize>(
+    acc: &mut [[f32; 4]; 8],
+    tile: u32,
+    lane: usize,
+    n8: usize,
+    mut a: impl FnMut(usize) -> [u32; 4],
+) {
+    let l = Lanes::b::<D>(lane);
+    each::<8>(|kk| {
+        if kk < D / 16 {
+            let af = a(kk);
+            each::<4>(|np| {
+                if np < n8 / 2 {
+                    let b = unsafe { ldmatrix_x4(l.at::<D>(tile, np, kk)) };
+                    mma::<T>(&mut acc[2 * np], &af, b[0], b[1]);
+                    mma::<T>(&mut acc[2 * np + 1], &af, b[2], b[3]);
+                }
+            });
+        }
+    });
+}
+
+#[cfg(not(target_feature = "sm_90a"))]
+/// `acc[n] += P · B` over `k16` k-steps of 16 rows of a `D`-wide tile of B rows (the k
+/// dimension; their elements the n dimension: `ldmatrix.trans`), with P's accumulator tiles
+/// `p` (two per k-step) packed to 16 bits as the A operand.
+#[inline(always)]
+pub(crate) unsafe fn mma_pb<T: Half, const D: usize>(
+    acc: &mut [[f32; 4]; 16],
+    p: &[[f32; 4]; 8],
+    tile: u32,
+    lane: usize,
+    k16: usize,
+) {
+    let l = Lanes::bt::<D>(lane);
+    each::<4>(|kk| {
+        if kk < k16 {
+            let (lo, hi) = (&p[2 * kk], &p[2 * kk + 1]);
+            let a = [
+                T::pack2(lo[0], lo[1]),
+                T::pack2(lo[2], lo[3]),
+                T::pack2(hi[0], hi[1]),
+                T::pack2(hi[2], hi[3]),
+            ];
+            each::<8>(|dp| {
+                if dp < D / 16 {
+                    let b = unsafe { ldmatrix_x4_trans(l.at::<D>(tile, kk, dp)) };
+                    mma::<T>(&mut acc[2 * dp], &a, b[0], b[1]);
+                    mma::<T>(&mut acc[2 * dp + 1], &a, b[2], b[3]);
+                }
+            });
+        }
+    });
 }

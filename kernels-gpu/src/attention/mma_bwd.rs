@@ -1,21 +1,22 @@
-//! The tensor-core backward of the sm_80 build (`mma.sync` m16n8k16): dQ with four warps per
-//! block of 64 query rows, dK/dV with eight warps per block of 64 key rows, which trade P and
-//! dS through shared memory ([`dkdv`]).
-use super::abi::{
-    DKDV_QUERY_TILE, DKDV_THREADS, MMA_KEYS, MMA_ROWS, Params, THREADS, dkdv_stage_bytes,
-    dq_key_tile,
-};
+//! The tensor-core backward on `mma.sync` m16n8k16: dK/dV with eight warps per block of 64 key
+//! rows, which trade P and dS through shared memory ([`dkdv`]; both builds), and dQ with four
+//! warps per block of 64 query rows (the sm_80 build's).
+use super::abi::{DKDV_QUERY_TILE, DKDV_THREADS, MMA_KEYS, Params, dkdv_stage_bytes};
+#[cfg(not(target_feature = "sm_90a"))]
+use super::abi::{MMA_ROWS, THREADS, dq_key_tile};
 use super::mma::{
-    Lanes, commit, ldmatrix_x4, ldmatrix_x4_trans, load_tile, mma, red_add, swizzled, wait_all,
-    wait_one_pending,
+    Lanes, commit, ldmatrix_x4, ldmatrix_x4_trans, load_tile, mma, mma_abt, swizzled, wait_all,
 };
-use super::tc::{
-    each, lane_parts, last_first, mma_abt, mma_pb, probs_and_ds, row_stats, shared_base, store_row,
-};
-use super::{Half, Score, Seq, block_y, block_z, lse_offset, offset};
+#[cfg(not(target_feature = "sm_90a"))]
+use super::mma::{mma_pb, wait_one_pending};
+#[cfg(not(target_feature = "sm_90a"))]
+use super::tc::{last_first, store_row};
+use super::tc::{each, lane_parts, probs_and_ds, row_stats, shared_base};
+use super::{Half, Score, Seq, block_y, block_z, offset};
 use crate::{block_idx, sync_threads, thread_idx};
 
-/// Threads of a four-warp block (dQ) and of an eight-warp block (dK/dV).
+/// Threads of a four-warp block (dQ, the sm_80 build's) and of an eight-warp block (dK/dV).
+#[cfg(not(target_feature = "sm_90a"))]
 const WARPS4: usize = THREADS as usize;
 const WARPS8: usize = DKDV_THREADS as usize;
 
@@ -112,10 +113,12 @@ unsafe fn store_rows32<T: Half, const N: usize>(
     });
 }
 
-/// dQ of a block of [`MMA_ROWS`] query rows of one head.
+/// dQ of a block of [`MMA_ROWS`] query rows of one head (the sm_80 build's; the sm_90a build
+/// takes `hopper::dq`).
 ///
 /// # Safety
 /// As the entry points'.
+#[cfg(not(target_feature = "sm_90a"))]
 #[inline(always)]
 pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
     const { assert!(D == 64 || D == 128) };
@@ -251,14 +254,10 @@ pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
 /// tiles with A from shared memory instead of 16 × 128 ones that re-read K and V at every
 /// 16-query step.
 ///
-/// With `DQ` (the nondeterministic backward) a third phase takes dQ's share of the block's
-/// keys: warp `w` computes `dS·K` for 16 queries (`16·w`) and the whole head, A read
-/// transposed from the dSᵀ tile, and adds it into `dq_accum` by atomics.
-///
 /// # Safety
 /// As the entry points'.
 #[inline(always)]
-pub(crate) unsafe fn dkdv<T: Half, const D: usize, const DQ: bool>(p: &Params) {
+pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
     const { assert!(D == 64 || D == 128) };
     const QT: usize = DKDV_QUERY_TILE as usize;
     const KEYS: usize = MMA_KEYS as usize;
@@ -402,13 +401,6 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize, const DQ: bool>(p: &Params) {
             let tile = (kh, pairs * quarter, pairs);
             mma_rows32::<T, QT, D, 2>([&mut dv, &mut dk], [sp, sds], [sdo, sq], tile, lane);
         }
-        if DQ {
-            let h = hk * group + step / tiles;
-            // Rows of one head and sequence are consecutive rows of the sum.
-            let rows = lse_offset(p, b, h, s.q_start + i0) * D;
-            let rows = unsafe { (p.dq_accum as *mut f32).add(rows) };
-            unsafe { add_dq::<T, D>(rows, (sds, sk), s.sq as usize - i0, warp) };
-        }
         step += 1;
         stage ^= 1;
     }
@@ -429,47 +421,4 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize, const DQ: bool>(p: &Params) {
             },
         );
     }
-}
-
-/// `dS·K` for a warp's 16 queries (`16·warp` of the step's tile) over the block's 64 keys and
-/// the whole head, added into the f32 rows of `D` at `rows` (the tile's; `valid` of them in
-/// the sequence): A from the dSᵀ tile at `sds` (keys × [`DKDV_QUERY_TILE`] queries, read
-/// transposed), B the K tile at `sk`.
-///
-/// # Safety
-/// The tiles are written and visible; `rows` has `valid` rows of `D` f32.
-#[inline(always)]
-unsafe fn add_dq<T: Half, const D: usize>(
-    rows: *mut f32,
-    (sds, sk): (u32, u32),
-    valid: usize,
-    warp: usize,
-) {
-    const QT: usize = DKDV_QUERY_TILE as usize;
-    let (lane, g, c) = lane_parts();
-    // The warp's queries are row block `warp` of the transpose: folded into the lane's offsets
-    // (indexing them by it would put them in local memory).
-    let (la, lb) = (Lanes::b_from::<QT>(lane, warp), Lanes::bt::<D>(lane));
-    // 16 columns of the head at a time: more accumulators spill at head_dim 128.
-    each::<8>(|part| {
-        if part < D / 16 {
-            let mut q = [[0.0f32; 4]; 2];
-            each::<4>(|kk| {
-                let a = unsafe { ldmatrix_x4_trans(la.at::<QT>(sds, kk, 0)) };
-                let bf = unsafe { ldmatrix_x4_trans(lb.at::<D>(sk, kk, part)) };
-                mma::<T>(&mut q[0], &a, bf[0], bf[1]);
-                mma::<T>(&mut q[1], &a, bf[2], bf[3]);
-            });
-            each::<2>(|r| {
-                let i = 16 * warp + g + 8 * r;
-                if i < valid {
-                    let row = unsafe { rows.add(i * D + 16 * part + 2 * c) };
-                    each::<2>(|dt| unsafe {
-                        red_add(row.add(8 * dt), q[dt][2 * r]);
-                        red_add(row.add(8 * dt + 1), q[dt][2 * r + 1]);
-                    });
-                }
-            });
-        }
-    });
 }

@@ -137,26 +137,6 @@ pub(crate) unsafe fn prep<T: Elem>(p: &Params) {
     }
 }
 
-/// dQ of one query row from its f32 sum (`dq_accum`, which the dK/dV kernel with dQ adds
-/// into): `scale ·` the sum, rounded to the element type, in dq's layout.
-///
-/// # Safety
-/// As the entry points'.
-#[inline(always)]
-pub(crate) unsafe fn dq_cast<T: Elem>(p: &Params) {
-    let (i, lane) = row_and_lane();
-    let (b, h) = (block_z(), block_y());
-    let s = unsafe { Seq::of(p, b) };
-    if i as i64 >= s.sq {
-        return;
-    }
-    let d = p.head_dim as usize;
-    let tok = s.q_start + i;
-    let mut v = unsafe { load::<f32>(p.dq_accum, lse_offset(p, b, h, tok) * d, d, lane) };
-    unroll::<PER_LANE>(|k| v[k] *= p.scale);
-    unsafe { store::<T>(p.dq.ptr, offset(&p.dq, b, tok, h), d, lane, &v) };
-}
-
 /// What the backward reads of query row `tok` of head `h`: this lane's elements of q and dO,
 /// and the row's log-sum-exp (log2 units, as the backward subtracts it) and delta.
 ///

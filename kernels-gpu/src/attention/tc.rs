@@ -9,7 +9,7 @@
 //! dS) are rounded to the element type before they meet V, dO, K or Q in a product.
 use super::abi::{MMA_ROWS, Params, THREADS, fwd_key_tile};
 #[cfg(not(target_feature = "sm_90a"))]
-use super::mma::{Lanes, ldmatrix_x4, ldmatrix_x4_trans, mma, wait_one_pending};
+use super::mma::{Lanes, ldmatrix_x4, mma_abt, mma_pb, wait_one_pending};
 use super::mma::{commit, shared_addr, wait_all};
 use super::{Half, Score, Seq, block_y, block_z, exp2, lse_of, lse_offset, lse2_for_backward};
 use super::{all_lanes, offset, safe_max, shfl_xor};
@@ -62,67 +62,6 @@ unsafe fn a_frags<const D: usize>(tile: u32, warp: usize, lane: usize) -> [[u32;
         }
     });
     f
-}
-
-#[cfg(not(target_feature = "sm_90a"))]
-/// `acc[n] += A · Bᵀ` for the `n8` n-tiles (8 rows each) of a `D`-wide tile of B rows, A given
-/// by `a(kk)` per k-step: B rows are the n dimension, their elements the k dimension
-/// (`ldmatrix` without transposition: K for scores, V for dP, Q or dO for the dK/dV kernel's
-/// transposed scores).
-#[inline(always)]
-pub(super) unsafe fn mma_abt<T: Half, const D: usize>(
-    acc: &mut [[f32; 4]; 8],
-    tile: u32,
-    lane: usize,
-    n8: usize,
-    mut a: impl FnMut(usize) -> [u32; 4],
-) {
-    let l = Lanes::b::<D>(lane);
-    each::<8>(|kk| {
-        if kk < D / 16 {
-            let af = a(kk);
-            each::<4>(|np| {
-                if np < n8 / 2 {
-                    let b = unsafe { ldmatrix_x4(l.at::<D>(tile, np, kk)) };
-                    mma::<T>(&mut acc[2 * np], &af, b[0], b[1]);
-                    mma::<T>(&mut acc[2 * np + 1], &af, b[2], b[3]);
-                }
-            });
-        }
-    });
-}
-
-#[cfg(not(target_feature = "sm_90a"))]
-/// `acc[n] += P · B` over `k16` k-steps of 16 rows of a `D`-wide tile of B rows (the k
-/// dimension; their elements the n dimension: `ldmatrix.trans`), with P's accumulator tiles
-/// `p` (two per k-step) packed to 16 bits as the A operand.
-#[inline(always)]
-pub(super) unsafe fn mma_pb<T: Half, const D: usize>(
-    acc: &mut [[f32; 4]; 16],
-    p: &[[f32; 4]; 8],
-    tile: u32,
-    lane: usize,
-    k16: usize,
-) {
-    let l = Lanes::bt::<D>(lane);
-    each::<4>(|kk| {
-        if kk < k16 {
-            let (lo, hi) = (&p[2 * kk], &p[2 * kk + 1]);
-            let a = [
-                T::pack2(lo[0], lo[1]),
-                T::pack2(lo[2], lo[3]),
-                T::pack2(hi[0], hi[1]),
-                T::pack2(hi[2], hi[3]),
-            ];
-            each::<8>(|dp| {
-                if dp < D / 16 {
-                    let b = unsafe { ldmatrix_x4_trans(l.at::<D>(tile, kk, dp)) };
-                    mma::<T>(&mut acc[2 * dp], &a, b[0], b[1]);
-                    mma::<T>(&mut acc[2 * dp + 1], &a, b[2], b[3]);
-                }
-            });
-        }
-    });
 }
 
 /// Stores rows `g` (`r = 0`) or `g + 8` (`r = 1`) of a warp's `D`-wide accumulator, times

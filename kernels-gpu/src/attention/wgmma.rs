@@ -121,12 +121,11 @@ macro_rules! wait_with {
     };
 }
 
-/// `acc (64×64) = acc·[accumulate] + A·B` for one k-step: A (64×16) and B (16×64) read from
-/// shared memory through the descriptors `a` and `b`, both K-major (`$trans` "0, 0": B stored
-/// as 64 rows of k) or both MN-major ("1, 1": A stored as 16 rows of M, B as 16 rows of N).
+/// `acc (64×64) = acc·[accumulate] + A·B` for one k-step: A (64×16) and B (16×64, stored as
+/// 64 rows of k) read from shared memory through the K-major descriptors `a` and `b`.
 macro_rules! ss_n64 {
-    ($name:ident, $ty:literal, $trans:literal, $first:literal $($i:literal)*) => {
-        /// One `wgmma` m64n64k16 with both operands in shared memory.
+    ($name:ident, $ty:literal, $first:literal $($i:literal)*) => {
+        /// One `wgmma` m64n64k16 with both operands K-major in shared memory.
         ///
         /// # Safety
         /// `a` and `b` describe landed, proxy-fenced tiles; every thread of the warpgroup
@@ -141,7 +140,7 @@ macro_rules! ss_n64 {
                         "{{ .reg .pred p; setp.ne.b32 p, {z}, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32.",
                         $ty, ".", $ty, " {{{", stringify!($first), "}"
                         $(, ", {", stringify!($i), "}")*,
-                        "}}, {a}, {b}, p, 1, 1, ", $trans, "; }}"
+                        "}}, {a}, {b}, p, 1, 1, 0, 0; }}"
                     ),
                     inout(reg32) d[$first], $(inout(reg32) d[$i],)*
                     a = in(reg64) a, b = in(reg64) b, z = in(reg32) accumulate as u32,
@@ -198,10 +197,8 @@ macro_rules! regs64 {
 
 regs32!(wait_with, wait32, 32);
 regs64!(wait_with, wait64, 64);
-regs32!(ss_n64, ss_n64_bf16, "bf16", "0, 0");
-regs32!(ss_n64, ss_n64_f16, "f16", "0, 0");
-regs32!(ss_n64, ss_tt_n64_bf16, "bf16", "1, 1");
-regs32!(ss_n64, ss_tt_n64_f16, "f16", "1, 1");
+regs32!(ss_n64, ss_n64_bf16, "bf16");
+regs32!(ss_n64, ss_n64_f16, "f16");
 regs32!(rs, rs_n64_bf16, "m64n64k16", "bf16", 32);
 regs32!(rs, rs_n64_f16, "m64n64k16", "f16", 32);
 regs64!(rs, rs_n128_bf16, "m64n128k16", "bf16", 64);
@@ -269,28 +266,6 @@ pub(crate) unsafe fn pv<T: Half, const D: usize>(
                 } else {
                     rs_n64_f16(half, &a[kk], b)
                 }
-            }
-        }
-    });
-    commit();
-}
-
-/// `acc (64×64) = A·B` over 64 k: A (64 × 64) and B (64 × 64) both MN-major tiles of 64 rows
-/// (the k dimension) at `a` and `b` (dSᵀ stored key-major and a 64-column block of K, for
-/// `dQ = dS·K`). Issued and committed, not waited for.
-///
-/// # Safety
-/// As [`ss_tt_n64_bf16`].
-#[inline(always)]
-pub(crate) unsafe fn mn_product<T: Half>(acc: &mut [[f32; 4]; 8], a: u32, b: u32) {
-    fence();
-    each::<4>(|kk| {
-        let (a, b) = (mn_major(a, 64, kk), mn_major(b, 64, kk));
-        unsafe {
-            if T::IS_BF16 {
-                ss_tt_n64_bf16(acc, a, b, kk > 0)
-            } else {
-                ss_tt_n64_f16(acc, a, b, kk > 0)
             }
         }
     });
