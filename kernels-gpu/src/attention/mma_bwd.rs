@@ -9,9 +9,9 @@ use super::mma::{
 };
 #[cfg(not(target_feature = "sm_90a"))]
 use super::mma::{mma_pb, wait_one_pending};
+use super::tc::{each, lane_parts, probs_and_ds, row_stats, shared_base};
 #[cfg(not(target_feature = "sm_90a"))]
 use super::tc::{last_first, store_row};
-use super::tc::{each, lane_parts, probs_and_ds, row_stats, shared_base};
 use super::{Half, Score, Seq, block_y, block_z, offset};
 use crate::{block_idx, sync_threads, thread_idx};
 
