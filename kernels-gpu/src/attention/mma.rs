@@ -274,10 +274,10 @@ pub(crate) unsafe fn mma_abt<T: Half, const D: usize>(
     });
 }
 
-#[cfg(not(target_feature = "sm_90a"))]
 /// `acc[n] += P · B` over `k16` k-steps of 16 rows of a `D`-wide tile of B rows (the k
 /// dimension; their elements the n dimension: `ldmatrix.trans`), with P's accumulator tiles
-/// `p` (two per k-step) packed to 16 bits as the A operand.
+/// `p` (two per k-step) packed to 16 bits as the A operand (the sm_80 build's forward and dQ).
+#[cfg(not(target_feature = "sm_90a"))]
 #[inline(always)]
 pub(crate) unsafe fn mma_pb<T: Half, const D: usize>(
     acc: &mut [[f32; 4]; 16],
