@@ -22,9 +22,11 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
 
 /// The same kernels built for sm_90a (Hopper's architecture-specific target, which the driver
-/// loads on compute capability 9.0 only). The code is [`PTX`]'s but for the attention
-/// forward's two products, `wgmma.mma_async` of a warpgroup on shared-memory tiles laid out
-/// for its 128-byte swizzle (where [`PTX`] has `mma.sync` per warp), and the RMSNorm
+/// loads on compute capability 9.0 only). The code is [`PTX`]'s but for the products of the
+/// tensor-core attention forward and dQ kernels, `wgmma.mma_async` of a warpgroup on
+/// shared-memory tiles laid out for its 128-byte swizzle (where [`PTX`] has `mma.sync` per
+/// warp; the dQ kernel also steps 64 keys at a time, where [`PTX`]'s takes 32 at head_dim
+/// 128), and the RMSNorm
 /// backward's dW hand-off: the dW reduction starts with `griddepcontrol.wait`, as the host launches it as a
 /// programmatic dependent launch after the backward (its launch is processed while the
 /// backward runs, and its blocks start as the backward's last blocks exit, then wait there for
@@ -474,5 +476,21 @@ pub(crate) mod tests {
         // bf16, f16 `_vs1` / `_vs2` in four modes; f32 `_vs1` in three (no `llama_offset`);
         // RMSNorm's and the fused residual add's.
         assert_eq!(clustered, 2 * 19);
+    }
+
+    #[test]
+    fn the_sm90_build_multiplies_the_attention_forward_and_dq_with_wgmma() {
+        for (name, body) in entries(PTX_SM90) {
+            let tensor_cores =
+                name.starts_with("attn_fwd_mma") || name.starts_with("attn_bwd_dq_mma");
+            assert_eq!(body.contains("wgmma.mma_async"), tensor_cores, "{name}");
+            let mma_sync = name.starts_with("attn_bwd_dkdv_mma");
+            assert_eq!(body.contains("mma.sync"), mma_sync, "{name}");
+        }
+        for (name, body) in entries(PTX) {
+            assert!(!body.contains("wgmma"), "{name}");
+            let mma_sync = name.starts_with("attn_") && name.contains("_mma");
+            assert_eq!(body.contains("mma.sync"), mma_sync, "{name}");
+        }
     }
 }
