@@ -1,8 +1,8 @@
 //! Which kernels an attention call runs, on which grids: a pure function of the arguments,
 //! the element type and the buffers' alignment, unit-tested without a GPU.
 use super::abi::{
-    DKDV_THREADS, MMA_KEYS, MMA_ROWS, SIMT_ROWS, THREADS, dkdv_shared_bytes, dq_shared_bytes,
-    dq_shared_bytes_sm90, fwd_shared_bytes,
+    DKDV_THREADS, MMA_KEYS, MMA_ROWS, SIMT_ROWS, THREADS, dkdv_shared_bytes,
+    dkdv_shared_bytes_sm90, dq_shared_bytes, dq_shared_bytes_sm90, fwd_shared_bytes,
 };
 use super::args::AttentionArgs;
 use crate::identity::{AttnPass, AttnPath, ElemType, Kernel};
@@ -84,8 +84,9 @@ pub(crate) fn forward(args: &AttentionArgs, elem: ElemType, path: AttnPath) -> S
 
 /// The backward: the preprocessing (`Σ dO·O` per query row), then dQ over blocks of query
 /// rows and dK/dV over blocks of key rows (each over its group's query heads). `sm90`: the
-/// sm_90a build's kernels are in use, whose tensor-core dQ kernel (`wgmma`) takes other tiles,
-/// so other shared memory, than the sm_80 build's (`mma.sync`).
+/// sm_90a build's kernels are in use, whose tensor-core dQ and dK/dV kernels (`wgmma`, one
+/// warpgroup each) take other tiles, so other shared memory, than the sm_80 build's
+/// (`mma.sync`; dK/dV with eight warps).
 pub(crate) fn backward(
     args: &AttentionArgs,
     elem: ElemType,
@@ -115,12 +116,15 @@ pub(crate) fn backward(
         Step {
             kernel: kernel(AttnPass::DkDv, path),
             grid: (blocks(args.seqlen_k, keys), hkv, b),
-            threads: if path == AttnPath::Simt {
+            threads: if path == AttnPath::Simt || sm90 {
                 THREADS
             } else {
                 DKDV_THREADS
             },
-            shared: shared(path, dkdv_shared_bytes),
+            shared: shared(
+                path,
+                [dkdv_shared_bytes, dkdv_shared_bytes_sm90][sm90 as usize],
+            ),
         },
     ]
 }
@@ -204,7 +208,11 @@ pub(crate) mod tests {
             // Key blocks per key/value head.
             assert_eq!(dkdv.grid, (2, 4, 4));
             assert!(dkdv.shared > 48 * 1024 && dkdv.shared <= 227 * 1024);
-            assert_eq!((pre.threads, dq.threads, dkdv.threads), (128, 128, 256));
+            let dkdv_threads = if sm90 { 128 } else { 256 };
+            assert_eq!(
+                (pre.threads, dq.threads, dkdv.threads),
+                (128, 128, dkdv_threads)
+            );
             // No query rows: the forward and dQ have nothing to launch, dK/dV still zero the
             // keys.
             let a = AttentionArgs::new(2, 0, 5, 2, 2, 64);
@@ -224,5 +232,17 @@ pub(crate) mod tests {
         };
         assert_eq!((dq(128, true), dq(64, true)), (97 * 1024, 49 * 1024));
         assert_eq!((dq(128, false), dq(64, false)), (64 * 1024, 48 * 1024));
+        // The `wgmma` dK/dV kernel: K, V and two stages of Q and dO tiles with their statistics,
+        // two blocks per SM at head_dim 128.
+        let dkdv = |d| {
+            backward(
+                &AttentionArgs::new(1, 8, 8, 1, 1, d),
+                ElemType::Bf16,
+                mma_path(d).unwrap(),
+                true,
+            )[2]
+            .shared
+        };
+        assert_eq!((dkdv(128), dkdv(64)), (99 * 1024, 51 * 1024));
     }
 }

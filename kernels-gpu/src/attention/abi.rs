@@ -152,3 +152,17 @@ pub const fn dkdv_shared_bytes(head_dim: u32) -> u32 {
 pub const fn dq_shared_bytes_sm90(head_dim: u32) -> u32 {
     6 * MMA_ROWS * head_dim * 2 + 1024
 }
+
+/// Bytes of one stage of the sm_90a build's dK/dV kernel: a Q and a dO tile of [`MMA_ROWS`]
+/// queries, then their log-sum-exp (log2 units) and delta values (f32), padded to keep the
+/// next stage 1024-byte aligned.
+pub const fn dkdv_stage_bytes_sm90(head_dim: u32) -> u32 {
+    2 * MMA_ROWS * head_dim * 2 + 1024
+}
+
+/// Bytes of dynamic shared memory of the sm_90a build's dK/dV kernel (`wgmma`, one warpgroup,
+/// 64 key rows, 64-query steps): the block's K and V tiles, two stages
+/// ([`dkdv_stage_bytes_sm90`]) and 1 KiB of alignment slack.
+pub const fn dkdv_shared_bytes_sm90(head_dim: u32) -> u32 {
+    2 * MMA_KEYS * head_dim * 2 + 2 * dkdv_stage_bytes_sm90(head_dim) + 1024
+}

@@ -6,17 +6,17 @@
 //! one more product. Every product is a 64-row one whose accumulator fragments are
 //! `mma.sync`'s, so dS and the stores are [`super::tc`]'s code; each is waited for before its
 //! registers are read. (The dK/dV kernel is [`super::mma_bwd`]'s in both builds.)
-use super::abi::{MMA_ROWS, Params, THREADS};
+use super::abi::{MMA_KEYS, MMA_ROWS, Params, THREADS, dkdv_stage_bytes_sm90};
 use super::mma::{commit, wait_all};
 use super::tc::{each, probs_and_ds, row_stats, store_row};
 use super::wgmma::{self, load_tile, pv, scores, wait32, wait64};
-use super::{Half, Score, Seq, block_y, block_z, offset};
+use super::{Half, Score, Seq, block_y, block_z, exp2, offset};
 use crate::{block_idx, grid_dim, sync_threads, thread_idx};
 
 const THREADS4: usize = THREADS as usize;
 /// Rows of every tile: a warpgroup's product.
 const ROWS: usize = 64;
-const _: () = assert!(MMA_ROWS as usize == ROWS);
+const _: () = assert!(MMA_ROWS as usize == ROWS && MMA_KEYS as usize == ROWS);
 
 /// The block's dynamic shared memory, 1024-byte aligned for `wgmma`'s swizzle (the plan adds
 /// the slack).
@@ -137,6 +137,162 @@ pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
         if i < s.sq {
             let at = offset(&p.dq, b, s.q_start + i as usize, h);
             unsafe { store_row::<T, D>(&acc, r, p.scale, p.dq.ptr, at, c) };
+        }
+    });
+}
+
+/// The f32 pair packed by [`crate::f16x2`] (`lo` in the low half).
+#[inline(always)]
+fn unpack_f16x2(w: u32) -> (f32, f32) {
+    (
+        f16::from_bits(w as u16) as f32,
+        f16::from_bits((w >> 16) as u16) as f32,
+    )
+}
+
+/// dK and dV of a block of 64 key rows of one key/value head, over every query head of its
+/// group and every tile of 64 queries that sees them, summed in registers in that order: one
+/// warpgroup, each warp's 16 key rows holding their transposed products. A step computes
+/// `Sᵀ = K·Qᵀ` and Pᵀ, adds `dV += Pᵀ·dO` (Pᵀ the register A operand), then `dPᵀ = V·dOᵀ`,
+/// `dSᵀ = Pᵀ ∘ slope ∘ (dPᵀ − delta)` and `dK += dSᵀ·Q`. Between the two halves Pᵀ ∘ slope
+/// waits in registers as f16 pairs (relative error 2⁻¹¹, below the 16-bit rounding of dS that
+/// follows; P lies in [0, 1]), so a thread holds the two 64 × D accumulators, one 64 × 64
+/// product and 16 words at a time (f32 Pᵀ beside dPᵀ spilled at head_dim 128), which leaves
+/// two blocks per SM.
+///
+/// # Safety
+/// As the entry points'.
+#[inline(always)]
+pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
+    const { assert!(D == 64 || D == 128) };
+    let tid = thread_idx();
+    let (warp, g, c) = (tid >> 5, (tid & 31) >> 2, tid & 3);
+    let (b, hk) = (block_z(), block_y());
+    let s = unsafe { Seq::of(p, b) };
+    let n0 = (block_idx() * ROWS) as i64;
+    if n0 >= s.sk {
+        return;
+    }
+    let n1 = (n0 + ROWS as i64 - 1).min(s.sk - 1);
+    let group = (p.heads_q / p.heads_kv) as usize;
+    let score = Score::new(p);
+    let (base, smem) = base();
+    let tile = (ROWS * D * 2) as u32;
+    let (sk, sv, stages) = (base, base + tile, base + 2 * tile);
+    let stage_bytes = dkdv_stage_bytes_sm90(D as u32);
+    unsafe {
+        let at = s.k_start + n0 as usize;
+        let valid = (s.sk - n0) as usize;
+        let k = p.k.ptr + 2 * offset(&p.k, b, at, hk) as u64;
+        load_tile::<D, THREADS4>(sk, k, p.k.token as usize, ROWS, valid, tid);
+        let v = p.v.ptr + 2 * offset(&p.v, b, at, hk) as u64;
+        load_tile::<D, THREADS4>(sv, v, p.v.token as usize, ROWS, valid, tid);
+    }
+    let (lo, hi) = s.queries(n0, n1);
+    let first = (lo.max(0) as usize / ROWS) * ROWS;
+    let end = hi.max(0) as usize;
+    let tiles = if first < end {
+        (end - first).div_ceil(ROWS)
+    } else {
+        0
+    };
+    let steps = tiles * group;
+    let (qtok, dtok) = (p.q.token as usize, p.d_o.token as usize);
+    // Each stage: the Q tile, the dO tile, then the tile's log-sum-exp (log2 units) and delta.
+    let stats_of = |stage: u32| unsafe {
+        smem.add((4 * tile + stage * stage_bytes) as usize) as *mut [f32; 2]
+    };
+    let load = |step: usize, stage: u32| unsafe {
+        let h = hk * group + step / tiles;
+        let i0 = first + (step % tiles) * ROWS;
+        let at = stages + stage * stage_bytes;
+        let tok = s.q_start + i0;
+        let valid = s.sq as usize - i0;
+        let q = p.q.ptr + 2 * offset(&p.q, b, tok, h) as u64;
+        let d_o = p.d_o.ptr + 2 * offset(&p.d_o, b, tok, h) as u64;
+        load_tile::<D, THREADS4>(at, q, qtok, ROWS, valid, tid);
+        load_tile::<D, THREADS4>(at + tile, d_o, dtok, ROWS, valid, tid);
+        // The tile's statistics, by plain stores: read after the barrier that the tile's
+        // copies wait for.
+        if tid < ROWS {
+            *stats_of(stage).add(tid) = row_stats(p, &s, b, h, (i0 + tid) as i64);
+        }
+    };
+    if steps > 0 {
+        load(0, 0);
+    }
+    commit();
+    let (mut dk, mut dv) = ([[0.0f32; 4]; 16], [[0.0f32; 4]; 16]);
+    let key0 = n0 + (16 * warp + g) as i64;
+    let (mut step, mut stage) = (0, 0u32);
+    while step < steps {
+        // Also ends every warp's previous step, so the other stage is free to overwrite.
+        landed();
+        if step + 1 < steps {
+            load(step + 1, stage ^ 1);
+        }
+        commit();
+        let i0 = first + (step % tiles) * ROWS;
+        let (sq, sdo) = (
+            stages + stage * stage_bytes,
+            stages + stage * stage_bytes + tile,
+        );
+        let stats = stats_of(stage) as *const [f32; 2];
+        // Each thread's columns: queries i0 + 8·nt + 2c + {0, 1}.
+        let col = |nt: usize, e: usize| 8 * nt + 2 * c + (e & 1);
+        let mut x = [[0.0f32; 4]; 8];
+        unsafe { scores::<T, D>(&mut x, sk, sq) };
+        wait32(&mut x);
+        // Key rows past the sequence (zeros) need no mask: their dK and dV are not stored.
+        let masked = !s.all_allowed(i0 as i64, (i0 + ROWS - 1) as i64, n0, n1);
+        let lse2 = |nt: usize, e: usize| unsafe { (*stats.add(col(nt, e)))[0] };
+        // Pᵀ ∘ slope as f16 pairs: word `2·nt + r` holds row `g + 8r`'s two columns of tile `nt`.
+        let mut ps = [0u32; 16];
+        // One branch per tile, the common tile straight-line code (as the forward).
+        if !masked && score.plain() {
+            each::<8>(|nt| {
+                each::<4>(|e| x[nt][e] = exp2(crate::fma(x[nt][e], score.mul, -lse2(nt, e))));
+                each::<2>(|r| ps[2 * nt + r] = crate::f16x2(x[nt][2 * r], x[nt][2 * r + 1]));
+            });
+        } else {
+            each::<8>(|nt| {
+                let mut sl = [0.0f32; 4];
+                each::<4>(|e| {
+                    let (sc, slope) = score.with_slope(x[nt][e]);
+                    let i = (i0 + col(nt, e)) as i64;
+                    let seen = !masked || (i < s.sq && s.allows(i, key0 + 8 * (e >> 1) as i64));
+                    x[nt][e] = if seen { exp2(sc - lse2(nt, e)) } else { 0.0 };
+                    sl[e] = x[nt][e] * slope;
+                });
+                each::<2>(|r| ps[2 * nt + r] = crate::f16x2(sl[2 * r], sl[2 * r + 1]));
+            });
+        }
+        unsafe { pv::<T, D>(&mut dv, &x, sdo) };
+        wait64(&mut dv);
+        unsafe { scores::<T, D>(&mut x, sv, sdo) };
+        wait32(&mut x);
+        each::<8>(|nt| {
+            each::<2>(|r| {
+                let (lo, hi) = unpack_f16x2(ps[2 * nt + r]);
+                let delta = |e: usize| unsafe { (*stats.add(col(nt, e)))[1] };
+                x[nt][2 * r] = lo * (x[nt][2 * r] - delta(2 * r));
+                x[nt][2 * r + 1] = hi * (x[nt][2 * r + 1] - delta(2 * r + 1));
+            });
+        });
+        unsafe { pv::<T, D>(&mut dk, &x, sq) };
+        wait64(&mut dk);
+        step += 1;
+        stage ^= 1;
+    }
+    wait_all();
+    each::<2>(|r| {
+        let j = key0 + 8 * r as i64;
+        if j < s.sk {
+            let t = s.k_start + j as usize;
+            unsafe {
+                store_row::<T, D>(&dk, r, p.scale, p.dk.ptr, offset(&p.dk, b, t, hk), c);
+                store_row::<T, D>(&dv, r, 1.0, p.dv.ptr, offset(&p.dv, b, t, hk), c);
+            }
         }
     });
 }

@@ -250,7 +250,8 @@ pub(crate) unsafe fn load_rows<const D: usize, const N: usize>(
 /// `acc[n] += A · Bᵀ` for the `n8` n-tiles (8 rows each) of a `D`-wide tile of B rows, A given
 /// by `a(kk)` per k-step: B rows are the n dimension, their elements the k dimension
 /// (`ldmatrix` without transposition: K for scores, V for dP, Q or dO for the dK/dV kernel's
-/// transposed scores).
+/// transposed scores). The sm_80 build's (the forward, dQ and dK/dV).
+#[cfg(not(target_feature = "sm_90a"))]
 #[inline(always)]
 pub(crate) unsafe fn mma_abt<T: Half, const D: usize>(
     acc: &mut [[f32; 4]; 8],

@@ -1,22 +1,19 @@
-//! The tensor-core backward on `mma.sync` m16n8k16: dK/dV with eight warps per block of 64 key
-//! rows, which trade P and dS through shared memory ([`dkdv`]; both builds), and dQ with four
-//! warps per block of 64 query rows (the sm_80 build's).
-use super::abi::{DKDV_QUERY_TILE, DKDV_THREADS, MMA_KEYS, Params, dkdv_stage_bytes};
-#[cfg(not(target_feature = "sm_90a"))]
-use super::abi::{MMA_ROWS, THREADS, dq_key_tile};
-use super::mma::{
-    Lanes, commit, ldmatrix_x4, ldmatrix_x4_trans, load_tile, mma, mma_abt, swizzled, wait_all,
+//! The sm_80 build's tensor-core backward on `mma.sync` m16n8k16: dQ with four warps per
+//! block of 64 query rows, dK/dV with eight warps per block of 64 key rows, which trade P and
+//! dS through shared memory ([`dkdv`]). The sm_90a build's is `hopper`.
+use super::abi::{
+    DKDV_QUERY_TILE, DKDV_THREADS, MMA_KEYS, MMA_ROWS, Params, THREADS, dkdv_stage_bytes,
+    dq_key_tile,
 };
-#[cfg(not(target_feature = "sm_90a"))]
-use super::mma::{mma_pb, wait_one_pending};
-use super::tc::{each, lane_parts, probs_and_ds, row_stats, shared_base};
-#[cfg(not(target_feature = "sm_90a"))]
-use super::tc::{last_first, store_row};
+use super::mma::{
+    Lanes, commit, ldmatrix_x4, ldmatrix_x4_trans, load_tile, mma, mma_abt, mma_pb, swizzled,
+    wait_all, wait_one_pending,
+};
+use super::tc::{each, lane_parts, last_first, probs_and_ds, row_stats, shared_base, store_row};
 use super::{Half, Score, Seq, block_y, block_z, offset};
 use crate::{block_idx, sync_threads, thread_idx};
 
-/// Threads of a four-warp block (dQ, the sm_80 build's) and of an eight-warp block (dK/dV).
-#[cfg(not(target_feature = "sm_90a"))]
+/// Threads of a four-warp block (dQ) and of an eight-warp block (dK/dV).
 const WARPS4: usize = THREADS as usize;
 const WARPS8: usize = DKDV_THREADS as usize;
 
@@ -113,12 +110,10 @@ unsafe fn store_rows32<T: Half, const N: usize>(
     });
 }
 
-/// dQ of a block of [`MMA_ROWS`] query rows of one head (the sm_80 build's; the sm_90a build
-/// takes `hopper::dq`).
+/// dQ of a block of [`MMA_ROWS`] query rows of one head.
 ///
 /// # Safety
 /// As the entry points'.
-#[cfg(not(target_feature = "sm_90a"))]
 #[inline(always)]
 pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
     const { assert!(D == 64 || D == 128) };

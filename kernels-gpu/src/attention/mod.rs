@@ -11,25 +11,25 @@
 //!
 //! Two paths: [`simt`] (one warp per row, f32 in CUDA cores: any element type, head_dim up to
 //! 256, any alignment) and the tensor cores on 16-bit elements at head_dim 64 and 128
-//! (operands staged in shared memory by `cp.async`): [`tc`] (the forward) and [`mma_bwd`]
-//! (the backward, `mma.sync` m16n8k16 and `ldmatrix`), whose dQ kernel the sm_90a build takes
-//! from `hopper` (warpgroup `wgmma`). All apply the same masks through [`Seq`].
+//! (operands staged in shared memory by `cp.async`): [`tc`] (the forward) and the backward,
+//! `mma_bwd` (`mma.sync` m16n8k16 and `ldmatrix`) in the sm_80 build and `hopper`
+//! (warpgroup `wgmma`) in the sm_90a one. All apply the same masks through [`Seq`].
 pub mod abi;
 mod mma;
 mod simt;
 mod tc;
 #[cfg(target_feature = "sm_90a")]
 mod wgmma;
-// The tensor-core backward: dK/dV on `mma.sync` in both builds, dQ on `mma.sync` in the
-// sm_80 build and on `wgmma` in the sm_90a one (same entry points; the host plans dQ's shared
-// memory by the build).
+// The tensor-core backward: `mma.sync` in the sm_80 build, `wgmma` in the sm_90a one (same
+// entry points; the host plans blocks and shared memory by the build).
 #[cfg(target_feature = "sm_90a")]
 mod hopper;
+#[cfg(not(target_feature = "sm_90a"))]
 mod mma_bwd;
 #[cfg(target_feature = "sm_90a")]
-use hopper as tc_dq;
+use hopper as tc_bwd;
 #[cfg(not(target_feature = "sm_90a"))]
-use mma_bwd as tc_dq;
+use mma_bwd as tc_bwd;
 
 use crate::{Bf16, Elem};
 use abi::{Params, Tensor};
@@ -279,14 +279,14 @@ attn_kernels! {
     Forward Mma64 Bf16 => tc::forward::<Bf16, 64>;
     Forward Mma128 F16 => tc::forward::<f16, 128>;
     Forward Mma128 Bf16 => tc::forward::<Bf16, 128>;
-    Dq Mma64 F16 => tc_dq::dq::<f16, 64>;
-    Dq Mma64 Bf16 => tc_dq::dq::<Bf16, 64>;
-    Dq Mma128 F16 => tc_dq::dq::<f16, 128>;
-    Dq Mma128 Bf16 => tc_dq::dq::<Bf16, 128>;
-    DkDv Mma64 F16 => mma_bwd::dkdv::<f16, 64>;
-    DkDv Mma64 Bf16 => mma_bwd::dkdv::<Bf16, 64>;
-    DkDv Mma128 F16 => mma_bwd::dkdv::<f16, 128>;
-    DkDv Mma128 Bf16 => mma_bwd::dkdv::<Bf16, 128>;
+    Dq Mma64 F16 => tc_bwd::dq::<f16, 64>;
+    Dq Mma64 Bf16 => tc_bwd::dq::<Bf16, 64>;
+    Dq Mma128 F16 => tc_bwd::dq::<f16, 128>;
+    Dq Mma128 Bf16 => tc_bwd::dq::<Bf16, 128>;
+    DkDv Mma64 F16 => tc_bwd::dkdv::<f16, 64>;
+    DkDv Mma64 Bf16 => tc_bwd::dkdv::<Bf16, 64>;
+    DkDv Mma128 F16 => tc_bwd::dkdv::<f16, 128>;
+    DkDv Mma128 Bf16 => tc_bwd::dkdv::<Bf16, 128>;
 }
 
 /// A 16-bit element type of the tensor-core kernels.

@@ -5,7 +5,7 @@
 //! four lanes that share it (`shfl.xor` 1 and 2); its products are `mma.sync` m16n8k16 with f32
 //! accumulators (operands staged by `cp.async` and read by `ldmatrix`, [`super::mma`]) or, in
 //! the sm_90a build, `wgmma` (`super::wgmma`) on the same fragments. The backward is
-//! [`super::mma_bwd`] (`mma.sync`), with the sm_90a build's dQ from `super::hopper` (`wgmma`).
+//! `super::mma_bwd` (`mma.sync`) or, in the sm_90a build, `super::hopper` (`wgmma`).
 //! As FA2, probabilities (and dS) are rounded to the element type before they meet V, dO, K
 //! or Q in a product.
 use super::abi::{MMA_ROWS, Params, THREADS, fwd_key_tile};
