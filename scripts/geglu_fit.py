@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where the constants of kernels-gpu/src/geglu.rs come from, and how its accuracy was measured.
+"""Where the constants of kernels-gpu/src/glu/gelu.rs come from, and how its accuracy was measured.
 
     pip install numpy scipy mpmath
     python3 scripts/geglu_fit.py          # constants, then the error sweep (every f32 in ±[2⁻⁸, 16])
@@ -14,7 +14,7 @@ f32), fma as one rounding (exact product and sum in f64 rounded to odd, then to 
 rounded (the device's ex2.approx.f32 adds up to 2 ulp to that one value), divisions correctly
 rounded (div.rn.f32, and recip_1_2 gives the same bits).
 
-The full sweep (about 6 minutes) gave the table in kernels-gpu/src/geglu.rs: value 3.59 ulp
+The full sweep (about 6 minutes) gave the table in kernels-gpu/src/glu/gelu.rs: value 3.59 ulp
 (tanh) and 5.13 ulp (erf); gelu' 5.08 and 4.43 ulp of its larger term.
 """
 import sys

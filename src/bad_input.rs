@@ -7,8 +7,8 @@
 mod tables;
 
 use crate::Result;
+use crate::glu::launch as glu;
 use crate::rope::{Direction, TableRows, check_fused_disjoint, check_host_ids, fused_spec};
-use crate::swiglu;
 use crate::validate::{Seen, Table, check};
 use tables::*;
 
@@ -136,18 +136,18 @@ impl Check for Swiglu {
         fn with<const N: usize>(
             call: &Call<crate::SwigluArgs>,
             t_size: usize,
-            launcher: &swiglu::Launcher<N>,
+            launcher: &glu::Launcher<N>,
         ) -> Result<()> {
             let table = call.args.table(&launcher.buffers)?;
             run(table, call, t_size, |n| n, None).map(drop)
         }
         match self {
-            Swiglu::Forward => with(call, t_size, &swiglu::FORWARD),
-            Swiglu::ForwardFused => with(call, t_size, &swiglu::FORWARD_FUSED),
-            Swiglu::Backward => with(call, t_size, &swiglu::BACKWARD),
-            Swiglu::BackwardInplace => with(call, t_size, &swiglu::BACKWARD_INPLACE),
-            Swiglu::BackwardFused => with(call, t_size, &swiglu::BACKWARD_FUSED),
-            Swiglu::BackwardFusedInplace => with(call, t_size, &swiglu::BACKWARD_FUSED_INPLACE),
+            Swiglu::Forward => with(call, t_size, &glu::FORWARD),
+            Swiglu::ForwardFused => with(call, t_size, &glu::FORWARD_FUSED),
+            Swiglu::Backward => with(call, t_size, &glu::BACKWARD),
+            Swiglu::BackwardInplace => with(call, t_size, &glu::BACKWARD_INPLACE),
+            Swiglu::BackwardFused => with(call, t_size, &glu::BACKWARD_FUSED),
+            Swiglu::BackwardFusedInplace => with(call, t_size, &glu::BACKWARD_FUSED_INPLACE),
         }
     }
 }

@@ -120,7 +120,7 @@ mod dtype;
 mod embedding;
 mod error;
 mod fused_add_rms_norm;
-mod geglu;
+mod glu;
 // The device crate's file, as the package ships it (`packaging/kernels-gpu/` links to
 // `kernels-gpu/` in a checkout): the kernels' identities and shared constants, defined once.
 #[path = "../packaging/kernels-gpu/src/identity.rs"]
@@ -134,7 +134,6 @@ mod rms_norm;
 mod rope;
 mod scratch;
 mod settings;
-mod swiglu;
 #[cfg(test)]
 #[path = "../tests/common/skip.rs"]
 #[allow(dead_code)] // the unit tests skip for want of a GPU or an H200, never for their shapes
@@ -169,9 +168,13 @@ pub use fused_add_rms_norm::{
     fused_add_rms_norm_backward, fused_add_rms_norm_backward_inplace, fused_add_rms_norm_forward,
     fused_add_rms_norm_forward_inplace,
 };
-pub use geglu::{
+pub use glu::{
     Gelu, geglu_backward, geglu_backward_fused, geglu_backward_fused_inplace,
     geglu_backward_inplace, geglu_forward, geglu_forward_fused,
+};
+pub use glu::{
+    SwigluArgs, swiglu_backward, swiglu_backward_fused, swiglu_backward_fused_inplace,
+    swiglu_backward_inplace, swiglu_forward, swiglu_forward_fused,
 };
 pub use half;
 pub use mode::CastingMode;
@@ -182,10 +185,6 @@ pub use rope::{
     rope_forward, rope_forward_fused, rope_forward_into,
 };
 pub use settings::{LaunchSettings, MAX_FUSED_SIZE, calculate_settings};
-pub use swiglu::{
-    SwigluArgs, swiglu_backward, swiglu_backward_fused, swiglu_backward_fused_inplace,
-    swiglu_backward_inplace, swiglu_forward, swiglu_forward_fused,
-};
 
 /// The README's Rust snippets, compiled as doc tests with the `candle` feature that its candle
 /// snippets need (`cargo test --features candle`, which CI runs).

@@ -404,7 +404,7 @@ pub(crate) mod tests {
         let launchable: BTreeSet<String> = [
             crate::rms_norm::tests::launchable_kernels(),
             crate::rope::tests::launchable_kernels(),
-            crate::swiglu::tests::launchable_kernels(),
+            crate::glu::plan::tests::launchable_kernels(),
             crate::attention::plan::tests::launchable_kernels(),
             crate::cross_entropy::plan::tests::launchable_kernels(),
             crate::adamw::plan::tests::launchable_kernels(),

@@ -71,9 +71,9 @@ names! {
         RmsNorm = "rms_norm",
         /// RoPE (`kernels-gpu/src/rope.rs`).
         Rope = "rope",
-        /// SwiGLU (`kernels-gpu/src/swiglu.rs`).
+        /// SwiGLU (`kernels-gpu/src/glu/`, [`Gate::Silu`]).
         Swiglu = "swiglu",
-        /// GEGLU (`kernels-gpu/src/geglu.rs`), on SwiGLU's kernels with GELU as the gate.
+        /// GEGLU (`kernels-gpu/src/glu/`, GELU's [`Gate`]s).
         Geglu = "geglu",
         /// Attention (`kernels-gpu/src/attention/`).
         Attention = "attn",
@@ -287,8 +287,18 @@ names! {
 }
 
 names! {
-    /// A SwiGLU kernel's path and, for vectors, its grid: the variant part of its name.
-    pub enum SwigluPath / swiglu_path_name {
+    /// What a GLU kernel computes: the second part of its entry name.
+    pub enum GluPass / glu_pass_name {
+        /// The forward `c = T(T(act(a·gm))·b)`.
+        Forward = "fwd",
+        /// The backward: `da` and `db` from `dc`.
+        Backward = "bwd",
+    }
+}
+
+names! {
+    /// A GLU kernel's path and, for vectors, its grid: the variant part of its name.
+    pub enum GluPath / glu_path_name {
         /// Any alignment, any shape (no name part).
         Scalar = "",
         /// 16-byte vectors on a resident grid, grid-stride over tiles.
@@ -299,12 +309,25 @@ names! {
 }
 
 names! {
-    /// A GEGLU kernel's form of GELU: the last part of its name.
-    pub enum GeluForm / gelu_form_name {
-        /// The tanh approximation (PyTorch's `approximate="tanh"`).
-        Tanh = "tanh",
-        /// The exact GELU through the normal CDF (PyTorch's `approximate="none"`).
-        Erf = "erf",
+    /// A GLU kernel's gate: SiLU (the op SwiGLU, no last name part) or a form of GELU (the op
+    /// GEGLU, the form its last part).
+    pub enum Gate / gate_name {
+        /// SiLU: SwiGLU.
+        Silu = "",
+        /// GELU's tanh approximation (PyTorch's `approximate="tanh"`): GEGLU.
+        GeluTanh = "tanh",
+        /// The exact GELU through the normal CDF (PyTorch's `approximate="none"`): GEGLU.
+        GeluErf = "erf",
+    }
+}
+
+impl Gate {
+    /// The op whose kernels take this gate: the first part of their names.
+    pub const fn op(self) -> Op {
+        match self {
+            Gate::Silu => Op::Swiglu,
+            Gate::GeluTanh | Gate::GeluErf => Op::Geglu,
+        }
     }
 }
 
@@ -354,25 +377,16 @@ pub enum Kernel {
         /// The cos/sin rows.
         rows: Rows,
     },
-    /// A SwiGLU forward or backward.
-    Swiglu {
-        /// [`Direction::Forward`] or [`Direction::Backward`].
-        direction: Direction,
+    /// A GLU forward or backward: SwiGLU or GEGLU, by its gate.
+    Glu {
+        /// The gate (and so the op).
+        gate: Gate,
+        /// The pass.
+        pass: GluPass,
         /// The path.
-        path: SwigluPath,
+        path: GluPath,
         /// The element type.
         elem: ElemType,
-    },
-    /// A GEGLU forward or backward: SwiGLU's paths with GELU in place of SiLU.
-    Geglu {
-        /// [`Direction::Forward`] or [`Direction::Backward`].
-        direction: Direction,
-        /// The path.
-        path: SwigluPath,
-        /// The element type.
-        elem: ElemType,
-        /// The form of GELU.
-        form: GeluForm,
     },
     /// A cross-entropy row kernel.
     CrossEntropy {
@@ -420,7 +434,8 @@ pub enum Kernel {
 /// A kernel's entry name from its parts, at compile time: the twin of [`Kernel::name`] for
 /// `export_name`. `kernel_name!(RmsNorm, Forward, Whole 2, Bf16, Llama)`,
 /// `kernel_name!(RmsNorm, DwReduce, F32)`, `kernel_name!(Rope, Backward, General, F16, IdsI32)`,
-/// `kernel_name!(Swiglu, Forward, Scalar, F32)`, `kernel_name!(Geglu, Backward, Whole, Bf16, Erf)`;
+/// `kernel_name!(Glu, Silu, Forward, Scalar, F32)`, `kernel_name!(Glu, GeluErf, Backward, Whole, Bf16)`
+/// (a gate other than `Silu` is GELU's, whose op is GEGLU);
 /// values as in the enums. Both crates mount
 /// this file as `crate::identity`.
 #[allow(unused_macros)]
@@ -447,22 +462,22 @@ macro_rules! kernel_name {
             op_name(Rope), direction_name($dir), rope_path_name($path), elem_name($elem),
             rows_name($rows))
     };
-    (Swiglu, $dir:ident, Scalar, $elem:ident) => {
+    (Glu, Silu, $pass:ident, Scalar, $elem:ident) => {
         $crate::identity::kernel_name!(@join
-            op_name(Swiglu), direction_name($dir), elem_name($elem))
+            op_name(Swiglu), glu_pass_name($pass), elem_name($elem))
     };
-    (Swiglu, $dir:ident, $path:ident, $elem:ident) => {
+    (Glu, Silu, $pass:ident, $path:ident, $elem:ident) => {
         $crate::identity::kernel_name!(@join
-            op_name(Swiglu), direction_name($dir), swiglu_path_name($path), elem_name($elem))
+            op_name(Swiglu), glu_pass_name($pass), glu_path_name($path), elem_name($elem))
     };
-    (Geglu, $dir:ident, Scalar, $elem:ident, $form:ident) => {
+    (Glu, $gate:ident, $pass:ident, Scalar, $elem:ident) => {
         $crate::identity::kernel_name!(@join
-            op_name(Geglu), direction_name($dir), elem_name($elem), gelu_form_name($form))
+            op_name(Geglu), glu_pass_name($pass), elem_name($elem), gate_name($gate))
     };
-    (Geglu, $dir:ident, $path:ident, $elem:ident, $form:ident) => {
+    (Glu, $gate:ident, $pass:ident, $path:ident, $elem:ident) => {
         $crate::identity::kernel_name!(@join
-            op_name(Geglu), direction_name($dir), swiglu_path_name($path), elem_name($elem),
-            gelu_form_name($form))
+            op_name(Geglu), glu_pass_name($pass), glu_path_name($path), elem_name($elem),
+            gate_name($gate))
     };
     (Attention, $pass:ident, Simt, $elem:ident) => {
         $crate::identity::kernel_name!(@join
@@ -563,28 +578,17 @@ impl Kernel {
                 elem.name(),
                 rows.name(),
             ],
-            Kernel::Swiglu {
-                direction,
+            Kernel::Glu {
+                gate,
+                pass,
                 path,
                 elem,
             } => [
-                Op::Swiglu.name(),
-                direction.name(),
+                gate.op().name(),
+                pass.name(),
                 path.name(),
                 elem.name(),
-                "",
-            ],
-            Kernel::Geglu {
-                direction,
-                path,
-                elem,
-                form,
-            } => [
-                Op::Geglu.name(),
-                direction.name(),
-                path.name(),
-                elem.name(),
-                form.name(),
+                gate.name(),
             ],
             Kernel::CrossEntropy { pass, path, elem } => [
                 Op::CrossEntropy.name(),
@@ -671,27 +675,4 @@ pub mod rope {
             _ => 4,
         }
     }
-}
-
-/// Constants of the SwiGLU kernels (and GEGLU's, which are SwiGLU's with another gate).
-pub mod swiglu {
-    /// Elements per thread per tile of the scalar kernels.
-    pub const ITEMS: usize = 4;
-    /// 16-byte vectors of each operand per thread per tile of the forward `_v` kernels.
-    pub const FWD_VECS: usize = 3;
-    /// The same for the backward `_v` kernels.
-    pub const BWD_VECS: usize = 3;
-    /// 16-byte vectors of each operand per thread of the forward `_vw` kernels: with no next
-    /// tile in registers they fit more than the `_v` kernels' [`FWD_VECS`].
-    pub const FWD_VECS_TILE: usize = 4;
-    /// Bytes of each vector of the backward `_vw` kernels (every element type). On an H200,
-    /// 8 bytes per thread per operand measured the highest DRAM throughput for this
-    /// five-stream pattern of every width (4, 8, 16 bytes), vector count (1, 2, 4) and block
-    /// size (128, 256) tried: +0.9 % (f32 16384×8192) and +1.5 % (bf16 2048×14336) over two
-    /// 16-byte vectors, level for 16-bit 16384×14336. The forward measured 1–6 % lower with
-    /// it and keeps 16 bytes.
-    pub const BWD_TILE_VECTOR_BYTES: usize = 8;
-    /// Vectors of [`BWD_TILE_VECTOR_BYTES`] of each operand per thread of the backward `_vw`
-    /// kernels.
-    pub const BWD_VECS_TILE: usize = 1;
 }

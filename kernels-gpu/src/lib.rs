@@ -23,12 +23,11 @@ pub mod adamw;
 pub mod attention;
 pub mod cross_entropy;
 pub mod embedding;
-pub mod geglu;
+pub mod glu;
 pub mod identity;
 mod math;
 pub mod rms_norm;
 pub mod rope;
-pub mod swiglu;
 
 use core::arch::{asm, nvptx};
 use identity::ElemType;

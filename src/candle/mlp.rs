@@ -12,7 +12,7 @@ use super::linear::matmul;
 use super::swiglu::{GluOp, glu_fused_backward};
 use super::{SwigluConfig, tensor};
 use crate::Gelu;
-use crate::swiglu::Glu;
+use crate::identity::Gate;
 use candle_core::backend::BackendStorage;
 use candle_core::op::BackpropOp;
 use candle_core::{
@@ -23,12 +23,12 @@ use std::sync::Mutex;
 /// A backend's storage as the node needs it: the GLU forward on it, and a graph-free tensor
 /// over it (to keep for the backward).
 trait Backend: BackendStorage {
-    fn glu(op: &GluOp, gate_up: &Self, layout: &Layout) -> Result<(Self, Shape)>;
+    fn gate(op: &GluOp, gate_up: &Self, layout: &Layout) -> Result<(Self, Shape)>;
     fn into_tensor(self, shape: Shape) -> Tensor;
 }
 
 impl Backend for CpuStorage {
-    fn glu(op: &GluOp, gate_up: &Self, layout: &Layout) -> Result<(Self, Shape)> {
+    fn gate(op: &GluOp, gate_up: &Self, layout: &Layout) -> Result<(Self, Shape)> {
         op.cpu_fwd(gate_up, layout)
     }
     fn into_tensor(self, shape: Shape) -> Tensor {
@@ -37,7 +37,7 @@ impl Backend for CpuStorage {
 }
 
 impl Backend for CudaStorage {
-    fn glu(op: &GluOp, gate_up: &Self, layout: &Layout) -> Result<(Self, Shape)> {
+    fn gate(op: &GluOp, gate_up: &Self, layout: &Layout) -> Result<(Self, Shape)> {
         op.cuda_fwd(gate_up, layout)
     }
     fn into_tensor(self, shape: Shape) -> Tensor {
@@ -48,7 +48,7 @@ impl Backend for CudaStorage {
 /// The node: inputs `x`, `W_gu`, `W_down`; it keeps the forward's gate-up projection
 /// `[rows, 2·inter]` and activation `[rows, inter]`.
 struct MlpOp {
-    glu: Glu,
+    gate: Gate,
     saved: Mutex<Option<[Tensor; 2]>>,
 }
 
@@ -63,8 +63,8 @@ impl MlpOp {
         let rows = lx.shape().elem_count() / hidden.max(1);
         let x2 = Layout::contiguous_with_offset((rows, hidden), lx.start_offset());
         let (gu, gu_shape) = matmul(x, &x2, w_gu, lgu)?;
-        let op = GluOp::fused(self.glu);
-        let (act, act_shape) = S::glu(&op, &gu, &Layout::contiguous(&gu_shape))?;
+        let op = GluOp::fused(self.gate);
+        let (act, act_shape) = S::gate(&op, &gu, &Layout::contiguous(&gu_shape))?;
         let (y, _) = matmul(&act, &Layout::contiguous(&act_shape), w_down, ld)?;
         debug_assert_eq!(gu_shape.dims(), [rows, width]);
         *self.saved.lock().unwrap_or_else(|p| p.into_inner()) =
@@ -75,7 +75,7 @@ impl MlpOp {
 
 impl CustomOp3 for MlpOp {
     fn name(&self) -> &'static str {
-        name(self.glu)
+        name(self.gate)
     }
 
     fn cpu_fwd(
@@ -111,7 +111,7 @@ impl CustomOp3 for MlpOp {
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let Some([gu, act]) = self.saved.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
-            bail!("{}: backward before forward", name(self.glu))
+            bail!("{}: backward before forward", name(self.gate))
         };
         // On detached inputs: products of tracked tensors would record graph nodes holding
         // `dy`, which the gradient store would keep alive to its end.
@@ -120,17 +120,17 @@ impl CustomOp3 for MlpOp {
         let dy = dy.reshape(((), hidden))?;
         let d_act = dy.matmul(&w_down)?;
         let d_down = dy.t()?.matmul(&act)?;
-        let d_gu = glu_fused_backward(self.glu, &d_act, &gu, &SwigluConfig::default())?;
+        let d_gu = glu_fused_backward(self.gate, &d_act, &gu, &SwigluConfig::default())?;
         let d_w_gu = d_gu.t()?.matmul(&x.reshape(((), hidden))?)?;
         let dx = d_gu.matmul(&w_gu)?.reshape(x.shape())?;
         Ok((Some(dx), Some(d_w_gu), Some(d_down)))
     }
 }
 
-fn name(glu: Glu) -> &'static str {
-    match glu {
-        Glu::Swiglu => "liger-rs swiglu_mlp",
-        Glu::Geglu(_) => "liger-rs geglu_mlp",
+fn name(gate: Gate) -> &'static str {
+    match gate {
+        Gate::Silu => "liger-rs swiglu_mlp",
+        Gate::GeluTanh | Gate::GeluErf => "liger-rs geglu_mlp",
     }
 }
 
@@ -166,7 +166,7 @@ fn name(glu: Glu) -> &'static str {
 /// # Ok::<(), candle_core::Error>(())
 /// ```
 pub fn swiglu_mlp(x: &Tensor, gate_up_weight: &Tensor, down_weight: &Tensor) -> Result<Tensor> {
-    glu_mlp(Glu::Swiglu, x, gate_up_weight, down_weight)
+    glu_mlp(Gate::Silu, x, gate_up_weight, down_weight)
 }
 
 /// Gemma's MLP, `(gelu(x·W_gateᵀ) ⊙ x·W_upᵀ)·W_downᵀ` with GELU in the form `gelu`, as one
@@ -193,11 +193,16 @@ pub fn geglu_mlp(
     down_weight: &Tensor,
     gelu: Gelu,
 ) -> Result<Tensor> {
-    glu_mlp(gelu.glu(), x, gate_up_weight, down_weight)
+    glu_mlp(gelu.gate(), x, gate_up_weight, down_weight)
 }
 
-fn glu_mlp(glu: Glu, x: &Tensor, gate_up_weight: &Tensor, down_weight: &Tensor) -> Result<Tensor> {
-    let op = name(glu);
+fn glu_mlp(
+    gate: Gate,
+    x: &Tensor,
+    gate_up_weight: &Tensor,
+    down_weight: &Tensor,
+) -> Result<Tensor> {
+    let op = name(gate);
     let (width, hidden) = match *gate_up_weight.dims() {
         [w, h] if w.is_multiple_of(2) && w > 0 => (w, h),
         _ => bail!(
@@ -231,7 +236,7 @@ fn glu_mlp(glu: Glu, x: &Tensor, gate_up_weight: &Tensor, down_weight: &Tensor) 
         }
     }
     let node = MlpOp {
-        glu,
+        gate,
         saved: Mutex::new(None),
     };
     x.contiguous()?.apply_op3(
@@ -261,7 +266,7 @@ fn glu_mlp(glu: Glu, x: &Tensor, gate_up_weight: &Tensor, down_weight: &Tensor) 
 pub struct SwigluMlp {
     gate_up: Tensor,
     down: Tensor,
-    glu: Glu,
+    gate: Gate,
 }
 
 impl SwigluMlp {
@@ -271,7 +276,7 @@ impl SwigluMlp {
         SwigluMlp {
             gate_up,
             down,
-            glu: Glu::Swiglu,
+            gate: Gate::Silu,
         }
     }
 
@@ -280,7 +285,7 @@ impl SwigluMlp {
         SwigluMlp {
             gate_up,
             down,
-            glu: gelu.glu(),
+            gate: gelu.gate(),
         }
     }
 
@@ -297,6 +302,6 @@ impl SwigluMlp {
 
 impl candle_core::Module for SwigluMlp {
     fn forward(&self, xs: &Tensor) -> Result<Tensor> {
-        glu_mlp(self.glu, xs, &self.gate_up, &self.down)
+        glu_mlp(self.gate, xs, &self.gate_up, &self.down)
     }
 }

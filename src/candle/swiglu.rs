@@ -1,15 +1,16 @@
 //! SwiGLU and GEGLU on candle tensors: the autograd ops (separate and fused gate-up), the
-//! explicit backwards. GEGLU takes every path of SwiGLU's (one op, [`Glu`], picks the kernels
-//! and the reference).
+//! explicit backwards. GEGLU takes every path of SwiGLU's (the kernels' [`Gate`] picks the
+//! kernels and the reference).
 use super::{
     Elem, HostElem, On, by_dtype, by_host_dtype, crate_err, cuda, host, host_slice, host_tensor,
     on, output, rows_cols, same_dtype, same_shape, scaled, tensor, view, wrap,
 };
 use crate::error::invalid;
-use crate::identity::GeluForm;
+use crate::glu::launch::{BACKWARD, BACKWARD_FUSED, FORWARD, FORWARD_FUSED};
+use crate::glu::run;
+use crate::identity::Gate;
 use crate::reference::swiglu::{join_gate_up, split_gate_up};
 use crate::reference::{Element, geglu as ref_geglu, swiglu as ref_swiglu};
-use crate::swiglu::{self, Glu};
 use crate::validate::{read, write};
 use crate::{Gelu, SwigluArgs};
 use candle_core::backend::BackendStorage;
@@ -19,32 +20,32 @@ use candle_core::{
 use half::{bf16, f16};
 
 /// The op's name in errors: separate and fused.
-fn names(glu: Glu) -> (&'static str, &'static str) {
-    match glu {
-        Glu::Swiglu => ("liger-rs swiglu", "liger-rs swiglu_fused"),
-        Glu::Geglu(_) => ("liger-rs geglu", "liger-rs geglu_fused"),
+fn names(gate: Gate) -> (&'static str, &'static str) {
+    match gate {
+        Gate::Silu => ("liger-rs swiglu", "liger-rs swiglu_fused"),
+        Gate::GeluTanh | Gate::GeluErf => ("liger-rs geglu", "liger-rs geglu_fused"),
     }
 }
 
-/// The reference forward of `glu` (contiguous separate rows).
-fn ref_forward<T: Element>(glu: Glu, args: &SwigluArgs, a: &[T], b: &[T]) -> Result<Vec<T>> {
-    match glu {
-        Glu::Swiglu => ref_swiglu::swiglu_forward(args, a, b),
-        Glu::Geglu(form) => ref_geglu::geglu_forward(args, a, b, form == GeluForm::Erf),
+/// The reference forward of `gate` (contiguous separate rows).
+fn ref_forward<T: Element>(gate: Gate, args: &SwigluArgs, a: &[T], b: &[T]) -> Result<Vec<T>> {
+    match gate {
+        Gate::Silu => ref_swiglu::swiglu_forward(args, a, b),
+        gelu => ref_geglu::geglu_forward(args, a, b, gelu == Gate::GeluErf),
     }
     .map_err(crate_err)
 }
 
-/// The reference backward of `glu`: `(da, db)`.
+/// The reference backward of `gate`: `(da, db)`.
 fn ref_backward<T: Element>(
-    glu: Glu,
+    gate: Gate,
     args: &SwigluArgs,
     [dc, a, b]: [&[T]; 3],
 ) -> Result<(Vec<T>, Vec<T>)> {
-    match glu {
-        Glu::Swiglu => ref_swiglu::swiglu_backward(args, dc, a, b).map(|g| (g.da, g.db)),
-        Glu::Geglu(form) => {
-            ref_geglu::geglu_backward(args, dc, a, b, form == GeluForm::Erf).map(|g| (g.da, g.db))
+    match gate {
+        Gate::Silu => ref_swiglu::swiglu_backward(args, dc, a, b).map(|g| (g.da, g.db)),
+        gelu => {
+            ref_geglu::geglu_backward(args, dc, a, b, gelu == Gate::GeluErf).map(|g| (g.da, g.db))
         }
     }
     .map_err(crate_err)
@@ -165,13 +166,13 @@ fn fused_out_shape(gate_up: &Shape) -> Shape {
 /// Forward on CUDA storages: separate `a`, `b` (`Some(b)`) or fused `a = [gate | up]`
 /// (`None`), into a new `c` of `rows × cols` (without `dm`).
 fn fwd_cuda<T: Elem>(
-    glu: Glu,
+    gate: Gate,
     cfg: &SwigluConfig,
     (rows, cols): (usize, usize),
     a: (&CudaStorage, &Layout),
     b: Option<(&CudaStorage, &Layout)>,
 ) -> Result<CudaStorage> {
-    let name = names(glu).0;
+    let name = names(gate).0;
     let device = &a.0.device;
     let stream = device.cuda_stream();
     let a_view = view::<T>(a.0, a.1, name)?;
@@ -181,12 +182,12 @@ fn fwd_cuda<T: Elem>(
             let args = cfg.apply(SwigluArgs::new(rows, cols));
             let b_view = view::<T>(b, b_l, name)?;
             let bufs = [read(&a_view), read(&b_view), write(&mut c)];
-            swiglu::run(&stream, &args, glu, &swiglu::FORWARD, bufs)
+            run(&stream, &args, gate, &FORWARD, bufs)
         }
         None => {
             let args = cfg.apply(SwigluArgs::fused(rows, cols));
             let bufs = [read(&a_view), write(&mut c)];
-            swiglu::run(&stream, &args, glu, &swiglu::FORWARD_FUSED, bufs)
+            run(&stream, &args, gate, &FORWARD_FUSED, bufs)
         }
     }
     .map_err(crate_err)?;
@@ -195,22 +196,22 @@ fn fwd_cuda<T: Elem>(
 
 /// Forward on CPU storages (as [`fwd_cuda`]), by the reference.
 fn fwd_cpu<T: HostElem>(
-    glu: Glu,
+    gate: Gate,
     cfg: &SwigluConfig,
     cols: usize,
     a: (&CpuStorage, &Layout),
     b: Option<(&CpuStorage, &Layout)>,
 ) -> Result<CpuStorage> {
     cfg.check()?;
-    let name = names(glu).0;
+    let name = names(gate).0;
     let a_shape = a.1.shape();
     let a = host_slice::<T>(a.0, a.1, name)?;
-    let (gate, up) = match b {
+    let (a, b) = match b {
         Some((b, b_l)) => (a.to_vec(), host_slice::<T>(b, b_l, name)?.to_vec()),
         None => split_gate_up(a, cols).map_err(crate_err)?,
     };
     let args = cfg.apply(SwigluArgs::new(rows_cols(a_shape).0, cols));
-    let c = ref_forward(glu, &args, &gate, &up)?;
+    let c = ref_forward(gate, &args, &a, &b)?;
     Ok(T::to_cpu_storage_owned(c))
 }
 
@@ -231,7 +232,7 @@ fn fwd_cpu<T: HostElem>(
 /// # Ok::<(), candle_core::Error>(())
 /// ```
 pub fn swiglu(a: &Tensor, b: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
-    glu_op(Glu::Swiglu, a, b, cfg)
+    glu_op(Gate::Silu, a, b, cfg)
 }
 
 /// GEGLU with candle autograd: returns `c·dm` with `c = gelu(a·gm)·b` element-wise, GELU in
@@ -249,18 +250,18 @@ pub fn swiglu(a: &Tensor, b: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
 /// # Ok::<(), candle_core::Error>(())
 /// ```
 pub fn geglu(a: &Tensor, b: &Tensor, gelu: Gelu, cfg: &SwigluConfig) -> Result<Tensor> {
-    glu_op(gelu.glu(), a, b, cfg)
+    glu_op(gelu.gate(), a, b, cfg)
 }
 
 /// [`swiglu`] or [`geglu`].
-fn glu_op(glu: Glu, a: &Tensor, b: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
-    let name = names(glu).0;
+fn glu_op(gate: Gate, a: &Tensor, b: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
+    let name = names(gate).0;
     same_shape(name, a, b)?;
     same_dtype(name, a, b)?;
     on(name, &[("a", a), ("b", b)])?;
     let cfg = cfg.for_dtype(a.dtype());
     a.contiguous()?
-        .apply_op2(&b.contiguous()?, GluOp { glu, cfg })
+        .apply_op2(&b.contiguous()?, GluOp { gate, cfg })
 }
 
 /// SwiGLU backward without autograd: returns `(da, db)`, the gradients of `c·dm` (what
@@ -284,7 +285,7 @@ pub fn swiglu_backward(
     b: &Tensor,
     cfg: &SwigluConfig,
 ) -> Result<(Tensor, Tensor)> {
-    glu_backward(Glu::Swiglu, [dc, a, b], cfg)
+    glu_backward(Gate::Silu, [dc, a, b], cfg)
 }
 
 /// GEGLU backward without autograd: `(da, db)`, the gradients of what [`geglu`] returns, as
@@ -308,16 +309,16 @@ pub fn geglu_backward(
     gelu: Gelu,
     cfg: &SwigluConfig,
 ) -> Result<(Tensor, Tensor)> {
-    glu_backward(gelu.glu(), [dc, a, b], cfg)
+    glu_backward(gelu.gate(), [dc, a, b], cfg)
 }
 
 /// [`swiglu_backward`] or [`geglu_backward`].
 fn glu_backward(
-    glu: Glu,
+    gate: Gate,
     [dc, a, b]: [&Tensor; 3],
     cfg: &SwigluConfig,
 ) -> Result<(Tensor, Tensor)> {
-    let name = names(glu).0;
+    let name = names(gate).0;
     same_shape(name, a, b)?;
     same_shape(name, dc, a)?;
     same_dtype(name, a, b)?;
@@ -327,7 +328,7 @@ fn glu_backward(
     let (rows, cols) = rows_cols(a.shape());
     if on(name, &[("dc", &dc), ("a", &a), ("b", &b)])? == On::Cpu {
         fn run<T: HostElem>(
-            glu: Glu,
+            gate: Gate,
             cfg: &SwigluConfig,
             (rows, cols): (usize, usize),
             [dc, a, b]: [&Tensor; 3],
@@ -336,13 +337,17 @@ fn glu_backward(
             let args = cfg.apply(SwigluArgs::new(rows, cols));
             let data = [host::<T>(dc)?, host::<T>(a)?, host::<T>(b)?];
             let [dc_h, a_h, b_h] = &data;
-            let (da, db) = ref_backward(glu, &args, [dc_h, a_h, b_h])?;
+            let (da, db) = ref_backward(gate, &args, [dc_h, a_h, b_h])?;
             Ok((
                 host_tensor(da, a.shape().clone())?,
                 host_tensor(db, a.shape().clone())?,
             ))
         }
-        return by_host_dtype!(a.dtype(), name, run(glu, &cfg, (rows, cols), [&dc, &a, &b]));
+        return by_host_dtype!(
+            a.dtype(),
+            name,
+            run(gate, &cfg, (rows, cols), [&dc, &a, &b])
+        );
     }
     let (dc_s, dc_l) = dc.storage_and_layout();
     let (a_s, a_l) = a.storage_and_layout();
@@ -353,18 +358,18 @@ fn glu_backward(
         (cuda(&b_s, name, "b")?, b_l),
     ];
     let rc = (rows, cols);
-    let (da, db) = by_dtype!(a.dtype(), name, bwd_cuda(glu, &cfg, rc, storages))?;
+    let (da, db) = by_dtype!(a.dtype(), name, bwd_cuda(gate, &cfg, rc, storages))?;
     Ok((tensor(da, a.shape().clone()), tensor(db, a.shape().clone())))
 }
 
 /// Backward on CUDA storages, separate layout: `(da, db)`.
 fn bwd_cuda<T: Elem>(
-    glu: Glu,
+    gate: Gate,
     cfg: &SwigluConfig,
     (rows, cols): (usize, usize),
     [dc, a, b]: [(&CudaStorage, &Layout); 3],
 ) -> Result<(CudaStorage, CudaStorage)> {
-    let name = names(glu).0;
+    let name = names(gate).0;
     let device = &a.0.device;
     let stream = device.cuda_stream();
     let n = rows * cols;
@@ -382,7 +387,7 @@ fn bwd_cuda<T: Elem>(
         write(&mut da),
         write(&mut db),
     ];
-    swiglu::run(&stream, &args, glu, &swiglu::BACKWARD, bufs).map_err(crate_err)?;
+    run(&stream, &args, gate, &BACKWARD, bufs).map_err(crate_err)?;
     Ok((wrap(da, device), wrap(db, device)))
 }
 
@@ -400,7 +405,7 @@ fn bwd_cuda<T: Elem>(
 /// # Ok::<(), candle_core::Error>(())
 /// ```
 pub fn swiglu_fused(gate_up: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
-    glu_fused(Glu::Swiglu, gate_up, cfg)
+    glu_fused(Gate::Silu, gate_up, cfg)
 }
 
 /// GEGLU with candle autograd from a fused gate-up tensor `[..., 2·cols]`, GELU in the form
@@ -417,16 +422,16 @@ pub fn swiglu_fused(gate_up: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
 /// # Ok::<(), candle_core::Error>(())
 /// ```
 pub fn geglu_fused(gate_up: &Tensor, gelu: Gelu, cfg: &SwigluConfig) -> Result<Tensor> {
-    glu_fused(gelu.glu(), gate_up, cfg)
+    glu_fused(gelu.gate(), gate_up, cfg)
 }
 
 /// [`swiglu_fused`] or [`geglu_fused`].
-fn glu_fused(glu: Glu, gate_up: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
-    let name = names(glu).1;
+fn glu_fused(gate: Gate, gate_up: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
+    let name = names(gate).1;
     fused_rows_cols(gate_up, name)?;
     on(name, &[("gate_up", gate_up)])?;
     let cfg = cfg.for_dtype(gate_up.dtype());
-    gate_up.contiguous()?.apply_op1(GluOp { glu, cfg })
+    gate_up.contiguous()?.apply_op1(GluOp { gate, cfg })
 }
 
 /// Fused SwiGLU backward without autograd: returns `d_gate_up` (shaped like `gate_up`), the
@@ -446,7 +451,7 @@ fn glu_fused(glu: Glu, gate_up: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
 /// # Ok::<(), candle_core::Error>(())
 /// ```
 pub fn swiglu_fused_backward(dc: &Tensor, gate_up: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
-    glu_fused_backward(Glu::Swiglu, dc, gate_up, cfg)
+    glu_fused_backward(Gate::Silu, dc, gate_up, cfg)
 }
 
 /// Fused GEGLU backward without autograd: `d_gate_up`, the gradient of what [`geglu_fused`]
@@ -471,17 +476,17 @@ pub fn geglu_fused_backward(
     gelu: Gelu,
     cfg: &SwigluConfig,
 ) -> Result<Tensor> {
-    glu_fused_backward(gelu.glu(), dc, gate_up, cfg)
+    glu_fused_backward(gelu.gate(), dc, gate_up, cfg)
 }
 
 /// [`swiglu_fused_backward`] or [`geglu_fused_backward`].
 pub(super) fn glu_fused_backward(
-    glu: Glu,
+    gate: Gate,
     dc: &Tensor,
     gate_up: &Tensor,
     cfg: &SwigluConfig,
 ) -> Result<Tensor> {
-    let name = names(glu).1;
+    let name = names(gate).1;
     let (rows, cols) = fused_rows_cols(gate_up, name)?;
     same_dtype(name, dc, gate_up)?;
     if dc.shape() != &fused_out_shape(gate_up.shape()) {
@@ -496,7 +501,7 @@ pub(super) fn glu_fused_backward(
     let (dc, gate_up) = (dc.contiguous()?, gate_up.contiguous()?);
     if on(name, &[("dc", &dc), ("gate_up", &gate_up)])? == On::Cpu {
         fn run<T: HostElem>(
-            glu: Glu,
+            gate: Gate,
             cfg: &SwigluConfig,
             cols: usize,
             dc: &Tensor,
@@ -505,11 +510,11 @@ pub(super) fn glu_fused_backward(
             cfg.check()?;
             let (a, b) = split_gate_up(&host::<T>(gate_up)?, cols).map_err(crate_err)?;
             let args = cfg.apply(SwigluArgs::new(a.len() / cols, cols));
-            let (da, db) = ref_backward(glu, &args, [&host::<T>(dc)?, &a, &b])?;
+            let (da, db) = ref_backward(gate, &args, [&host::<T>(dc)?, &a, &b])?;
             let d = join_gate_up(&da, &db, cols).map_err(crate_err)?;
             host_tensor(d, gate_up.shape().clone())
         }
-        return by_host_dtype!(gate_up.dtype(), name, run(glu, &cfg, cols, &dc, &gate_up));
+        return by_host_dtype!(gate_up.dtype(), name, run(gate, &cfg, cols, &dc, &gate_up));
     }
     let (dc_s, dc_l) = dc.storage_and_layout();
     let (g_s, g_l) = gate_up.storage_and_layout();
@@ -521,19 +526,19 @@ pub(super) fn glu_fused_backward(
     let d = by_dtype!(
         gate_up.dtype(),
         name,
-        fused_bwd_cuda(glu, &cfg, rc, storages)
+        fused_bwd_cuda(gate, &cfg, rc, storages)
     )?;
     Ok(tensor(d, gate_up.shape().clone()))
 }
 
 /// Backward on CUDA storages, fused layout: `d_gate_up`.
 fn fused_bwd_cuda<T: Elem>(
-    glu: Glu,
+    gate: Gate,
     cfg: &SwigluConfig,
     (rows, cols): (usize, usize),
     [dc, gate_up]: [(&CudaStorage, &Layout); 2],
 ) -> Result<CudaStorage> {
-    let name = names(glu).1;
+    let name = names(gate).1;
     let device = &gate_up.0.device;
     let stream = device.cuda_stream();
     let mut d = output::<T>(&stream, 2 * rows * cols, name)?;
@@ -543,22 +548,22 @@ fn fused_bwd_cuda<T: Elem>(
         view::<T>(gate_up.0, gate_up.1, name)?,
     );
     let bufs = [read(&dc), read(&gate_up), write(&mut d)];
-    swiglu::run(&stream, &args, glu, &swiglu::BACKWARD_FUSED, bufs).map_err(crate_err)?;
+    run(&stream, &args, gate, &BACKWARD_FUSED, bufs).map_err(crate_err)?;
     Ok(wrap(d, device))
 }
 
 /// The autograd op of [`swiglu`]/[`geglu`] (two inputs) and [`swiglu_fused`]/[`geglu_fused`]
 /// (one input); `cfg`'s `dm` is already rounded to the tensors' dtype.
 pub(super) struct GluOp {
-    glu: Glu,
+    gate: Gate,
     cfg: SwigluConfig,
 }
 
 impl GluOp {
-    /// The fused-layout op of `glu` with the default multipliers.
-    pub(super) fn fused(glu: Glu) -> Self {
+    /// The fused-layout op of `gate` with the default multipliers.
+    pub(super) fn fused(gate: Gate) -> Self {
         GluOp {
-            glu,
+            gate,
             cfg: SwigluConfig::default(),
         }
     }
@@ -566,40 +571,40 @@ impl GluOp {
 
 impl CustomOp1 for GluOp {
     fn name(&self) -> &'static str {
-        names(self.glu).1
+        names(self.gate).1
     }
 
     fn cpu_fwd(&self, g: &CpuStorage, g_l: &Layout) -> Result<(CpuStorage, Shape)> {
         let shape = fused_out_shape(g_l.shape());
-        let (glu, cfg, cols) = (self.glu, &self.cfg, rows_cols(&shape).1);
+        let (gate, cfg, cols) = (self.gate, &self.cfg, rows_cols(&shape).1);
         let c = by_host_dtype!(
             g.dtype(),
-            names(self.glu).1,
-            fwd_cpu(glu, cfg, cols, (g, g_l), None)
+            names(self.gate).1,
+            fwd_cpu(gate, cfg, cols, (g, g_l), None)
         )?;
         Ok((scaled(c, &shape, self.cfg.down_multiplier)?, shape))
     }
 
     fn cuda_fwd(&self, g: &CudaStorage, g_l: &Layout) -> Result<(CudaStorage, Shape)> {
         let shape = fused_out_shape(g_l.shape());
-        let (glu, cfg, rc) = (self.glu, &self.cfg, rows_cols(&shape));
+        let (gate, cfg, rc) = (self.gate, &self.cfg, rows_cols(&shape));
         let c = by_dtype!(
             g.dtype(),
-            names(self.glu).1,
-            fwd_cuda(glu, cfg, rc, (g, g_l), None)
+            names(self.gate).1,
+            fwd_cuda(gate, cfg, rc, (g, g_l), None)
         )?;
         Ok((scaled(c, &shape, self.cfg.down_multiplier)?, shape))
     }
 
     fn bwd(&self, gate_up: &Tensor, _c: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let d = glu_fused_backward(self.glu, grad, gate_up, &self.cfg)?;
+        let d = glu_fused_backward(self.gate, grad, gate_up, &self.cfg)?;
         Ok(Some(d))
     }
 }
 
 impl CustomOp2 for GluOp {
     fn name(&self) -> &'static str {
-        names(self.glu).0
+        names(self.gate).0
     }
 
     fn cpu_fwd(
@@ -611,11 +616,11 @@ impl CustomOp2 for GluOp {
     ) -> Result<(CpuStorage, Shape)> {
         let shape = a_l.shape().clone();
         let cols = rows_cols(&shape).1;
-        let (glu, cfg, b) = (self.glu, &self.cfg, Some((b, b_l)));
+        let (gate, cfg, b) = (self.gate, &self.cfg, Some((b, b_l)));
         let c = by_host_dtype!(
             a.dtype(),
-            names(self.glu).0,
-            fwd_cpu(glu, cfg, cols, (a, a_l), b)
+            names(self.gate).0,
+            fwd_cpu(gate, cfg, cols, (a, a_l), b)
         )?;
         Ok((scaled(c, &shape, self.cfg.down_multiplier)?, shape))
     }
@@ -628,11 +633,11 @@ impl CustomOp2 for GluOp {
         b_l: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         let shape = a_l.shape().clone();
-        let (glu, cfg, rc, b) = (self.glu, &self.cfg, rows_cols(&shape), Some((b, b_l)));
+        let (gate, cfg, rc, b) = (self.gate, &self.cfg, rows_cols(&shape), Some((b, b_l)));
         let c = by_dtype!(
             a.dtype(),
-            names(self.glu).0,
-            fwd_cuda(glu, cfg, rc, (a, a_l), b)
+            names(self.gate).0,
+            fwd_cuda(gate, cfg, rc, (a, a_l), b)
         )?;
         Ok((scaled(c, &shape, self.cfg.down_multiplier)?, shape))
     }
@@ -644,7 +649,7 @@ impl CustomOp2 for GluOp {
         _c: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (da, db) = glu_backward(self.glu, [grad, a, b], &self.cfg)?;
+        let (da, db) = glu_backward(self.gate, [grad, a, b], &self.cfg)?;
         Ok((Some(da), Some(db)))
     }
 }

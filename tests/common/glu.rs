@@ -295,7 +295,7 @@ fn slacks<T: Element>(op: Op, a: &[T], b: &[T], dc: &[T], gm: f32, dm: f32) -> [
 /// 200001×56 pad 8 have over four waves of tiles on an H200, so they run the
 /// one-tile-per-block `_vw` kernels (8-byte vectors), the latter with strided rows, many rows
 /// per tile and a last tile cut short; the library's unit test
-/// `swiglu::tests::gpu_h200_suite_shapes_take_their_documented_kernels` checks that choice.
+/// `glu::plan::tests::gpu_h200_suite_shapes_take_their_documented_kernels` checks that choice.
 /// The rest (odd widths, 14337, pad 13/7/1) take the scalar kernels.
 const SHAPES: [(usize, usize, usize); 20] = [
     (1, 1, 0),

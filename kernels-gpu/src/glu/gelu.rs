@@ -1,9 +1,9 @@
-//! GEGLU (GELU-mul) forward and backward: SwiGLU's kernels (`swiglu.rs`: every path, layout,
-//! multiplier and in-place mode) with GELU as the gate, in its tanh or exact (erf) form, and
-//! that GELU's f32 math (semantics: the cast points in `src/reference/geglu.rs`, which are
-//! SwiGLU's; host: `src/geglu.rs`).
+//! GEGLU's gate (GELU-mul forward and backward): the GLU kernels (`glu/mod.rs`: every path,
+//! layout, multiplier and in-place mode) with GELU as the gate, in its tanh or exact (erf)
+//! form, and that GELU's f32 math (semantics: the cast points in `src/reference/geglu.rs`,
+//! which are SwiGLU's; host: `src/glu/`).
 //!
-//! The kernels' bodies are `swiglu.rs`'s (its `glu_bodies!`): where SwiGLU's evaluate
+//! The kernels' bodies are `glu_bodies!`'s: where SwiGLU's evaluate
 //! `sigmoid_pair`/`silu_of`/`silu_grad_of`, these evaluate [`gelu_and_grad`], in the same order
 //! of operations: forward `c = T(T::round(gelu(z))·b)` with `z = a·gm`; backward `g = dc·dm`, `db = g·gelu(z)`,
 //! `da = g·(gelu'(z)·gm)·b` (gelu' multiplies in before `b`, so where it vanishes `da` is 0, not
@@ -91,7 +91,7 @@
 //! z < 0, the exact form's `Φ(−|z|)` for `|z| ≥ 1` and its `φ`. None of these
 //! bounds grows with `|z|`, unlike SwiGLU's (there the f32 exponent `−|z|·log2 e` costs
 //! ≈ `|z|` ulps).
-use crate::swiglu::{glu_kernels, recip_1_2, sigmoid_pair};
+use super::{recip_1_2, sigmoid_pair};
 use crate::{Elem, fma};
 use core::intrinsics::exp2f32;
 
@@ -314,9 +314,33 @@ pub(crate) fn gelu_grad_of(_: f32, _: f32, grad: f32) -> f32 {
     grad
 }
 
-glu_kernels!(gelu_tanh, Geglu[Tanh], F32);
-glu_kernels!(gelu_tanh, Geglu[Tanh], F16);
-glu_kernels!(gelu_tanh, Geglu[Tanh], Bf16);
-glu_kernels!(gelu_erf, Geglu[Erf], F32);
-glu_kernels!(gelu_erf, Geglu[Erf], F16);
-glu_kernels!(gelu_erf, Geglu[Erf], Bf16);
+/// GEGLU's kernel bodies, GELU's tanh form.
+pub(crate) mod tanh {
+    use super::super::*;
+    use super::{gelu_and_grad, gelu_grad_of, gelu_of};
+    glu_bodies!(
+        gelu_and_grad::<T, false>,
+        gelu_of,
+        gelu_grad_of,
+        unroll_items
+    );
+}
+
+/// GEGLU's kernel bodies, GELU's exact form.
+pub(crate) mod erf {
+    use super::super::*;
+    use super::{gelu_and_grad, gelu_grad_of, gelu_of};
+    glu_bodies!(
+        gelu_and_grad::<T, true>,
+        gelu_of,
+        gelu_grad_of,
+        unroll_items
+    );
+}
+
+glu_kernels!(gelu::tanh, GeluTanh, F32);
+glu_kernels!(gelu::tanh, GeluTanh, F16);
+glu_kernels!(gelu::tanh, GeluTanh, Bf16);
+glu_kernels!(gelu::erf, GeluErf, F32);
+glu_kernels!(gelu::erf, GeluErf, F16);
+glu_kernels!(gelu::erf, GeluErf, Bf16);

@@ -1,6 +1,8 @@
-//! SwiGLU (SiLU-mul) forward and backward (semantics: the cast points in `src/reference/swiglu.rs`, host: `src/swiglu.rs`),
-//! and the kernels' code for every GLU: GEGLU (`geglu.rs`) instantiates the same paths with
-//! GELU as the gate ([`glu_bodies!`]). The numerics below are SiLU's; GELU's are in `geglu.rs`.
+//! The GLU kernels, forward and backward: SwiGLU (SiLU as the gate, [`silu`]) and GEGLU (GELU
+//! in its tanh or exact form, [`gelu`]) on the same code ([`glu_bodies!`]), one [`abi::Params`]
+//! block per launch (semantics: the cast points in `src/reference/swiglu.rs` and
+//! `src/reference/geglu.rs`; host: `src/glu/`). The numerics below are SiLU's; GELU's are in
+//! `gelu.rs`.
 //!
 //! Element-wise over `rows × cols`: `a` (gate) and `b` (up) are read through row strides, so
 //! the fused gate-up layout (`[rows, 2·cols]`, gate first) is the same kernel with
@@ -38,10 +40,12 @@
 //! per thread at start, none per vector), so row strides and the fused layout cost one wide
 //! multiply-add per pointer per vector. The f32 math per element is the scalar kernels' (same
 //! functions, same order), so every path gives the same bits.
-use crate::identity::swiglu::{BWD_TILE_VECTOR_BYTES, ITEMS};
+pub mod abi;
+
 use crate::{
     Elem, V8, Vector, block_dim, block_idx, grid_dim, lanes, lanes_per, thread_idx, unroll,
 };
+use abi::{BWD_TILE_VECTOR_BYTES, ITEMS, Params};
 
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
 
@@ -71,23 +75,6 @@ pub(crate) fn sigmoid_pair(z: f32) -> (f32, f32) {
     let r = recip_1_2(1.0 + t);
     let tr = t * r;
     if z >= 0.0 { (r, tr) } else { (tr, r) }
-}
-
-/// `silu(z) = z·σ(z)`, with silu(−∞) = −0.
-#[inline(always)]
-fn silu_of(z: f32, sig: f32) -> f32 {
-    if sig == 0.0 { -0.0 } else { z * sig }
-}
-
-/// `silu'(z) = σ·(1 + z·(1 − σ))`, with the limits 0 at −∞ and 1 at +∞.
-#[inline(always)]
-fn silu_grad_of(z: f32, sig: f32, one_minus: f32) -> f32 {
-    let z_one_minus = if one_minus == 0.0 { 0.0 } else { z * one_minus };
-    if sig == 0.0 {
-        0.0
-    } else {
-        sig * (1.0 + z_one_minus)
-    }
 }
 
 /// `each_item!(k => { … })` runs the block for `k = 0, …, ITEMS − 1` in a loop, which LLVM
@@ -244,6 +231,24 @@ pub(crate) struct Fwd<T> {
     pub(crate) gm: f32,
 }
 
+impl<T> Fwd<T> {
+    /// The forward's view of a parameter block.
+    #[inline(always)]
+    pub(crate) fn of(p: &Params) -> Self {
+        Fwd {
+            a: p.a as *const T,
+            a_stride: p.a_stride as usize,
+            b: p.b as *const T,
+            b_stride: p.b_stride as usize,
+            c: p.c as *mut T,
+            c_stride: p.c_stride as usize,
+            rows: p.rows as usize,
+            cols: p.cols as usize,
+            gm: p.gate_multiplier,
+        }
+    }
+}
+
 /// A backward kernel's arguments, as [`Fwd`]'s (`da` in rows of `a_stride`, `db` of
 /// `b_stride`).
 #[derive(Clone, Copy)]
@@ -260,6 +265,27 @@ pub(crate) struct Bwd<T> {
     pub(crate) cols: usize,
     pub(crate) gm: f32,
     pub(crate) dm: f32,
+}
+
+impl<T> Bwd<T> {
+    /// The backward's view of a parameter block (`c` is `dc`).
+    #[inline(always)]
+    pub(crate) fn of(p: &Params) -> Self {
+        Bwd {
+            dc: p.c as *const T,
+            dc_stride: p.c_stride as usize,
+            a: p.a as *const T,
+            a_stride: p.a_stride as usize,
+            b: p.b as *const T,
+            b_stride: p.b_stride as usize,
+            da: p.da as *mut T,
+            db: p.db as *mut T,
+            rows: p.rows as usize,
+            cols: p.cols as usize,
+            gm: p.gate_multiplier,
+            dm: p.down_multiplier,
+        }
+    }
 }
 
 /// `each_tile!(rows, cols, nt, row, col0 => { … })`: the scalar kernels' grid-stride walk over
@@ -328,9 +354,9 @@ macro_rules! each_vec_tile {
 /// called once per element: `$parts(z)`, the two values `act(z)` and `act'(z)` are formed from
 /// (SiLU: `σ(z)`, `1 − σ(z)`); `$act(z, first)`; `$grad(z, first, second)` (the forward's
 /// unused part compiles away). The scalar kernels compute their `ITEMS` elements through
-/// `$items!`: [`each_item!`] or [`unroll_items!`]. A macro rather than a trait or a const generic: the gate stays
-/// plain function calls, which rustc inlines as before GEGLU joined, so SwiGLU's PTX is what it
-/// was (either generic form gave SwiGLU's forward another instruction order).
+/// `$items!`: [`each_item!`] or [`unroll_items!`]. A macro rather than a trait or a const
+/// generic: the gate stays plain function calls, which rustc inlines in SwiGLU's measured
+/// instruction order (either generic form gave SwiGLU's forward another one).
 macro_rules! glu_bodies {
     ($parts:path, $act:path, $grad:path, $items:ident) => {
         #[inline(always)]
@@ -470,87 +496,50 @@ macro_rules! glu_bodies {
     };
 }
 
-/// SwiGLU's kernel bodies.
-pub(crate) mod silu {
-    use super::*;
-    glu_bodies!(sigmoid_pair, silu_of, silu_grad_of, each_item);
-}
-
-/// GEGLU's kernel bodies, GELU's tanh form (`geglu.rs`).
-pub(crate) mod gelu_tanh {
-    use super::*;
-    use crate::geglu::{gelu_and_grad, gelu_grad_of, gelu_of};
-    glu_bodies!(
-        gelu_and_grad::<T, false>,
-        gelu_of,
-        gelu_grad_of,
-        unroll_items
-    );
-}
-
-/// GEGLU's kernel bodies, GELU's exact form (`geglu.rs`).
-pub(crate) mod gelu_erf {
-    use super::*;
-    use crate::geglu::{gelu_and_grad, gelu_grad_of, gelu_of};
-    glu_bodies!(
-        gelu_and_grad::<T, true>,
-        gelu_of,
-        gelu_grad_of,
-        unroll_items
-    );
-}
-
-/// One kernel: gate `$gate` (its [`glu_bodies!`] module), entry named by
-/// `kernel_name!($op, $dir, $path, $elem, $form)` (no `$form` for SwiGLU), body `$body` with its
-/// vector type, count and one-tile flag. The direction picks the signature: its pointers in
-/// order (each with its row stride, if it has its own) and its `f32` multipliers.
+/// One kernel: bodies `$bodies` (a module of [`glu_bodies!`] under this one), gate `$gate` (its
+/// entry name, `kernel_name!(Glu, $gate, $pass, $path, $elem)`), body `$body` with its vector
+/// type, count (a constant of [`abi`]) and one-tile flag. The entry takes one [`Params`] block
+/// by value (`ld.param` loads, no local copy); the pass picks the bodies' view of it.
 macro_rules! glu_kernel {
-    ($gate:ident, $op:ident [$($form:ident)?], $elem:ident, Forward, $($rest:tt)*) => {
-        $crate::swiglu::glu_kernel!(@entry $gate, $op [$($form)?], $elem, Forward, $($rest)*; Fwd
-            [a: const, a_stride; b: const, b_stride; c: mut, c_stride] [gm]
-            "GLU forward `c = T(T(act(a·gm)) · b)` for one dtype, `act` the op's gate \
-             (`kernels-gpu/src/swiglu.rs`'s module docs)."
-            "`a`, `b`, `c` must cover `rows` rows of their strides and `cols` columns; `c` must \
-             not overlap `a` or `b`.");
-    };
-    ($gate:ident, $op:ident [$($form:ident)?], $elem:ident, Backward, $($rest:tt)*) => {
-        $crate::swiglu::glu_kernel!(@entry $gate, $op [$($form)?], $elem, Backward, $($rest)*; Bwd
-            [dc: const, dc_stride; a: const, a_stride; b: const, b_stride; da: mut; db: mut] [gm, dm]
-            "GLU backward for one dtype, `act` the op's gate (`kernels-gpu/src/swiglu.rs`'s \
-             module docs): with `g = dc·dm`, `db = g·act(z)`, `da = g·act'(z)·gm·b`, `z = a·gm`."
-            "Every pointer must cover `rows` rows of its stride (`da`: `a_stride`, `db`: \
-             `b_stride`) and `cols` columns. `da` may equal `a` and `db` may equal `b`; otherwise \
-             outputs must not overlap inputs or each other.");
-    };
-    (@entry $gate:ident, $op:ident [$($form:ident)?], $elem:ident, $dir:ident, $path:ident,
-     $body:ident $(:: $v:ident, $k:ident, $one:literal)?, $doc:literal; $args:ident
-     [$($p:ident: $m:tt $(, $s:ident)?);*] [$($f:ident),*] $what:literal $safety:literal) => {
+    ($($bodies:ident)::+, $gate:ident, $elem:ident, $pass:ident, $path:ident,
+     $body:ident $(:: $v:ident, $k:ident, $one:literal)?, $doc:literal) => {
         const _: () = {
-            #[doc = $what]
+            #[doc = $crate::glu::glu_kernel!(@what $pass)]
             #[doc = ""]
             #[doc = $doc]
             #[doc = ""]
             #[doc = "# Safety"]
-            #[doc = $safety]
-            #[unsafe(export_name = $crate::identity::kernel_name!($op, $dir, $path, $elem $(, $form)?))]
-            pub unsafe extern "gpu-kernel" fn kernel(
-                $($p: *$m $crate::elem_type!($elem), $($s: u64,)?)*
-                rows: u64,
-                cols: u64,
-                $($f: f32),*
-            ) {
+            #[doc = $crate::glu::glu_kernel!(@safety $pass)]
+            #[unsafe(export_name = $crate::identity::kernel_name!(Glu, $gate, $pass, $path, $elem))]
+            // A `#[repr(C)]` struct of integers and floats: the PTX parameter is its bytes.
+            #[allow(improper_gpu_kernel_arg)]
+            pub unsafe extern "gpu-kernel" fn kernel(p: $crate::glu::abi::Params) {
                 unsafe {
-                    $crate::swiglu::$gate::$body::<$crate::elem_type!($elem) $(, $crate::$v, { $crate::identity::swiglu::$k }, $one)?>(
-                        $crate::swiglu::$args {
-                            $($p, $($s: $s as usize,)?)*
-                            rows: rows as usize,
-                            cols: cols as usize,
-                            $($f),*
-                        }
+                    $crate::glu::$($bodies)::+::$body::<$crate::elem_type!($elem) $(, $crate::$v, { $crate::glu::abi::$k }, $one)?>(
+                        $crate::glu::glu_kernel!(@view $pass, p)
                     )
                 }
             }
         };
+    };
+    (@view Forward, $p:ident) => { $crate::glu::Fwd::of(&$p) };
+    (@view Backward, $p:ident) => { $crate::glu::Bwd::of(&$p) };
+    (@what Forward) => {
+        "GLU forward `c = T(T(act(a·gm)) · b)` for one dtype, `act` the op's gate \
+         (`kernels-gpu/src/glu/`'s module docs)."
+    };
+    (@what Backward) => {
+        "GLU backward for one dtype, `act` the op's gate (`kernels-gpu/src/glu/`'s module \
+         docs): with `g = dc·dm`, `db = g·act(z)`, `da = g·act'(z)·gm·b`, `z = a·gm`."
+    };
+    (@safety Forward) => {
+        "`p.a`, `p.b`, `p.c` must cover `rows` rows of their strides and `cols` columns; `c` \
+         must not overlap `a` or `b`."
+    };
+    (@safety Backward) => {
+        "Every pointer of `p` must cover `rows` rows of its stride (`dc`: `c_stride`, `da`: \
+         `a_stride`, `db`: `b_stride`) and `cols` columns. `da` may equal `a` and `db` may equal \
+         `b`; otherwise outputs must not overlap inputs or each other."
     };
 }
 pub(crate) use glu_kernel;
@@ -558,20 +547,20 @@ pub(crate) use glu_kernel;
 // The backward `_vw` kernels load `V8`s, the vectors the host sizes their tiles in.
 const _: () = assert!(size_of::<V8>() == BWD_TILE_VECTOR_BYTES);
 
-/// Every kernel of one GLU op and element type: scalar, `_v` and `_vw`, each direction, with
-/// gate `$gate` ([`glu_bodies!`]), named `$op` (and `$form`, GEGLU's last name part).
+/// Every kernel of one gate and element type: scalar, `_v` and `_vw`, each pass, with the
+/// bodies of module `$bodies` ([`glu_bodies!`]), named by `$gate`.
 macro_rules! glu_kernels {
-    ($gate:ident, $op:ident [$($form:ident)?], $elem:ident) => {
-        $crate::swiglu::glu_kernel!($gate, $op [$($form)?], $elem, Forward, Scalar, forward, "Scalar kernel: any alignment, any `cols`.");
-        $crate::swiglu::glu_kernel!($gate, $op [$($form)?], $elem, Backward, Scalar, backward, "Scalar kernel: any alignment, any `cols`.");
-        $crate::swiglu::glu_kernel!($gate, $op [$($form)?], $elem, Forward, Vector, forward_vec::V16, FWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per 16-byte vector.");
-        $crate::swiglu::glu_kernel!($gate, $op [$($form)?], $elem, Backward, Vector, backward_vec::V16, BWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per 16-byte vector.");
-        $crate::swiglu::glu_kernel!($gate, $op [$($form)?], $elem, Forward, Whole, forward_vec::V16, FWD_VECS_TILE, true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
-        $crate::swiglu::glu_kernel!($gate, $op [$($form)?], $elem, Backward, Whole, backward_vec::V8, BWD_VECS_TILE, true, "8-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules; the host counts its tiles in 8-byte vectors.");
+    ($($bodies:ident)::+, $gate:ident, $elem:ident) => {
+        $crate::glu::glu_kernel!($($bodies)::+, $gate, $elem, Forward, Scalar, forward, "Scalar kernel: any alignment, any `cols`.");
+        $crate::glu::glu_kernel!($($bodies)::+, $gate, $elem, Backward, Scalar, backward, "Scalar kernel: any alignment, any `cols`.");
+        $crate::glu::glu_kernel!($($bodies)::+, $gate, $elem, Forward, Vector, forward_vec::V16, FWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per 16-byte vector.");
+        $crate::glu::glu_kernel!($($bodies)::+, $gate, $elem, Backward, Vector, backward_vec::V16, BWD_VECS, false, "16-byte vector kernel, grid-stride over tiles: pointers and row strides 16-byte aligned, `cols` a multiple of the lanes per 16-byte vector.");
+        $crate::glu::glu_kernel!($($bodies)::+, $gate, $elem, Forward, Whole, forward_vec::V16, FWD_VECS_TILE, true, "16-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules.");
+        $crate::glu::glu_kernel!($($bodies)::+, $gate, $elem, Backward, Whole, backward_vec::V8, BWD_VECS_TILE, true, "8-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules; the host counts its tiles in 8-byte vectors.");
     };
 }
 pub(crate) use glu_kernels;
 
-glu_kernels!(silu, Swiglu [], F32);
-glu_kernels!(silu, Swiglu [], F16);
-glu_kernels!(silu, Swiglu [], Bf16);
+// After the macros, which the gates' files expand (textual scope).
+mod gelu;
+mod silu;

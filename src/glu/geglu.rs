@@ -1,4 +1,4 @@
-//! GEGLU (GELU-mul) forward and backward launchers (kernels: `kernels-gpu/src/geglu.rs`,
+//! GEGLU (GELU-mul) forward and backward launchers (kernels: `kernels-gpu/src/glu/`,
 //! reference: [`crate::reference::geglu`]): SwiGLU's launchers, layouts, arguments
 //! ([`SwigluArgs`]: shape, row strides, multipliers) and kernel paths, with GELU in place of
 //! SiLU as the gate, in the form [`Gelu`] picks.
@@ -28,11 +28,13 @@
 //!
 //! Liger-Kernel's GEGLU has the tanh form only and rounds `gelu(a)` to the dtype before its
 //! backward's `db`; these keep SwiGLU's single rounding of `db`.
-use crate::SwigluArgs;
+use super::launch::{
+    BACKWARD, BACKWARD_FUSED, BACKWARD_FUSED_INPLACE, BACKWARD_INPLACE, FORWARD, FORWARD_FUSED,
+};
+use super::{SwigluArgs, run};
 use crate::dtype::Dtype;
 use crate::error::Result;
-use crate::identity::GeluForm;
-use crate::swiglu::{self, Glu};
+use crate::identity::Gate;
 use crate::validate::{read, write};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use std::sync::Arc;
@@ -55,12 +57,12 @@ pub enum Gelu {
 }
 
 impl Gelu {
-    /// The op the shared SwiGLU/GEGLU launchers run.
-    pub(crate) fn glu(self) -> Glu {
-        Glu::Geglu(match self {
-            Gelu::Tanh => GeluForm::Tanh,
-            Gelu::Erf => GeluForm::Erf,
-        })
+    /// The kernels' gate.
+    pub(crate) fn gate(self) -> Gate {
+        match self {
+            Gelu::Tanh => Gate::GeluTanh,
+            Gelu::Erf => Gate::GeluErf,
+        }
     }
 }
 
@@ -105,11 +107,11 @@ pub fn geglu_forward<T: Dtype>(
     b: &impl DevicePtr<T>,
     c: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
-    swiglu::run(
+    run(
         stream,
         args,
-        gelu.glu(),
-        &swiglu::FORWARD,
+        gelu.gate(),
+        &FORWARD,
         [read(a), read(b), write(c)],
     )
 }
@@ -148,7 +150,7 @@ pub fn geglu_forward_fused<T: Dtype>(
     c: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
     let bufs = [read(gate_up), write(c)];
-    swiglu::run(stream, args, gelu.glu(), &swiglu::FORWARD_FUSED, bufs)
+    run(stream, args, gelu.gate(), &FORWARD_FUSED, bufs)
 }
 
 /// GEGLU backward into separate buffers: `da` (rows at `args.a_stride`) and `db` (rows at
@@ -196,7 +198,7 @@ pub fn geglu_backward<T: Dtype>(
     db: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
     let bufs = [read(dc), read(a), read(b), write(da), write(db)];
-    swiglu::run(stream, args, gelu.glu(), &swiglu::BACKWARD, bufs)
+    run(stream, args, gelu.gate(), &BACKWARD, bufs)
 }
 
 /// GEGLU backward writing `da` over `a` and `db` over `b`; otherwise as [`geglu_backward`].
@@ -237,7 +239,7 @@ pub fn geglu_backward_inplace<T: Dtype>(
     b: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
     let bufs = [read(dc), write(a), write(b)];
-    swiglu::run(stream, args, gelu.glu(), &swiglu::BACKWARD_INPLACE, bufs)
+    run(stream, args, gelu.gate(), &BACKWARD_INPLACE, bufs)
 }
 
 /// GEGLU backward from a fused gate-up buffer into a separate fused gradient buffer
@@ -280,7 +282,7 @@ pub fn geglu_backward_fused<T: Dtype>(
     d_gate_up: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
     let bufs = [read(dc), read(gate_up), write(d_gate_up)];
-    swiglu::run(stream, args, gelu.glu(), &swiglu::BACKWARD_FUSED, bufs)
+    run(stream, args, gelu.gate(), &BACKWARD_FUSED, bufs)
 }
 
 /// GEGLU backward writing the fused gradient over the fused gate-up buffer (`da` over the
@@ -320,11 +322,5 @@ pub fn geglu_backward_fused_inplace<T: Dtype>(
     gate_up: &mut impl DevicePtrMut<T>,
 ) -> Result<()> {
     let bufs = [read(dc), write(gate_up)];
-    swiglu::run(
-        stream,
-        args,
-        gelu.glu(),
-        &swiglu::BACKWARD_FUSED_INPLACE,
-        bufs,
-    )
+    run(stream, args, gelu.gate(), &BACKWARD_FUSED_INPLACE, bufs)
 }
