@@ -8,7 +8,8 @@ mod tables;
 
 use crate::Result;
 use crate::glu::launch as glu;
-use crate::rope::{Direction, TableRows, check_fused_disjoint, check_host_ids, fused_spec};
+use crate::rope::args::TableRows;
+use crate::rope::{Pass, check_fused_disjoint, check_host_ids, fused_spec};
 use crate::validate::{Seen, Table, check};
 use tables::*;
 
@@ -94,8 +95,8 @@ impl Check for Rope {
     fn check(self, call: &Call<RopeCall>, t_size: usize) -> Result<()> {
         let c = &call.args;
         let direction = match self {
-            Rope::Forward | Rope::ForwardInto | Rope::ForwardFused => Direction::Forward,
-            Rope::Backward | Rope::BackwardInto | Rope::BackwardFused => Direction::Backward,
+            Rope::Forward | Rope::ForwardInto | Rope::ForwardFused => Pass::Forward,
+            Rope::Backward | Rope::BackwardInto | Rope::BackwardFused => Pass::Backward,
         };
         let (rows, host) = match &c.layout {
             Layout::PerPosition => (TableRows::PerPosition, None),

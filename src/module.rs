@@ -403,7 +403,7 @@ pub(crate) mod tests {
         use std::collections::BTreeSet;
         let launchable: BTreeSet<String> = [
             crate::rms_norm::tests::launchable_kernels(),
-            crate::rope::tests::launchable_kernels(),
+            crate::rope::plan::tests::launchable_kernels(),
             crate::glu::plan::tests::launchable_kernels(),
             crate::attention::plan::tests::launchable_kernels(),
             crate::cross_entropy::plan::tests::launchable_kernels(),

@@ -69,7 +69,7 @@ names! {
     pub enum Op / op_name {
         /// RMSNorm (`kernels-gpu/src/rms_norm.rs`).
         RmsNorm = "rms_norm",
-        /// RoPE (`kernels-gpu/src/rope.rs`).
+        /// RoPE (`kernels-gpu/src/rope/`).
         Rope = "rope",
         /// SwiGLU (`kernels-gpu/src/glu/`, [`Gate::Silu`]).
         Swiglu = "swiglu",
@@ -171,7 +171,7 @@ names! {
 }
 
 names! {
-    /// What a kernel computes: the second part of every entry name.
+    /// What an RMSNorm kernel computes: the second part of its entry name.
     pub enum Direction / direction_name {
         /// The forward.
         Forward = "fwd",
@@ -287,11 +287,11 @@ names! {
 }
 
 names! {
-    /// What a GLU kernel computes: the second part of its entry name.
-    pub enum GluPass / glu_pass_name {
-        /// The forward `c = T(T(act(a·gm))·b)`.
+    /// What a GLU, RoPE or embedding kernel computes: the second part of its entry name.
+    pub enum Pass / pass_name {
+        /// The forward.
         Forward = "fwd",
-        /// The backward: `da` and `db` from `dc`.
+        /// The backward.
         Backward = "bwd",
     }
 }
@@ -368,8 +368,8 @@ pub enum Kernel {
     },
     /// A RoPE forward or backward.
     Rope {
-        /// [`Direction::Forward`] or [`Direction::Backward`].
-        direction: Direction,
+        /// The pass.
+        pass: Pass,
         /// The path.
         path: RopePath,
         /// The element type.
@@ -382,7 +382,7 @@ pub enum Kernel {
         /// The gate (and so the op).
         gate: Gate,
         /// The pass.
-        pass: GluPass,
+        pass: Pass,
         /// The path.
         path: GluPath,
         /// The element type.
@@ -413,8 +413,8 @@ pub enum Kernel {
     },
     /// An embedding forward or backward.
     Embedding {
-        /// [`Direction::Forward`] or [`Direction::Backward`].
-        direction: Direction,
+        /// The pass.
+        pass: Pass,
         /// The element type of the table and the rows.
         elem: ElemType,
         /// The ids' type.
@@ -453,30 +453,30 @@ macro_rules! kernel_name {
             op_name(RmsNorm), direction_name($dir), kernel_name(@vector $layout $k),
             elem_name($elem), mode_name($mode))
     };
-    (Rope, $dir:ident, Scalar, $elem:ident, $rows:ident) => {
+    (Rope, $pass:ident, Scalar, $elem:ident, $rows:ident) => {
         $crate::identity::kernel_name!(@join
-            op_name(Rope), direction_name($dir), elem_name($elem), rows_name($rows))
+            op_name(Rope), pass_name($pass), elem_name($elem), rows_name($rows))
     };
-    (Rope, $dir:ident, $path:ident, $elem:ident, $rows:ident) => {
+    (Rope, $pass:ident, $path:ident, $elem:ident, $rows:ident) => {
         $crate::identity::kernel_name!(@join
-            op_name(Rope), direction_name($dir), rope_path_name($path), elem_name($elem),
+            op_name(Rope), pass_name($pass), rope_path_name($path), elem_name($elem),
             rows_name($rows))
     };
     (Glu, Silu, $pass:ident, Scalar, $elem:ident) => {
         $crate::identity::kernel_name!(@join
-            op_name(Swiglu), glu_pass_name($pass), elem_name($elem))
+            op_name(Swiglu), pass_name($pass), elem_name($elem))
     };
     (Glu, Silu, $pass:ident, $path:ident, $elem:ident) => {
         $crate::identity::kernel_name!(@join
-            op_name(Swiglu), glu_pass_name($pass), glu_path_name($path), elem_name($elem))
+            op_name(Swiglu), pass_name($pass), glu_path_name($path), elem_name($elem))
     };
     (Glu, $gate:ident, $pass:ident, Scalar, $elem:ident) => {
         $crate::identity::kernel_name!(@join
-            op_name(Geglu), glu_pass_name($pass), elem_name($elem), gate_name($gate))
+            op_name(Geglu), pass_name($pass), elem_name($elem), gate_name($gate))
     };
     (Glu, $gate:ident, $pass:ident, $path:ident, $elem:ident) => {
         $crate::identity::kernel_name!(@join
-            op_name(Geglu), glu_pass_name($pass), glu_path_name($path), elem_name($elem),
+            op_name(Geglu), pass_name($pass), glu_path_name($path), elem_name($elem),
             gate_name($gate))
     };
     (Attention, $pass:ident, Simt, $elem:ident) => {
@@ -502,9 +502,9 @@ macro_rules! kernel_name {
         $crate::identity::kernel_name!(@join
             op_name(AdamW), adamw_pass_name($pass), elem_name($grad), elem_name($copy))
     };
-    (Embedding, $dir:ident, $elem:ident, $ids:ident) => {
+    (Embedding, $pass:ident, $elem:ident, $ids:ident) => {
         $crate::identity::kernel_name!(@join
-            op_name(Embedding), direction_name($dir), elem_name($elem), id_type_name($ids))
+            op_name(Embedding), pass_name($pass), elem_name($elem), id_type_name($ids))
     };
     (CrossEntropy, $pass:ident) => {
         $crate::identity::kernel_name!(@join op_name(CrossEntropy), ce_pass_name($pass))
@@ -567,13 +567,13 @@ impl Kernel {
                 "",
             ],
             Kernel::Rope {
-                direction,
+                pass,
                 path,
                 elem,
                 rows,
             } => [
                 Op::Rope.name(),
-                direction.name(),
+                pass.name(),
                 path.name(),
                 elem.name(),
                 rows.name(),
@@ -607,13 +607,9 @@ impl Kernel {
                 copy.map_or("", ElemType::name),
                 "",
             ],
-            Kernel::Embedding {
-                direction,
-                elem,
-                ids,
-            } => [
+            Kernel::Embedding { pass, elem, ids } => [
                 Op::Embedding.name(),
-                direction.name(),
+                pass.name(),
                 elem.name(),
                 ids.name(),
                 "",
@@ -642,37 +638,3 @@ pub const fn has_shared_dw(elem: ElemType, per_thread: usize) -> bool {
 /// offset 0: one value per warp for each of two sums, in two sets that consecutive rows
 /// alternate (one barrier per row). The `_vs` backward keeps its dW row after them.
 pub const SUM_SLOTS: usize = 4 * 32;
-
-/// Constants of the RoPE kernels.
-pub mod rope {
-    /// Bits of the general kernels' `form` argument.
-    pub mod form {
-        /// Pair `i < rotary_dim/2` is `(x[2i], x[2i + 1])` (GPT-J, candle-nn's `rope_i`)
-        /// instead of the NeoX halves `(x[i], x[i + rotary_dim/2])`.
-        pub const INTERLEAVED: u32 = 1;
-        /// q is `[B, q_heads, S, head_dim]` and k `[B, k_heads, S, head_dim]` (heads before
-        /// positions) instead of `[B, S, heads, head_dim]`.
-        pub const HEAD_MAJOR: u32 = 2;
-        /// cos/sin rows hold `rotary_dim/2` values, one per pair, instead of `rotary_dim`, one
-        /// per rotary dim (where pair `i` reads the entry of its first dim: `i`, or `2i`
-        /// interleaved).
-        pub const HALF_TABLES: u32 = 4;
-        /// The output is not the input and `rotary_dim < head_dim`: dims
-        /// `rotary_dim..head_dim` are copied from input to output.
-        pub const COPY_TAIL: u32 = 8;
-    }
-
-    /// Heads one thread of the vector kernels rotates per step, for elements of `lanes` per
-    /// 16-byte vector: their `2·vec_heads` loads are all issued before the first result is
-    /// stored, and the host sizes `blockDim.y = ⌈heads / vec_heads⌉` so that one step usually
-    /// covers every head of the token. On an H200 (llama shape, 40 heads of 128): 16-bit types
-    /// 2 (64 registers, 6 blocks of 160 threads per SM) measured +0.5 % over 4 (96 registers,
-    /// 4 blocks of 160), f32 4 measured +1 % over 2 (whose 16 vectors per half leave 2.5 heads
-    /// per thread).
-    pub const fn vec_heads(lanes: usize) -> usize {
-        match lanes {
-            8 => 2,
-            _ => 4,
-        }
-    }
-}

@@ -12,7 +12,7 @@ use super::{
 use crate::reference::rope::{
     CosSinRows, rope_backward as ref_backward, rope_forward as ref_forward, rope_one,
 };
-use crate::rope::{Direction, rope_into};
+use crate::rope::{Pass, rope_into};
 use crate::{CosSinLayout, PositionIds, RopeArgs};
 use candle_core::backend::BackendStorage;
 use candle_core::{
@@ -116,7 +116,7 @@ struct Plan {
 /// (`I`: as the backend reads them).
 #[derive(Clone, Copy)]
 struct Call<X, I> {
-    dir: Direction,
+    dir: Pass,
     q: X,
     k: Option<X>,
     tables: [X; 2],
@@ -125,7 +125,7 @@ struct Call<X, I> {
 
 impl<X, I> Call<X, I> {
     /// The call of `dir` on these inputs, in one line at each of its many call sites.
-    fn new(dir: Direction, q: X, k: Option<X>, tables: [X; 2], ids: Option<I>) -> Self {
+    fn new(dir: Pass, q: X, k: Option<X>, tables: [X; 2], ids: Option<I>) -> Self {
         Call {
             dir,
             q,
@@ -304,7 +304,7 @@ impl Plan {
         let need = self.table_len(cos.len());
         let (cos, sin) = (&cos[..need], &sin[..need]);
         let rows = self.host_rows(call.ids)?;
-        let backward = call.dir == Direction::Backward;
+        let backward = call.dir == Pass::Backward;
         let mut out = call.q.to_vec();
         match call.k {
             Some(k) => {
@@ -495,7 +495,7 @@ impl Pair {
     }
 
     /// Rotates contiguous q and k (or their gradients) into a new flat `[q | k]`.
-    fn rotate(&self, dir: Direction, q: &Tensor, k: &Tensor) -> Result<Tensor> {
+    fn rotate(&self, dir: Pass, q: &Tensor, k: &Tensor) -> Result<Tensor> {
         let tables = [&self.cos, &self.sin];
         let ids = self.position_ids.as_ref();
         self.plan.tensors(Call::new(dir, q, Some(k), tables, ids))
@@ -643,7 +643,7 @@ pub fn rope_backward_with(
     cfg: &RopeConfig,
 ) -> Result<(Tensor, Tensor)> {
     let pair = Pair::new([dq, dk], [cos, sin], position_ids, cfg)?;
-    let packed = pair.rotate(Direction::Backward, &token_rows(dq)?, &token_rows(dk)?)?;
+    let packed = pair.rotate(Pass::Backward, &token_rows(dq)?, &token_rows(dk)?)?;
     pair.split(&packed)
 }
 
@@ -670,7 +670,7 @@ impl CustomOp2 for PairOp {
         let (s_s, s_l) = p.sin.storage_and_layout();
         let tables = [(cpu(&c_s, "cos")?, c_l), (cpu(&s_s, "sin")?, s_l)];
         let call = Call::new(
-            Direction::Forward,
+            Pass::Forward,
             (q, q_l),
             Some((k, k_l)),
             tables,
@@ -700,7 +700,7 @@ impl CustomOp2 for PairOp {
             (cuda(&c_s, ROPE, "cos")?, c_l),
             (cuda(&s_s, ROPE, "sin")?, s_l),
         ];
-        let call = Call::new(Direction::Forward, (q, q_l), Some((k, k_l)), tables, ids);
+        let call = Call::new(Pass::Forward, (q, q_l), Some((k, k_l)), tables, ids);
         let out = p.plan.cuda(call)?;
         let (q_len, k_len) = p.plan.lens();
         Ok((out, Shape::from(q_len + k_len)))
@@ -717,7 +717,7 @@ impl CustomOp2 for PairOp {
         let (q_len, k_len) = p.plan.lens();
         let grad = grad.contiguous()?;
         let (gq, gk) = (grad.narrow(0, 0, q_len)?, grad.narrow(0, q_len, k_len)?);
-        let packed = p.rotate(Direction::Backward, &gq, &gk)?;
+        let packed = p.rotate(Pass::Backward, &gq, &gk)?;
         let (dq, dk) = p.split(&packed)?;
         Ok((Some(dq), Some(dk)))
     }
@@ -909,7 +909,7 @@ impl CustomOp3 for OneOp {
         sin_l: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let tables = [(cos, cos_l), (sin, sin_l)];
-        let call = Call::new(Direction::Forward, (xs, xs_l), None, tables, None);
+        let call = Call::new(Pass::Forward, (xs, xs_l), None, tables, None);
         let out = self.plan.cpu(call)?;
         Ok((out, xs_l.shape().clone()))
     }
@@ -924,7 +924,7 @@ impl CustomOp3 for OneOp {
         sin_l: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         let tables = [(cos, cos_l), (sin, sin_l)];
-        let call = Call::new(Direction::Forward, (xs, xs_l), None, tables, None);
+        let call = Call::new(Pass::Forward, (xs, xs_l), None, tables, None);
         let out = self.plan.cuda(call)?;
         Ok((out, xs_l.shape().clone()))
     }
@@ -940,13 +940,7 @@ impl CustomOp3 for OneOp {
         let grad = grad.contiguous()?;
         let dxs = self
             .plan
-            .tensors(Call::new(
-                Direction::Backward,
-                &grad,
-                None,
-                [cos, sin],
-                None,
-            ))?
+            .tensors(Call::new(Pass::Backward, &grad, None, [cos, sin], None))?
             .reshape(xs.shape())?;
         if !(cos.track_op() || sin.track_op()) {
             return Ok((Some(dxs), None, None));

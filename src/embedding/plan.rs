@@ -3,7 +3,7 @@
 use super::abi::{BWD_ROWS, BWD_SHARED_WORDS, BWD_TILE_COLS, THREADS};
 use super::args::EmbeddingArgs;
 use crate::error::{Result, invalid};
-use crate::identity::{Direction, ElemType, IdType, Kernel};
+use crate::identity::{ElemType, IdType, Kernel, Pass};
 
 /// The one launch of a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,7 +18,7 @@ pub(crate) struct Step {
 pub(crate) fn forward(args: &EmbeddingArgs, elem: ElemType, ids: IdType) -> Step {
     Step {
         kernel: Kernel::Embedding {
-            direction: Direction::Forward,
+            pass: Pass::Forward,
             elem,
             ids,
         },
@@ -43,7 +43,7 @@ pub(crate) fn backward(args: &EmbeddingArgs, elem: ElemType, ids: IdType) -> Res
     }
     Ok(Step {
         kernel: Kernel::Embedding {
-            direction: Direction::Backward,
+            pass: Pass::Backward,
             elem,
             ids,
         },

@@ -4,7 +4,7 @@ use super::abi::Params;
 use super::args::{Buffers, Of, SwigluArgs};
 use super::plan::Plan;
 use crate::error::Result;
-use crate::identity::GluPass;
+use crate::identity::Pass;
 use crate::launch::{Launch, arg, launch_ex};
 use crate::validate::Role::{InPlace, Read, Written};
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig};
@@ -14,7 +14,7 @@ use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig};
 /// element size in bytes, which places a fused row's up half).
 pub(crate) struct Launcher<const N: usize> {
     pub(crate) buffers: Buffers<N>,
-    pub(crate) pass: GluPass,
+    pub(crate) pass: Pass,
     pub(crate) params: fn(&SwigluArgs, [u64; N], u64) -> Params,
 }
 
@@ -55,7 +55,7 @@ pub(crate) const FORWARD: Launcher<3> = Launcher {
         ("b", Read, Of::B),
         ("c", Written, Of::C),
     ],
-    pass: GluPass::Forward,
+    pass: Pass::Forward,
     params: |args, [a, b, c], _| Params {
         a,
         b,
@@ -66,7 +66,7 @@ pub(crate) const FORWARD: Launcher<3> = Launcher {
 /// [`crate::swiglu_forward_fused`], [`crate::geglu_forward_fused`].
 pub(crate) const FORWARD_FUSED: Launcher<2> = Launcher {
     buffers: [("gate_up", Read, Of::Fused), ("c", Written, Of::C)],
-    pass: GluPass::Forward,
+    pass: Pass::Forward,
     params: |args, [gate_up, c], size| fused(args, gate_up, c, 0, size),
 };
 /// [`crate::swiglu_backward`], [`crate::geglu_backward`].
@@ -78,7 +78,7 @@ pub(crate) const BACKWARD: Launcher<5> = Launcher {
         ("da", Written, Of::A),
         ("db", Written, Of::B),
     ],
-    pass: GluPass::Backward,
+    pass: Pass::Backward,
     params: |args, [c, a, b, da, db], _| Params {
         a,
         b,
@@ -95,7 +95,7 @@ pub(crate) const BACKWARD_INPLACE: Launcher<3> = Launcher {
         ("a", InPlace, Of::A),
         ("b", InPlace, Of::B),
     ],
-    pass: GluPass::Backward,
+    pass: Pass::Backward,
     params: |args, [c, a, b], _| Params {
         a,
         b,
@@ -112,13 +112,13 @@ pub(crate) const BACKWARD_FUSED: Launcher<3> = Launcher {
         ("gate_up", Read, Of::Fused),
         ("d_gate_up", Written, Of::Fused),
     ],
-    pass: GluPass::Backward,
+    pass: Pass::Backward,
     params: |args, [dc, gate_up, d_gate_up], size| fused(args, gate_up, dc, d_gate_up, size),
 };
 /// [`crate::swiglu_backward_fused_inplace`], [`crate::geglu_backward_fused_inplace`].
 pub(crate) const BACKWARD_FUSED_INPLACE: Launcher<2> = Launcher {
     buffers: [("dc", Read, Of::C), ("gate_up", InPlace, Of::Fused)],
-    pass: GluPass::Backward,
+    pass: Pass::Backward,
     params: |args, [dc, gate_up], size| fused(args, gate_up, dc, gate_up, size),
 };
 

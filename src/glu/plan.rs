@@ -5,7 +5,7 @@ use super::abi::{
     BWD_TILE_VECTOR_BYTES, BWD_VECS, BWD_VECS_TILE, FWD_VECS, FWD_VECS_TILE, ITEMS, Params,
 };
 use crate::error::Result;
-use crate::identity::{ElemType, Gate, GluPass, GluPath, Kernel};
+use crate::identity::{ElemType, Gate, GluPath, Kernel, Pass};
 use crate::launch::whole_grid;
 
 /// Most threads per block.
@@ -53,15 +53,15 @@ pub(crate) struct Plan {
 /// [`vector`] allows it, else the scalar one; its grid from [`shape`]. `resident(kernel,
 /// threads)`: the resident blocks of the grid-stride `kernel` at `threads` per block.
 pub(crate) fn plan(
-    pass: GluPass,
+    pass: Pass,
     gate: Gate,
     elem: ElemType,
     p: &Params,
     resident: impl FnOnce(Kernel, u32) -> Result<usize>,
 ) -> Result<Plan> {
     let (ptrs, per_thread, whole): (&[u64], _, _) = match pass {
-        GluPass::Forward => (&[p.a, p.b, p.c], FWD_VECS, FWD_WHOLE),
-        GluPass::Backward => (&[p.c, p.a, p.b, p.da, p.db], BWD_VECS, BWD_WHOLE),
+        Pass::Forward => (&[p.a, p.b, p.c], FWD_VECS, FWD_WHOLE),
+        Pass::Backward => (&[p.c, p.a, p.b, p.da, p.db], BWD_VECS, BWD_WHOLE),
     };
     let strides = [p.a_stride, p.b_stride, p.c_stride].map(|s| s as usize);
     let (rows, cols) = (p.rows as usize, p.cols as usize);
@@ -224,7 +224,7 @@ pub(crate) mod tests {
     pub(crate) fn launchable_kernels() -> Vec<Kernel> {
         let mut out = Vec::new();
         for &gate in Gate::ALL {
-            for &pass in GluPass::ALL {
+            for &pass in Pass::ALL {
                 for &path in GluPath::ALL {
                     for &elem in ElemType::ALL {
                         out.push(Kernel::Glu {
@@ -346,7 +346,7 @@ pub(crate) mod tests {
                 .kernel
                 .name()
         };
-        let (fwd, bwd) = (GluPass::Forward, GluPass::Backward);
+        let (fwd, bwd) = (Pass::Forward, Pass::Backward);
         let (silu, tanh, erf) = (Gate::Silu, Gate::GeluTanh, Gate::GeluErf);
         let (f32_, f16_, bf16_) = (ElemType::F32, ElemType::F16, ElemType::Bf16);
         // A few tiles: the grid-stride `_v` kernel; many waves of them: the `_vw` twin. On an
@@ -413,7 +413,7 @@ pub(crate) mod tests {
         };
         for elem in ElemType::ALL.iter().copied() {
             for (rows, cols, twin) in [(1300, 8192, true), (200001, 56, true), (24000, 56, false)] {
-                for pass in [GluPass::Forward, GluPass::Backward] {
+                for pass in [Pass::Forward, Pass::Backward] {
                     let got = plan(pass, Gate::Silu, elem, &block(rows, cols), |kernel, t| {
                         k.resident_blocks(&k.function(kernel)?, t, 0)
                     })

@@ -340,8 +340,8 @@ fn rope<T: Element>(
                 ));
             }
             let direction = match backward {
-                true => crate::rope::Direction::Backward,
-                false => crate::rope::Direction::Forward,
+                true => crate::rope::Pass::Backward,
+                false => crate::rope::Pass::Forward,
             };
             crate::rope::check_fused_disjoint(&sizes, k_offset, direction)?;
             bufs.push(qkv);

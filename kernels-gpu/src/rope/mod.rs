@@ -1,5 +1,5 @@
 //! RoPE forward and backward on q and k in one launch: the NeoX half-split rotation in place
-//! (scalar and vector kernels), and the general kernels' other forms (host: `src/rope.rs`).
+//! (scalar and vector kernels), and the general kernels' other forms (host: `src/rope/`; every entry takes one [`abi::Params`] block).
 //!
 //! q is `[tokens, q_heads, head_dim]` and k `[tokens, k_heads, head_dim]` (tokens = B·S,
 //! contiguous). Only the first `rotary_dim` dims of a head rotate: with `half = rotary_dim / 2`,
@@ -34,11 +34,14 @@
 //! Math in f32, one rounding to the element type per output, no FMA contraction:
 //! `o1 = T(x1·c − x2·s)`, `o2 = T(x2·c + x1·s)` with each product rounded to f32. The backward
 //! is the same with `s → −s` (exact), i.e. `g1 = dy1·c + dy2·s`, `g2 = dy2·c − dy1·s`.
-use crate::identity::{Direction, Rows, kernel_name, rope::form as flags};
+pub mod abi;
+
+use crate::identity::{Pass, Rows, kernel_name};
 use crate::{
     Elem, V16, Vector, block_dim, block_dim_y, block_dim_z, block_idx, elem_type, grid_dim, lanes,
     thread_idx, thread_idx_y, thread_idx_z, unroll,
 };
+use abi::{Params, form as flags};
 
 /// The cos/sin row sources of [`Rows`] as the `ROWS` const parameter.
 pub mod rows {
@@ -91,6 +94,25 @@ struct Args<T> {
     head_dim: usize,
     rotary_dim: usize,
     table_rows: usize,
+}
+
+impl<T> Args<T> {
+    /// The tables, ids and sizes of a parameter block.
+    #[inline(always)]
+    fn of(p: &Params) -> Self {
+        Args {
+            cos: p.cos as *const T,
+            sin: p.sin as *const T,
+            ids: p.ids as *const u8,
+            tokens: p.tokens as usize,
+            seq_len: p.seq_len as usize,
+            q_heads: p.q_heads as usize,
+            k_heads: p.k_heads as usize,
+            head_dim: p.head_dim as usize,
+            rotary_dim: p.rotary_dim as usize,
+            table_rows: p.table_rows as usize,
+        }
+    }
 }
 
 /// The t, h and w cos/sin table rows of `token` for the multimodal variants of the general
@@ -309,9 +331,8 @@ unsafe fn rotate_any<T: Elem, const ROWS: u32, const BWD: bool>(
     }
 }
 
-/// Heads one thread of the vector path rotates per step (see
-/// [`crate::identity::rope::vec_heads`]).
-pub use crate::identity::rope::vec_heads;
+/// Heads one thread of the vector path rotates per step (see [`abi::vec_heads`]).
+pub use abi::vec_heads;
 
 /// The most heads per step of any type (the length of the per-step arrays).
 const MAX_VEC_HEADS: usize = 4;
@@ -576,55 +597,28 @@ unsafe fn rotate_vec<
     }
 }
 
-/// One RoPE entry point: the buffers `$io` (q and k, then the general kernels' outputs), the
-/// cos/sin tables, ids and sizes that every kernel takes, then `$extra` (the vector and general
-/// kernels' strides, sections and form), handed to `$body` (its const generics after the
-/// element type, row source and direction: `$generic`) as `$io…, Args, $pass…` (`$pass`: the
-/// values made of `$extra`).
+/// One RoPE entry point: one [`Params`] block by value (`ld.param` loads, no local copy),
+/// handed to `$body` (its const generics after the element type, row source and direction:
+/// `$generic`) as the path's pointers, [`Args`] and `$pass` (made of `p`).
 macro_rules! rope_entry {
     (
         $(#[$doc:meta])*
         $body:ident [$($generic:expr),*], $path:ident, $elem:ident, $rows:ident, $dir:ident,
-        ($($io:ident: $io_ty:ty),*), ($($extra:ident: $extra_ty:ty),*), ($($pass:expr),*)
+        |$p:ident| ($($pass:expr),*)
     ) => {
         const _: () = {
             $(#[$doc])*
             #[unsafe(export_name = kernel_name!(Rope, $dir, $path, $elem, $rows))]
-            pub unsafe extern "gpu-kernel" fn kernel(
-                $($io: $io_ty,)*
-                cos: *const elem_type!($elem),
-                sin: *const elem_type!($elem),
-                ids: *const u8,
-                tokens: u64,
-                seq_len: u64,
-                q_heads: u64,
-                k_heads: u64,
-                head_dim: u64,
-                rotary_dim: u64,
-                table_rows: u64,
-                $($extra: $extra_ty,)*
-            ) {
-                let args = Args {
-                    cos,
-                    sin,
-                    ids,
-                    tokens: tokens as usize,
-                    seq_len: seq_len as usize,
-                    q_heads: q_heads as usize,
-                    k_heads: k_heads as usize,
-                    head_dim: head_dim as usize,
-                    rotary_dim: rotary_dim as usize,
-                    table_rows: table_rows as usize,
-                };
+            // A `#[repr(C)]` struct of integers: the PTX parameter is its bytes.
+            #[allow(improper_gpu_kernel_arg)]
+            pub unsafe extern "gpu-kernel" fn kernel($p: Params) {
                 unsafe {
                     $body::<
                         elem_type!($elem),
                         { Rows::$rows as u32 },
-                        { backward(Direction::$dir) }
+                        { matches!(Pass::$dir, Pass::Backward) }
                         $(, $generic)*
-                    >(
-                        $($io,)* args $(, $pass)*
-                    )
+                    >($($pass),*)
                 }
             }
         };
@@ -639,14 +633,14 @@ macro_rules! rope_kernel {
             /// RoPE for one dtype, direction and cos/sin row source (see the module docs).
             ///
             /// # Safety
-            /// `q` holds `tokens × q_heads × head_dim` elements, `k` `tokens × k_heads ×
+            /// `p.q` holds `tokens × q_heads × head_dim` elements, `p.k` `tokens × k_heads ×
             /// head_dim`, disjoint; `cos`/`sin` hold every row the variant can select
             /// (`seq_len`, `tokens` or `table_rows` rows of `rotary_dim`); `ids` holds `tokens`
-            /// ids of the variant's integer type (unused, may be null, for the per-position and
+            /// ids of the variant's integer type (unused, may be 0, for the per-position and
             /// per-batch variants). `2 ≤ rotary_dim ≤ head_dim`,
             /// `(q_heads + k_heads)·rotary_dim/2 < 2³¹`.
             rotate [], Scalar, $elem, $rows, $dir,
-            (q: *mut elem_type!($elem), k: *mut elem_type!($elem)), (), ()
+            |p| (p.q as *mut _, p.k as *mut _, Args::of(&p))
         );
     };
 }
@@ -663,22 +657,23 @@ macro_rules! rope_vector_kernel {
             /// them) and full-width tables alone.
             ///
             /// # Safety
-            /// `q` holds `tokens` rows of `q_heads × head_dim` elements `q_stride` apart, `k`
+            /// `p.q` holds `tokens` rows of `q_heads × head_dim` elements `q_stride` apart, `p.k`
             /// `tokens` rows of `k_heads × head_dim` `k_stride` apart, no element in both;
             /// `cos`/`sin` hold every row the variant can select (`seq_len`, `tokens`,
             /// `table_rows` or, multimodal, `3·tokens` rows, of `rotary_dim` or, half-width,
             /// `rotary_dim/2`); `ids` holds `tokens` ids of the variant's integer type
-            /// (`3·tokens` multimodal; unused, may be null, for the others); multimodal
-            /// `sections` is the first pair of table 1 in bits 0..32 and of table 2 in bits
-            /// 32..64. `2 ≤ rotary_dim ≤ head_dim`, `seq_len ≥ 1`, and the alignment and
-            /// divisibility listed at [`rotate_vec`].
+            /// (`3·tokens` multimodal; unused, may be 0, for the others); multimodal
+            /// `sections` holds the first pair of table 1 and of table 2. `2 ≤ rotary_dim ≤
+            /// head_dim`, `seq_len ≥ 1`, and the alignment and divisibility listed at
+            /// [`rotate_vec`].
             rotate_vec [$interleaved, $any], $path, $elem, $rows, $dir,
-            (q: *mut elem_type!($elem), k: *mut elem_type!($elem)),
-            (q_stride: u64, k_stride: u64, sections: u64, form: u32),
-            (
-                [q_stride as usize, k_stride as usize],
-                [sections as u32, (sections >> 32) as u32],
-                form
+            |p| (
+                p.q as *mut _,
+                p.k as *mut _,
+                Args::of(&p),
+                [p.q_stride as usize, p.k_stride as usize],
+                p.sections,
+                p.form
             )
         );
     };
@@ -701,42 +696,28 @@ macro_rules! rope_general_kernel {
             /// disjoint from every buffer; the outputs are disjoint). `cos`/`sin` hold every
             /// row the variant can select (`seq_len`, `tokens`, `table_rows` or, multimodal,
             /// `3·tokens` rows of `rotary_dim`, or `rotary_dim/2` with [`flags::HALF_TABLES`]);
-            /// `ids` as for the other kernels (`3·tokens` ids for the multimodal ones); multimodal `sections` is the first pair of
-            /// table 1 in bits 0..32 and of table 2 in bits 32..64. `2 ≤ rotary_dim ≤
-            /// head_dim`, both even, `seq_len ≥ 1`, `(q_heads + k_heads)·head_dim < 2³¹`;
-            /// [`flags::COPY_TAIL`] only out of place.
+            /// `ids` as for the other kernels (`3·tokens` ids for the multimodal ones);
+            /// multimodal `sections` holds the first pair of table 1 and of table 2. `2 ≤
+            /// rotary_dim ≤ head_dim`, both even, `seq_len ≥ 1`, `(q_heads + k_heads)·head_dim
+            /// < 2³¹`; [`flags::COPY_TAIL`] only out of place.
             rotate_any [], General, $elem, $rows, $dir,
-            (
-                q: *const elem_type!($elem),
-                k: *const elem_type!($elem),
-                q_out: *mut elem_type!($elem),
-                k_out: *mut elem_type!($elem)
-            ),
-            (
-                q_stride: u64,
-                k_stride: u64,
-                q_out_stride: u64,
-                k_out_stride: u64,
-                sections: u64,
-                form: u32
-            ),
-            (
+            |p| (
+                p.q as *const _,
+                p.k as *const _,
+                p.q_out as *mut _,
+                p.k_out as *mut _,
+                Args::of(&p),
                 Strides {
-                    q: q_stride as usize,
-                    k: k_stride as usize,
-                    q_out: q_out_stride as usize,
-                    k_out: k_out_stride as usize,
+                    q: p.q_stride as usize,
+                    k: p.k_stride as usize,
+                    q_out: p.q_out_stride as usize,
+                    k_out: p.k_out_stride as usize,
                 },
-                [sections as u32, (sections >> 32) as u32],
-                form
+                p.sections,
+                p.form
             )
         );
     };
-}
-
-/// Whether `dir` is the backward (`BWD` of the kernel bodies: `s → −s`).
-const fn backward(dir: Direction) -> bool {
-    matches!(dir, Direction::Backward)
 }
 
 /// Every RoPE kernel of one element type: each direction and cos/sin row source on every
