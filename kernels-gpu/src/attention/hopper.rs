@@ -7,8 +7,9 @@
 //! `mma.sync`'s, so dS and the stores are [`super::tc`]'s code; each is waited for before its
 //! registers are read. (The dK/dV kernel is [`super::mma_bwd`]'s in both builds.)
 use super::abi::{MMA_KEYS, MMA_ROWS, Params, THREADS, dkdv_stage_bytes_sm90};
+use super::mma::each;
 use super::mma::{commit, wait_all};
-use super::tc::{each, probs_and_ds, row_stats, store_row};
+use super::tc::{probs_and_ds, row_stats, store_row};
 use super::wgmma::{self, load_tile, pv, scores, wait32, wait64};
 use super::{Half, Score, Seq, block_y, block_z, exp2, offset};
 use crate::{block_idx, grid_dim, sync_threads, thread_idx};

@@ -13,8 +13,18 @@
 //! `r` at chunk `c ^ (r % 8)`: the eight rows an `ldmatrix` matrix reads at one logical chunk
 //! then fall in eight different bank groups (no conflicts), as do `cp.async` writes.
 use super::Half;
-use super::tc::each;
 use core::arch::asm;
+
+/// Calls `f(0), …, f(N − 1)` as straight-line code (`N ≤ 16`), so that register arrays indexed
+/// by the argument keep constant indices.
+#[inline(always)]
+pub(super) fn each<const N: usize>(mut f: impl FnMut(usize)) {
+    const { assert!(N <= 16) };
+    macro_rules! step {
+        ($($i:literal)*) => { $( if N > $i { f($i); } )* };
+    }
+    step!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+}
 
 /// `d = a·b + d` on one m16n8k16 tile (bf16 or f16 operands, f32 accumulators).
 #[inline(always)]

@@ -5,11 +5,12 @@ use super::abi::{
     DKDV_QUERY_TILE, DKDV_THREADS, MMA_KEYS, MMA_ROWS, Params, THREADS, dkdv_stage_bytes,
     dq_key_tile,
 };
+use super::mma::each;
 use super::mma::{
     Lanes, commit, ldmatrix_x4, ldmatrix_x4_trans, load_tile, mma, mma_abt, mma_pb, swizzled,
     wait_all, wait_one_pending,
 };
-use super::tc::{each, lane_parts, last_first, probs_and_ds, row_stats, shared_base, store_row};
+use super::tc::{lane_parts, last_first, probs_and_ds, row_stats, shared_base, store_row};
 use super::{Half, Score, Seq, block_y, block_z, offset};
 use crate::{block_idx, sync_threads, thread_idx};
 

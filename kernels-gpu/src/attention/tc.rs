@@ -11,24 +11,13 @@
 use super::abi::{MMA_ROWS, Params, THREADS, fwd_key_tile};
 #[cfg(not(target_feature = "sm_90a"))]
 use super::mma::{Lanes, ldmatrix_x4, mma_abt, mma_pb, wait_one_pending};
-use super::mma::{commit, shared_addr, wait_all};
+use super::mma::{commit, each, shared_addr, wait_all};
 use super::{Half, Score, Seq, block_y, block_z, exp2, lse_of, lse_offset, lse2_for_backward};
 use super::{all_lanes, offset, safe_max, shfl_xor};
 use crate::{block_idx, grid_dim, sync_threads, thread_idx};
 
 /// Threads of a four-warp block.
 const WARPS4: usize = THREADS as usize;
-
-/// Calls `f(0), …, f(N − 1)` as straight-line code (`N ≤ 16`), so that register arrays indexed
-/// by the argument keep constant indices.
-#[inline(always)]
-pub(super) fn each<const N: usize>(mut f: impl FnMut(usize)) {
-    const { assert!(N <= 16) };
-    macro_rules! step {
-        ($($i:literal)*) => { $( if N > $i { f($i); } )* };
-    }
-    step!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
-}
 
 /// The block's row block, last first: with a causal mask the last query rows see the most keys,
 /// so their blocks start first and the short ones fill the tail.

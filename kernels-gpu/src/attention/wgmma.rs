@@ -14,8 +14,8 @@
 //! a K-major operand (Q as A, K as B: rows are M or N, the head is the k dimension) and an
 //! MN-major one (V as B: rows are the k dimension, the head is N).
 use super::Half;
+use super::mma::each;
 use super::mma::load_rows;
-use super::tc::each;
 use core::arch::asm;
 
 /// Bytes of one 8-row group of a tile (the swizzle's period).
