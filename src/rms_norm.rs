@@ -4,8 +4,8 @@ use crate::CastingMode;
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
 use crate::identity::{
-    Direction, Kernel, Mode, RmsNormLayout, RmsNormLayout::Resident, RmsNormShape, SUM_SLOTS,
-    has_shared_dw,
+    Kernel, Mode, NormInput, NormPass, RmsNormLayout, RmsNormLayout::Resident, RmsNormShape,
+    SUM_SLOTS, has_shared_dw,
 };
 use crate::launch::{Launch, arg, item_grid, launch_ex};
 use crate::module::{Kernels, kernels};
@@ -225,7 +225,7 @@ fn row_settings(cols: usize) -> Result<LaunchSettings> {
     calculate_settings(cols)
 }
 
-/// How one direction's vector kernels are shaped: `steps` lists `(K, most threads)` by
+/// How one pass's vector kernels are shaped: `steps` lists `(K, most threads)` by
 /// increasing `K` (the `_v{K}` kernels that exist); the first `K` whose row fits in a block of
 /// at most that many threads runs.
 struct VecRule {
@@ -327,8 +327,8 @@ impl Path {
         }
     }
 
-    /// The kernel of `direction` that runs this path (a vector path: its grid-stride one).
-    fn kernel<T: Dtype>(self, direction: Direction, args: &RmsNormArgs) -> Kernel {
+    /// The kernel of `step` that runs this path (a vector path: its grid-stride one).
+    fn kernel<T: Dtype>(self, step: Step, args: &RmsNormArgs) -> Kernel {
         let shape = match self {
             Path::Scalar { .. } => RmsNormShape::Scalar,
             Path::Vector { per_thread, .. } => RmsNormShape::Vector {
@@ -336,34 +336,35 @@ impl Path {
                 per_thread,
             },
         };
-        kernel::<T>(direction, shape, args)
+        kernel::<T>(step, shape, args)
     }
 }
 
-/// The kernel of `T` for `direction` and `shape`, in the mode `args` selects for that shape
+/// The kernel of `T` for `step` and `shape`, in the mode `args` selects for that shape
 /// ([`vector_mode`]).
-fn kernel<T: Dtype>(direction: Direction, shape: RmsNormShape, args: &RmsNormArgs) -> Kernel {
+fn kernel<T: Dtype>((input, pass): Step, shape: RmsNormShape, args: &RmsNormArgs) -> Kernel {
     let mode = match shape {
         RmsNormShape::Scalar => args.mode.kernel_mode(),
         RmsNormShape::Vector { .. } => vector_mode::<T>(args),
     };
     Kernel::RmsNorm {
-        direction,
+        input,
+        pass,
         shape,
         elem: T::ELEM,
         mode,
     }
 }
 
-/// The vector kernel of `T` for `direction`, `layout` and `per_thread` vectors per thread.
+/// The vector kernel of `T` for `step`, `layout` and `per_thread` vectors per thread.
 fn vector_kernel<T: Dtype>(
-    direction: Direction,
+    step: Step,
     layout: RmsNormLayout,
     per_thread: usize,
     args: &RmsNormArgs,
 ) -> Kernel {
     let shape = RmsNormShape::Vector { layout, per_thread };
-    kernel::<T>(direction, shape, args)
+    kernel::<T>(step, shape, args)
 }
 
 /// The mode of the vector kernels for `args`. The `llama` vector kernels form the weight
@@ -386,24 +387,31 @@ struct BackwardKernel {
     shared_dw: bool,
 }
 
-/// The backward's direction: [`Direction::Backward`] where `dw` is wanted, else the dX-only
-/// [`Direction::BackwardDx`] (a frozen weight, or none), whose kernels hold no dW; `add`: their
-/// fused residual add twins.
-fn backward_direction(dw: bool, add: bool) -> Direction {
-    match (dw, add) {
-        (true, false) => Direction::Backward,
-        (false, false) => Direction::BackwardDx,
-        (true, true) => Direction::AddBackward,
-        (false, true) => Direction::AddBackwardDx,
+/// What a kernel computes: the row it normalises (`x`, or the fused residual add's sum) and
+/// its pass.
+type Step = (NormInput, NormPass);
+
+/// The input of a call (`add`: the fused residual add's sum).
+fn input(add: bool) -> NormInput {
+    match add {
+        false => NormInput::Plain,
+        true => NormInput::Add,
     }
 }
 
-/// The forward's direction (`add`: the fused residual add's).
-fn forward_direction(add: bool) -> Direction {
-    match add {
-        false => Direction::Forward,
-        true => Direction::AddForward,
-    }
+/// The backward: [`NormPass::Backward`] where `dw` is wanted, else the dX-only
+/// [`NormPass::BackwardDx`] (a frozen weight, or none), whose kernels hold no dW.
+fn backward_step(dw: bool, add: bool) -> Step {
+    let pass = match dw {
+        true => NormPass::Backward,
+        false => NormPass::BackwardDx,
+    };
+    (input(add), pass)
+}
+
+/// The forward.
+fn forward_step(add: bool) -> Step {
+    (input(add), NormPass::Forward)
 }
 
 /// The `_vs{K}` twin of a vector `path`'s backward and its dynamic shared memory, where one
@@ -425,7 +433,7 @@ fn shared_dw_kernel<T: Dtype>(
     }
     let layout = RmsNormLayout::SharedDw;
     Some((
-        vector_kernel::<T>(backward_direction(true, add), layout, per_thread, args),
+        vector_kernel::<T>(backward_step(true, add), layout, per_thread, args),
         smem as u32,
     ))
 }
@@ -443,7 +451,7 @@ fn backward_kernel<T: Dtype>(
     dw: bool,
     add: bool,
 ) -> Result<BackwardKernel> {
-    let kernel = path.kernel::<T>(backward_direction(dw, add), args);
+    let kernel = path.kernel::<T>(backward_step(dw, add), args);
     let in_registers = BackwardKernel {
         kernel,
         smem: REDUCE_SMEM_BYTES,
@@ -579,7 +587,7 @@ fn forward_kernel<T: Dtype>(
     args: &RmsNormArgs,
     add: bool,
 ) -> Result<(Kernel, u32)> {
-    let kernel = path.kernel::<T>(forward_direction(add), args);
+    let kernel = path.kernel::<T>(forward_step(add), args);
     let func = kernels.function(kernel)?;
     let resident = kernels.resident_blocks(&func, path.threads(), REDUCE_SMEM_BYTES)?;
     let twin = forward_twin::<T>(path, args, add);
@@ -596,7 +604,7 @@ fn forward_kernel<T: Dtype>(
 fn forward_twin<T: Dtype>(path: Path, args: &RmsNormArgs, add: bool) -> Option<Kernel> {
     match path {
         Path::Vector { per_thread, .. } if per_thread >= 2 => Some(vector_kernel::<T>(
-            forward_direction(add),
+            forward_step(add),
             RmsNormLayout::Whole,
             per_thread,
             args,
@@ -717,7 +725,7 @@ pub(crate) fn launch_forward<T: Dtype>(
         |k| {
             capacity(
                 &kernels,
-                vector_kernel::<T>(forward_direction(add), Resident, k, args),
+                vector_kernel::<T>(forward_step(add), Resident, k, args),
             )
         },
     )?;
@@ -986,7 +994,7 @@ pub(crate) fn launch_backward<T: Dtype>(
         &[args.x_stride, args.y_stride],
         &BWD_RULE,
         |k| {
-            let kernel = vector_kernel::<T>(backward_direction(with_dw, add), Resident, k, args);
+            let kernel = vector_kernel::<T>(backward_step(with_dw, add), Resident, k, args);
             capacity(&kernels, kernel)
         },
     )?;
@@ -1128,22 +1136,17 @@ pub(crate) mod tests {
             for mode in CastingMode::ALL {
                 for offset in [0.0, 1.0] {
                     let args = RmsNormArgs::new(1, 8).with_mode(mode).with_offset(offset);
-                    for (direction, rule) in [
-                        (forward_direction(false), fwd_rule::<T>()),
-                        (forward_direction(true), fwd_rule::<T>()),
-                        (backward_direction(true, false), &BWD_RULE),
-                        (backward_direction(false, false), &BWD_RULE),
-                        (backward_direction(true, true), &BWD_RULE),
-                        (backward_direction(false, true), &BWD_RULE),
+                    for (step, rule) in [
+                        (forward_step(false), fwd_rule::<T>()),
+                        (forward_step(true), fwd_rule::<T>()),
+                        (backward_step(true, false), &BWD_RULE),
+                        (backward_step(false, false), &BWD_RULE),
+                        (backward_step(true, true), &BWD_RULE),
+                        (backward_step(false, true), &BWD_RULE),
                     ] {
-                        let add = matches!(
-                            direction,
-                            Direction::AddForward
-                                | Direction::AddBackward
-                                | Direction::AddBackwardDx
-                        );
+                        let add = step.0 == NormInput::Add;
                         let scalar = Path::Scalar { threads: 32 };
-                        out.push(scalar.kernel::<T>(direction, &args));
+                        out.push(scalar.kernel::<T>(step, &args));
                         for (per_thread, threads) in rule
                             .per_thread()
                             .flat_map(|k| (5..=10).map(move |t| (k, 1 << t)))
@@ -1152,16 +1155,13 @@ pub(crate) mod tests {
                                 per_thread,
                                 threads,
                             };
-                            out.push(path.kernel::<T>(direction, &args));
-                            match direction {
-                                Direction::Forward | Direction::AddForward => {
+                            out.push(path.kernel::<T>(step, &args));
+                            match step.1 {
+                                NormPass::Forward => {
                                     out.extend(forward_twin::<T>(path, &args, add))
                                 }
-                                _ => {
-                                    let dw = matches!(
-                                        direction,
-                                        Direction::Backward | Direction::AddBackward
-                                    );
+                                pass => {
+                                    let dw = pass == NormPass::Backward;
                                     let twin = shared_dw_kernel::<T>(path, &args, dw, add);
                                     out.extend(twin.map(|k| k.0))
                                 }
@@ -1185,13 +1185,13 @@ pub(crate) mod tests {
         let gemma = RmsNormArgs::new(1, 8).with_mode(CastingMode::Gemma);
         let name = |k: Kernel| k.name();
         assert_eq!(
-            name(v.kernel::<bf16>(Direction::Forward, &gemma)),
+            name(v.kernel::<bf16>(forward_step(false), &gemma)),
             "rms_norm_fwd_v2_bf16_gemma"
         );
         let llama = RmsNormArgs::new(1, 8);
         assert_eq!(
             name(vector_kernel::<f16>(
-                Direction::Forward,
+                forward_step(false),
                 RmsNormLayout::Whole,
                 4,
                 &llama
@@ -1201,28 +1201,28 @@ pub(crate) mod tests {
         let s = Path::Scalar { threads: 128 };
         let none = RmsNormArgs::new(1, 8).with_mode(CastingMode::None);
         assert_eq!(
-            name(s.kernel::<f32>(Direction::Backward, &none)),
+            name(s.kernel::<f32>(backward_step(true, false), &none)),
             "rms_norm_bwd_f32_none"
         );
         assert_eq!(
-            name(s.kernel::<f32>(backward_direction(false, false), &none)),
+            name(s.kernel::<f32>(backward_step(false, false), &none)),
             "rms_norm_bwd_dx_f32_none"
         );
         assert_eq!(
-            name(v.kernel::<bf16>(backward_direction(false, false), &gemma)),
+            name(v.kernel::<bf16>(backward_step(false, false), &gemma)),
             "rms_norm_bwd_dx_v2_bf16_gemma"
         );
         // The fused residual add's twins.
         assert_eq!(
-            name(v.kernel::<bf16>(forward_direction(true), &gemma)),
+            name(v.kernel::<bf16>(forward_step(true), &gemma)),
             "rms_norm_add_fwd_v2_bf16_gemma"
         );
         assert_eq!(
-            name(s.kernel::<f32>(backward_direction(true, true), &none)),
+            name(s.kernel::<f32>(backward_step(true, true), &none)),
             "rms_norm_add_bwd_f32_none"
         );
         assert_eq!(
-            name(v.kernel::<bf16>(backward_direction(false, true), &gemma)),
+            name(v.kernel::<bf16>(backward_step(false, true), &gemma)),
             "rms_norm_add_bwd_dx_v2_bf16_gemma"
         );
         assert_eq!(
@@ -1302,7 +1302,7 @@ pub(crate) mod tests {
             let args = llama.with_offset(offset);
             assert_eq!(vector_mode::<bf16>(&args), Mode::LlamaOffset);
             assert_eq!(
-                v.kernel::<f16>(Direction::Backward, &args).name(),
+                v.kernel::<f16>(backward_step(true, false), &args).name(),
                 "rms_norm_bwd_v1_f16_llama_offset"
             );
             // In f32 the rounding D is the identity: the packed product is the same expression.
@@ -1310,7 +1310,7 @@ pub(crate) mod tests {
             // The scalar kernels take any offset.
             let s = Path::Scalar { threads: 128 };
             assert_eq!(
-                s.kernel::<bf16>(Direction::Forward, &args).name(),
+                s.kernel::<bf16>(forward_step(false), &args).name(),
                 "rms_norm_fwd_bf16_llama"
             );
             for mode in [CastingMode::Gemma, CastingMode::None] {
@@ -1337,7 +1337,7 @@ pub(crate) mod tests {
         let capacity = |k| {
             capacity(
                 kernels,
-                vector_kernel::<T>(Direction::Forward, Resident, k, args),
+                vector_kernel::<T>(forward_step(false), Resident, k, args),
             )
         };
         let (cols, rule) = (args.cols, fwd_rule::<T>());
@@ -1368,7 +1368,7 @@ pub(crate) mod tests {
         let capacity = |k| {
             capacity(
                 kernels,
-                vector_kernel::<T>(backward_direction(dw, false), Resident, k, args),
+                vector_kernel::<T>(backward_step(dw, false), Resident, k, args),
             )
         };
         let cols = args.cols;

@@ -171,23 +171,26 @@ names! {
 }
 
 names! {
-    /// What an RMSNorm kernel computes: the second part of its entry name.
-    pub enum Direction / direction_name {
+    /// What an RMSNorm kernel computes: the pass part of its entry name.
+    pub enum NormPass / norm_pass_name {
         /// The forward.
         Forward = "fwd",
-        /// The backward.
+        /// The backward, with dW partial rows.
         Backward = "bwd",
-        /// RMSNorm's backward of dX alone, for a frozen or absent weight: no dW partial rows
-        /// and no reduction.
+        /// The backward of dX alone, for a frozen or absent weight: no dW partial rows and no
+        /// reduction.
         BackwardDx = "bwd_dx",
-        /// RMSNorm's reduction of the backward's dW partial rows.
-        DwReduce = "dw_reduce",
-        /// The fused residual add and RMSNorm forward: `s = x + r` written out and normalised.
-        AddForward = "add_fwd",
-        /// Its backward: RMSNorm's backward of `s` plus the sum's incoming gradient, with dW.
-        AddBackward = "add_bwd",
-        /// As [`Direction::AddBackward`] without dW (as [`Direction::BackwardDx`]).
-        AddBackwardDx = "add_bwd_dx",
+    }
+}
+
+names! {
+    /// The row an RMSNorm kernel normalises: the part of its entry name before the pass.
+    pub enum NormInput / norm_input_name {
+        /// `x` (no name part).
+        Plain = "",
+        /// The fused residual add: the sum `s = x + r`, written out by the forward; the
+        /// backward adds the sum's incoming gradient `ds` to dX.
+        Add = "add",
     }
 }
 
@@ -348,12 +351,12 @@ pub enum RmsNormShape {
 /// One kernel of the PTX.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kernel {
-    /// An RMSNorm forward or backward.
+    /// An RMSNorm forward or backward, of `x` or of the fused residual add's sum.
     RmsNorm {
-        /// [`Direction::Forward`], [`Direction::Backward`] or [`Direction::BackwardDx`], or
-        /// their fused-add twins [`Direction::AddForward`], [`Direction::AddBackward`],
-        /// [`Direction::AddBackwardDx`].
-        direction: Direction,
+        /// `x`, or the sum.
+        input: NormInput,
+        /// The pass.
+        pass: NormPass,
         /// Scalar or vector.
         shape: RmsNormShape,
         /// The element type.
@@ -431,8 +434,17 @@ pub enum Kernel {
     },
 }
 
+/// The name part of RMSNorm's dW reduction (`rms_norm_dw_reduce_{elem}`), as a literal.
+macro_rules! dw_reduce_name {
+    () => {
+        "dw_reduce"
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use dw_reduce_name;
+
 /// A kernel's entry name from its parts, at compile time: the twin of [`Kernel::name`] for
-/// `export_name`. `kernel_name!(RmsNorm, Forward, Whole 2, Bf16, Llama)`,
+/// `export_name`. `kernel_name!(RmsNorm, Plain Forward, Whole 2, Bf16, Llama)`, `kernel_name!(RmsNorm, Add Backward, SharedDw 1, F16, None)`,
 /// `kernel_name!(RmsNorm, DwReduce, F32)`, `kernel_name!(Rope, Backward, General, F16, IdsI32)`,
 /// `kernel_name!(Glu, Silu, Forward, Scalar, F32)`, `kernel_name!(Glu, GeluErf, Backward, Whole, Bf16)`
 /// (a gate other than `Silu` is GELU's, whose op is GEGLU);
@@ -441,17 +453,27 @@ pub enum Kernel {
 #[allow(unused_macros)]
 macro_rules! kernel_name {
     (RmsNorm, DwReduce, $elem:ident) => {
-        $crate::identity::kernel_name!(@join
-            op_name(RmsNorm), direction_name(DwReduce), elem_name($elem))
+        concat!($crate::identity::op_name!(RmsNorm), "_", $crate::identity::dw_reduce_name!(), "_",
+            $crate::identity::elem_name!($elem))
     };
-    (RmsNorm, $dir:ident, Scalar, $elem:ident, $mode:ident) => {
+    (RmsNorm, Plain $pass:ident, Scalar, $elem:ident, $mode:ident) => {
         $crate::identity::kernel_name!(@join
-            op_name(RmsNorm), direction_name($dir), elem_name($elem), mode_name($mode))
+            op_name(RmsNorm), norm_pass_name($pass), elem_name($elem), mode_name($mode))
     };
-    (RmsNorm, $dir:ident, $layout:ident $k:literal, $elem:ident, $mode:ident) => {
+    (RmsNorm, Plain $pass:ident, $layout:ident $k:literal, $elem:ident, $mode:ident) => {
         $crate::identity::kernel_name!(@join
-            op_name(RmsNorm), direction_name($dir), kernel_name(@vector $layout $k),
+            op_name(RmsNorm), norm_pass_name($pass), kernel_name(@vector $layout $k),
             elem_name($elem), mode_name($mode))
+    };
+    (RmsNorm, $input:ident $pass:ident, Scalar, $elem:ident, $mode:ident) => {
+        $crate::identity::kernel_name!(@join
+            op_name(RmsNorm), norm_input_name($input), norm_pass_name($pass), elem_name($elem),
+            mode_name($mode))
+    };
+    (RmsNorm, $input:ident $pass:ident, $layout:ident $k:literal, $elem:ident, $mode:ident) => {
+        $crate::identity::kernel_name!(@join
+            op_name(RmsNorm), norm_input_name($input), norm_pass_name($pass),
+            kernel_name(@vector $layout $k), elem_name($elem), mode_name($mode))
     };
     (Rope, $pass:ident, Scalar, $elem:ident, $rows:ident) => {
         $crate::identity::kernel_name!(@join
@@ -537,10 +559,11 @@ pub(crate) use kernel_name;
 impl Kernel {
     /// The entry name: the parts that [`kernel_name!`] joins, in the same order.
     pub fn name(&self) -> String {
-        let variant;
+        let (variant, pass_part);
         let parts: [&str; 5] = match *self {
             Kernel::RmsNorm {
-                direction,
+                input,
+                pass,
                 shape,
                 elem,
                 mode,
@@ -551,21 +574,21 @@ impl Kernel {
                         format!("{}{per_thread}", layout.name())
                     }
                 };
+                pass_part = match input {
+                    NormInput::Plain => pass.name().to_string(),
+                    _ => format!("{}_{}", input.name(), pass.name()),
+                };
                 [
                     Op::RmsNorm.name(),
-                    direction.name(),
+                    &pass_part,
                     &variant,
                     elem.name(),
                     mode.name(),
                 ]
             }
-            Kernel::RmsNormDwReduce { elem } => [
-                Op::RmsNorm.name(),
-                Direction::DwReduce.name(),
-                "",
-                elem.name(),
-                "",
-            ],
+            Kernel::RmsNormDwReduce { elem } => {
+                [Op::RmsNorm.name(), dw_reduce_name!(), "", elem.name(), ""]
+            }
             Kernel::Rope {
                 pass,
                 path,

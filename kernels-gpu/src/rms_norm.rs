@@ -36,7 +36,9 @@
 //! product (`fma.rn.bf16x2` / `fma.rn.f16x2`: half the instructions of widening each lane and
 //! fewer registers) wherever that gives the mode's bits (see `packed_weight`); 16-bit llama rows
 //! with an offset other than ±0 run the `_llama_offset` twins, which multiply lane by lane.
-use crate::identity::{Direction, ElemType, Mode, RmsNormLayout, has_shared_dw, kernel_name};
+use crate::identity::{
+    ElemType, Mode, NormInput, NormPass, RmsNormLayout, has_shared_dw, kernel_name,
+};
 use crate::{
     Elem, SUM_SLOTS, V16, Vector, allow_dependent_grids, block_dim, block_dim_y, block_idx,
     block_sum, block_sum2, elem_type, fma, grid_dim, lanes, mode, sqrt, sync_threads, thread_idx,
@@ -771,19 +773,15 @@ const fn shared_dw(layout: RmsNormLayout) -> bool {
     matches!(layout, RmsNormLayout::SharedDw)
 }
 
-/// Whether a backward `direction` accumulates dW partial rows (`DW` of [`backward`] and
-/// [`backward_vec`]): [`Direction::Backward`] and [`Direction::AddBackward`] do, the dX-only
-/// directions do not.
-const fn computes_dw(direction: Direction) -> bool {
-    matches!(direction, Direction::Backward | Direction::AddBackward)
+/// Whether a backward `pass` accumulates dW partial rows (`DW` of [`backward`] and
+/// [`backward_vec`]): [`NormPass::Backward`] does, the dX-only pass does not.
+const fn computes_dw(pass: NormPass) -> bool {
+    matches!(pass, NormPass::Backward)
 }
 
-/// Whether `direction` is the fused residual add's (`ADD` of the forward and backward bodies).
-const fn adds(direction: Direction) -> bool {
-    matches!(
-        direction,
-        Direction::AddForward | Direction::AddBackward | Direction::AddBackwardDx
-    )
+/// Whether `input` is the fused residual add's sum (`ADD` of the forward and backward bodies).
+const fn adds(input: NormInput) -> bool {
+    matches!(input, NormInput::Add)
 }
 
 /// One entry point named `$name` with the parameters `$param: $ty` (as the host passes
@@ -804,11 +802,11 @@ macro_rules! entry {
     };
 }
 
-/// One forward entry point (see [`entry`]) of direction `$dir`: `$body` is the generic body
+/// One forward entry point (see [`entry`]) of input `$input`: `$body` is the generic body
 /// (`forward::<T, MODE, ADD>` or `forward_vec::<T, MODE, K, …>`) of element type `$ty`. The
 /// fused add's forward takes `r` and `s` (with their strides) after `x`.
 macro_rules! fwd_entry {
-    (Forward, $name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
+    (Plain, $name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
         entry!($name, $doc, $safety, (
             x: *const $ty, x_stride: u64, w: *const $ty, y: *mut $ty, y_stride: u64,
             rstd: *mut f32, rows: u64, cols: u64, eps: f32, offset: f32,
@@ -818,7 +816,7 @@ macro_rules! fwd_entry {
             rows: rows as usize, cols: cols as usize, eps, offset,
         }));
     };
-    (AddForward, $name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
+    (Add, $name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
         entry!($name, $doc, $safety, (
             x: *const $ty, x_stride: u64, r: *const $ty, r_stride: u64, s: *mut $ty,
             s_stride: u64, w: *const $ty, y: *mut $ty, y_stride: u64, rstd: *mut f32,
@@ -834,10 +832,8 @@ macro_rules! fwd_entry {
 /// One backward entry point (see [`fwd_entry`]); the fused add's backward takes `ds` (with
 /// its stride) after `dy`.
 macro_rules! bwd_entry {
-    (Backward, $($rest:tt)*) => { bwd_entry!(@plain $($rest)*); };
-    (BackwardDx, $($rest:tt)*) => { bwd_entry!(@plain $($rest)*); };
-    (AddBackward, $($rest:tt)*) => { bwd_entry!(@add $($rest)*); };
-    (AddBackwardDx, $($rest:tt)*) => { bwd_entry!(@add $($rest)*); };
+    (Plain, $($rest:tt)*) => { bwd_entry!(@plain $($rest)*); };
+    (Add, $($rest:tt)*) => { bwd_entry!(@add $($rest)*); };
     (@plain $name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
         entry!($name, $doc, $safety, (
             dy: *const $ty, dy_stride: u64, x: *const $ty, x_stride: u64, w: *const $ty,
@@ -865,26 +861,26 @@ macro_rules! bwd_entry {
 /// The scalar kernels of one element type and casting mode (RMSNorm's and the fused residual
 /// add's), and the element type's dW reduction.
 macro_rules! rms_norm_kernels {
-    (@fwd $elem:ident, $mode:ident, $dir:ident, $doc:literal, $safety:literal) => {
+    (@fwd $elem:ident, $mode:ident, $input:ident, $doc:literal, $safety:literal) => {
         fwd_entry!(
-            $dir,
-            kernel_name!(RmsNorm, $dir, Scalar, $elem, $mode),
+            $input,
+            kernel_name!(RmsNorm, $input Forward, Scalar, $elem, $mode),
             elem_type!($elem),
-            forward::<elem_type!($elem), { Mode::$mode as u32 }, { adds(Direction::$dir) }>,
+            forward::<elem_type!($elem), { Mode::$mode as u32 }, { adds(NormInput::$input) }>,
             $doc,
             $safety
         );
     };
-    (@bwd $elem:ident, $mode:ident, $dir:ident, $doc:literal, $safety:literal) => {
+    (@bwd $elem:ident, $mode:ident, $input:ident $pass:ident, $doc:literal, $safety:literal) => {
         bwd_entry!(
-            $dir,
-            kernel_name!(RmsNorm, $dir, Scalar, $elem, $mode),
+            $input,
+            kernel_name!(RmsNorm, $input $pass, Scalar, $elem, $mode),
             elem_type!($elem),
             backward::<
                 elem_type!($elem),
                 { Mode::$mode as u32 },
-                { computes_dw(Direction::$dir) },
-                { adds(Direction::$dir) },
+                { computes_dw(NormPass::$pass) },
+                { adds(NormInput::$input) },
             >,
             $doc,
             $safety
@@ -892,22 +888,22 @@ macro_rules! rms_norm_kernels {
     };
     ($elem:ident: $($mode:ident),*) => {
         $(
-            rms_norm_kernels!(@fwd $elem, $mode, Forward,
+            rms_norm_kernels!(@fwd $elem, $mode, Plain,
                 "RMSNorm forward for one dtype and casting mode (see the module docs).",
                 "Pointers cover `rows` rows of their strides and `cols` columns; `w` may be null.");
-            rms_norm_kernels!(@fwd $elem, $mode, AddForward,
+            rms_norm_kernels!(@fwd $elem, $mode, Add,
                 "Fused residual add and RMSNorm forward: `s = D(x + r)`, then RMSNorm of `s`.",
                 "As the RMSNorm forward; `s` may equal `x` or `r` (same strides).");
-            rms_norm_kernels!(@bwd $elem, $mode, Backward,
+            rms_norm_kernels!(@bwd $elem, $mode, Plain Backward,
                 "RMSNorm backward for one dtype and casting mode (see the module docs).",
                 "As the forward; `dx` may equal `dy`; `dw_partial` holds `gridDim.x × cols` f32 when `w` is not null.");
-            rms_norm_kernels!(@bwd $elem, $mode, BackwardDx,
+            rms_norm_kernels!(@bwd $elem, $mode, Plain BackwardDx,
                 "RMSNorm backward of dX alone for one dtype and casting mode (see the module docs).",
                 "As the forward; `dx` may equal `dy`; `dw_partial` is not used.");
-            rms_norm_kernels!(@bwd $elem, $mode, AddBackward,
+            rms_norm_kernels!(@bwd $elem, $mode, Add Backward,
                 "Fused residual add and RMSNorm backward: `D(dX + ds)` and dW partial rows.",
                 "As the RMSNorm backward; `dx` may equal `dy` or `ds` (same strides).");
-            rms_norm_kernels!(@bwd $elem, $mode, AddBackwardDx,
+            rms_norm_kernels!(@bwd $elem, $mode, Add BackwardDx,
                 "Fused residual add and RMSNorm backward of `D(dX + ds)` alone (no dW).",
                 "As the RMSNorm backward; `dx` may equal `dy` or `ds`; `dw_partial` is not used.");
         )*
@@ -935,55 +931,55 @@ rms_norm_kernels!(Bf16: Llama, Gemma, None);
 macro_rules! rms_norm_vec_family {
     ($elem:ident, $mode:ident, shared = $shared:tt) => {
         const _: () = assert!(has_shared_dw(ElemType::$elem, 2) == $shared);
-        rms_norm_vec_family!(@dirs $elem, $mode, $shared, Forward, Backward, BackwardDx);
-        rms_norm_vec_family!(@dirs $elem, $mode, $shared, AddForward, AddBackward, AddBackwardDx);
+        rms_norm_vec_family!(@inputs $elem, $mode, $shared, Plain);
+        rms_norm_vec_family!(@inputs $elem, $mode, $shared, Add);
     };
     // One set of kernels: RMSNorm's, or the fused add's (the same shapes).
-    (@dirs $elem:ident, $mode:ident, $shared:tt, $fwd:ident, $bwd:ident, $bwd_dx:ident) => {
-        rms_norm_vec_family!(@fwd $elem, $mode, $fwd, Resident 1);
-        rms_norm_vec_family!(@fwd $elem, $mode, $fwd, Resident 2);
-        rms_norm_vec_family!(@fwd $elem, $mode, $fwd, Resident 4);
-        rms_norm_vec_family!(@fwd $elem, $mode, $fwd, Whole 2);
-        rms_norm_vec_family!(@fwd $elem, $mode, $fwd, Whole 4);
-        rms_norm_vec_family!(@bwd $elem, $mode, $bwd, Resident 1);
-        rms_norm_vec_family!(@bwd $elem, $mode, $bwd, Resident 2);
-        rms_norm_vec_family!(@bwd $elem, $mode, $bwd, SharedDw 1);
-        rms_norm_vec_family!(@if $shared, @bwd $elem, $mode, $bwd, SharedDw 2);
-        rms_norm_vec_family!(@bwd $elem, $mode, $bwd_dx, Resident 1);
-        rms_norm_vec_family!(@bwd $elem, $mode, $bwd_dx, Resident 2);
+    (@inputs $elem:ident, $mode:ident, $shared:tt, $input:ident) => {
+        rms_norm_vec_family!(@fwd $elem, $mode, $input, Resident 1);
+        rms_norm_vec_family!(@fwd $elem, $mode, $input, Resident 2);
+        rms_norm_vec_family!(@fwd $elem, $mode, $input, Resident 4);
+        rms_norm_vec_family!(@fwd $elem, $mode, $input, Whole 2);
+        rms_norm_vec_family!(@fwd $elem, $mode, $input, Whole 4);
+        rms_norm_vec_family!(@bwd $elem, $mode, $input Backward, Resident 1);
+        rms_norm_vec_family!(@bwd $elem, $mode, $input Backward, Resident 2);
+        rms_norm_vec_family!(@bwd $elem, $mode, $input Backward, SharedDw 1);
+        rms_norm_vec_family!(@if $shared, @bwd $elem, $mode, $input Backward, SharedDw 2);
+        rms_norm_vec_family!(@bwd $elem, $mode, $input BackwardDx, Resident 1);
+        rms_norm_vec_family!(@bwd $elem, $mode, $input BackwardDx, Resident 2);
     };
     (@if true, $($rest:tt)*) => {
         rms_norm_vec_family!($($rest)*);
     };
     (@if false, $($rest:tt)*) => {};
-    (@fwd $elem:ident, $mode:ident, $dir:ident, $layout:ident $k:literal) => {
+    (@fwd $elem:ident, $mode:ident, $input:ident, $layout:ident $k:literal) => {
         fwd_entry!(
-            $dir,
-            kernel_name!(RmsNorm, $dir, $layout $k, $elem, $mode),
+            $input,
+            kernel_name!(RmsNorm, $input Forward, $layout $k, $elem, $mode),
             elem_type!($elem),
             forward_vec::<
                 elem_type!($elem),
                 { Mode::$mode as u32 },
                 $k,
                 { one_row(RmsNormLayout::$layout) },
-                { adds(Direction::$dir) },
+                { adds(NormInput::$input) },
             >,
             "Vectorised RMSNorm forward (`K` vectors of 16 bytes per thread, see the module docs; `_vw`: one row per block, the grid covers every row; `add_fwd`: the fused residual add).",
             "As the scalar forward, and every row of `x` and `y` and `w` start 16-byte aligned with `cols` a multiple of the lanes per vector."
         );
     };
-    (@bwd $elem:ident, $mode:ident, $dir:ident, $layout:ident $k:literal) => {
+    (@bwd $elem:ident, $mode:ident, $input:ident $pass:ident, $layout:ident $k:literal) => {
         bwd_entry!(
-            $dir,
-            kernel_name!(RmsNorm, $dir, $layout $k, $elem, $mode),
+            $input,
+            kernel_name!(RmsNorm, $input $pass, $layout $k, $elem, $mode),
             elem_type!($elem),
             backward_vec::<
                 elem_type!($elem),
                 { Mode::$mode as u32 },
                 $k,
                 { shared_dw(RmsNormLayout::$layout) },
-                { computes_dw(Direction::$dir) },
-                { adds(Direction::$dir) },
+                { computes_dw(NormPass::$pass) },
+                { adds(NormInput::$input) },
             >,
             "Vectorised persistent RMSNorm backward (see `backward_vec`; `_vs`: dW in shared memory; `bwd_dx`: no dW, `dw_partial` not used; `add_`: the fused residual add's, `D(dX + ds)`).",
             "As the scalar backward, with the forward's alignment rules for `dy`, `x`, `w`, `dx`."
