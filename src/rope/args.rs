@@ -796,9 +796,6 @@ mod tests {
             let err = check_sections(bad, 128).unwrap_err().to_string();
             assert!(err.contains("summing to rotary_dim / 2 = 64"), "{err}");
         }
-        let sections = super::super::launch::sections;
-        assert_eq!(sections(TableRows::Multimodal([16, 24, 24])), [16, 40]);
-        assert_eq!(sections(TableRows::PerBatch), [0, 0]);
         let a = RopeArgs::new(8).with_batch(2).with_seq_len(3);
         let (_, table) = a
             .table(Pass::Forward, TableRows::Multimodal([1, 2, 1]), false, true)
@@ -821,7 +818,6 @@ mod tests {
             Need::Exactly(18, "3 × batch × seq_len")
         );
         assert_eq!(a.table_rows(gathered, &a.check_heads(true).unwrap(), 40), 5);
-        assert_eq!(super::super::launch::sections(gathered), [1, 3]);
         let bad = TableRows::MultimodalGathered([1, 2, 2]);
         assert!(a.table(Pass::Forward, bad, false, true).is_err());
     }

@@ -98,3 +98,15 @@ pub(crate) unsafe fn run(
     // parameter to its size); the caller vouches for the buffers.
     unsafe { launch_ex(stream, func, cfg, &mut [arg(p)], Launch::Plain) }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sections_are_the_first_pairs_of_the_h_and_w_tables() {
+        assert_eq!(sections(TableRows::Multimodal([16, 24, 24])), [16, 40]);
+        assert_eq!(sections(TableRows::MultimodalGathered([1, 2, 1])), [1, 3]);
+        assert_eq!(sections(TableRows::PerBatch), [0, 0]);
+    }
+}
