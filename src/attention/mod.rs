@@ -98,7 +98,8 @@ fn forward<T: Dtype>(
         ..Ptrs::default()
     };
     let path = plan::path(args, T::ELEM, &[q, k, v, o], &strides(args));
-    let step = plan::forward(args, T::ELEM, path);
+    let sm90 = crate::module::kernels(stream.context())?.sm90;
+    let step = plan::forward(args, T::ELEM, path, sm90);
     // SAFETY: `validate` checked every buffer the forward touches against the arguments;
     // `call` keeps them recorded on the stream until the launch is queued.
     unsafe { launch::run(stream, &[step], &launch::params(args, &ptrs)) }

@@ -3,6 +3,7 @@
 use super::abi::{
     DKDV_THREADS, MMA_KEYS, MMA_ROWS, SIMT_ROWS, THREADS, dkdv_shared_bytes,
     dkdv_shared_bytes_sm90, dq_shared_bytes, dq_shared_bytes_sm90, fwd_shared_bytes,
+    fwd_shared_bytes_sm90,
 };
 use super::args::AttentionArgs;
 use crate::identity::{AttnPass, AttnPath, ElemType, Kernel};
@@ -59,8 +60,9 @@ fn shared(path: AttnPath, f: fn(u32) -> u32) -> u32 {
     }
 }
 
-/// The forward: one launch over blocks of query rows of every head of every sequence.
-pub(crate) fn forward(args: &AttentionArgs, elem: ElemType, path: AttnPath) -> Step {
+/// The forward: one launch over blocks of query rows of every head of every sequence. `sm90`:
+/// the sm_90a build's kernels are in use (longer key tiles, so more shared memory).
+pub(crate) fn forward(args: &AttentionArgs, elem: ElemType, path: AttnPath, sm90: bool) -> Step {
     let rows = if path == AttnPath::Simt {
         SIMT_ROWS
     } else {
@@ -78,7 +80,10 @@ pub(crate) fn forward(args: &AttentionArgs, elem: ElemType, path: AttnPath) -> S
             args.batch as u32,
         ),
         threads: THREADS,
-        shared: shared(path, fwd_shared_bytes),
+        shared: shared(
+            path,
+            [fwd_shared_bytes, fwd_shared_bytes_sm90][sm90 as usize],
+        ),
     }
 }
 
@@ -140,7 +145,7 @@ pub(crate) mod tests {
             for d in [64, 128, 8] {
                 let args = AttentionArgs::new(1, 1, 1, 1, 1, d);
                 let path = path(&args, elem, &[0], &[d]);
-                v.push(forward(&args, elem, path).kernel);
+                v.push(forward(&args, elem, path, false).kernel);
                 v.extend(backward(&args, elem, path, false).map(|s| s.kernel));
             }
         }
@@ -196,10 +201,17 @@ pub(crate) mod tests {
     #[test]
     fn grids_cover_every_row_block_head_and_sequence() {
         let a = AttentionArgs::new(4, 2049, 100, 16, 4, 128);
-        let f = forward(&a, ElemType::Bf16, AttnPath::Mma128);
+        let f = forward(&a, ElemType::Bf16, AttnPath::Mma128, false);
         assert_eq!(f.grid, (33, 16, 4));
         assert_eq!(f.shared, 49 * 1024);
-        let s = forward(&a, ElemType::F32, AttnPath::Simt);
+        // The `wgmma` forward's K and V tiles of 128 keys at head_dim 128 (two blocks per SM),
+        // of 64 at 64.
+        let f90 = forward(&a, ElemType::Bf16, AttnPath::Mma128, true);
+        assert_eq!((f90.grid, f90.shared), (f.grid, 81 * 1024));
+        let a64 = AttentionArgs::new(4, 2049, 100, 16, 4, 64);
+        let f64 = |sm90| forward(&a64, ElemType::Bf16, AttnPath::Mma64, sm90).shared;
+        assert_eq!((f64(false), f64(true)), (25 * 1024, 25 * 1024));
+        let s = forward(&a, ElemType::F32, AttnPath::Simt, true);
         assert_eq!((s.grid, s.shared), ((513, 16, 4), 0));
         for sm90 in [false, true] {
             let [pre, dq, dkdv] = backward(&a, ElemType::Bf16, AttnPath::Mma128, sm90);

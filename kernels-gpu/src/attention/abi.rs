@@ -105,9 +105,12 @@ pub const DKDV_THREADS: u32 = 256;
 /// backward at head_dim 128).
 pub const DKDV_QUERY_TILE: u32 = 128;
 
-/// Keys per step of the tensor-core forward (the tile of K and V in shared memory).
-pub const fn fwd_key_tile(_head_dim: u32) -> u32 {
-    64
+/// Keys per step of the tensor-core forward (the tile of K and V in shared memory): 128 at
+/// head_dim 128 in the sm_90a build (`wgmma` m64n128 scores, one barrier pair per 128 keys;
+/// its registers leave two blocks per SM), 64 elsewhere (at 64 the longer tile measured up to
+/// 7 % slower, at three blocks per SM instead of two).
+pub const fn fwd_key_tile(sm90: bool, head_dim: u32) -> u32 {
+    if sm90 && head_dim > 64 { 128 } else { 64 }
 }
 
 /// Keys per step of the tensor-core dQ kernel (its Q and dO tiles stay in shared memory, read
@@ -117,13 +120,18 @@ pub const fn dq_key_tile(head_dim: u32) -> u32 {
     if head_dim > 64 { 32 } else { 64 }
 }
 
-/// Bytes of dynamic shared memory of the tensor-core forward at `head_dim` (16-bit elements):
-/// the block's Q tile, one K tile and one V tile, and 1 KiB of slack to start them 1024-byte
-/// aligned (the period of `wgmma`'s 128-byte swizzle). (Two stages of K and V, one barrier
-/// pair per tile, measured 2–3 % slower at head_dim 128 and 17 % at 64 with `mma.sync`, where
-/// their registers leave two blocks per SM instead of three.)
+/// Bytes of dynamic shared memory of the tensor-core forward at `head_dim` (16-bit elements)
+/// in the sm_80 build: the block's Q tile, one K tile and one V tile, and 1 KiB of slack to
+/// start them 1024-byte aligned (the period of `wgmma`'s 128-byte swizzle). (Two stages of K and
+/// V, one barrier pair per tile, measured 2–3 % slower at head_dim 128 and 17 % at 64 with
+/// `mma.sync`, where their registers leave two blocks per SM instead of three.)
 pub const fn fwd_shared_bytes(head_dim: u32) -> u32 {
-    (MMA_ROWS + 2 * fwd_key_tile(head_dim)) * head_dim * 2 + 1024
+    (MMA_ROWS + 2 * fwd_key_tile(false, head_dim)) * head_dim * 2 + 1024
+}
+
+/// As [`fwd_shared_bytes`], in the sm_90a build.
+pub const fn fwd_shared_bytes_sm90(head_dim: u32) -> u32 {
+    (MMA_ROWS + 2 * fwd_key_tile(true, head_dim)) * head_dim * 2 + 1024
 }
 
 /// Bytes of dynamic shared memory of the tensor-core dQ kernel: the block's Q and dO tiles,

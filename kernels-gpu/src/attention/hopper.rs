@@ -109,8 +109,8 @@ pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
         let (sk, sv) = (stages + stage * 2 * tile, stages + stage * 2 * tile + tile);
         let (mut sc, mut dp) = ([[0.0f32; 4]; 8], [[0.0f32; 4]; 8]);
         unsafe {
-            scores::<T, D>(&mut sc, sq, sk);
-            scores::<T, D>(&mut dp, sdo, sv);
+            scores::<T, D, 8>(&mut sc, sq, sk);
+            scores::<T, D, 8>(&mut dp, sdo, sv);
         }
         wait32(&mut sc);
         wait32(&mut dp);
@@ -127,7 +127,7 @@ pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
                 s.allows(row0 + 8 * (e >> 1) as i64, j)
             },
         );
-        unsafe { pv::<T, D>(&mut acc, &dp, sk) };
+        unsafe { pv::<T, D, 8>(&mut acc, &dp, sk) };
         wait64(&mut acc);
         n0 += ROWS;
         stage ^= 1;
@@ -242,7 +242,7 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
         // Each thread's columns: queries i0 + 8·nt + 2c + {0, 1}.
         let col = |nt: usize, e: usize| 8 * nt + 2 * c + (e & 1);
         let mut x = [[0.0f32; 4]; 8];
-        unsafe { scores::<T, D>(&mut x, sk, sq) };
+        unsafe { scores::<T, D, 8>(&mut x, sk, sq) };
         wait32(&mut x);
         // Key rows past the sequence (zeros) need no mask: their dK and dV are not stored.
         let masked = !s.all_allowed(i0 as i64, (i0 + ROWS - 1) as i64, n0, n1);
@@ -268,9 +268,9 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
                 each::<2>(|r| ps[2 * nt + r] = crate::f16x2(sl[2 * r], sl[2 * r + 1]));
             });
         }
-        unsafe { pv::<T, D>(&mut dv, &x, sdo) };
+        unsafe { pv::<T, D, 8>(&mut dv, &x, sdo) };
         wait64(&mut dv);
-        unsafe { scores::<T, D>(&mut x, sv, sdo) };
+        unsafe { scores::<T, D, 8>(&mut x, sv, sdo) };
         wait32(&mut x);
         each::<8>(|nt| {
             each::<2>(|r| {
@@ -280,7 +280,7 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
                 x[nt][2 * r + 1] = hi * (x[nt][2 * r + 1] - delta(2 * r + 1));
             });
         });
-        unsafe { pv::<T, D>(&mut dk, &x, sq) };
+        unsafe { pv::<T, D, 8>(&mut dk, &x, sq) };
         wait64(&mut dk);
         step += 1;
         stage ^= 1;

@@ -97,7 +97,22 @@ use super::mma::load_tile as fwd_load_tile;
 #[cfg(target_feature = "sm_90a")]
 use super::wgmma::{self, load_tile as fwd_load_tile};
 
-/// The forward of a block of [`MMA_ROWS`] query rows of one head. Built for sm_90a, its two
+/// A score tile of `NT` n8 tiles as the `mma.sync` products take it (8 of them).
+#[cfg(not(target_feature = "sm_90a"))]
+#[inline(always)]
+fn tiles8<const NT: usize>(sc: &mut [[f32; 4]; NT]) -> &mut [[f32; 4]; 8] {
+    const { assert!(NT == 8) };
+    // SAFETY: the same type (the assertion).
+    unsafe { &mut *(sc as *mut [[f32; 4]; NT] as *mut [[f32; 4]; 8]) }
+}
+
+/// The n8 tiles of the forward's score tile at head_dim 64 and 128 (its key tile over 8).
+pub(crate) const FWD_NT64: usize = fwd_key_tile(cfg!(target_feature = "sm_90a"), 64) as usize / 8;
+/// See [`FWD_NT64`].
+pub(crate) const FWD_NT128: usize = fwd_key_tile(cfg!(target_feature = "sm_90a"), 128) as usize / 8;
+
+/// The forward of a block of [`MMA_ROWS`] query rows of one head, over key tiles of `8·NT`
+/// ([`fwd_key_tile`]). Built for sm_90a, its two
 /// products are `wgmma` (a warpgroup's, [`super::wgmma`]) on tiles in that file's layout;
 /// elsewhere `mma.sync` on tiles in [`super::mma`]'s. The online softmax is the same code on
 /// the same fragments.
@@ -105,10 +120,10 @@ use super::wgmma::{self, load_tile as fwd_load_tile};
 /// # Safety
 /// As the entry points'.
 #[inline(always)]
-pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
+pub(crate) unsafe fn forward<T: Half, const D: usize, const NT: usize>(p: &Params) {
     const { assert!(D == 64 || D == 128) };
-    const BC: usize = 64;
-    const { assert!(fwd_key_tile(D as u32) as usize == BC) };
+    const { assert!(8 * NT == fwd_key_tile(cfg!(target_feature = "sm_90a"), D as u32) as usize) };
+    let bc = 8 * NT;
     let (tid, (_, g, c)) = (thread_idx(), lane_parts());
     let warp = tid >> 5;
     let (b, h) = (block_z(), block_y());
@@ -124,7 +139,7 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
     let (sq, sk, sv) = (
         base,
         base + (64 * D * 2) as u32,
-        base + ((64 + BC) * D * 2) as u32,
+        base + ((64 + bc) * D * 2) as u32,
     );
     let k_base = p.k.ptr + 2 * offset(&p.k, b, s.k_start, hk) as u64;
     let v_base = p.v.ptr + 2 * offset(&p.v, b, s.k_start, hk) as u64;
@@ -142,7 +157,7 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
     }
     commit();
     let (lo, hi) = s.keys(m0, i1);
-    let first = (lo.max(0) as usize / BC) * BC;
+    let first = (lo.max(0) as usize / bc) * bc;
     let end = hi.max(0) as usize;
     if first < end {
         unsafe {
@@ -150,7 +165,7 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
                 sk,
                 k_base + (2 * first * kt) as u64,
                 kt,
-                BC,
+                bc,
                 s.sk as usize - first,
                 tid,
             )
@@ -173,30 +188,30 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
                 sv,
                 v_base + (2 * n0 * vt) as u64,
                 vt,
-                BC,
+                bc,
                 s.sk as usize - n0,
                 tid,
             )
         };
         commit();
-        let mut sc = [[0.0f32; 4]; 8];
+        let mut sc = [[0.0f32; 4]; NT];
         #[cfg(target_feature = "sm_90a")]
         unsafe {
-            wgmma::scores::<T, D>(&mut sc, sq, sk);
-            wgmma::wait32(&mut sc);
+            wgmma::scores::<T, D, NT>(&mut sc, sq, sk);
+            wgmma::wait(&mut sc);
         }
         #[cfg(not(target_feature = "sm_90a"))]
         unsafe {
-            mma_abt::<T, D>(&mut sc, sk, tid & 31, 8, |kk| qf[kk])
+            mma_abt::<T, D>(tiles8(&mut sc), sk, tid & 31, 8, |kk| qf[kk])
         };
-        let masked = !s.all_allowed(m0, i1, n0 as i64, (n0 + BC - 1) as i64);
+        let masked = !s.all_allowed(m0, i1, n0 as i64, (n0 + bc - 1) as i64);
         let row0 = m0 + (16 * warp + g) as i64;
         // One branch per tile on block-uniform conditions: the common tile (no mask, no
         // softcap) is straight-line code.
         if !masked && score.plain() {
-            each::<8>(|nt| each::<4>(|e| sc[nt][e] *= score.mul));
+            each::<NT>(|nt| each::<4>(|e| sc[nt][e] *= score.mul));
         } else {
-            each::<8>(|nt| {
+            each::<NT>(|nt| {
                 each::<4>(|e| {
                     let x = score.of(sc[nt][e]);
                     let j = (n0 + 8 * nt + 2 * c + (e & 1)) as i64;
@@ -211,7 +226,7 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
         }
         each::<2>(|r| {
             let mut mx = f32::NEG_INFINITY;
-            each::<8>(|nt| mx = mx.max(sc[nt][2 * r]).max(sc[nt][2 * r + 1]));
+            each::<NT>(|nt| mx = mx.max(sc[nt][2 * r]).max(sc[nt][2 * r + 1]));
             mx = mx.max(shfl_xor(mx, 1));
             mx = mx.max(shfl_xor(mx, 2));
             let m_new = m[r].max(mx);
@@ -219,7 +234,7 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
             let corr = exp2(m[r] - sub);
             m[r] = m_new;
             let mut sum = 0.0f32;
-            each::<8>(|nt| {
+            each::<NT>(|nt| {
                 each::<2>(|e| {
                     let pr = exp2(sc[nt][2 * r + e] - sub);
                     sc[nt][2 * r + e] = pr;
@@ -237,14 +252,14 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
             }
         });
         fwd_landed();
-        if n0 + BC < end {
-            let next = n0 + BC;
+        if n0 + bc < end {
+            let next = n0 + bc;
             unsafe {
                 fwd_load_tile::<D, WARPS4>(
                     sk,
                     k_base + (2 * next * kt) as u64,
                     kt,
-                    BC,
+                    bc,
                     s.sk as usize - next,
                     tid,
                 )
@@ -253,14 +268,14 @@ pub(crate) unsafe fn forward<T: Half, const D: usize>(p: &Params) {
         commit();
         #[cfg(target_feature = "sm_90a")]
         unsafe {
-            wgmma::pv::<T, D>(&mut o, &sc, sv);
+            wgmma::pv::<T, D, NT>(&mut o, &sc, sv);
             wgmma::wait64(&mut o);
         }
         #[cfg(not(target_feature = "sm_90a"))]
         unsafe {
-            mma_pb::<T, D>(&mut o, &sc, sv, tid & 31, 4)
+            mma_pb::<T, D>(&mut o, tiles8(&mut sc), sv, tid & 31, 4)
         };
-        n0 += BC;
+        n0 += bc;
     }
     wait_all();
     each::<2>(|r| {

@@ -121,23 +121,38 @@ macro_rules! wait_with {
     };
 }
 
-/// `acc (64×64) = acc·[accumulate] + A·B` for one k-step: A (64×16) and B (16×64, stored as
-/// 64 rows of k) read from shared memory through the K-major descriptors `a` and `b`.
-macro_rules! ss_n64 {
-    ($name:ident, $ty:literal, $first:literal $($i:literal)*) => {
-        /// One `wgmma` m64n64k16 with both operands K-major in shared memory.
+/// [`wait32`] or [`wait64`], by the tile count of `acc` (8 or 16).
+#[inline(always)]
+pub(crate) fn wait<const NT: usize>(acc: &mut [[f32; 4]; NT]) {
+    const { assert!(NT == 8 || NT == 16) };
+    let at = acc as *mut [[f32; 4]; NT];
+    // SAFETY: `NT` is the tile count cast to (the const branch).
+    unsafe {
+        if NT == 8 {
+            wait32(&mut *(at as *mut [[f32; 4]; 8]))
+        } else {
+            wait64(&mut *(at as *mut [[f32; 4]; 16]))
+        }
+    }
+}
+
+/// `acc (64×N) = acc·[accumulate] + A·B` for one k-step: A (64×16) and B (16×N, stored as
+/// N rows of k) read from shared memory through the K-major descriptors `a` and `b`.
+macro_rules! ss {
+    ($name:ident, $shape:literal, $ty:literal, $n:literal, $first:literal $($i:literal)*) => {
+        /// One `wgmma` with both operands K-major in shared memory.
         ///
         /// # Safety
         /// `a` and `b` describe landed, proxy-fenced tiles; every thread of the warpgroup
-        /// executes it; `acc` is read only after [`wait32`].
+        /// executes it; `acc` is read only after a wait ([`wait32`], [`wait64`]).
         #[inline(always)]
-        pub(crate) unsafe fn $name(acc: &mut [[f32; 4]; 8], a: u64, b: u64, accumulate: bool) {
+        pub(crate) unsafe fn $name(acc: &mut [[f32; 4]; $n / 4], a: u64, b: u64, accumulate: bool) {
             // SAFETY: the tiles of `acc` are its contiguous elements.
-            let d = unsafe { &mut *(acc as *mut [[f32; 4]; 8] as *mut [f32; 32]) };
+            let d = unsafe { &mut *(acc as *mut [[f32; 4]; $n / 4] as *mut [f32; $n]) };
             unsafe {
                 asm!(
                     concat!(
-                        "{{ .reg .pred p; setp.ne.b32 p, {z}, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32.",
+                        "{{ .reg .pred p; setp.ne.b32 p, {z}, 0; wgmma.mma_async.sync.aligned.", $shape, ".f32.",
                         $ty, ".", $ty, " {{{", stringify!($first), "}"
                         $(, ", {", stringify!($i), "}")*,
                         "}}, {a}, {b}, p, 1, 1, 0, 0; }}"
@@ -197,29 +212,47 @@ macro_rules! regs64 {
 
 regs32!(wait_with, wait32, 32);
 regs64!(wait_with, wait64, 64);
-regs32!(ss_n64, ss_n64_bf16, "bf16");
-regs32!(ss_n64, ss_n64_f16, "f16");
+regs32!(ss, ss_n64_bf16, "m64n64k16", "bf16", 32);
+regs32!(ss, ss_n64_f16, "m64n64k16", "f16", 32);
+regs64!(ss, ss_n128_bf16, "m64n128k16", "bf16", 64);
+regs64!(ss, ss_n128_f16, "m64n128k16", "f16", 64);
 regs32!(rs, rs_n64_bf16, "m64n64k16", "bf16", 32);
 regs32!(rs, rs_n64_f16, "m64n64k16", "f16", 32);
 regs64!(rs, rs_n128_bf16, "m64n128k16", "bf16", 64);
 regs64!(rs, rs_n128_f16, "m64n128k16", "f16", 64);
 
-/// `S = Q·Kᵀ` for a warpgroup's 64 query rows and 64 keys over a `D`-wide head: `q` and `k`
-/// K-major tiles of 64 rows. Issued and committed, not waited for.
+/// `S = Q·Kᵀ` for a warpgroup's 64 query rows and `8·NT` keys (64 or 128) over a `D`-wide
+/// head: `q` a K-major tile of 64 rows, `k` one of `8·NT`. Issued and committed, not waited
+/// for.
 ///
 /// # Safety
 /// As [`ss_n64_bf16`].
 #[inline(always)]
-pub(crate) unsafe fn scores<T: Half, const D: usize>(acc: &mut [[f32; 4]; 8], q: u32, k: u32) {
+pub(crate) unsafe fn scores<T: Half, const D: usize, const NT: usize>(
+    acc: &mut [[f32; 4]; NT],
+    q: u32,
+    k: u32,
+) {
+    const { assert!(NT == 8 || NT == 16) };
     fence();
     each::<8>(|kk| {
         if kk < D / 16 {
-            let (a, b) = (k_major(q, 64, kk), k_major(k, 64, kk));
+            let (a, b) = (k_major(q, 64, kk), k_major(k, 8 * NT, kk));
+            let more = kk > 0;
+            // SAFETY: `NT` is the tile count the product writes (the const branch).
             unsafe {
-                if T::IS_BF16 {
-                    ss_n64_bf16(acc, a, b, kk > 0)
+                if NT == 8 {
+                    let acc = &mut *(acc as *mut [[f32; 4]; NT] as *mut [[f32; 4]; 8]);
+                    match T::IS_BF16 {
+                        true => ss_n64_bf16(acc, a, b, more),
+                        false => ss_n64_f16(acc, a, b, more),
+                    }
                 } else {
-                    ss_n64_f16(acc, a, b, kk > 0)
+                    let acc = &mut *(acc as *mut [[f32; 4]; NT] as *mut [[f32; 4]; 16]);
+                    match T::IS_BF16 {
+                        true => ss_n128_bf16(acc, a, b, more),
+                        false => ss_n128_f16(acc, a, b, more),
+                    }
                 }
             }
         }
@@ -227,44 +260,51 @@ pub(crate) unsafe fn scores<T: Half, const D: usize>(acc: &mut [[f32; 4]; 8], q:
     commit();
 }
 
-/// `O += P·V` for a warpgroup's 64 query rows over 64 keys: `p` the score tile's accumulators
-/// (rounded to `T` here, as the A operand), `v` an MN-major tile of 64 key rows of a `D`-wide
-/// head. Issued and committed, not waited for.
+/// `O += P·V` for a warpgroup's 64 query rows over `8·NT` keys (64 or 128): `p` the score
+/// tile's accumulators (rounded to `T` here, as the A operand), `v` an MN-major tile of `8·NT`
+/// key rows of a `D`-wide head. Issued and committed, not waited for.
 ///
 /// # Safety
 /// As [`rs_n128_bf16`].
 #[inline(always)]
-pub(crate) unsafe fn pv<T: Half, const D: usize>(
+pub(crate) unsafe fn pv<T: Half, const D: usize, const NT: usize>(
     o: &mut [[f32; 4]; 16],
-    p: &[[f32; 4]; 8],
+    p: &[[f32; 4]; NT],
     v: u32,
 ) {
-    let a: [[u32; 4]; 4] = core::array::from_fn(|kk| {
-        let (lo, hi) = (&p[2 * kk], &p[2 * kk + 1]);
-        [
-            T::pack2(lo[0], lo[1]),
-            T::pack2(lo[2], lo[3]),
-            T::pack2(hi[0], hi[1]),
-            T::pack2(hi[2], hi[3]),
-        ]
+    const { assert!(NT == 8 || NT == 16) };
+    let a: [[u32; 4]; 8] = core::array::from_fn(|kk| {
+        if 2 * kk + 1 < NT {
+            let (lo, hi) = (&p[2 * kk], &p[2 * kk + 1]);
+            [
+                T::pack2(lo[0], lo[1]),
+                T::pack2(lo[2], lo[3]),
+                T::pack2(hi[0], hi[1]),
+                T::pack2(hi[2], hi[3]),
+            ]
+        } else {
+            [0; 4]
+        }
     });
     fence();
-    each::<4>(|kk| {
-        let b = mn_major(v, 64, kk);
-        unsafe {
-            if D == 128 {
-                if T::IS_BF16 {
-                    rs_n128_bf16(o, &a[kk], b)
+    each::<8>(|kk| {
+        if kk < NT / 2 {
+            let b = mn_major(v, 8 * NT, kk);
+            unsafe {
+                if D == 128 {
+                    if T::IS_BF16 {
+                        rs_n128_bf16(o, &a[kk], b)
+                    } else {
+                        rs_n128_f16(o, &a[kk], b)
+                    }
                 } else {
-                    rs_n128_f16(o, &a[kk], b)
-                }
-            } else {
-                // SAFETY: the first 8 of the 16 tiles (the head's 64 columns).
-                let half = &mut *(o as *mut [[f32; 4]; 16] as *mut [[f32; 4]; 8]);
-                if T::IS_BF16 {
-                    rs_n64_bf16(half, &a[kk], b)
-                } else {
-                    rs_n64_f16(half, &a[kk], b)
+                    // SAFETY: the first 8 of the 16 tiles (the head's 64 columns).
+                    let half = &mut *(o as *mut [[f32; 4]; 16] as *mut [[f32; 4]; 8]);
+                    if T::IS_BF16 {
+                        rs_n64_bf16(half, &a[kk], b)
+                    } else {
+                        rs_n64_f16(half, &a[kk], b)
+                    }
                 }
             }
         }
