@@ -1,5 +1,9 @@
 //! RMSNorm forward and backward launchers (kernels: `kernels-gpu/src/rms_norm.rs`,
 //! reference: [`crate::reference::rms_norm`], semantics: [`CastingMode`]).
+// The device crate's file, as the package ships it: the kernels' parameter block, defined once.
+#[path = "../packaging/kernels-gpu/src/rms_norm/abi.rs"]
+pub(crate) mod abi;
+
 use crate::CastingMode;
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
@@ -11,9 +15,7 @@ use crate::launch::{Launch, arg, item_grid, launch_ex};
 use crate::module::{Kernels, kernels};
 use crate::settings::{LaunchSettings, MAX_FUSED_SIZE, calculate_settings};
 use crate::validate::{Access, Buf, Need, Spec, Table, read, span, validate, write};
-use cudarc::driver::{
-    CudaContext, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig};
 use std::sync::Arc;
 
 /// Dynamic shared memory of the row kernels' block reductions ([`SUM_SLOTS`] f32).
@@ -736,27 +738,33 @@ pub(crate) fn launch_forward<T: Dtype>(
         block_dim: (path.threads(), 1, 1),
         shared_mem_bytes: REDUCE_SMEM_BYTES,
     };
-    let (x_stride, y_stride) = (args.x_stride as u64, args.y_stride as u64);
-    let (rows, cols) = (args.rows as u64, args.cols as u64);
-    let mut launch = stream.launch_builder(&func);
-    launch.arg(&p.x).arg(&x_stride);
-    if add {
-        launch.arg(&r_ptr).arg(&x_stride).arg(&s_ptr).arg(&x_stride);
+    let params = abi::Params {
+        x: p.x,
+        r: r_ptr,
+        s: s_ptr,
+        w: p.w,
+        y: p.y,
+        rstd: p.rstd,
+        ..base(args)
+    };
+    // SAFETY: every forward entry takes one `Params` by value (the test
+    // `each_entry_takes_one_parameter_block_of_the_hosts_size`); every pointer was checked by
+    // the caller to cover `rows` rows of its stride (`rstd`: `rows` f32, `r` and `s` at
+    // `x_stride`), and `s` may be `x` or `r` only at their stride.
+    unsafe { launch_ex(stream, &func, cfg, &mut [arg(&params)], Launch::Plain) }
+}
+
+/// A call's parameter block without pointers.
+fn base(args: &RmsNormArgs) -> abi::Params {
+    abi::Params {
+        x_stride: args.x_stride as u64,
+        y_stride: args.y_stride as u64,
+        rows: args.rows as u64,
+        cols: args.cols as u64,
+        eps: args.eps,
+        offset: args.offset,
+        ..abi::Params::default()
     }
-    launch
-        .arg(&p.w)
-        .arg(&p.y)
-        .arg(&y_stride)
-        .arg(&p.rstd)
-        .arg(&rows)
-        .arg(&cols)
-        .arg(&args.eps)
-        .arg(&args.offset);
-    // SAFETY: argument order and types match `fwd_entry!` in kernels-gpu (the fused add's
-    // `r` and `s` after `x`); every pointer was checked by the caller to cover `rows` rows of
-    // its stride (`rstd`: `rows` f32), and `s` may be `x` or `r` only at their stride.
-    unsafe { launch.launch(cfg) }?;
-    Ok(())
 }
 
 /// RMSNorm backward into a separate `dx` buffer: `dx` (rows at `y_stride`) and, when `dw` is
@@ -1001,8 +1009,6 @@ pub(crate) fn launch_backward<T: Dtype>(
     let launch = backward_launch::<T>(stream.context(), &kernels, path, args, with_dw, add)?;
     let (grid, cluster) = (launch.grid, launch.cluster);
     let parts = grid / cluster;
-    let (x_stride, y_stride) = (args.x_stride as u64, args.y_stride as u64);
-    let (rows, cols) = (args.rows as u64, args.cols as u64);
     let cfg = LaunchConfig {
         grid_dim: (grid as u32, 1, 1),
         block_dim: (launch.threads, 1, 1),
@@ -1020,47 +1026,41 @@ pub(crate) fn launch_backward<T: Dtype>(
     };
     // The backward, then (with dW) the dW reduction over `partial`, the scratch of
     // `parts × cols` f32 (0 without dW: the `bwd_dx` kernels do not use it).
-    let run = |p_ptr: u64| -> Result<()> {
-        let mut params = vec![arg(&dy_ptr), arg(&y_stride)];
-        if add {
-            params.extend([arg(&ds_ptr), arg(&y_stride)]);
-        }
-        params.extend([
-            arg(&x_ptr),
-            arg(&x_stride),
-            arg(&w_ptr),
-            arg(&r_ptr),
-            arg(&dx_ptr),
-            arg(&y_stride),
-            arg(&p_ptr),
-            arg(&rows),
-            arg(&cols),
-            arg(&args.offset),
-        ]);
-        // SAFETY: argument order and types match `bwd_entry!` (the fused add's `ds` after
-        // `dy`); buffers were checked by the caller, the partial buffer holds `parts × cols`
-        // f32 (one row per block, or per cluster), every element written by its block (the
-        // scalar kernel at its first row, the vector kernel at its end) or its cluster
+    let run = |partial: u64| -> Result<()> {
+        let params = abi::Params {
+            dy: dy_ptr,
+            ds: ds_ptr,
+            x: x_ptr,
+            w: w_ptr,
+            rstd: r_ptr,
+            dx: dx_ptr,
+            dw_partial: partial,
+            dw: dw_ptr,
+            parts: parts as u64,
+            ..base(args)
+        };
+        // SAFETY: every backward entry takes one `Params` by value; buffers were checked by the
+        // caller (`ds` and `dx` at `y_stride`), the partial buffer holds `parts × cols` f32 (one
+        // row per block, or per cluster), every element written by its block (the scalar kernel
+        // at its first row, the vector kernel at its end) or its cluster
         // (`write_cluster_partial`).
-        unsafe { launch_ex(stream, &func, cfg, &mut params, how) }?;
+        unsafe { launch_ex(stream, &func, cfg, &mut [arg(&params)], how) }?;
         let Some(reduce) = &reduce else {
             return Ok(());
         };
-        let parts = parts as u64;
         let cfg = LaunchConfig {
             grid_dim: (args.cols.div_ceil(DW_REDUCE_COLS as usize) as u32, 1, 1),
             block_dim: (DW_REDUCE_COLS, DW_REDUCE_PART_LANES, 1),
             shared_mem_bytes: DW_REDUCE_COLS * DW_REDUCE_PART_LANES * 4,
         };
-        let mut params = [arg(&p_ptr), arg(&parts), arg(&cols), arg(&dw_ptr)];
         let how = match kernels.sm90 {
             true => Launch::Dependent,
             false => Launch::Plain,
         };
-        // SAFETY: matches the dW reduction of `rms_norm_kernels!`, whose sm_90 build waits
-        // for the backward before reading `partial`; `partial` holds `parts × cols`, `dw`
-        // `cols`, and the backward just queued wrote every element the reduction reads.
-        unsafe { launch_ex(stream, reduce, cfg, &mut params, how) }
+        // SAFETY: the dW reduction takes the same `Params`; its sm_90 build waits for the
+        // backward before reading `dw_partial`, which holds `parts × cols` f32, every element
+        // written by the backward just queued; `dw` holds `cols`.
+        unsafe { launch_ex(stream, reduce, cfg, &mut [arg(&params)], how) }
     };
     match with_dw {
         false => run(0),
@@ -1174,6 +1174,14 @@ pub(crate) mod tests {
             out
         }
         [of::<f32>(), of::<f16>(), of::<bf16>()].concat()
+    }
+
+    #[test]
+    fn each_entry_takes_one_parameter_block_of_the_hosts_size() {
+        crate::module::tests::assert_one_param_block(
+            &launchable_kernels(),
+            size_of::<abi::Params>(),
+        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! RMSNorm forward, backward and the dW reduction (semantics: the cast points in `src/reference/rms_norm.rs`, host: `src/rms_norm.rs`).
+//! RMSNorm forward, backward and the dW reduction (semantics: the cast points in `src/reference/rms_norm.rs`, host: `src/rms_norm.rs`); every
+//! entry takes one [`abi::Params`] block.
 //!
 //! Rows are walked grid-stride (`row = blockIdx.x; row += gridDim.x`), one block per row at a
 //! time, columns strided by the block. The forward writes `y` and the row's rstd; the backward
@@ -36,6 +37,8 @@
 //! product (`fma.rn.bf16x2` / `fma.rn.f16x2`: half the instructions of widening each lane and
 //! fewer registers) wherever that gives the mode's bits (see `packed_weight`); 16-bit llama rows
 //! with an offset other than ±0 run the `_llama_offset` twins, which multiply lane by lane.
+pub mod abi;
+
 use crate::identity::{
     ElemType, Mode, NormInput, NormPass, RmsNormLayout, has_shared_dw, kernel_name,
 };
@@ -46,6 +49,7 @@ use crate::{
 };
 #[cfg(target_feature = "sm_90")]
 use crate::{cluster_blocks, cluster_rank, cluster_sync, load_from_cluster_block};
+use abi::Params;
 
 /// Scale of the second sum of squares, for rows whose f32 sum overflows: with `Σx² ≥ 2¹²⁸`
 /// the scaled sum `Σ(x·2⁻⁸⁰)²` is ≥ 2⁻³² (normal f32, full precision) and, for any finite `x`
@@ -784,18 +788,19 @@ const fn adds(input: NormInput) -> bool {
     matches!(input, NormInput::Add)
 }
 
-/// One entry point named `$name` with the parameters `$param: $ty` (as the host passes
-/// them), running `$call` over them; `$doc` is its summary, `$safety` what the caller
-/// guarantees.
+/// One entry point named `$name`: one [`Params`] block by value (`ld.param` loads, no local
+/// copy) as `$p`, running `$call`; `$doc` is its summary, `$safety` what the caller guarantees.
 macro_rules! entry {
-    ($name:expr, $doc:literal, $safety:literal, ($($param:ident: $ty:ty),* $(,)?) => $call:expr) => {
+    ($name:expr, $doc:literal, $safety:literal, |$p:ident| $call:expr) => {
         const _: () = {
             #[doc = $doc]
             ///
             /// # Safety
             #[doc = $safety]
             #[unsafe(export_name = $name)]
-            pub unsafe extern "gpu-kernel" fn kernel($($param: $ty),*) {
+            // A `#[repr(C)]` struct of integers and floats: the PTX parameter is its bytes.
+            #[allow(improper_gpu_kernel_arg)]
+            pub unsafe extern "gpu-kernel" fn kernel($p: Params) {
                 unsafe { $call }
             }
         };
@@ -804,57 +809,66 @@ macro_rules! entry {
 
 /// One forward entry point (see [`entry`]) of input `$input`: `$body` is the generic body
 /// (`forward::<T, MODE, ADD>` or `forward_vec::<T, MODE, K, …>`) of element type `$ty`. The
-/// fused add's forward takes `r` and `s` (with their strides) after `x`.
+/// fused add's forward reads `r` and writes `s`, both at `x`'s stride.
 macro_rules! fwd_entry {
-    (Plain, $name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
-        entry!($name, $doc, $safety, (
-            x: *const $ty, x_stride: u64, w: *const $ty, y: *mut $ty, y_stride: u64,
-            rstd: *mut f32, rows: u64, cols: u64, eps: f32, offset: f32,
-        ) => $body(Fwd {
-            x, x_stride: x_stride as usize, res: core::ptr::null(), res_stride: 0,
-            s: core::ptr::null_mut(), s_stride: 0, w, y, y_stride: y_stride as usize, rstd,
-            rows: rows as usize, cols: cols as usize, eps, offset,
-        }));
-    };
-    (Add, $name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
-        entry!($name, $doc, $safety, (
-            x: *const $ty, x_stride: u64, r: *const $ty, r_stride: u64, s: *mut $ty,
-            s_stride: u64, w: *const $ty, y: *mut $ty, y_stride: u64, rstd: *mut f32,
-            rows: u64, cols: u64, eps: f32, offset: f32,
-        ) => $body(Fwd {
-            x, x_stride: x_stride as usize, res: r, res_stride: r_stride as usize, s,
-            s_stride: s_stride as usize, w, y, y_stride: y_stride as usize, rstd,
-            rows: rows as usize, cols: cols as usize, eps, offset,
-        }));
+    ($input:ident, $name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
+        entry!($name, $doc, $safety, |p| {
+            let add = adds(NormInput::$input);
+            $body(Fwd::<$ty> {
+                x: p.x as *const $ty,
+                x_stride: p.x_stride as usize,
+                res: if add {
+                    p.r as *const $ty
+                } else {
+                    core::ptr::null()
+                },
+                res_stride: if add { p.x_stride as usize } else { 0 },
+                s: if add {
+                    p.s as *mut $ty
+                } else {
+                    core::ptr::null_mut()
+                },
+                s_stride: if add { p.x_stride as usize } else { 0 },
+                w: p.w as *const $ty,
+                y: p.y as *mut $ty,
+                y_stride: p.y_stride as usize,
+                rstd: p.rstd as *mut f32,
+                rows: p.rows as usize,
+                cols: p.cols as usize,
+                eps: p.eps,
+                offset: p.offset,
+            })
+        });
     };
 }
 
-/// One backward entry point (see [`fwd_entry`]); the fused add's backward takes `ds` (with
-/// its stride) after `dy`.
+/// One backward entry point (see [`fwd_entry`]); the fused add's backward reads `ds` at `dy`'s
+/// stride.
 macro_rules! bwd_entry {
-    (Plain, $($rest:tt)*) => { bwd_entry!(@plain $($rest)*); };
-    (Add, $($rest:tt)*) => { bwd_entry!(@add $($rest)*); };
-    (@plain $name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
-        entry!($name, $doc, $safety, (
-            dy: *const $ty, dy_stride: u64, x: *const $ty, x_stride: u64, w: *const $ty,
-            rstd: *const f32, dx: *mut $ty, dx_stride: u64, dw_partial: *mut f32, rows: u64,
-            cols: u64, offset: f32,
-        ) => $body(Bwd {
-            dy, dy_stride: dy_stride as usize, ds: core::ptr::null(), ds_stride: 0, x,
-            x_stride: x_stride as usize, w, rstd, dx, dx_stride: dx_stride as usize,
-            dw_partial, rows: rows as usize, cols: cols as usize, offset,
-        }));
-    };
-    (@add $name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
-        entry!($name, $doc, $safety, (
-            dy: *const $ty, dy_stride: u64, ds: *const $ty, ds_stride: u64, x: *const $ty,
-            x_stride: u64, w: *const $ty, rstd: *const f32, dx: *mut $ty, dx_stride: u64,
-            dw_partial: *mut f32, rows: u64, cols: u64, offset: f32,
-        ) => $body(Bwd {
-            dy, dy_stride: dy_stride as usize, ds, ds_stride: ds_stride as usize, x,
-            x_stride: x_stride as usize, w, rstd, dx, dx_stride: dx_stride as usize,
-            dw_partial, rows: rows as usize, cols: cols as usize, offset,
-        }));
+    ($input:ident, $name:expr, $ty:ty, $body:expr, $doc:literal, $safety:literal) => {
+        entry!($name, $doc, $safety, |p| {
+            let add = adds(NormInput::$input);
+            $body(Bwd::<$ty> {
+                dy: p.dy as *const $ty,
+                dy_stride: p.y_stride as usize,
+                ds: if add {
+                    p.ds as *const $ty
+                } else {
+                    core::ptr::null()
+                },
+                ds_stride: if add { p.y_stride as usize } else { 0 },
+                x: p.x as *const $ty,
+                x_stride: p.x_stride as usize,
+                w: p.w as *const $ty,
+                rstd: p.rstd as *const f32,
+                dx: p.dx as *mut $ty,
+                dx_stride: p.y_stride as usize,
+                dw_partial: p.dw_partial as *mut f32,
+                rows: p.rows as usize,
+                cols: p.cols as usize,
+                offset: p.offset,
+            })
+        });
     };
 }
 
@@ -910,10 +924,15 @@ macro_rules! rms_norm_kernels {
         entry!(
             kernel_name!(RmsNorm, DwReduce, $elem),
             "Sums the per-block dW partial rows into `dw` (see the module docs).",
-            "`partial` holds `parts × cols` f32; `dw` holds `cols` elements.",
-            (partial: *const f32, parts: u64, cols: u64, dw: *mut elem_type!($elem)) => {
+            "`dw_partial` holds `parts × cols` f32; `dw` holds `cols` elements.",
+            |p| {
                 wait_for_prerequisite_grids();
-                dw_reduce(partial, parts as usize, cols as usize, dw)
+                dw_reduce(
+                    p.dw_partial as *const f32,
+                    p.parts as usize,
+                    p.cols as usize,
+                    p.dw as *mut elem_type!($elem),
+                )
             }
         );
     };
