@@ -119,7 +119,6 @@ mod cross_entropy;
 mod dtype;
 mod embedding;
 mod error;
-mod fused_add_rms_norm;
 mod glu;
 // The device crate's file, as the package ships it (`packaging/kernels-gpu/` links to
 // `kernels-gpu/` in a checkout): the kernels' identities and shared constants, defined once.
@@ -164,10 +163,6 @@ pub use cudarc;
 pub use dtype::Dtype;
 pub use embedding::{EmbeddingArgs, TokenId, embedding_backward, embedding_forward};
 pub use error::{Error, Result};
-pub use fused_add_rms_norm::{
-    fused_add_rms_norm_backward, fused_add_rms_norm_backward_inplace, fused_add_rms_norm_forward,
-    fused_add_rms_norm_forward_inplace,
-};
 pub use glu::{
     Gelu, geglu_backward, geglu_backward_fused, geglu_backward_fused_inplace,
     geglu_backward_inplace, geglu_forward, geglu_forward_fused,
@@ -180,6 +175,10 @@ pub use half;
 pub use mode::CastingMode;
 pub use module::{BASELINE_PTX_ENV, PTX, PTX_SM90, cuda_context, release_scratch};
 pub use rms_norm::{RmsNormArgs, rms_norm_backward, rms_norm_backward_inplace, rms_norm_forward};
+pub use rms_norm::{
+    fused_add_rms_norm_backward, fused_add_rms_norm_backward_inplace, fused_add_rms_norm_forward,
+    fused_add_rms_norm_forward_inplace,
+};
 pub use rope::{
     CosSinLayout, PositionIds, RopeArgs, rope_backward, rope_backward_fused, rope_backward_into,
     rope_forward, rope_forward_fused, rope_forward_into,

@@ -402,7 +402,7 @@ pub(crate) mod tests {
     fn the_launchers_ask_for_exactly_the_kernels_of_both_builds() {
         use std::collections::BTreeSet;
         let launchable: BTreeSet<String> = [
-            crate::rms_norm::tests::launchable_kernels(),
+            crate::rms_norm::plan::tests::launchable_kernels(),
             crate::rope::plan::tests::launchable_kernels(),
             crate::glu::plan::tests::launchable_kernels(),
             crate::attention::plan::tests::launchable_kernels(),

@@ -67,7 +67,7 @@ macro_rules! names {
 names! {
     /// The op: the first part of every entry name.
     pub enum Op / op_name {
-        /// RMSNorm (`kernels-gpu/src/rms_norm.rs`).
+        /// RMSNorm and the fused residual add (`kernels-gpu/src/rms_norm/`).
         RmsNorm = "rms_norm",
         /// RoPE (`kernels-gpu/src/rope/`).
         Rope = "rope",

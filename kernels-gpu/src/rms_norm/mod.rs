@@ -472,7 +472,7 @@ unsafe fn forward_vec<
 /// Shared memory frees those registers, which raises the resident blocks of some shapes (bf16
 /// 4096: 2 → 4 per SM, 8192: 1 → 2) and costs a shared-memory round trip per element; the host
 /// runs it only where it fits more blocks per SM and every block gets many rows (`shared_dw`
-/// in src/rms_norm.rs). Without `DW` (the `bwd_dx` kernels, [`computes_dw`]) the dW sums are
+/// in src/rms_norm/plan.rs). Without `DW` (the `bwd_dx` kernels, [`computes_dw`]) the dW sums are
 /// never stored, so the compiler drops them and their registers (bf16 `_v2`: 55 registers
 /// against 83–104 with dW).
 #[inline(always)]

@@ -1,220 +1,46 @@
-//! RMSNorm forward and backward launchers (kernels: `kernels-gpu/src/rms_norm.rs`,
-//! reference: [`crate::reference::rms_norm`], semantics: [`CastingMode`]).
-// The device crate's file, as the package ships it: the kernels' parameter block, defined once.
-#[path = "../packaging/kernels-gpu/src/rms_norm/abi.rs"]
-pub(crate) mod abi;
-
+//! Which kernels an RMSNorm call runs (RMSNorm's or the fused residual add's), on which grids
+//! and launch kinds: the vector rules, the paths, the backward's dW placement (registers,
+//! shared memory, clusters) and grid caps, from the arguments, the element type, the buffers'
+//! alignment and the device's resident blocks.
+use super::args::RmsNormArgs;
 use crate::CastingMode;
 use crate::dtype::Dtype;
 use crate::error::{Result, invalid};
 use crate::identity::{
-    Kernel, Mode, NormInput, NormPass, RmsNormLayout, RmsNormLayout::Resident, RmsNormShape,
-    SUM_SLOTS, has_shared_dw,
+    Kernel, Mode, NormInput, NormPass, RmsNormLayout, RmsNormShape, SUM_SLOTS, has_shared_dw,
 };
-use crate::launch::{Launch, arg, item_grid, launch_ex};
-use crate::module::{Kernels, kernels};
+use crate::launch::item_grid;
+use crate::module::Kernels;
 use crate::settings::{LaunchSettings, MAX_FUSED_SIZE, calculate_settings};
-use crate::validate::{Access, Buf, Need, Spec, Table, read, span, validate, write};
-use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig};
-use std::sync::Arc;
+use cudarc::driver::CudaContext;
 
 /// Dynamic shared memory of the row kernels' block reductions ([`SUM_SLOTS`] f32).
-const REDUCE_SMEM_BYTES: u32 = (SUM_SLOTS * 4) as u32;
+pub(crate) const REDUCE_SMEM_BYTES: u32 = (SUM_SLOTS * 4) as u32;
+
 /// Rows per block below which the backward keeps dW in registers even where shared memory fits
 /// more blocks: bf16 4096 columns (3 vs 2 blocks per SM) measured −12 % at 2048 rows (5 rows a
 /// block) and +10 % at 16384 rows (41 a block); bf16 2048 columns in blocks of 128 threads
 /// (`_vs2` 8 blocks per SM against `_v2` 4) +3.5 % at 16384 rows (15.5 a block).
-const SMEM_DW_MIN_ROWS: usize = 8;
+pub(crate) const SMEM_DW_MIN_ROWS: usize = 8;
+
 /// Dynamic shared memory a block may use without opting in to more (48 KiB).
-const DEFAULT_SMEM_LIMIT: u32 = 48 * 1024;
+pub(crate) const DEFAULT_SMEM_LIMIT: u32 = 48 * 1024;
+
 /// Most f32 elements of dW partial rows (256 MiB) whenever there are two or more: very wide
 /// rows get fewer, longer-lived blocks in the backward instead of a larger scratch buffer. The
 /// dW reduction kernel relies on it: it offsets within the partials in 32 bits.
-const DW_PARTIAL_MAX: usize = 1 << 26;
+pub(crate) const DW_PARTIAL_MAX: usize = 1 << 26;
+
 /// Block of the dW reduction: `DW_REDUCE_COLS` columns × `DW_REDUCE_PART_LANES` parallel sums
 /// over the parts.
-const DW_REDUCE_COLS: u32 = 32;
+pub(crate) const DW_REDUCE_COLS: u32 = 32;
+
 /// See [`DW_REDUCE_COLS`].
-const DW_REDUCE_PART_LANES: u32 = 32;
-
-/// Shape and parameters of an RMSNorm call over `rows` rows of `cols` elements.
-///
-/// Rows of `x` start `x_stride` elements apart; rows of `y` (forward) and of `dy`/`dx`
-/// (backward) start `y_stride` elements apart, so a row-slice of a larger buffer works.
-///
-/// ```
-/// use liger_rs::{CastingMode, RmsNormArgs};
-/// // Gemma-style: (1 + w) weights, f32 math throughout; x is the first 2048 columns of a
-/// // [tokens, 3 × 2048] buffer.
-/// let args = RmsNormArgs::new(8, 2048)
-///     .with_mode(CastingMode::Gemma)
-///     .with_offset(1.0)
-///     .with_eps(1e-6)
-///     .with_strides(3 * 2048, 2048);
-/// assert_eq!((args.x_stride, args.y_stride), (6144, 2048));
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq)]
-#[non_exhaustive]
-pub struct RmsNormArgs {
-    /// Number of rows (0 is allowed and launches nothing).
-    pub rows: usize,
-    /// Elements per row (the normalised dimension), ≥ 1. Rows up to [`MAX_FUSED_SIZE`]
-    /// (65536) take the fast paths; wider rows run the scalar kernels with 1024 threads
-    /// walking the row in chunks (one extra read of the row from cache).
-    pub cols: usize,
-    /// Added to the mean square before the inverse square root (finite, ≥ 0). With `eps = 0`
-    /// an all-zero row has rstd = +∞, so its `y` and `dx` are NaN, as in the reference (and
-    /// PyTorch). Non-finite inputs propagate as in the reference: a NaN makes its row NaN, a
-    /// ±∞ gives rstd = 0 (`y` 0 except NaN at the ∞, the row's `dx` NaN), and rows near the
-    /// largest finite value are normalised without overflow (the sum of squares is rescaled).
-    pub eps: f32,
-    /// Added to the weight (`1.0` for Gemma-style `(1 + w)` weights). In
-    /// [`CastingMode::Llama`] with f16/bf16 tensors, `offset + w` is an f32 value, so any offset
-    /// other than ±0 takes kernels that multiply lane by lane in f32 instead of one packed
-    /// 16-bit product: more registers, fewer blocks per SM (on an H200 the lane-by-lane code
-    /// measured 10 % slower forward at 4096 columns, 20 % backward at 8192). Results are the
-    /// same bits either way. Gemma-style weights usually run [`CastingMode::Gemma`].
-    pub offset: f32,
-    /// Where values are rounded to the tensor dtype.
-    pub mode: CastingMode,
-    /// Elements between the starts of consecutive rows of `x` (≥ `cols`).
-    pub x_stride: usize,
-    /// Elements between the starts of consecutive rows of `y`, `dy` and `dx` (≥ `cols`).
-    pub y_stride: usize,
-}
-
-impl RmsNormArgs {
-    /// Contiguous rows, `eps = 1e-6`, `offset = 0`, [`CastingMode::Llama`].
-    ///
-    /// ```
-    /// let args = liger_rs::RmsNormArgs::new(4, 4096);
-    /// assert_eq!((args.x_stride, args.y_stride, args.eps), (4096, 4096, 1e-6));
-    /// ```
-    pub fn new(rows: usize, cols: usize) -> Self {
-        RmsNormArgs {
-            rows,
-            cols,
-            eps: 1e-6,
-            offset: 0.0,
-            mode: CastingMode::Llama,
-            x_stride: cols,
-            y_stride: cols,
-        }
-    }
-
-    /// Sets `eps`.
-    ///
-    /// ```
-    /// assert_eq!(liger_rs::RmsNormArgs::new(1, 8).with_eps(1e-5).eps, 1e-5);
-    /// ```
-    pub fn with_eps(self, eps: f32) -> Self {
-        RmsNormArgs { eps, ..self }
-    }
-
-    /// Sets the weight offset.
-    ///
-    /// ```
-    /// assert_eq!(liger_rs::RmsNormArgs::new(1, 8).with_offset(1.0).offset, 1.0);
-    /// ```
-    pub fn with_offset(self, offset: f32) -> Self {
-        RmsNormArgs { offset, ..self }
-    }
-
-    /// Sets the casting mode.
-    ///
-    /// ```
-    /// use liger_rs::{CastingMode, RmsNormArgs};
-    /// assert_eq!(RmsNormArgs::new(1, 8).with_mode(CastingMode::None).mode, CastingMode::None);
-    /// ```
-    pub fn with_mode(self, mode: CastingMode) -> Self {
-        RmsNormArgs { mode, ..self }
-    }
-
-    /// Sets the row strides of `x` and of `y`/`dy`/`dx`.
-    ///
-    /// ```
-    /// let args = liger_rs::RmsNormArgs::new(2, 8).with_strides(24, 8); // x: 8 of every 24 columns
-    /// assert_eq!((args.x_stride, args.y_stride), (24, 8));
-    /// ```
-    pub fn with_strides(self, x_stride: usize, y_stride: usize) -> Self {
-        RmsNormArgs {
-            x_stride,
-            y_stride,
-            ..self
-        }
-    }
-
-    pub(crate) fn check(&self) -> Result<LaunchSettings> {
-        let settings = row_settings(self.cols)?;
-        if !(self.eps.is_finite() && self.eps >= 0.0) {
-            return Err(invalid("args.eps", "a finite value ≥ 0", self.eps));
-        }
-        if !self.offset.is_finite() {
-            return Err(invalid("args.offset", "a finite value", self.offset));
-        }
-        Ok(settings)
-    }
-
-    /// What `x` must hold.
-    pub(crate) fn x_need(&self) -> Result<Need> {
-        let span = span("args.x_stride", self.rows, self.cols, self.x_stride)?;
-        Ok(Need::AtLeast(span, "rows × x_stride"))
-    }
-
-    /// What `y`, `dy` and `dx` must hold.
-    pub(crate) fn y_need(&self) -> Result<Need> {
-        let span = span("args.y_stride", self.rows, self.cols, self.y_stride)?;
-        Ok(Need::AtLeast(span, "rows × y_stride"))
-    }
-
-    /// The buffers of [`rms_norm_forward`], and the block shape.
-    pub(crate) fn forward_table(&self) -> Result<(LaunchSettings, Table<4>)> {
-        let settings = self.check()?;
-        let specs = [
-            Spec::read("x", self.x_need()?),
-            Spec::read("weight", Need::Exactly(self.cols, "cols")),
-            Spec::written("y", self.y_need()?),
-            Spec::written("rstd", Need::AtLeast(self.rows, "rows")),
-        ];
-        let empty = self.rows == 0;
-        Ok((settings, Table { specs, empty }))
-    }
-
-    /// The buffers of [`rms_norm_backward`] (`in_place`: of [`rms_norm_backward_inplace`],
-    /// whose `dy_dx` stands first, read and written, and `dx` is left out), and the block
-    /// shape.
-    /// `dw` needs a weight; a weight without `dw` is frozen (dX only). Without rows, a given
-    /// `dw` is still zeroed.
-    pub(crate) fn backward_table(
-        &self,
-        in_place: bool,
-        weight: bool,
-        dw: bool,
-    ) -> Result<(LaunchSettings, Table<6>)> {
-        let settings = self.check()?;
-        if dw && !weight {
-            return Err(invalid("dw", "None (no weight is given)", "a buffer"));
-        }
-        let y = self.y_need()?;
-        let specs = [
-            match in_place {
-                false => Spec::read("dy", y),
-                true => Spec::in_place("dy_dx", y),
-            },
-            Spec::read("x", self.x_need()?),
-            Spec::read("weight", Need::Exactly(self.cols, "cols")),
-            Spec::read("rstd", Need::AtLeast(self.rows, "rows")),
-            Spec::written("dx", y),
-            Spec::written("dw", Need::Exactly(self.cols, "cols")),
-        ];
-        let empty = self.rows == 0 && !dw;
-        Ok((settings, Table { specs, empty }))
-    }
-}
+pub(crate) const DW_REDUCE_PART_LANES: u32 = 32;
 
 /// Block shape for rows of `cols` columns: Liger's [`calculate_settings`] up to
 /// [`MAX_FUSED_SIZE`], beyond it the widest block (32 warps), whose threads stride the row.
-fn row_settings(cols: usize) -> Result<LaunchSettings> {
+pub(crate) fn row_settings(cols: usize) -> Result<LaunchSettings> {
     if cols == 0 {
         return Err(invalid("args.cols", "at least 1 column", cols));
     }
@@ -230,13 +56,13 @@ fn row_settings(cols: usize) -> Result<LaunchSettings> {
 /// How one pass's vector kernels are shaped: `steps` lists `(K, most threads)` by
 /// increasing `K` (the `_v{K}` kernels that exist); the first `K` whose row fits in a block of
 /// at most that many threads runs.
-struct VecRule {
-    steps: &'static [(usize, usize)],
+pub(crate) struct VecRule {
+    pub(crate) steps: &'static [(usize, usize)],
 }
 
 impl VecRule {
     /// The vectors per thread this rule can choose.
-    fn per_thread(&self) -> impl DoubleEndedIterator<Item = usize> {
+    pub(crate) fn per_thread(&self) -> impl DoubleEndedIterator<Item = usize> {
         self.steps.iter().map(|&(k, _)| k)
     }
 }
@@ -245,25 +71,27 @@ impl VecRule {
 /// PERFORMANCE.md, "RMSNorm forward"): bf16 16384×2048 +4 % (`_vw2` at 128 threads instead of
 /// `_v1` at 256), 2048×4096 +5 %, level elsewhere; bf16 16384×4096 with `_vw2` at 256 instead of
 /// `_vw4` at 128 level.
-const FWD_RULE_16: VecRule = VecRule {
+pub(crate) const FWD_RULE_16: VecRule = VecRule {
     steps: &[(1, 128), (2, 128), (4, 128)],
 };
+
 /// Forward, f32: the same, but K = 2 up to 256 threads: f32 16384×2048 runs `_vw2` at 256
 /// threads instead of `_vw4` at 128, 70.4–70.6 → 69.3–69.6 µs on an H200 (PERFORMANCE.md,
 /// "RMSNorm forward").
-const FWD_RULE_F32: VecRule = VecRule {
+pub(crate) const FWD_RULE_F32: VecRule = VecRule {
     steps: &[(1, 128), (2, 256), (4, 128)],
 };
+
 /// Backward: K = 1, 2 (the dW accumulators need the registers a fourth vector would take), up
 /// to 128 threads: twice the rows in flight per SM at bf16 16384×2048 (`_vs2` at 128 threads,
 /// 8 blocks per SM, against `_vs1` at 256, 5), 62.7 → 60.5 µs on an H200 (PERFORMANCE.md,
 /// "RMSNorm backward"); wider rows take K = 2 at more threads either way.
-const BWD_RULE: VecRule = VecRule {
+pub(crate) const BWD_RULE: VecRule = VecRule {
     steps: &[(1, 128), (2, 128)],
 };
 
 /// The forward's rule for `T`.
-fn fwd_rule<T: Dtype>() -> &'static VecRule {
+pub(crate) fn fwd_rule<T: Dtype>() -> &'static VecRule {
     match std::mem::size_of::<T>() {
         4 => &FWD_RULE_F32,
         _ => &FWD_RULE_16,
@@ -272,7 +100,7 @@ fn fwd_rule<T: Dtype>() -> &'static VecRule {
 
 /// Which kernel a call runs and with how many threads per block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Path {
+pub(crate) enum Path {
     /// Scalar kernels, Liger's row-block shape (any alignment, any `cols`).
     Scalar { threads: u32 },
     /// 16-byte vector kernels `_v{per_thread}` (aligned rows, `cols` a multiple of the lanes).
@@ -285,7 +113,7 @@ impl Path {
     /// the block within its threads, else the most vectors per thread whose block fits;
     /// `capacity(k)` is the most threads per block the `_v{k}` kernel can launch with (its
     /// register use decides). Otherwise the scalar path.
-    fn choose<T: Dtype>(
+    pub(crate) fn choose<T: Dtype>(
         settings: LaunchSettings,
         cols: usize,
         ptrs: &[u64],
@@ -323,14 +151,14 @@ impl Path {
         Ok(scalar)
     }
 
-    fn threads(self) -> u32 {
+    pub(crate) fn threads(self) -> u32 {
         match self {
             Path::Scalar { threads } | Path::Vector { threads, .. } => threads,
         }
     }
 
     /// The kernel of `step` that runs this path (a vector path: its grid-stride one).
-    fn kernel<T: Dtype>(self, step: Step, args: &RmsNormArgs) -> Kernel {
+    pub(crate) fn kernel<T: Dtype>(self, step: Step, args: &RmsNormArgs) -> Kernel {
         let shape = match self {
             Path::Scalar { .. } => RmsNormShape::Scalar,
             Path::Vector { per_thread, .. } => RmsNormShape::Vector {
@@ -344,7 +172,11 @@ impl Path {
 
 /// The kernel of `T` for `step` and `shape`, in the mode `args` selects for that shape
 /// ([`vector_mode`]).
-fn kernel<T: Dtype>((input, pass): Step, shape: RmsNormShape, args: &RmsNormArgs) -> Kernel {
+pub(crate) fn kernel<T: Dtype>(
+    (input, pass): Step,
+    shape: RmsNormShape,
+    args: &RmsNormArgs,
+) -> Kernel {
     let mode = match shape {
         RmsNormShape::Scalar => args.mode.kernel_mode(),
         RmsNormShape::Vector { .. } => vector_mode::<T>(args),
@@ -359,7 +191,7 @@ fn kernel<T: Dtype>((input, pass): Step, shape: RmsNormShape, args: &RmsNormArgs
 }
 
 /// The vector kernel of `T` for `step`, `layout` and `per_thread` vectors per thread.
-fn vector_kernel<T: Dtype>(
+pub(crate) fn vector_kernel<T: Dtype>(
     step: Step,
     layout: RmsNormLayout,
     per_thread: usize,
@@ -374,7 +206,7 @@ fn vector_kernel<T: Dtype>(
 /// `offset + w` is a value of `T`: always in f32, and in 16-bit types when `offset = ±0` (the
 /// HF formula). Other offsets in 16-bit llama run the `llama_offset` kernels, which multiply
 /// lane by lane in f32 (more registers, fewer blocks per SM). The scalar kernels take any offset.
-fn vector_mode<T: Dtype>(args: &RmsNormArgs) -> Mode {
+pub(crate) fn vector_mode<T: Dtype>(args: &RmsNormArgs) -> Mode {
     match args.mode {
         CastingMode::Llama if T::ELEM.size() == 2 && args.offset != 0.0 => Mode::LlamaOffset,
         mode => mode.kernel_mode(),
@@ -383,18 +215,18 @@ fn vector_mode<T: Dtype>(args: &RmsNormArgs) -> Mode {
 
 /// A backward kernel, its dynamic shared memory, and whether it keeps dW in shared memory
 /// (`_vs{K}`).
-struct BackwardKernel {
-    kernel: Kernel,
-    smem: u32,
-    shared_dw: bool,
+pub(crate) struct BackwardKernel {
+    pub(crate) kernel: Kernel,
+    pub(crate) smem: u32,
+    pub(crate) shared_dw: bool,
 }
 
 /// What a kernel computes: the row it normalises (`x`, or the fused residual add's sum) and
 /// its pass.
-type Step = (NormInput, NormPass);
+pub(crate) type Step = (NormInput, NormPass);
 
 /// The input of a call (`add`: the fused residual add's sum).
-fn input(add: bool) -> NormInput {
+pub(crate) fn input(add: bool) -> NormInput {
     match add {
         false => NormInput::Plain,
         true => NormInput::Add,
@@ -403,7 +235,7 @@ fn input(add: bool) -> NormInput {
 
 /// The backward: [`NormPass::Backward`] where `dw` is wanted, else the dX-only
 /// [`NormPass::BackwardDx`] (a frozen weight, or none), whose kernels hold no dW.
-fn backward_step(dw: bool, add: bool) -> Step {
+pub(crate) fn backward_step(dw: bool, add: bool) -> Step {
     let pass = match dw {
         true => NormPass::Backward,
         false => NormPass::BackwardDx,
@@ -412,7 +244,7 @@ fn backward_step(dw: bool, add: bool) -> Step {
 }
 
 /// The forward.
-fn forward_step(add: bool) -> Step {
+pub(crate) fn forward_step(add: bool) -> Step {
     (input(add), NormPass::Forward)
 }
 
@@ -420,7 +252,7 @@ fn forward_step(add: bool) -> Step {
 /// exists ([`has_shared_dw`]) and it can run: with dW wanted, and its `cols` f32 of dW within
 /// the 48 KiB a block gets without opting in (the register kernels' thread limit keeps vector
 /// rows below that anyway).
-fn shared_dw_kernel<T: Dtype>(
+pub(crate) fn shared_dw_kernel<T: Dtype>(
     path: Path,
     args: &RmsNormArgs,
     dw: bool,
@@ -446,7 +278,7 @@ fn shared_dw_kernel<T: Dtype>(
 /// least [`SMEM_DW_MIN_ROWS`] rows (its per-block set-up and per-element round trip pay off
 /// only over many rows). Without dW the `bwd_dx` kernel of the path runs: it holds no dW in
 /// registers, so its `_v{K}` fits as many blocks as a `_vs{K}` would, or more.
-fn backward_kernel<T: Dtype>(
+pub(crate) fn backward_kernel<T: Dtype>(
     kernels: &Kernels,
     path: Path,
     args: &RmsNormArgs,
@@ -481,19 +313,19 @@ fn backward_kernel<T: Dtype>(
 /// and blocks per cluster (1: no clusters); the dW reduction then sums `grid / cluster` partial
 /// rows.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct BackwardLaunch {
-    kernel: Kernel,
-    threads: u32,
-    grid: usize,
-    smem: u32,
-    cluster: usize,
+pub(crate) struct BackwardLaunch {
+    pub(crate) kernel: Kernel,
+    pub(crate) threads: u32,
+    pub(crate) grid: usize,
+    pub(crate) smem: u32,
+    pub(crate) cluster: usize,
 }
 
 /// The backward launch for `path` in `ctx` (`dw`: with dW): [`backward_kernel`], a grid of the
 /// blocks that fit at once (at most one per row, and at most [`DW_PARTIAL_MAX`] partial-row
 /// elements with dW, or [`dx_grid_cap`] blocks without), and with the sm_90 build the
 /// shared-memory dW kernels in clusters ([`cluster_grid`]).
-fn backward_launch<T: Dtype>(
+pub(crate) fn backward_launch<T: Dtype>(
     ctx: &CudaContext,
     kernels: &Kernels,
     path: Path,
@@ -530,10 +362,10 @@ fn backward_launch<T: Dtype>(
 
 /// Bytes of rows that the frozen-weight backward's blocks hold at once, where it has many
 /// rows per block ([`dx_grid_cap`]).
-const DX_GRID_BYTES: usize = 4 << 20;
+pub(crate) const DX_GRID_BYTES: usize = 4 << 20;
 
 /// Rows per block from which the frozen-weight backward's grid is capped ([`dx_grid_cap`]).
-const DX_MIN_ROWS_PER_BLOCK: usize = 32;
+pub(crate) const DX_MIN_ROWS_PER_BLOCK: usize = 32;
 
 /// The most blocks of the frozen-weight backward (the `bwd_dx` kernels: no partial rows, no
 /// reduction) over `rows` rows of `row_bytes`: [`DX_GRID_BYTES`] of rows at once, and at least
@@ -544,7 +376,7 @@ const DX_MIN_ROWS_PER_BLOCK: usize = 32;
 /// 100.6 µs at 528; bf16 16384×4096 104.8 → 102.9 µs at 528), level at 8192 columns, and 5 %
 /// slower with 2048 rows, which keep the resident grid. This rule (256 and 512 blocks at
 /// those shapes) then measured 195.2, 100.4 and 102.8 µs (PERFORMANCE.md, "RMSNorm kernels").
-fn dx_grid_cap(rows: usize, row_bytes: usize, sms: usize) -> usize {
+pub(crate) fn dx_grid_cap(rows: usize, row_bytes: usize, sms: usize) -> usize {
     let cap = (DX_GRID_BYTES / row_bytes.max(1)).max(sms);
     match rows >= DX_MIN_ROWS_PER_BLOCK * cap {
         true => cap,
@@ -559,12 +391,12 @@ fn dx_grid_cap(rows: usize, row_bytes: usize, sms: usize) -> usize {
 /// 16384×2048 −1.3 µs with 2,
 /// −0.8 µs with 4 or 8 (only 124 clusters of 8 fit at once, 992 of 1056 blocks), 16 slower;
 /// 16384×4096 level with 2, 1.7 µs slower with 4 or 8 (fewer resident clusters than blocks).
-const DW_CLUSTER: usize = 2;
+pub(crate) const DW_CLUSTER: usize = 2;
 
 /// The backward's grid and blocks per cluster when its dW rows are merged in clusters of
 /// [`DW_CLUSTER`] and `fit` clusters can be resident at once: the grid rounded down to whole
 /// clusters, at most `fit` of them; `(grid, 1)` (no clusters) where not one cluster would run.
-fn cluster_grid(grid: usize, fit: usize) -> (usize, usize) {
+pub(crate) fn cluster_grid(grid: usize, fit: usize) -> (usize, usize) {
     match (grid / DW_CLUSTER).min(fit) {
         0 => (grid, 1),
         clusters => (clusters * DW_CLUSTER, DW_CLUSTER),
@@ -574,7 +406,7 @@ fn cluster_grid(grid: usize, fit: usize) -> (usize, usize) {
 /// Whether the backward keeps dW in shared memory, given the resident blocks (whole device) of
 /// the register and shared-memory kernels: only when shared memory fits more blocks and every
 /// one of them still gets at least [`SMEM_DW_MIN_ROWS`] rows.
-fn shared_dw(rows: usize, in_registers: usize, in_shared: usize) -> bool {
+pub(crate) fn shared_dw(rows: usize, in_registers: usize, in_shared: usize) -> bool {
     in_shared > in_registers && rows >= SMEM_DW_MIN_ROWS * in_shared
 }
 
@@ -583,7 +415,7 @@ fn shared_dw(rows: usize, in_registers: usize, in_shared: usize) -> bool {
 /// the vector kernels prefetch a block's next row while finishing the current one. With many
 /// waves of rows ([`whole_grid`]) a vector path of two or more vectors per thread runs its
 /// one-row-per-block twin instead ([`forward_twin`]; f32 4096: +9 %).
-fn forward_kernel<T: Dtype>(
+pub(crate) fn forward_kernel<T: Dtype>(
     kernels: &Kernels,
     path: Path,
     args: &RmsNormArgs,
@@ -603,7 +435,7 @@ fn forward_kernel<T: Dtype>(
 /// The one-row-per-block twin (`_vw{K}`) of a vector `path`'s forward. One vector per
 /// thread is a row too short to pay for a block of its own (bf16 2048: −17 %), so `_v1` has
 /// none and stays grid-stride.
-fn forward_twin<T: Dtype>(path: Path, args: &RmsNormArgs, add: bool) -> Option<Kernel> {
+pub(crate) fn forward_twin<T: Dtype>(path: Path, args: &RmsNormArgs, add: bool) -> Option<Kernel> {
     match path {
         Path::Vector { per_thread, .. } if per_thread >= 2 => Some(vector_kernel::<T>(
             forward_step(add),
@@ -616,464 +448,16 @@ fn forward_twin<T: Dtype>(path: Path, args: &RmsNormArgs, add: bool) -> Option<K
 }
 
 /// Most threads per block `kernel` can launch with (fewer when it uses many registers).
-fn capacity(kernels: &Kernels, kernel: Kernel) -> Result<usize> {
+pub(crate) fn capacity(kernels: &Kernels, kernel: Kernel) -> Result<usize> {
     Ok(kernels.function(kernel)?.max_threads_per_block()?.max(0) as usize)
-}
-
-/// RMSNorm forward: `y = norm(x) · (offset + weight)` row by row, and each row's inverse RMS
-/// into `rstd` (needed by the backward).
-///
-/// `x` and `y` hold `rows` rows at their strides (see [`RmsNormArgs`]); `weight`, if given,
-/// holds `cols` elements (without it `y` is the normalised `x`); `rstd` holds at least `rows`
-/// f32 (in [`CastingMode::None`] each is a value of `T` widened to f32). One launch on
-/// `stream`, no allocation, no synchronisation. `y` and `rstd` must not overlap the inputs.
-///
-/// ```no_run
-/// use liger_rs::{RmsNormArgs, half::bf16, rms_norm_forward};
-/// let ctx = liger_rs::cuda_context(0)?;
-/// let stream = ctx.default_stream();
-/// let (rows, cols) = (8, 4096);
-/// let x = stream.clone_htod(&vec![bf16::ONE; rows * cols])?;
-/// let w = stream.clone_htod(&vec![bf16::ONE; cols])?;
-/// let mut y = stream.alloc_zeros::<bf16>(rows * cols)?;
-/// let mut rstd = stream.alloc_zeros::<f32>(rows)?;
-/// rms_norm_forward(&stream, &RmsNormArgs::new(rows, cols), &x, Some(&w), &mut y, &mut rstd)?;
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-///
-/// # Outputs
-///
-/// Overwritten, never accumulated into: `y` (the `cols` elements of each row; elements between
-/// rows, where `y_stride > cols`, are not written) and the first `rows` elements of `rstd`.
-///
-/// # Errors
-///
-/// Checked before anything is launched, leaving every buffer untouched:
-///
-/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.cols` is 0, `args.eps` is
-///   negative or not finite, `args.offset` is not finite, a stride is below `cols` or its rows span
-///   past `usize`; `x`, `y` or `rstd` is shorter than its rows need, or `weight` is not `cols`
-///   long. Each error names the argument and, where it has one, the expected value.
-/// * [`Error::WrongContext`](crate::Error::WrongContext): `x`, `weight`, `y` or `rstd` belongs to
-///   another CUDA context than `stream`.
-/// * [`Error::Aliasing`](crate::Error::Aliasing): `y` or `rstd` overlaps `x`, `weight` or the
-///   other.
-///
-/// From the driver:
-///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into the
-///   stream's context (at its first launch there) or the launch, which also fails once an earlier
-///   kernel has faulted in the context.
-pub fn rms_norm_forward<T: Dtype>(
-    stream: &Arc<CudaStream>,
-    args: &RmsNormArgs,
-    x: &impl DevicePtr<T>,
-    weight: Option<&dyn DevicePtr<T>>,
-    y: &mut impl DevicePtrMut<T>,
-    rstd: &mut impl DevicePtrMut<f32>,
-) -> Result<()> {
-    let (settings, table) = args.forward_table()?;
-    let bufs = [
-        read(x),
-        weight.and_then(|w| read(w)),
-        write(y),
-        Some(Buf::F32(Access::Write(rstd))),
-    ];
-    let Some(call) = validate(stream, &table, bufs)? else {
-        return Ok(());
-    };
-    let [x, w, y, rstd] = call.ptrs;
-    let ptrs = FwdPtrs {
-        x,
-        add: None,
-        w,
-        y,
-        rstd,
-    };
-    launch_forward::<T>(stream, args, settings, ptrs)
-}
-
-/// The device pointers of a validated forward (0 for a weight left out); `add`: the fused
-/// residual add's `r` and `s`, which take `x`'s stride.
-pub(crate) struct FwdPtrs {
-    pub(crate) x: u64,
-    pub(crate) add: Option<(u64, u64)>,
-    pub(crate) w: u64,
-    pub(crate) y: u64,
-    pub(crate) rstd: u64,
-}
-
-/// Launches the forward (RMSNorm's, or with `p.add` the fused residual add's) over buffers
-/// that the caller validated and whose guards it holds until this returns.
-pub(crate) fn launch_forward<T: Dtype>(
-    stream: &Arc<CudaStream>,
-    args: &RmsNormArgs,
-    settings: LaunchSettings,
-    p: FwdPtrs,
-) -> Result<()> {
-    let add = p.add.is_some();
-    let (r_ptr, s_ptr) = p.add.unwrap_or((0, 0));
-    let kernels = kernels(stream.context())?;
-    let mut ptrs = vec![p.x, p.w, p.y];
-    if add {
-        ptrs.extend([r_ptr, s_ptr]);
-    }
-    let path = Path::choose::<T>(
-        settings,
-        args.cols,
-        &ptrs,
-        &[args.x_stride, args.y_stride],
-        fwd_rule::<T>(),
-        |k| {
-            capacity(
-                &kernels,
-                vector_kernel::<T>(forward_step(add), Resident, k, args),
-            )
-        },
-    )?;
-    let (kernel, grid) = forward_kernel::<T>(&kernels, path, args, add)?;
-    let func = kernels.function(kernel)?;
-    let cfg = LaunchConfig {
-        grid_dim: (grid, 1, 1),
-        block_dim: (path.threads(), 1, 1),
-        shared_mem_bytes: REDUCE_SMEM_BYTES,
-    };
-    let params = abi::Params {
-        x: p.x,
-        r: r_ptr,
-        s: s_ptr,
-        w: p.w,
-        y: p.y,
-        rstd: p.rstd,
-        ..base(args)
-    };
-    // SAFETY: every forward entry takes one `Params` by value (the test
-    // `each_entry_takes_one_parameter_block_of_the_hosts_size`); every pointer was checked by
-    // the caller to cover `rows` rows of its stride (`rstd`: `rows` f32, `r` and `s` at
-    // `x_stride`), and `s` may be `x` or `r` only at their stride.
-    unsafe { launch_ex(stream, &func, cfg, &mut [arg(&params)], Launch::Plain) }
-}
-
-/// A call's parameter block without pointers.
-fn base(args: &RmsNormArgs) -> abi::Params {
-    abi::Params {
-        x_stride: args.x_stride as u64,
-        y_stride: args.y_stride as u64,
-        rows: args.rows as u64,
-        cols: args.cols as u64,
-        eps: args.eps,
-        offset: args.offset,
-        ..abi::Params::default()
-    }
-}
-
-/// RMSNorm backward into a separate `dx` buffer: `dx` (rows at `y_stride`) and, when `dw` is
-/// given (`cols` elements; only with a weight), the weight's gradient.
-///
-/// `dy` is read at `y_stride`, `x` at `x_stride`; `rstd` is the forward's output. A weight
-/// with `dw = None` is frozen (LoRA/PEFT training): `dx` uses it, and no dW is computed: one
-/// launch of the `bwd_dx` kernels, which hold no dW partial rows, need no scratch and fit more
-/// blocks per SM, and no reduction (as without a weight). With `dw`, dW is
-/// reduced on the GPU in f32 without a rows × cols temporary: each block accumulates its rows
-/// into one partial row (in registers or, where that fits more blocks on an SM, in shared
-/// memory), then a second launch sums the partial rows in a fixed order (deterministic). That
-/// scratch (`blocks × cols` f32, blocks ≤ SMs × resident blocks per SM and ≤ max(1, 2²⁶ /
-/// cols), so at most 256 MiB for rows of up to 2²⁶ columns) is allocated stream-ordered on
-/// `stream` by the first call that needs that much and kept for the next calls on the same
-/// stream (up to eight buffers per context, least recently used freed first;
-/// [`release_scratch`](crate::release_scratch) frees them), which saves a stream-ordered
-/// allocation and free per call; see the crate's *Threads and streams* for why this is safe
-/// on every kind of stream and thread. A call on a stream being captured into a CUDA graph
-/// allocates and frees its own scratch inside the graph (memory nodes), so such a graph can
-/// have one executable instance at a time (a CUDA rule for graphs with memory nodes).
-/// Outputs must not overlap inputs; use [`rms_norm_backward_inplace`] to write `dx` over `dy`.
-///
-/// ```no_run
-/// use liger_rs::{RmsNormArgs, rms_norm_backward, rms_norm_forward};
-/// let stream = liger_rs::cuda_context(0)?.default_stream();
-/// let (rows, cols) = (8, 4096);
-/// let x = stream.clone_htod(&vec![0.5f32; rows * cols])?;
-/// let w = stream.clone_htod(&vec![1.0f32; cols])?;
-/// let (mut y, mut rstd) = (stream.alloc_zeros::<f32>(rows * cols)?, stream.alloc_zeros::<f32>(rows)?);
-/// let args = RmsNormArgs::new(rows, cols);
-/// rms_norm_forward(&stream, &args, &x, Some(&w), &mut y, &mut rstd)?;
-/// let dy = stream.clone_htod(&vec![1.0f32; rows * cols])?;
-/// let (mut dx, mut dw) = (stream.alloc_zeros::<f32>(rows * cols)?, stream.alloc_zeros::<f32>(cols)?);
-/// rms_norm_backward(&stream, &args, &dy, &x, Some(&w), &rstd, &mut dx, Some(&mut dw))?;
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-///
-/// # Outputs
-///
-/// Overwritten, never accumulated into: `dx` (the `cols` elements of each row) and, if given,
-/// `dw`, which receives this call's dW alone (zeros when `rows` is 0). Training code that
-/// accumulates weight gradients over micro-batches adds `dw` into its own accumulator after
-/// each call. A frozen weight (`dw = None`) gives the `dx` of a call with `dw`, the same bits
-/// where both run blocks of the same size (the `bwd_dx` kernels' fewer registers can let very
-/// wide rows run vector kernels where the dW kernels fall back to the scalar ones).
-///
-/// # Errors
-///
-/// Checked before anything is launched, leaving every buffer untouched:
-///
-/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.cols` is 0, `args.eps` is
-///   negative or not finite, `args.offset` is not finite, a stride is below `cols` or its rows span
-///   past `usize`; `dy`, `x`, `dx` or `rstd` is shorter than its rows need; `weight` or `dw` is not
-///   `cols` long; or `dw` is given without a weight (a weight without `dw` is frozen, not an
-///   error). Each error names the argument and, where it has one, the expected value.
-/// * [`Error::WrongContext`](crate::Error::WrongContext): `dy`, `x`, `weight`, `rstd`, `dx` or `dw`
-///   belongs to another CUDA context than `stream`.
-/// * [`Error::Aliasing`](crate::Error::Aliasing): `dx` or `dw` overlaps `dy`, `x`, `weight`, `rstd`
-///   or the other.
-///
-/// From the driver:
-///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into
-///   the stream's context (at its first launch there), the stream-ordered allocation of the dW scratch
-///   (with `dw`: the first call on a stream that needs more than it keeps, and every call during
-///   a graph capture), or a launch, which also fails once an earlier kernel has faulted in the
-///   context. With `dw` the backward and then the dW reduction are launched: where the second
-///   fails, `dx` is written and `dw` is not.
-#[allow(clippy::too_many_arguments)]
-pub fn rms_norm_backward<T: Dtype>(
-    stream: &Arc<CudaStream>,
-    args: &RmsNormArgs,
-    dy: &impl DevicePtr<T>,
-    x: &impl DevicePtr<T>,
-    weight: Option<&dyn DevicePtr<T>>,
-    rstd: &impl DevicePtr<f32>,
-    dx: &mut impl DevicePtrMut<T>,
-    dw: Option<&mut dyn DevicePtrMut<T>>,
-) -> Result<()> {
-    let (dy, dx) = (read(dy), write(dx));
-    backward(stream, args, [dy, dx], x, weight, rstd, dw)
-}
-
-/// RMSNorm backward writing `dx` over `dy` (Liger's memory-saving default); otherwise as
-/// [`rms_norm_backward`].
-///
-/// ```no_run
-/// use liger_rs::{RmsNormArgs, rms_norm_backward_inplace, rms_norm_forward};
-/// let stream = liger_rs::cuda_context(0)?.default_stream();
-/// let (rows, cols) = (8, 4096);
-/// let args = RmsNormArgs::new(rows, cols);
-/// let x = stream.clone_htod(&vec![0.5f32; rows * cols])?;
-/// let w = stream.clone_htod(&vec![1.0f32; cols])?;
-/// let (mut y, mut rstd) = (stream.alloc_zeros::<f32>(rows * cols)?, stream.alloc_zeros::<f32>(rows)?);
-/// rms_norm_forward(&stream, &args, &x, Some(&w), &mut y, &mut rstd)?;
-/// let mut dy = stream.clone_htod(&vec![1.0f32; rows * cols])?; // becomes dx
-/// let mut dw = stream.alloc_zeros::<f32>(cols)?;
-/// rms_norm_backward_inplace(&stream, &args, &mut dy, &x, Some(&w), &rstd, Some(&mut dw))?;
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-///
-/// # Outputs
-///
-/// Overwritten, never accumulated into: `dy_dx` (dX written over dY: the `cols` elements of each
-/// row) and, if given, `dw`, which receives this call's dW alone (zeros when `rows` is 0).
-/// Training code that accumulates weight gradients over micro-batches adds `dw` into its own
-/// accumulator after each call. A weight with `dw = None` is frozen: dX alone, one launch, no
-/// scratch (see [`rms_norm_backward`]).
-///
-/// # Errors
-///
-/// Checked before anything is launched, leaving every buffer untouched:
-///
-/// * [`Error::InvalidArgument`](crate::Error::InvalidArgument): `args.cols` is 0, `args.eps` is
-///   negative or not finite, `args.offset` is not finite, a stride is below `cols` or its rows span
-///   past `usize`; `dy_dx`, `x` or `rstd` is shorter than its rows need; `weight` or `dw` is not
-///   `cols` long; or `dw` is given without a weight (a weight without `dw` is frozen, not an
-///   error). Each error names the argument and, where it has one, the expected value.
-/// * [`Error::WrongContext`](crate::Error::WrongContext): `dy_dx`, `x`, `weight`, `rstd` or `dw`
-///   belongs to another CUDA context than `stream`.
-/// * [`Error::Aliasing`](crate::Error::Aliasing): `dy_dx` or `dw` overlaps `x`, `weight`, `rstd` or
-///   the other.
-///
-/// From the driver:
-///
-/// * [`Error::Driver`](crate::Error::Driver): a CUDA driver call failed: loading a kernel into
-///   the stream's context (at its first launch there), the stream-ordered allocation of the dW scratch
-///   (with `dw`: the first call on a stream that needs more than it keeps, and every call during
-///   a graph capture), or a launch, which also fails once an earlier kernel has faulted in the
-///   context. With `dw` the backward and then the dW reduction are launched: where the second
-///   fails, `dy_dx` is written and `dw` is not.
-pub fn rms_norm_backward_inplace<T: Dtype>(
-    stream: &Arc<CudaStream>,
-    args: &RmsNormArgs,
-    dy_dx: &mut impl DevicePtrMut<T>,
-    x: &impl DevicePtr<T>,
-    weight: Option<&dyn DevicePtr<T>>,
-    rstd: &impl DevicePtr<f32>,
-    dw: Option<&mut dyn DevicePtrMut<T>>,
-) -> Result<()> {
-    backward(stream, args, [write(dy_dx), None], x, weight, rstd, dw)
-}
-
-/// Shared backward: `[dy, dx]` are the first and fifth buffers of
-/// [`RmsNormArgs::backward_table`] (in place, `dy_dx` and `None`).
-fn backward<'b, T: Dtype>(
-    stream: &'b Arc<CudaStream>,
-    args: &RmsNormArgs,
-    [dy, dx]: [Option<Buf<'b, T>>; 2],
-    x: &'b impl DevicePtr<T>,
-    weight: Option<&'b dyn DevicePtr<T>>,
-    rstd: &'b impl DevicePtr<f32>,
-    dw: Option<&'b mut (dyn DevicePtrMut<T> + '_)>,
-) -> Result<()> {
-    let in_place = dx.is_none();
-    let (settings, table) = args.backward_table(in_place, weight.is_some(), dw.is_some())?;
-    let bufs = [
-        dy,
-        read(x),
-        weight.and_then(|w| read(w)),
-        Some(Buf::F32(Access::Read(rstd))),
-        dx,
-        dw.and_then(|d| write(d)),
-    ];
-    let Some(call) = validate(stream, &table, bufs)? else {
-        return Ok(());
-    };
-    let [dy, x, w, rstd, dx, dw] = call.ptrs;
-    let dx = if in_place { dy } else { dx };
-    let ptrs = BwdPtrs {
-        dy,
-        ds: None,
-        x,
-        w,
-        rstd,
-        dx,
-        dw,
-    };
-    launch_backward::<T>(stream, args, settings, ptrs)
-}
-
-/// The device pointers of a validated backward (0 for a weight or `dw` left out; `dx` is `dy`
-/// in place); `ds`: the fused residual add's incoming gradient of the sum, at `dy`'s stride.
-pub(crate) struct BwdPtrs {
-    pub(crate) dy: u64,
-    pub(crate) ds: Option<u64>,
-    pub(crate) x: u64,
-    pub(crate) w: u64,
-    pub(crate) rstd: u64,
-    pub(crate) dx: u64,
-    pub(crate) dw: u64,
-}
-
-/// Launches the backward (RMSNorm's, or with `p.ds` the fused residual add's) and, with `dw`,
-/// the dW reduction, over buffers that the caller validated and whose guards it holds until
-/// this returns.
-pub(crate) fn launch_backward<T: Dtype>(
-    stream: &Arc<CudaStream>,
-    args: &RmsNormArgs,
-    settings: LaunchSettings,
-    p: BwdPtrs,
-) -> Result<()> {
-    let BwdPtrs {
-        dy: dy_ptr,
-        ds,
-        x: x_ptr,
-        w: w_ptr,
-        rstd: r_ptr,
-        dx: dx_ptr,
-        dw: dw_ptr,
-    } = p;
-    let add = ds.is_some();
-    let ds_ptr = ds.unwrap_or(0);
-    let with_dw = dw_ptr != 0;
-    if args.rows == 0 {
-        // Only with dW (else the call is empty): dW of no rows is zero.
-        let bytes = args.cols * size_of::<T>();
-        stream.context().bind_to_thread()?;
-        // SAFETY: `dw` was checked to hold `cols` elements and to overlap no other buffer;
-        // its guard lives until the end of this function.
-        unsafe { cudarc::driver::result::memset_d8_async(dw_ptr, 0, bytes, stream.cu_stream()) }?;
-        return Ok(());
-    }
-
-    let kernels = kernels(stream.context())?;
-    let mut ptrs = vec![dy_ptr, x_ptr, w_ptr, dx_ptr];
-    if add {
-        ptrs.push(ds_ptr);
-    }
-    let path = Path::choose::<T>(
-        settings,
-        args.cols,
-        &ptrs,
-        &[args.x_stride, args.y_stride],
-        &BWD_RULE,
-        |k| {
-            let kernel = vector_kernel::<T>(backward_step(with_dw, add), Resident, k, args);
-            capacity(&kernels, kernel)
-        },
-    )?;
-    let launch = backward_launch::<T>(stream.context(), &kernels, path, args, with_dw, add)?;
-    let (grid, cluster) = (launch.grid, launch.cluster);
-    let parts = grid / cluster;
-    let cfg = LaunchConfig {
-        grid_dim: (grid as u32, 1, 1),
-        block_dim: (launch.threads, 1, 1),
-        shared_mem_bytes: launch.smem,
-    };
-    let how = match cluster {
-        1 => Launch::Plain,
-        c => Launch::Cluster(c as u32),
-    };
-    let func = kernels.function(launch.kernel)?;
-    // Loaded before the backward is queued: a failed first load must leave no dX without dW.
-    let reduce = match with_dw {
-        true => Some(kernels.function(Kernel::RmsNormDwReduce { elem: T::ELEM })?),
-        false => None,
-    };
-    // The backward, then (with dW) the dW reduction over `partial`, the scratch of
-    // `parts × cols` f32 (0 without dW: the `bwd_dx` kernels do not use it).
-    let run = |partial: u64| -> Result<()> {
-        let params = abi::Params {
-            dy: dy_ptr,
-            ds: ds_ptr,
-            x: x_ptr,
-            w: w_ptr,
-            rstd: r_ptr,
-            dx: dx_ptr,
-            dw_partial: partial,
-            dw: dw_ptr,
-            parts: parts as u64,
-            ..base(args)
-        };
-        // SAFETY: every backward entry takes one `Params` by value; buffers were checked by the
-        // caller (`ds` and `dx` at `y_stride`), the partial buffer holds `parts × cols` f32 (one
-        // row per block, or per cluster), every element written by its block (the scalar kernel
-        // at its first row, the vector kernel at its end) or its cluster
-        // (`write_cluster_partial`).
-        unsafe { launch_ex(stream, &func, cfg, &mut [arg(&params)], how) }?;
-        let Some(reduce) = &reduce else {
-            return Ok(());
-        };
-        let cfg = LaunchConfig {
-            grid_dim: (args.cols.div_ceil(DW_REDUCE_COLS as usize) as u32, 1, 1),
-            block_dim: (DW_REDUCE_COLS, DW_REDUCE_PART_LANES, 1),
-            shared_mem_bytes: DW_REDUCE_COLS * DW_REDUCE_PART_LANES * 4,
-        };
-        let how = match kernels.sm90 {
-            true => Launch::Dependent,
-            false => Launch::Plain,
-        };
-        // SAFETY: the dW reduction takes the same `Params`; its sm_90 build waits for the
-        // backward before reading `dw_partial`, which holds `parts × cols` f32, every element
-        // written by the backward just queued; `dw` holds `cols`.
-        unsafe { launch_ex(stream, reduce, cfg, &mut [arg(&params)], how) }
-    };
-    match with_dw {
-        false => run(0),
-        true => kernels.scratch.with(stream, parts * args.cols, run),
-    }
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use super::super::abi;
     use super::*;
     use crate::identity::ElemType;
-    use crate::test_skip::Need;
-    use cudarc::driver::result::memset_d8_async;
+    use crate::identity::RmsNormLayout::Resident;
     use half::{bf16, f16};
 
     fn path<T: Dtype>(cols: usize, ptrs: &[u64], strides: &[usize], cap: usize) -> Path {
@@ -1185,7 +569,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn kernel_names_are_their_parts() {
+    pub(crate) fn kernel_names_are_their_parts() {
         let v = Path::Vector {
             per_thread: 2,
             threads: 256,
@@ -1398,80 +782,13 @@ pub(crate) mod tests {
         }
     }
 
-    /// One backward of `rows × cols` (llama, with a weight) on `stream`: dW's bits.
-    fn dw_bits<T: Dtype>(stream: &Arc<CudaStream>, rows: usize, cols: usize) -> Vec<u64> {
-        // Small exact values (multiples of 1/64 in [-2, 2)): a fixed input per shape.
-        let value =
-            |i: usize| T::from_f64((i.wrapping_mul(2_654_435_761) % 256) as f64 / 64.0 - 2.0);
-        let x: Vec<T> = (0..rows * cols).map(value).collect();
-        let w: Vec<T> = (0..cols).map(|i| value(i + 7)).collect();
-        let dy: Vec<T> = (0..rows * cols).map(|i| value(i + 3)).collect();
-        let (x, w, mut dy) = (
-            stream.clone_htod(&x).unwrap(),
-            stream.clone_htod(&w).unwrap(),
-            stream.clone_htod(&dy).unwrap(),
-        );
-        let args = RmsNormArgs::new(rows, cols);
-        let mut y = stream.alloc_zeros::<T>(rows * cols).unwrap();
-        let mut rstd = stream.alloc_zeros::<f32>(rows).unwrap();
-        rms_norm_forward(stream, &args, &x, Some(&w), &mut y, &mut rstd).unwrap();
-        let mut dw = stream.alloc_zeros::<T>(cols).unwrap();
-        rms_norm_backward_inplace(stream, &args, &mut dy, &x, Some(&w), &rstd, Some(&mut dw))
-            .unwrap();
-        let dw = stream.clone_dtoh(&dw).unwrap();
-        dw.iter().map(|v| v.to_f64().to_bits()).collect()
-    }
-
-    /// Whatever the last call left in a stream's kept dW scratch must not reach the next
-    /// call's dW: its backward writes every partial element the reduction reads. Between two
-    /// calls on one stream the kept buffer is filled with NaN; dW must keep its bits. Shapes:
-    /// the clustered shared-memory dW kernel (bf16 9600 × 2048 on an H200), dW in registers
-    /// (bf16 2048 × 4096, f32 3000 × 2048), the scalar kernel (4095 columns), one row.
-    #[test]
-    fn gpu_a_poisoned_kept_scratch_does_not_reach_dw() {
-        let ctx = match crate::cuda_context(0) {
-            Ok(ctx) => ctx,
-            Err(e) => {
-                let test = "rms_norm::tests::gpu_a_poisoned_kept_scratch_does_not_reach_dw";
-                crate::test_skip::skip(test, &format!("no GPU ({e})"), Need::Gpus(1));
-                return;
-            }
-        };
-        fn check<T: Dtype>(ctx: &Arc<CudaContext>, rows: usize, cols: usize) {
-            let stream = ctx.new_stream().unwrap();
-            let first = dw_bits::<T>(&stream, rows, cols);
-            assert!(first.iter().all(|&b| f64::from_bits(b).is_finite()));
-            let kernels = kernels(ctx).unwrap();
-            let id = crate::scratch::stream_id(&stream).unwrap();
-            // No other test in this binary runs a backward on the shared pool, and these
-            // five streams are fewer than it keeps: this stream's buffer is there.
-            let kept = kernels.scratch.kept();
-            let &(_, len) = kept.iter().find(|(i, _)| *i == id).expect("kept scratch");
-            kernels
-                .scratch
-                .with(&stream, len, |ptr| {
-                    // SAFETY: `ptr` holds `len` f32, used on `stream` only.
-                    unsafe { memset_d8_async(ptr, 0xFF, len * 4, stream.cu_stream()) }?;
-                    Ok(())
-                })
-                .unwrap();
-            let what = format!("{} {rows} x {cols}", T::NAME);
-            assert_eq!(dw_bits::<T>(&stream, rows, cols), first, "{what}");
-        }
-        check::<bf16>(&ctx, 9600, 2048);
-        check::<bf16>(&ctx, 2048, 4096);
-        check::<f32>(&ctx, 3000, 2048);
-        check::<f16>(&ctx, 700, 4095);
-        check::<bf16>(&ctx, 1, 4096);
-    }
-
     #[test]
     fn gpu_h200_suite_shapes_take_their_documented_kernels() {
         // The kernels, grids and clusters that tests/rms_norm.rs's comments (and
         // PERFORMANCE.md) say its shapes run on an H200: if a kernel's registers or a host rule
         // change, the suites would still pass on whatever kernel ran; this says which did.
         let Some((ctx, k)) = crate::module::h200_kernels(
-            "rms_norm::tests::gpu_h200_suite_shapes_take_their_documented_kernels",
+            "rms_norm::plan::tests::gpu_h200_suite_shapes_take_their_documented_kernels",
         ) else {
             return;
         };

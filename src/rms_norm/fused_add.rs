@@ -1,11 +1,12 @@
 //! Fused residual add and RMSNorm (Liger's `fused_add_rms_norm`): the launchers and their
 //! validation tables. The kernels are RMSNorm's with the add compiled in (`add_fwd`,
-//! `add_bwd`, `add_bwd_dx` in `kernels-gpu/src/rms_norm.rs`), launched by the same plan and
+//! `add_bwd`, `add_bwd_dx` in `kernels-gpu/src/rms_norm/`), launched by the same plan and
 //! grid choice as RMSNorm ([`crate::rms_norm`]); reference:
 //! [`crate::reference::fused_add_rms_norm`].
+use super::args::RmsNormArgs;
+use super::launch::{BwdPtrs, FwdPtrs, launch_backward, launch_forward};
 use crate::dtype::Dtype;
 use crate::error::Result;
-use crate::rms_norm::{BwdPtrs, FwdPtrs, RmsNormArgs, launch_backward, launch_forward};
 use crate::settings::LaunchSettings;
 use crate::validate::{Access, Buf, Spec, Table, read, validate, write};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
