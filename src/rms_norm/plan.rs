@@ -807,12 +807,12 @@ pub(crate) mod tests {
             (F32, llama(4000, 2048), "vw2_f32_llama", 4000, 256),
             (F16, llama(2200, 8192), "vw4_f16_llama", 2200, 256),
             (F16, gemma, "vw4_f16_gemma", 2200, 256),
-            (F32, llama(2000, 4096), "vw4_f32_llama", 2000, 256),
+            (F32, llama(2200, 4096), "vw4_f32_llama", 2200, 256),
             (Bf16, llama(9600, 4096), "vw4_bf16_llama", 9600, 128),
             (Bf16, llama(2000, 2048), "v2_bf16_llama", 1188, 128),
             (F32, llama(1500, 2048), "v2_f32_llama", 660, 256),
             (Bf16, llama(1500, 4096), "v4_bf16_llama", 660, 128),
-            (F32, llama(1000, 4096), "v4_f32_llama", 396, 256),
+            (F32, llama(1000, 4096), "v4_f32_llama", 528, 256),
         ] {
             let want = (format!("rms_norm_fwd_{kernel}"), grid, threads);
             assert_eq!(forward(elem, &args), want);
