@@ -4,7 +4,7 @@
 //! with `-Zbuild-std=core --emit=asm`; the host crate's `build.rs` embeds the resulting PTX.
 //! Every entry point is an `extern "gpu-kernel"` function whose `export_name` is built where
 //! it is instantiated from its identity in [`identity`], the file that the host launchers in
-//! `src/<op>.rs` include to name the kernels they launch.
+//! `src/<op>/` include to name the kernels they launch.
 //!
 //! Shared building blocks live here: element types ([`Elem`]), thread/block indices and the
 //! block-wide reduction. One file per op holds that op's kernels.
@@ -18,6 +18,9 @@
 )]
 #![feature(gpu_launch_sized_workgroup_mem, stdarch_nvptx, asm_experimental_arch)]
 #![allow(internal_features)]
+// The host build shows this crate's warnings only when it fails: code unused in either build
+// (sm_80, sm_90a) fails it instead.
+#![deny(dead_code, unused_imports)]
 
 pub mod adamw;
 pub mod attention;

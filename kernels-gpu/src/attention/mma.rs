@@ -12,6 +12,7 @@
 //! Shared-memory tiles hold rows of `D` 16-bit elements as 16-byte chunks, chunk `c` of row
 //! `r` at chunk `c ^ (r % 8)`: the eight rows an `ldmatrix` matrix reads at one logical chunk
 //! then fall in eight different bank groups (no conflicts), as do `cp.async` writes.
+#[cfg(not(target_feature = "sm_90a"))]
 use super::Half;
 use core::arch::asm;
 
@@ -27,6 +28,7 @@ pub(super) fn each<const N: usize>(mut f: impl FnMut(usize)) {
 }
 
 /// `d = a·b + d` on one m16n8k16 tile (bf16 or f16 operands, f32 accumulators).
+#[cfg(not(target_feature = "sm_90a"))]
 #[inline(always)]
 pub(crate) fn mma<T: Half>(d: &mut [f32; 4], a: &[u32; 4], b0: u32, b1: u32) {
     // SAFETY: a register-only warp-wide instruction; every lane of the warp executes it.
@@ -58,6 +60,7 @@ pub(crate) fn mma<T: Half>(d: &mut [f32; 4], a: &[u32; 4], b0: u32, b1: u32) {
 /// # Safety
 /// `addr` is a 16-byte aligned shared-memory address (`.shared` window) of 16 valid bytes;
 /// every lane of the warp executes it.
+#[cfg(not(target_feature = "sm_90a"))]
 #[inline(always)]
 pub(crate) unsafe fn ldmatrix_x4(addr: u32) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
@@ -77,6 +80,7 @@ pub(crate) unsafe fn ldmatrix_x4(addr: u32) -> [u32; 4] {
 ///
 /// # Safety
 /// As [`ldmatrix_x4`].
+#[cfg(not(target_feature = "sm_90a"))]
 #[inline(always)]
 pub(crate) unsafe fn ldmatrix_x4_trans(addr: u32) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
@@ -125,6 +129,7 @@ pub(crate) fn wait_all() {
 }
 
 /// Waits until at most the newest committed group of this thread's copies is still in flight.
+#[cfg(not(target_feature = "sm_90a"))]
 #[inline(always)]
 pub(crate) fn wait_one_pending() {
     // SAFETY: as `wait_all`.
@@ -147,12 +152,14 @@ pub(crate) fn shared_addr<T>(p: *const T) -> u32 {
 /// patterns below. Every row a lane addresses is `≡ lane (mod 8)`, so the swizzle XORs its
 /// chunk with `lane % 8` alone: the four chunk offsets within a group of eight chunks are
 /// computed once per lane, and an address is then a register plus constants.
+#[cfg(not(target_feature = "sm_90a"))]
 #[derive(Clone, Copy)]
 pub(crate) struct Lanes {
     /// Byte offset of the lane's row, plus each of its four chunk offsets.
     at: [u32; 4],
 }
 
+#[cfg(not(target_feature = "sm_90a"))]
 impl Lanes {
     /// The lane's addresses when it names row `row` (≡ lane mod 8) and chunks
     /// `2·(first + i) + bit` (the swizzle changes only a chunk's low three bits).
@@ -206,6 +213,7 @@ impl Lanes {
 }
 
 /// Byte offset of chunk `chunk` (16 bytes) of row `row` in a tile of `D`-element rows.
+#[cfg(not(target_feature = "sm_90a"))]
 #[inline(always)]
 pub(crate) const fn swizzled<const D: usize>(row: usize, chunk: usize) -> u32 {
     (row * D * 2 + ((chunk ^ (row & 7)) << 4)) as u32
@@ -217,6 +225,7 @@ pub(crate) const fn swizzled<const D: usize>(row: usize, chunk: usize) -> u32 {
 ///
 /// # Safety
 /// `base` and `stride` are 16-byte aligned and rows `< valid` readable; `tile` has room.
+#[cfg(not(target_feature = "sm_90a"))]
 #[inline(always)]
 pub(crate) unsafe fn load_tile<const D: usize, const N: usize>(
     tile: u32,

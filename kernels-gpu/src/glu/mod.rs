@@ -559,7 +559,6 @@ macro_rules! glu_kernels {
         $crate::glu::glu_kernel!($($bodies)::+, $gate, $elem, Backward, Whole, backward_vec::V8, BWD_VECS_TILE, true, "8-byte vector kernel, one tile per block (the grid covers every tile): the `_v` kernel's rules; the host counts its tiles in 8-byte vectors.");
     };
 }
-pub(crate) use glu_kernels;
 
 // After the macros, which the gates' files expand (textual scope).
 mod gelu;

@@ -1,6 +1,5 @@
 //! SwiGLU's gate: SiLU on [`sigmoid_pair`] (the numerics in the module docs of `glu/`), its
 //! kernel bodies and every SwiGLU entry.
-use super::sigmoid_pair;
 
 /// `silu(z) = z·σ(z)`, with silu(−∞) = −0.
 #[inline(always)]
