@@ -784,7 +784,7 @@ pub(crate) mod tests {
 
     #[test]
     fn gpu_h200_suite_shapes_take_their_documented_kernels() {
-        // The kernels, grids and clusters that tests/rms_norm.rs's comments (and
+        // The kernels, grids and clusters that tests/rms_norm/device.rs's comments (and
         // PERFORMANCE.md) say its shapes run on an H200: if a kernel's registers or a host rule
         // change, the suites would still pass on whatever kernel ran; this says which did.
         let Some((ctx, k)) = crate::module::h200_kernels(
