@@ -1,7 +1,8 @@
 //! RoPE: CPU reference against hand-computed rotations, finite differences, its own inverse,
 //! HF's multimodal table selection and fused QKV buffers (always run); GPU kernels against the
 //! reference on many shapes, dtypes and cos/sin forms, fused QKV views, multimodal tables,
-//! 64-bit offsets, clamped device ids; bad input.
+//! 64-bit offsets, clamped device ids; empty calls (every rejected call is a row of
+//! `tests/bad_input.rs`).
 //!
 //! With the small shapes (`LIGER_RS_TEST_SHAPES=small`, sized for compute-sanitizer) the
 //! sweep's largest scalar shape runs fewer tokens and the test over 2³² elements skips.
@@ -150,10 +151,10 @@ impl<T: Dtype> Tables<T> {
     }
 }
 
-#[path = "rope/bad_input.rs"]
-mod bad_input;
 #[path = "rope/device.rs"]
 mod device;
+#[path = "rope/empty.rs"]
+mod empty;
 #[path = "rope/forms.rs"]
 mod forms;
 #[path = "rope/fused.rs"]
