@@ -13,7 +13,7 @@ use common::{
     sampled_rows, sized, upload, upload_rows,
 };
 use half::{bf16, f16};
-use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use liger_rs::cudarc::driver::{CudaSlice, CudaStream};
 use liger_rs::reference::Element;
 use liger_rs::reference::rope::{
     CosSinRows, rope_backward as ref_backward, rope_backward_fused as ref_backward_fused,
