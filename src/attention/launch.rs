@@ -4,7 +4,7 @@ use super::args::{AttentionArgs, Strides};
 use super::plan::Step;
 use crate::error::Result;
 use crate::launch::{Launch, arg, launch_ex};
-use crate::module::kernels;
+use crate::module::Kernels;
 use cudarc::driver::{CudaStream, LaunchConfig, sys};
 
 /// The device pointers of a call, 0 where the pass has none.
@@ -73,13 +73,17 @@ pub(crate) fn params(args: &AttentionArgs, p: &Ptrs) -> Params {
 }
 
 /// Launches the steps in order on `stream`, each with `params` (a step without blocks is
-/// skipped).
+/// skipped); `k` is the stream's context's kernels, whose build the plan chose the steps for.
 ///
 /// # Safety
 /// `params` names buffers that the call's checks validated for every step's pass, alive and
 /// ordered on `stream` until the launches complete.
-pub(crate) unsafe fn run(stream: &CudaStream, steps: &[Step], params: &Params) -> Result<()> {
-    let k = kernels(stream.context())?;
+pub(crate) unsafe fn run(
+    stream: &CudaStream,
+    k: &Kernels,
+    steps: &[Step],
+    params: &Params,
+) -> Result<()> {
     for step in steps {
         if step.grid.0 == 0 || step.grid.1 == 0 || step.grid.2 == 0 {
             continue;

@@ -98,11 +98,11 @@ fn forward<T: Dtype>(
         ..Ptrs::default()
     };
     let path = plan::path(args, T::ELEM, &[q, k, v, o], &strides(args));
-    let sm90 = crate::module::kernels(stream.context())?.sm90;
-    let step = plan::forward(args, T::ELEM, path, sm90);
+    let kernels = crate::module::kernels(stream.context())?;
+    let step = plan::forward(args, T::ELEM, path, kernels.sm90);
     // SAFETY: `validate` checked every buffer the forward touches against the arguments;
     // `call` keeps them recorded on the stream until the launch is queued.
-    unsafe { launch::run(stream, &[step], &launch::params(args, &ptrs)) }
+    unsafe { launch::run(stream, &kernels, &[step], &launch::params(args, &ptrs)) }
 }
 
 /// The backward of both call forms.
@@ -140,8 +140,8 @@ fn backward<T: Dtype>(
         &[q, k, v, o, d_o, dq, dk, dv],
         &strides(args),
     );
-    let sm90 = crate::module::kernels(stream.context())?.sm90;
-    let steps = plan::backward(args, T::ELEM, path, sm90);
+    let kernels = crate::module::kernels(stream.context())?;
+    let steps = plan::backward(args, T::ELEM, path, kernels.sm90);
     // Σ dO·O per query row: stream-ordered scratch, freed behind the launches.
     let delta = stream.alloc_zeros::<f32>(args.lse_len().max(1))?;
     let (delta_ptr, _delta_use) = delta.device_ptr(stream);
@@ -161,7 +161,7 @@ fn backward<T: Dtype>(
     };
     // SAFETY: as in `forward`; `delta` spans every query row and lives until the launches
     // are queued (its free is ordered behind them on the stream).
-    unsafe { launch::run(stream, &steps, &launch::params(args, &ptrs)) }
+    unsafe { launch::run(stream, &kernels, &steps, &launch::params(args, &ptrs)) }
 }
 
 /// Attention forward: `o = softmax(mask(softcap(scale · q·kᵀ))) · v` for every query head
