@@ -209,8 +209,8 @@ pub(crate) mod tests {
         let f90 = forward(&a, ElemType::Bf16, AttnPath::Mma128, true);
         assert_eq!((f90.grid, f90.shared), (f.grid, 81 * 1024));
         let a64 = AttentionArgs::new(4, 2049, 100, 16, 4, 64);
-        let f64 = |sm90| forward(&a64, ElemType::Bf16, AttnPath::Mma64, sm90).shared;
-        assert_eq!((f64(false), f64(true)), (25 * 1024, 25 * 1024));
+        let shared64 = |sm90| forward(&a64, ElemType::Bf16, AttnPath::Mma64, sm90).shared;
+        assert_eq!((shared64(false), shared64(true)), (25 * 1024, 25 * 1024));
         let s = forward(&a, ElemType::F32, AttnPath::Simt, true);
         assert_eq!((s.grid, s.shared), ((513, 16, 4), 0));
         for sm90 in [false, true] {
