@@ -17,6 +17,7 @@
     gpu_intrinsics
 )]
 #![feature(gpu_launch_sized_workgroup_mem, stdarch_nvptx, asm_experimental_arch)]
+#![feature(stmt_expr_attributes)]
 #![allow(internal_features)]
 // The host build shows this crate's warnings only when it fails: code unused in either build
 // (sm_80, sm_90a) fails it instead.

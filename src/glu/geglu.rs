@@ -3,14 +3,16 @@
 //! ([`SwigluArgs`]: shape, row strides, multipliers) and kernel paths, with GELU in place of
 //! SiLU as the gate, in the form [`Gelu`] picks.
 //!
-//! With `z = f32(a)·gm` and `T` the element type (cast points as SwiGLU's):
+//! With `z = f32(a)·gm` and `T` the element type, in f16 and bf16 the cast points of PyTorch
+//! autograd through `gelu(a) * b` in that dtype (HF's Gemma MLP, Liger's GEGLU), in f32
+//! SwiGLU's:
 //!
-//! | value | computed as                                  |
-//! |-------|----------------------------------------------|
-//! | `c`   | `T(T(gelu(z)) · b)`                          |
-//! | `g`   | `f32(dc)·dm`                                 |
-//! | `db`  | `T(g · gelu(z))`                             |
-//! | `da`  | `T(g · gelu'(z) · gm · b)`                   |
+//! | value | f16, bf16                      | f32                          |
+//! |-------|--------------------------------|------------------------------|
+//! | `c`   | `T(T(gelu(z)) · b)`            | `T(T(gelu(z)) · b)`          |
+//! | `g`   | `f32(dc)·dm`                   | `f32(dc)·dm`                 |
+//! | `db`  | `T(g · T(gelu(z)))`            | `T(g · gelu(z))`             |
+//! | `da`  | `T(T(g · b) · gelu'(z) · gm)`  | `T(g · gelu'(z) · gm · b)`   |
 //!
 //! all in f32 between the casts. [`Gelu::Tanh`]: `gelu(z) = ½·z·(1 + tanh(√(2/π)·(z +
 //! 0.044715·z³)))`, evaluated as `z·σ(u)`, `u = 2·√(2/π)·(z + 0.044715·z³)`, and
@@ -26,8 +28,7 @@
 //! The down multiplier `dm` applies in the backward only, as for SwiGLU (see
 //! [`SwigluArgs::down_multiplier`]). One launch per call, no allocation, no synchronisation.
 //!
-//! Liger-Kernel's GEGLU has the tanh form only and rounds `gelu(a)` to the dtype before its
-//! backward's `db`; these keep SwiGLU's single rounding of `db`.
+//! Liger-Kernel's GEGLU has the tanh form only; its cast points are the f16/bf16 column.
 use super::launch::{
     BACKWARD, BACKWARD_FUSED, BACKWARD_FUSED_INPLACE, BACKWARD_INPLACE, FORWARD, FORWARD_FUSED,
 };
@@ -156,8 +157,10 @@ pub fn geglu_forward_fused<T: Dtype>(
 /// GEGLU backward into separate buffers: `da` (rows at `args.a_stride`) and `db` (rows at
 /// `args.b_stride`) from `dc` (rows at `args.c_stride`), recomputing GELU from `a` and `b`.
 ///
-/// With `g = dc·dm` and `z = a·gm` (f32): `db = g·gelu(z)`, `da = g·gelu'(z)·gm·b`, each
-/// rounded once to `T`. `da` and `db` must not overlap each other or any input; use
+/// With `g = dc·dm` and `z = a·gm` (f32), in f32 `db = g·gelu(z)` and `da = g·gelu'(z)·gm·b`,
+/// each rounded once; in f16/bf16 autograd's `db = T(g·T(gelu(z)))` and
+/// `da = T(T(g·b)·gelu'(z)·gm)` (the module's table). `da` and `db` must not overlap each
+/// other or any input; use
 /// [`geglu_backward_inplace`] to write them over `a` and `b`.
 ///
 /// ```no_run

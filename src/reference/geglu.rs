@@ -1,17 +1,22 @@
-//! GEGLU (GELU-mul) on the CPU: SwiGLU's cast points (see [`super::swiglu`]) with GELU in place
-//! of SiLU, in either of its two forms, f64 in between.
+//! GEGLU (GELU-mul) on the CPU: HF's cast points (PyTorch autograd through `gelu(a) * b` in
+//! the element type, as HF's Gemma MLP and Liger's GEGLU compute it), with GELU in either of
+//! its two forms, f64 in between.
 //!
 //! `D(·)` rounds to the element type, `F(·)` to f32 ([`Element::cast_f32`], the identity for
-//! f64) where the kernels materialise an f32 value from a product of inputs, exactly as for
-//! SwiGLU:
+//! f64) where the kernels materialise an f32 value from a product of inputs:
 //!
-//! | value | reference                                   |
-//! |-------|---------------------------------------------|
-//! | gate  | `z = F(a·gm)`                                |
-//! | `c`   | `D(D(gelu(z)) · b)`                          |
-//! | `g`   | `F(dc·dm)`                                   |
-//! | `db`  | `D(g · gelu(z))`                             |
-//! | `da`  | `D(g · gelu'(z) · gm · b)`                   |
+//! | value | f16, bf16                        | f32, f64 (SwiGLU's)          |
+//! |-------|----------------------------------|------------------------------|
+//! | gate  | `z = F(a·gm)`                    | `z = F(a·gm)`                |
+//! | `c`   | `D(D(gelu(z)) · b)`              | `D(D(gelu(z)) · b)`          |
+//! | `g`   | `F(dc·dm)`                       | `F(dc·dm)`                   |
+//! | `db`  | `D(g · D(gelu(z)))`              | `D(g · gelu(z))`             |
+//! | `da`  | `D(D(g · b) · gelu'(z) · gm)`    | `D(g · gelu'(z) · gm · b)`   |
+//!
+//! In 16 bits the activation is a tensor of the dtype (the forward's product and the
+//! backward's `db` read it rounded) and the product's gradient `g·b` is rounded before
+//! GELU's backward multiplies it, as autograd does. In f32, whose kernels compute in f32
+//! throughout, the backward keeps SwiGLU's single rounding of each gradient.
 //!
 //! `gelu` is one of two functions, chosen by the `erf` argument (both in f64):
 //!
@@ -30,16 +35,14 @@
 //! gelu(+∞) = +∞, gelu'(−∞) = 0, gelu'(+∞) = 1 instead of `∞·0 = NaN`, as SwiGLU's silu does
 //! (the GPU kernels do the same). NaN propagates.
 //!
-//! Liger's GEGLU (tanh form only) rounds `gelu(a)` to the dtype before its backward's
-//! `db = dc·gelu(a)`; this reference (and liger-rs's kernels) keep SwiGLU's single rounding
-//! `db = D(g·gelu(z))` for both ops, and add the multipliers. The fused gate-up layout
-//! (`[rows, 2·cols]`, gate first) is the same as SwiGLU's: [`split_gate_up`] and
-//! [`join_gate_up`] convert.
+//! Beyond HF, the multipliers `gm` and `dm` (1 in HF) scale the gate and the incoming
+//! gradient. The fused gate-up layout (`[rows, 2·cols]`, gate first) is the same as SwiGLU's:
+//! [`split_gate_up`] and [`join_gate_up`] convert.
 //!
 //! [`split_gate_up`]: super::swiglu::split_gate_up
 //! [`join_gate_up`]: super::swiglu::join_gate_up
 use super::Element;
-use super::swiglu::{glu_backward, glu_forward, sigmoid};
+use super::swiglu::{BackwardCasts, glu_backward, glu_forward, sigmoid};
 use crate::SwigluArgs;
 use crate::error::Result;
 
@@ -196,8 +199,9 @@ pub fn geglu_forward<T: Element>(args: &SwigluArgs, a: &[T], b: &[T], erf: bool)
 }
 
 /// The GEGLU backward: with `z = F(a·gm)` and `g = F(dc·dm)` (`gm`, `dm` the multipliers of
-/// `args`), `db = D(g·gelu(z))` and `da = D(g·gelu'(z)·gm·b)`; `dc`, `a`, `b` shaped as in
-/// [`geglu_forward`], and `erf` picks the GELU as there.
+/// `args`), in f16/bf16 `db = D(g·D(gelu(z)))` and `da = D(D(g·b)·gelu'(z)·gm)` (PyTorch
+/// autograd's cast points), in f32/f64 `db = D(g·gelu(z))` and `da = D(g·gelu'(z)·gm·b)`;
+/// `dc`, `a`, `b` shaped as in [`geglu_forward`], and `erf` picks the GELU as there.
 ///
 /// # Errors
 /// As [`geglu_forward`], and naming `dc` when it is not `rows × cols` long, or
@@ -218,7 +222,8 @@ pub fn geglu_backward<T: Element>(
     b: &[T],
     erf: bool,
 ) -> Result<GegluGrads<T>> {
-    let (da, db) = glu_backward(args, [dc, a, b], |z| gelu(z, erf), |z| gelu_grad(z, erf))?;
+    let (act, grad) = (|z| gelu(z, erf), |z| gelu_grad(z, erf));
+    let (da, db) = glu_backward(args, [dc, a, b], act, grad, BackwardCasts::Autograd)?;
     Ok(GegluGrads { da, db })
 }
 
@@ -421,7 +426,7 @@ mod tests {
     }
 
     #[test]
-    fn cast_points_are_swiglus() {
+    fn cast_points_are_hfs_in_16_bits_and_swiglus_in_f32() {
         // c = D(D(gelu(z))·b), z = F(a·gm), and the inner rounding matters somewhere.
         for erf in [false, true] {
             let mut differs = 0;
@@ -443,7 +448,28 @@ mod tests {
             fwd(&[a], &[1.0f32], gm, true).unwrap()[0],
             gelu_erf(z) as f32
         );
-        // Backward: g = F(dc·dm), db = D(g·gelu(z)), da = D(g·gelu'(z)·gm·b).
+        // Backward in bf16 (autograd's): db = D(g·D(gelu(z))), da = D(D(g·b)·gelu'(z)·gm), and
+        // both inner roundings matter somewhere.
+        for erf in [false, true] {
+            let (mut db_differs, mut da_differs) = (0, 0);
+            for i in 0..400 {
+                let a = bf16::from_f64(-6.0 + 0.03 * i as f64);
+                let b = bf16::from_f64(1.0 + 0.0137 * i as f64);
+                let dc = bf16::from_f64(0.9 - 0.0041 * i as f64);
+                let r = bwd(&[dc], &[a], &[b], 1.0, 1.0, erf).unwrap();
+                let (z, g, b) = (a.to_f64(), dc.to_f64(), b.to_f64());
+                let db = bf16::from_f64(g * bf16::cast(gelu(z, erf)));
+                let da = bf16::from_f64(bf16::cast(g * b) * gelu_grad(z, erf));
+                assert_eq!((r.da[0], r.db[0]), (da, db), "a = {a}, b = {b}, erf {erf}");
+                db_differs += usize::from(bf16::from_f64(g * gelu(z, erf)) != db);
+                da_differs += usize::from(bf16::from_f64(g * gelu_grad(z, erf) * b) != da);
+            }
+            assert!(
+                db_differs > 0 && da_differs > 0,
+                "erf {erf}: {db_differs} {da_differs}"
+            );
+        }
+        // In f32: g = F(dc·dm), db = D(g·gelu(z)), da = D(g·gelu'(z)·gm·b).
         let (dc, a, b, gm, dm) = (1.3f32, -0.7f32, 2.1f32, 1.1f32, 0.9f32);
         let z = (a as f64 * gm as f64) as f32 as f64;
         let g = (dc as f64 * dm as f64) as f32 as f64;

@@ -192,8 +192,18 @@ pub fn swiglu_backward<T: Element>(
     a: &[T],
     b: &[T],
 ) -> Result<SwigluGrads<T>> {
-    let (da, db) = glu_backward(args, [dc, a, b], silu, silu_grad)?;
+    let (da, db) = glu_backward(args, [dc, a, b], silu, silu_grad, BackwardCasts::Fused)?;
     Ok(SwigluGrads { da, db })
+}
+
+/// Where a GLU backward rounds in 16-bit types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum BackwardCasts {
+    /// Liger's SwiGLU: `db = D(g·act(z))`, `da = D(g·act'(z)·gm·b)`, one rounding each.
+    Fused,
+    /// PyTorch autograd through `act(a) * b` in the dtype (HF's MLP, Liger's GEGLU):
+    /// `db = D(g·D(act(z)))`, `da = D(D(g·b)·act'(z)·gm)`.
+    Autograd,
 }
 
 /// The backward `(da, db)` of a GLU whose gate activation is `act` with derivative `grad`
@@ -204,6 +214,7 @@ pub(super) fn glu_backward<T: Element>(
     [dc, a, b]: [&[T]; 3],
     act: impl Fn(f64) -> f64,
     grad: impl Fn(f64) -> f64,
+    casts: BackwardCasts,
 ) -> Result<(Vec<T>, Vec<T>)> {
     check_separate(args, &[("dc", dc), ("a", a), ("b", b)])?;
     let gm = check_multiplier("args.gate_multiplier", args.gate_multiplier)?;
@@ -213,8 +224,14 @@ pub(super) fn glu_backward<T: Element>(
     for ((&dc, &a), &b) in dc.iter().zip(a).zip(b) {
         let z = gate(a, gm);
         let g = T::cast_f32(dc.to_f64() * dm);
-        db.push(T::from_f64(g * act(z)));
-        da.push(T::from_f64(g * grad(z) * gm * b.to_f64()));
+        // `D` rounds to 16 bits only in 16-bit types; in f32 and f64 both orders are Liger's.
+        if casts == BackwardCasts::Autograd && T::MANTISSA_DIGITS < f32::MANTISSA_DIGITS {
+            db.push(T::from_f64(g * T::cast(act(z))));
+            da.push(T::from_f64(T::cast(g * b.to_f64()) * (grad(z) * gm)));
+        } else {
+            db.push(T::from_f64(g * act(z)));
+            da.push(T::from_f64(g * grad(z) * gm * b.to_f64()));
+        }
     }
     Ok((da, db))
 }

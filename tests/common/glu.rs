@@ -256,6 +256,10 @@ fn silu_err(z: f64) -> f64 {
 /// - `da = T(g·silu'·gm·b)`: silu' = σ(1 + z(1 − σ)) cancels near z ≈ −1.28, so its error is
 ///   relative to the magnitudes of its terms, σ(1 + |z|(1 − σ)), times |g·gm·b|, with
 ///   (2|z| + 24) f32 roundings (as for silu, plus the products), plus subnormal slack.
+/// - GEGLU in 16 bits rounds where autograd does, `db = T(g·T(s))` and `da = T(T(g·b)·gelu'·gm)`:
+///   `T(s)` may differ by one ulp of `T` at `s` as in `c` (times `|g|`), and `T(g·b)`, the
+///   kernel's rounding of an f32 product (twice rounded when `dm ≠ 1`), by one ulp of `T` at
+///   `g·b` (times `|gelu'·gm|`).
 fn slacks<T: Element>(op: Op, a: &[T], b: &[T], dc: &[T], gm: f32, dm: f32) -> [Vec<f64>; 3] {
     let (gm, dm) = (gm as f64, dm as f64);
     let mut out = [Vec::new(), Vec::new(), Vec::new()];
@@ -267,7 +271,9 @@ fn slacks<T: Element>(op: Op, a: &[T], b: &[T], dc: &[T], gm: f32, dm: f32) -> [
         let ulp_s = if st.is_finite() { ulp::<T>(st) } else { 0.0 };
         out[0].push(bv * (ulp_s + e));
         let g = (dc[i].to_f64() * dm) as f32 as f64;
-        out[2].push(g.abs() * e + (g * s).abs() * 2.0 * U + TINY);
+        let autograd = matches!(op, Op::Geglu(_)) && bytes == 2;
+        let act_ulp = if autograd { g.abs() * ulp_s } else { 0.0 };
+        out[2].push(g.abs() * e + (g * s).abs() * 2.0 * U + TINY + act_ulp);
         let scale = (g * gm * bv).abs();
         let da = if z.is_finite() {
             let (terms, roundings) = op.grad_terms(z, bytes);
@@ -275,7 +281,13 @@ fn slacks<T: Element>(op: Op, a: &[T], b: &[T], dc: &[T], gm: f32, dm: f32) -> [
         } else {
             scale * op.grad(z) * 4.0 * U
         };
-        out[1].push(da);
+        let gb = T::cast(g * bv);
+        let gb_ulp = if autograd && gb.is_finite() {
+            (op.grad(z) * gm).abs() * ulp::<T>(gb)
+        } else {
+            0.0
+        };
+        out[1].push(da + gb_ulp);
     }
     out
 }

@@ -1,13 +1,14 @@
 //! GEGLU's gate (GELU-mul forward and backward): the GLU kernels (`glu/mod.rs`: every path,
 //! layout, multiplier and in-place mode) with GELU as the gate, in its tanh or exact (erf)
-//! form, and that GELU's f32 math (semantics: the cast points in `src/reference/geglu.rs`,
-//! which are SwiGLU's; host: `src/glu/`).
+//! form, and that GELU's f32 math (semantics: the cast points in `src/reference/geglu.rs`;
+//! host: `src/glu/`).
 //!
 //! The kernels' bodies are `glu_bodies!`'s: where SwiGLU's evaluate
 //! `sigmoid_pair`/`silu_of`/`silu_grad_of`, these evaluate [`gelu_and_grad`], in the same order
-//! of operations: forward `c = T(T::round(gelu(z))·b)` with `z = a·gm`; backward `g = dc·dm`, `db = g·gelu(z)`,
-//! `da = g·(gelu'(z)·gm)·b` (gelu' multiplies in before `b`, so where it vanishes `da` is 0, not
-//! `∞·0`). The forward's unused gelu' compiles away.
+//! of operations: forward `c = T(T::round(gelu(z))·b)` with `z = a·gm`; backward `g = dc·dm`
+//! and, in f32, `db = g·gelu(z)`, `da = g·(gelu'(z)·gm)·b` (gelu' multiplies in before `b`, so
+//! where it vanishes `da` is 0, not `∞·0`), in f16/bf16 autograd's `db = g·T::round(gelu(z))`,
+//! `da = T::round(g·b)·(gelu'(z)·gm)`. The forward's unused gelu' compiles away.
 //!
 //! # Functions
 //!
@@ -322,7 +323,9 @@ pub(crate) mod tanh {
         gelu_and_grad::<T, false>,
         gelu_of,
         gelu_grad_of,
-        unroll_items
+        unroll_items,
+        true,
+        #[inline(always)]
     );
 }
 
@@ -334,7 +337,9 @@ pub(crate) mod erf {
         gelu_and_grad::<T, true>,
         gelu_of,
         gelu_grad_of,
-        unroll_items
+        unroll_items,
+        true,
+        #[inline(always)]
     );
 }
 

@@ -354,11 +354,39 @@ macro_rules! each_vec_tile {
 /// called once per element: `$parts(z)`, the two values `act(z)` and `act'(z)` are formed from
 /// (SiLU: `σ(z)`, `1 − σ(z)`); `$act(z, first)`; `$grad(z, first, second)` (the forward's
 /// unused part compiles away). The scalar kernels compute their `ITEMS` elements through
-/// `$items!`: [`each_item!`] or [`unroll_items!`]. A macro rather than a trait or a const
-/// generic: the gate stays plain function calls, which rustc inlines in SwiGLU's measured
-/// instruction order (either generic form gave SwiGLU's forward another one).
+/// `$items!`: [`each_item!`] or [`unroll_items!`]. `$autograd`: in 16-bit types the backward
+/// rounds where PyTorch autograd through `act(a) * b` in that dtype does (GEGLU, as HF's MLP
+/// and Liger's GEGLU): `db = D(g·D(act))`, `da = D(D(g·b)·act'·gm)`; otherwise (SwiGLU, as
+/// Liger's, and every f32 kernel) each gradient is rounded once. `#[$vector]` is put on the
+/// vector backward's per-vector closure (GEGLU's `#[inline(always)]`: its erf body in 16 bits
+/// was otherwise compiled as a call per vector). A macro rather than a trait
+/// or a const generic: the gate stays plain function calls, which rustc inlines in SwiGLU's
+/// measured instruction order (either generic form gave SwiGLU's forward another one).
 macro_rules! glu_bodies {
-    ($parts:path, $act:path, $grad:path, $items:ident) => {
+    ($parts:path, $act:path, $grad:path, $items:ident, $autograd:expr $(, #[$vector:meta])?) => {
+        /// The activation as the backward's `db = g·act` reads it: rounded to `T` where
+        /// `$autograd` says (see [`glu_bodies!`]).
+        #[inline(always)]
+        fn stored_act<T: Elem>(act: f32) -> f32 {
+            if $autograd && core::mem::size_of::<T>() == 2 {
+                T::round(act)
+            } else {
+                act
+            }
+        }
+
+        /// `da` from `g`, `grad = act'·gm` and `b`, rounded where `$autograd` says. Otherwise
+        /// act' (|silu'| ≤ 1.1, |gelu'| ≤ 1.13) multiplies in before b: where it vanishes
+        /// (z → −∞) da is 0, not ∞·0, even when g·b alone would overflow f32.
+        #[inline(always)]
+        fn da_of<T: Elem>(g: f32, grad: f32, b: f32) -> f32 {
+            if $autograd && core::mem::size_of::<T>() == 2 {
+                T::round(g * b) * grad
+            } else {
+                g * grad * b
+            }
+        }
+
         #[inline(always)]
         pub(crate) unsafe fn forward<T: Elem>(args: Fwd<T>) {
             let Fwd { a, a_stride, b, b_stride, c, c_stride, rows, cols, gm } = args;
@@ -403,10 +431,8 @@ macro_rules! glu_bodies {
                     let g = gv[k] * dm;
                     let z = av[k] * gm;
                     let (first, second) = $parts(z);
-                    let db_v = g * $act(z, first);
-                    // act' (|silu'| ≤ 1.1, |gelu'| ≤ 1.13) multiplies in before b: where it vanishes
-                    // (z → −∞) da is 0, not ∞·0, even when g·b alone would overflow f32.
-                    let da_v = g * ($grad(z, first, second) * gm) * bv[k];
+                    let db_v = g * stored_act::<T>($act(z, first));
+                    let da_v = da_of::<T>(g, $grad(z, first, second) * gm, bv[k]);
                     unsafe { *dar.add(col) = T::from_f32(da_v) };
                     unsafe { *dbr.add(col) = T::from_f32(db_v) };
                 });
@@ -476,15 +502,16 @@ macro_rules! glu_bodies {
             // In place, the next tile's loads come before this tile's stores, and the tiles are
             // disjoint (or the same tile, re-read before its stores).
             each_vec_tile!(walk, load, pos, (gv, av, bv), (gn, an, bn) => {
-                unroll::<K>(|k| {
+                unroll::<K>($(#[$vector])? |k| {
                     let mut da_v = [0.0f32; 8];
                     let mut db_v = [0.0f32; 8];
                     lanes::<T, V>(|i| {
                         let g = T::lane(&gv[k], i) * dm;
                         let z = T::lane(&av[k], i) * gm;
                         let (first, second) = $parts(z);
-                        db_v[i] = g * $act(z, first);
-                        da_v[i] = g * ($grad(z, first, second) * gm) * T::lane(&bv[k], i);
+                        db_v[i] = g * stored_act::<T>($act(z, first));
+                        let grad = $grad(z, first, second) * gm;
+                        da_v[i] = da_of::<T>(g, grad, T::lane(&bv[k], i));
                     });
                     // In place (da = a, db = b) each vector is loaded above, by this thread,
                     // before these stores.

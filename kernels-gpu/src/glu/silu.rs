@@ -22,7 +22,7 @@ fn silu_grad_of(z: f32, sig: f32, one_minus: f32) -> f32 {
 pub(crate) mod bodies {
     use super::super::*;
     use super::{silu_grad_of, silu_of};
-    glu_bodies!(sigmoid_pair, silu_of, silu_grad_of, each_item);
+    glu_bodies!(sigmoid_pair, silu_of, silu_grad_of, each_item, false);
 }
 
 glu_kernels!(silu::bodies, Silu, F32);
