@@ -11,6 +11,9 @@
 //! Qwen2-VL's multimodal tables (`mrope`); geglu has the tanh form and the exact (erf) form.
 //! `scripts/gpu/liger_anchors.py` times Liger-Kernel on the rows the large-shape anchors lack
 //! (fused add, GEGLU tanh, `rope_i`, `rope_qkv`, `mrope`) with the same op and shape strings.
+//! `ops -- --torch-cases DIR` instead runs GEGLU on the cases `scripts/gpu/glu_cases.py write
+//! DIR` saved (HF's MLP in bf16 and f16) and writes liger-rs's outputs beside them for
+//! `glu_cases.py compare DIR`.
 //! Without a GPU it prints one line and exits 0.
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, sys::CUevent_flags};
@@ -483,6 +486,80 @@ fn glu<T: Dtype>(
     });
 }
 
+/// GEGLU on each case of `dir/cases.txt` (`name rows cols tanh|erf bf16|f16`): reads
+/// `NAME.{a,b,dc}` (16-bit little-endian), writes `NAME.ours.{c,da,db}`.
+fn glu_torch_cases(stream: &Arc<CudaStream>, dir: &str) {
+    let meta = std::fs::read_to_string(format!("{dir}/cases.txt")).expect("cases.txt");
+    for line in meta.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (name, rows, cols) = (f[0], f[1].parse().unwrap(), f[2].parse().unwrap());
+        let gelu = match f[3] {
+            "erf" => Gelu::Erf,
+            _ => Gelu::Tanh,
+        };
+        let case = format!("{dir}/{name}");
+        match f[4] {
+            "bf16" => glu_case(
+                stream,
+                &case,
+                rows,
+                cols,
+                gelu,
+                bf16::from_bits,
+                bf16::to_bits,
+            ),
+            _ => glu_case(
+                stream,
+                &case,
+                rows,
+                cols,
+                gelu,
+                f16::from_bits,
+                f16::to_bits,
+            ),
+        }
+        println!("{name}: written");
+    }
+}
+
+/// One case of [`glu_torch_cases`], its 16-bit values converted by `from` and `to`.
+fn glu_case<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    case: &str,
+    rows: usize,
+    cols: usize,
+    gelu: Gelu,
+    from: fn(u16) -> T,
+    to: fn(T) -> u16,
+) {
+    let load = |part: &str| -> CudaSlice<T> {
+        let bytes = std::fs::read(format!("{case}.{part}")).expect("case file");
+        let v: Vec<T> = bytes
+            .chunks_exact(2)
+            .map(|w| from(u16::from_le_bytes([w[0], w[1]])))
+            .collect();
+        assert_eq!(v.len(), rows * cols, "{case}.{part}");
+        stream.clone_htod(&v).expect("upload")
+    };
+    let save = |part: &str, d: &CudaSlice<T>| {
+        let v = stream.clone_dtoh(d).expect("download");
+        let bytes: Vec<u8> = v.into_iter().flat_map(|x| to(x).to_le_bytes()).collect();
+        std::fs::write(format!("{case}.ours.{part}"), bytes).expect("write");
+    };
+    let (a, b, dc) = (load("a"), load("b"), load("dc"));
+    let args = SwigluArgs::new(rows, cols);
+    let mut c = stream.alloc_zeros::<T>(rows * cols).expect("alloc");
+    let (mut da, mut db) = (
+        stream.alloc_zeros::<T>(rows * cols).expect("alloc"),
+        stream.alloc_zeros::<T>(rows * cols).expect("alloc"),
+    );
+    geglu_forward(stream, &args, gelu, &a, &b, &mut c).expect("geglu_forward");
+    geglu_backward(stream, &args, gelu, &dc, &a, &b, &mut da, &mut db).expect("geglu_backward");
+    save("c", &c);
+    save("da", &da);
+    save("db", &db);
+}
+
 fn main() {
     let ctx = match liger_rs::cuda_context(0) {
         Ok(ctx) => ctx,
@@ -492,6 +569,11 @@ fn main() {
         }
     };
     let stream = ctx.default_stream();
+    let argv: Vec<String> = std::env::args().collect();
+    if let Some(i) = argv.iter().position(|a| a == "--torch-cases") {
+        glu_torch_cases(&stream, &argv[i + 1]);
+        return;
+    }
     println!("device: {}", ctx.name().unwrap_or_default());
     let copy = copy_bandwidth(&stream);
     println!("device-to-device copy: {copy:.0} GB/s");
