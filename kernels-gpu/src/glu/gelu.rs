@@ -70,8 +70,16 @@
 //! a bf16 ulp, while the value is rounded to the 16-bit type before it is
 //! used (`c`) or stored (`db`, `da`). It takes about 25 instructions per element for value and
 //! derivative instead of 70, which bounded the 16-bit rows by compute (bf16 16384×14336
-//! backward 771 µs, behind Liger's 701; PERFORMANCE.md, "GEGLU"). f32 keeps the pair form,
-//! whose error the f32 outputs would show; the exact form keeps it in every type.
+//! backward 771 µs, behind Liger's 701; PERFORMANCE.md, "GEGLU"). The exact form is
+//! [`gelu_erf_and_grad_short`]: the long form's branches with the exponent `x²·log2 e/2` in
+//! plain f32 (its rounding moves `e^{−x²/2}` by about `z²/2` units of 2⁻²⁴: 5·10⁻⁶ at z = −13,
+//! where gelu is last normal in f32), `t`
+//! from `rcp.approx`, `S` of degree 3 and `R` of degree 6 (`CDF_NEAR_0_SHORT`, `MILLS_SHORT`,
+//! from `scripts/geglu_fit.py`), no scaling: within `(8z² + 72)·2⁻²⁴` relative (the replay's
+//! worst: value 7.7·10⁻⁶, gelu' 1.03·10⁻⁵ of its larger term), plus `ex2.approx`'s 2 ulps;
+//! the PTX of the bf16 `_vw` forward is 39 % shorter. A value that is normal in the 16-bit type
+//! keeps at least 16 bits through a subnormal intermediate. f32 keeps the pair forms, whose
+//! error the f32 outputs would show.
 //!
 //! # Accuracy
 //!
@@ -135,6 +143,18 @@ const MILLS: [f32; 12] = [
     -1.6442188,
     8.6061734e-1,
     -1.883083e-1,
+];
+
+/// The 16-bit types' `S` (degree 3) and `R` (degree 6): [`gelu_erf_and_grad_short`].
+const CDF_NEAR_0_SHORT: [f32; 4] = [3.9894146e-1, -6.6464886e-2, 9.846467e-3, -9.789584e-4];
+const MILLS_SHORT: [f32; 7] = [
+    1.0267443e-5,
+    1.9914679e-1,
+    2.0366132e-1,
+    1.209534e-1,
+    1.6121647e-1,
+    -3.021296e-1,
+    1.1835765e-1,
 ];
 
 /// `|z|` beyond which both forms have saturated in f32 (σ(u), Φ(z) ∈ {0, 1}, gelu and gelu'
@@ -275,6 +295,33 @@ pub(crate) fn gelu_erf_and_grad(z: f32) -> (f32, f32) {
     }
 }
 
+/// The exact form for 16-bit types: [`gelu_erf_and_grad`]'s branches with the exponent
+/// `x²·log2 e/2` in plain f32, `t = 1/(1 + x/2)` from `rcp.approx`, the shorter [`CDF_NEAR_0_SHORT`]
+/// and [`MILLS_SHORT`], and no scaling (module docs, "16-bit types").
+#[inline(always)]
+pub(crate) fn gelu_erf_and_grad_short(z: f32) -> (f32, f32) {
+    let x = z.abs();
+    let xc = clamp(x);
+    let zc = xc.copysign(z);
+    let h = xc * xc;
+    let e = exp2f32(-(h * HALF_LOG2_E_HI));
+    if x < 1.0 {
+        let cdf = fma(z, horner(&CDF_NEAR_0_SHORT, h), 0.5);
+        return (z * cdf, fma(z, e * FRAC_1_SQRT_2PI, cdf));
+    }
+    // SAFETY: a pure register operation (1 + x/2 lies in [1.5, 9], or is NaN).
+    let t = unsafe { super::rcp_approx_ftz(fma(xc, 0.5, 1.0)) };
+    let r = horner(&MILLS_SHORT, t);
+    let q = e * r;
+    if z < 0.0 {
+        let gelu = if q == 0.0 { -0.0 } else { z * q };
+        (gelu, e * fma(zc, FRAC_1_SQRT_2PI, r))
+    } else {
+        let cdf = 1.0 - q;
+        (z * cdf, fma(zc, e * FRAC_1_SQRT_2PI, cdf))
+    }
+}
+
 /// The tanh form for 16-bit types: `u` in plain f32 and SwiGLU's `sigmoid_pair` of it, no
 /// exponent pair and no scaling (module docs, "16-bit types").
 #[inline(always)]
@@ -294,7 +341,9 @@ pub(crate) fn gelu_tanh_and_grad_short(z: f32) -> (f32, f32) {
 /// the 16-bit types is [`gelu_tanh_and_grad_short`].
 #[inline(always)]
 pub(crate) fn gelu_and_grad<T: Elem, const ERF: bool>(z: f32) -> (f32, f32) {
-    if ERF {
+    if ERF && T::PER_WORD == 2 {
+        gelu_erf_and_grad_short(z)
+    } else if ERF {
         gelu_erf_and_grad(z)
     } else if T::PER_WORD == 2 {
         gelu_tanh_and_grad_short(z)
