@@ -1,13 +1,15 @@
 """Liger-Kernel 0.8.5 (`liger`) and PyTorch eager (`torch`: HuggingFace's formulas) on the
 `cargo bench` rows (benches/ops.rs) that the shared large-shape anchors (RMSNorm, NeoX RoPE,
 SwiGLU) do not cover, on the same shapes and dtypes, printed with the bench's op and shape
-strings:
+strings; `compile` is torch.compile of the `torch` function (GEGLU rows only):
 
   fused_add_fwd/_bwd  bf16 16384x4096, 16384x2048. Liger: LigerFusedAddRMSNormFunction (llama
       casting, a weight with dW). torch: x + r, then HF's RMSNorm.
   geglu_fwd/_bwd  bf16 16384x14336, f32 16384x8192. Liger: geglu_forward / geglu_backward
       (tanh GELU, the only form Liger has), called directly as the anchors call
       swiglu_forward / swiglu_backward. torch: gelu(a, approximate="tanh") * b.
+  geglu_erf_fwd/_bwd  the same shapes, the exact GELU: gelu(a) * b (torch and compile only:
+      Liger has no exact form).
   rope_i_fwd/_bwd  bf16, f32 4x4096x32/8x128 (B x S x q heads / kv heads x head dim).
       Liger: LigerLlama4RopeFunction, interleaved pairs, q and k [B, S, H, d], freqs_cis
       complex64 [S, d/2]. torch: HF Llama4's apply_rotary_emb.
@@ -34,8 +36,9 @@ events; 10 warm-up calls, then the median of 100.
 Usage on a GPU machine with torch and triton (Liger-Kernel 0.8.5 for `liger`), in the same
 device call as `cargo bench` so that both see the same GPU:
     python3 -m pip install -q --no-deps --target /tmp/liger liger-kernel==0.8.5
-    PYTHONPATH=/tmp/liger python3 scripts/gpu/liger_anchors.py liger|torch [OPS]
-OPS is a comma-separated subset of fused_add, geglu, rope_i, rope_qkv, mrope (default: all).
+    PYTHONPATH=/tmp/liger python3 scripts/gpu/liger_anchors.py liger|torch|compile [OPS]
+OPS is a comma-separated subset of fused_add, geglu, geglu_erf, rope_i, rope_qkv, mrope
+(default: all that the impl has).
 Prints CSV rows: impl, op, shape, dtype, median µs, GB/s on the minimum bytes each op must
 move, as `cargo bench` counts them: fused add forward reads x, r and writes s, y, backward
 reads dY, dS, S and writes dX (4·M·N·s each); GEGLU forward 3·M·N·s, backward 5·M·N·s; RoPE
@@ -45,11 +48,17 @@ import sys
 
 import torch
 
-ALL_OPS = ("fused_add", "geglu", "rope_i", "rope_qkv", "mrope")
+IMPL_OPS = {
+    "liger": ("fused_add", "geglu", "rope_i", "rope_qkv", "mrope"),
+    "torch": ("fused_add", "geglu", "geglu_erf", "rope_i", "rope_qkv", "mrope"),
+    "compile": ("geglu", "geglu_erf"),
+}
 dev = "cuda"
 impl = sys.argv[1] if len(sys.argv) > 1 else "liger"
-ops = sys.argv[2].split(",") if len(sys.argv) > 2 else ALL_OPS
-if impl not in ("liger", "torch") or not set(ops) <= set(ALL_OPS):
+if impl not in IMPL_OPS:
+    sys.exit(__doc__)
+ops = sys.argv[2].split(",") if len(sys.argv) > 2 else IMPL_OPS[impl]
+if not set(ops) <= set(IMPL_OPS[impl]):
     sys.exit(__doc__)
 WARMUP, REPS = 10, 100
 EPS = 1e-6
@@ -112,7 +121,7 @@ def fused_add_case(M, H, dt):
     emit("fused_add_bwd", shape, dt, bwd, 4 * M * H * s)
 
 
-def geglu_case(M, N, dt):
+def geglu_case(M, N, dt, approximate="tanh"):
     s = torch.tensor([], dtype=dt).element_size()
     a = torch.randn(M, N, device=dev, dtype=dt)
     b = torch.randn(M, N, device=dev, dtype=dt)
@@ -130,13 +139,15 @@ def geglu_case(M, N, dt):
     else:
         a.requires_grad_(True)
         b.requires_grad_(True)
-        g = lambda: torch.nn.functional.gelu(a, approximate="tanh") * b
+        g = lambda: torch.nn.functional.gelu(a, approximate=approximate) * b
+        if impl == "compile":
+            g = torch.compile(g)
         fwd = median_us(g)
         c = g()
         bwd = median_us(lambda: c.backward(dc, retain_graph=True), no_grads(a, b))
-    shape = f"{M}x{N}"
-    emit("geglu_fwd", shape, dt, fwd, 3 * M * N * s)
-    emit("geglu_bwd", shape, dt, bwd, 5 * M * N * s)
+    shape, op = f"{M}x{N}", "geglu" if approximate == "tanh" else "geglu_erf"
+    emit(f"{op}_fwd", shape, dt, fwd, 3 * M * N * s)
+    emit(f"{op}_bwd", shape, dt, bwd, 5 * M * N * s)
 
 
 def angles(S, D):
@@ -229,9 +240,10 @@ print("impl,op,shape,dtype,median_us,gbps", flush=True)
 if "fused_add" in ops:
     for H in (4096, 2048):
         fused_add_case(16384, H, torch.bfloat16)
-if "geglu" in ops:
-    geglu_case(16384, 14336, torch.bfloat16)
-    geglu_case(16384, 8192, torch.float32)
+for op, approximate in (("geglu", "tanh"), ("geglu_erf", "none")):
+    if op in ops:
+        geglu_case(16384, 14336, torch.bfloat16, approximate)
+        geglu_case(16384, 8192, torch.float32, approximate)
 for op, case in (("rope_i", rope_i_case), ("rope_qkv", rope_qkv_case), ("mrope", mrope_case)):
     if op in ops:
         for dt in (torch.bfloat16, torch.float32):

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Device-side check of the staged binaries in .gpu/: the release test binaries that
 # `cargo test --release --no-run` builds (the library's unit tests, liger_rs-*, and one per
-# tests/*.rs), copied into .gpu/tests/, and optionally a candle one built the same way with
-# `--features candle`, gzipped as .gpu/tests/candle.gz (it needs the CUDA 13 libraries of the
-# device's toolkit). Copy this script next to them, then run it with the device tool:
+# tests/*.rs), copied into .gpu/tests/ under their target names, and the candle ones built the
+# same way with `--features candle` (they need the CUDA 13 libraries of the device's toolkit).
+# Any of them may be stripped and compressed (name.gz or name.xz: xz -6 keeps every suite,
+# candle's included, under the device tool's 64 MiB carry). Copy this script next to them,
+# then run it with the device tool:
 #   cp scripts/gpu/verify.sh .gpu/
 #   run(command="BUDGET=560 bash .gpu/verify.sh", carry=[".gpu"])
 # Two phases, PHASES="tests sanitizer" unless set (e.g. PHASES=sanitizer alone):
@@ -27,7 +29,10 @@ phases=" ${PHASES:-tests sanitizer} "
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
 gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
-if [ -f tests/candle.gz ]; then gunzip -f tests/candle.gz && chmod +x tests/candle; fi
+for z in tests/*.gz tests/*.xz; do
+  [ -f "$z" ] || continue
+  case $z in *.gz) gunzip -f "$z" ;; *) xz -d -f "$z" ;; esac && chmod +x "${z%.*}"
+done
 report() { # what binary rc seconds log
   echo "== $1 $2 rc=$3 $4s: $(grep -E '^test result|ERROR SUMMARY|RACECHECK SUMMARY|^liger-rs: ' "$5" | tr '\n' ' ')"
   [ "$3" -eq 0 ] && return
