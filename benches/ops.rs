@@ -8,7 +8,8 @@
 //! rms_norm includes the fused residual add + RMSNorm and its unfused baseline (an NVRTC add
 //! kernel, then our RMSNorm), whose ratio it prints; rope includes, besides the NeoX rows,
 //! interleaved pairs (`rope_i`), q and k as views into one fused QKV buffer (`rope_qkv`) and
-//! Qwen2-VL's multimodal tables (`mrope`); geglu has the tanh form and the exact (erf) form.
+//! Qwen2-VL's multimodal tables (`mrope`), and bf16 q and k with f32 tables (`rope_t32`,
+//! `rope_i_t32`); geglu has the tanh form and the exact (erf) form.
 //! `scripts/gpu/liger_anchors.py` times Liger-Kernel on the rows the large-shape anchors lack
 //! (fused add, GEGLU tanh, `rope_i`, `rope_qkv`, `mrope`) with the same op and shape strings.
 //! `ops -- --torch-cases DIR` instead runs GEGLU on the cases `scripts/gpu/glu_cases.py write
@@ -18,9 +19,9 @@
 use half::{bf16, f16};
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, sys::CUevent_flags};
 use liger_rs::{
-    CosSinLayout, Dtype, Gelu, RmsNormArgs, RopeArgs, SwigluArgs, geglu_backward, geglu_forward,
-    rms_norm_backward_inplace, rms_norm_forward, rope_backward, rope_backward_fused, rope_forward,
-    rope_forward_fused, swiglu_backward, swiglu_forward,
+    CosSinDtype, CosSinLayout, Dtype, Gelu, RmsNormArgs, RopeArgs, SwigluArgs, geglu_backward,
+    geglu_forward, rms_norm_backward_inplace, rms_norm_forward, rope_backward, rope_backward_fused,
+    rope_forward, rope_forward_fused, swiglu_backward, swiglu_forward,
 };
 use std::sync::Arc;
 
@@ -348,7 +349,15 @@ enum RopeForm {
 /// 2·(|q| + |k|)·s in every form. The cos/sin tables are not counted (on these shapes what a
 /// call reads of them is under 2 % of q and k's bytes, the [3, b, s, d] multimodal tables
 /// included), nor is the v part of the fused QKV buffer, which is not touched.
-fn rope<T: Dtype>(stream: &Arc<CudaStream>, form: RopeForm, shape: [usize; 5], out: &mut Vec<Row>) {
+///
+/// With tables `C` other than `T` (f32 with 16-bit q and k) the op names gain `_t32`: `rope_t32_*`,
+/// `rope_i_t32_*` (Liger's llama4 rope takes f32 tables).
+fn rope<T: Dtype, C: CosSinDtype<T>>(
+    stream: &Arc<CudaStream>,
+    form: RopeForm,
+    shape: [usize; 5],
+    out: &mut Vec<Row>,
+) {
     let [b, s, hq, hk, d] = shape;
     let args = RopeArgs::new(d)
         .with_batch(b)
@@ -388,8 +397,14 @@ fn rope<T: Dtype>(stream: &Arc<CudaStream>, form: RopeForm, shape: [usize; 5], o
         ),
     };
     let (nq, nk) = (b * s * hq * d, b * s * hk * d);
-    let cos = random::<T>(stream, table_len, 6);
-    let sin = random::<T>(stream, table_len, 7);
+    let (fwd_op, bwd_op) = match (C::NAME == T::NAME, fwd_op) {
+        (true, _) => (fwd_op, bwd_op),
+        (false, "rope_fwd") => ("rope_t32_fwd", "rope_t32_bwd"),
+        (false, "rope_i_fwd") => ("rope_i_t32_fwd", "rope_i_t32_bwd"),
+        (false, op) => panic!("no f32-table row for {op}"),
+    };
+    let cos = random::<C>(stream, table_len, 6);
+    let sin = random::<C>(stream, table_len, 7);
     let (fwd, bwd) = match form {
         RopeForm::FusedQkv => {
             let mut qkv = random::<T>(stream, b * s * fused, 4);
@@ -596,18 +611,20 @@ fn main() {
     }
     if run("rope") {
         let llama = [4, 4096, 32, 8, 128];
-        rope::<bf16>(&stream, RopeForm::Neox, llama, &mut rows);
-        rope::<f32>(&stream, RopeForm::Neox, llama, &mut rows);
-        rope::<f16>(&stream, RopeForm::Neox, llama, &mut rows);
-        rope::<bf16>(&stream, RopeForm::Neox, [1, 1024, 32, 8, 128], &mut rows);
+        rope::<bf16, bf16>(&stream, RopeForm::Neox, llama, &mut rows);
+        rope::<f32, f32>(&stream, RopeForm::Neox, llama, &mut rows);
+        rope::<f16, f16>(&stream, RopeForm::Neox, llama, &mut rows);
+        rope::<bf16, bf16>(&stream, RopeForm::Neox, [1, 1024, 32, 8, 128], &mut rows);
         for form in [
             RopeForm::Interleaved,
             RopeForm::FusedQkv,
             RopeForm::Multimodal,
         ] {
-            rope::<bf16>(&stream, form, llama, &mut rows);
-            rope::<f32>(&stream, form, llama, &mut rows);
+            rope::<bf16, bf16>(&stream, form, llama, &mut rows);
+            rope::<f32, f32>(&stream, form, llama, &mut rows);
         }
+        rope::<bf16, f32>(&stream, RopeForm::Neox, llama, &mut rows);
+        rope::<bf16, f32>(&stream, RopeForm::Interleaved, llama, &mut rows);
     }
     if run("swiglu") {
         glu::<bf16>(&stream, None, 16384, 14336, &mut rows);

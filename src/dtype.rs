@@ -6,20 +6,33 @@ use std::fmt::Debug;
 
 mod sealed {
     use crate::identity::ElemType;
+    use crate::validate::{Access, Buf};
+    use cudarc::driver::DevicePtr;
 
     /// Keeps [`Dtype`](super::Dtype) to the element types of the kernels, and names each.
-    pub trait Sealed {
+    pub trait Sealed: Sized {
         /// The element type in the kernels' identities.
         const ELEM: ElemType;
+        /// A buffer of this type read by a call whose own element type is `U`.
+        fn read<U>(buf: &dyn DevicePtr<Self>) -> Option<Buf<'_, U>>;
     }
     impl Sealed for f32 {
         const ELEM: ElemType = ElemType::F32;
+        fn read<U>(buf: &dyn DevicePtr<Self>) -> Option<Buf<'_, U>> {
+            Some(Buf::F32(Access::Read(buf)))
+        }
     }
     impl Sealed for half::f16 {
         const ELEM: ElemType = ElemType::F16;
+        fn read<U>(buf: &dyn DevicePtr<Self>) -> Option<Buf<'_, U>> {
+            Some(Buf::F16(Access::Read(buf)))
+        }
     }
     impl Sealed for half::bf16 {
         const ELEM: ElemType = ElemType::Bf16;
+        fn read<U>(buf: &dyn DevicePtr<Self>) -> Option<Buf<'_, U>> {
+            Some(Buf::Bf16(Access::Read(buf)))
+        }
     }
 }
 
@@ -48,6 +61,31 @@ pub trait Dtype: Element<Rstd = f32> + DeviceRepr + ValidAsZeroBits + sealed::Se
 impl Dtype for f32 {}
 impl Dtype for half::f16 {}
 impl Dtype for half::bf16 {}
+
+/// The element type of RoPE's cos/sin tables with q and k of `T`: `T` itself, or `f32` with
+/// `f16` or `bf16` q and k (as HF's Llama 4 and Liger-Kernel keep their tables). The math is
+/// the same (f32, one rounding to `T` per output), so f32 tables give the products of the
+/// unrounded angles.
+///
+/// ```no_run
+/// use liger_rs::{CosSinLayout, RopeArgs, rope_forward};
+/// use liger_rs::half::bf16;
+/// let stream = liger_rs::cuda_context(0)?.default_stream();
+/// let (s, d) = (16, 128);
+/// let mut q = stream.clone_htod(&vec![bf16::ONE; s * 8 * d])?;
+/// let mut k = stream.clone_htod(&vec![bf16::ONE; s * 2 * d])?;
+/// // f32 tables with bf16 q and k.
+/// let cos = stream.clone_htod(&vec![1.0f32; s * d])?;
+/// let sin = stream.alloc_zeros::<f32>(s * d)?;
+/// let args = RopeArgs::new(d).with_seq_len(s).with_heads(8, 2);
+/// rope_forward(&stream, &args, &mut q, &mut k, &cos, &sin, &CosSinLayout::PerPosition)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub trait CosSinDtype<T: Dtype>: Dtype {}
+
+impl<T: Dtype> CosSinDtype<T> for T {}
+impl CosSinDtype<f16> for f32 {}
+impl CosSinDtype<bf16> for f32 {}
 
 /// A host element type: how values are widened to f64 and rounded back.
 ///

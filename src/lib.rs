@@ -160,7 +160,7 @@ pub use cross_entropy::{
     cross_entropy_forward, cross_entropy_forward_backward, cross_entropy_forward_backward_inplace,
 };
 pub use cudarc;
-pub use dtype::Dtype;
+pub use dtype::{CosSinDtype, Dtype};
 pub use embedding::{EmbeddingArgs, TokenId, embedding_backward, embedding_forward};
 pub use error::{Error, Result};
 pub use glu::{

@@ -421,16 +421,17 @@ pub(crate) mod tests {
             let unused: Vec<_> = names.difference(&launchable).collect();
             assert!(unused.is_empty(), "never launched: {unused:?}");
         }
-        // RoPE's 156 (3 element types × 2 directions × 26 paths and row sources: 4 each of
-        // scalar, contiguous vector and interleaved vector, 7 each of vector-any and general)
-        // the other ops' 347, attention's 24 (the forward, dQ and dK/dV on SIMT for three
+        // RoPE's 244 (3 element types × 2 directions × 26 paths and row sources: 4 each of
+        // scalar, contiguous vector and interleaved vector, 7 each of vector-any and general;
+        // and f32 tables with the two 16-bit types on every path but the scalar one, 2 × 2 ×
+        // 22) the other ops' 347, attention's 24 (the forward, dQ and dK/dV on SIMT for three
         // element types and on tensor cores for two at two head_dims; the preprocessing), and
         // cross-entropy's 26 (forward and backward rows on four paths for three element
         // types; the count and the reduction), and the optimizers' 31 (the AdamW update with
         // f32 or bf16 moments and the SGD update, each for three gradient types with no copy
         // or an f16 or bf16 copy; the sums of squares; the norm), and the embedding's 12 (the
         // forward and backward for three element types and two id types).
-        assert_eq!(launchable.len(), 596);
+        assert_eq!(launchable.len(), 684);
     }
 
     #[test]

@@ -265,7 +265,7 @@ pub(crate) fn check_disjoint<const N: usize>(
 }
 
 /// A buffer argument, read or written, of element type `E`.
-pub(crate) enum Access<'b, E> {
+pub enum Access<'b, E> {
     Read(&'b dyn DevicePtr<E>),
     Write(&'b mut dyn DevicePtrMut<E>),
 }
@@ -305,11 +305,14 @@ impl<'b, E> Access<'b, E> {
 }
 
 /// A buffer argument of a call whose buffers differ in element type: the call's `T`, f32
-/// (`rstd`), i32 or i64 (position ids), u32 or i64 (token ids), or ids in host memory (a length only: no context and
+/// (`rstd`), another float type (RoPE's cos/sin tables: [`crate::CosSinDtype`]), i32 or i64 (position ids), u32 or i64 (token ids), or ids in host memory (a length only: no context and
 /// no device pointer).
-pub(crate) enum Buf<'b, T> {
+// `pub` in this private module: the sealed `Dtype` builds them (`Sealed::read`).
+pub enum Buf<'b, T> {
     T(Access<'b, T>),
     F32(Access<'b, f32>),
+    F16(Access<'b, half::f16>),
+    Bf16(Access<'b, half::bf16>),
     I32(Access<'b, i32>),
     U32(Access<'b, u32>),
     I64(Access<'b, i64>),
@@ -321,6 +324,8 @@ impl<'b, T> Buf<'b, T> {
         match self {
             Buf::T(a) => a.seen(),
             Buf::F32(a) => a.seen(),
+            Buf::F16(a) => a.seen(),
+            Buf::Bf16(a) => a.seen(),
             Buf::I32(a) => a.seen(),
             Buf::U32(a) => a.seen(),
             Buf::I64(a) => a.seen(),
@@ -336,6 +341,8 @@ impl<'b, T> Buf<'b, T> {
         match self {
             Buf::T(a) => a.take(stream),
             Buf::F32(a) => a.take(stream),
+            Buf::F16(a) => a.take(stream),
+            Buf::Bf16(a) => a.take(stream),
             Buf::I32(a) => a.take(stream),
             Buf::U32(a) => a.take(stream),
             Buf::I64(a) => a.take(stream),

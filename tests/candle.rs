@@ -19,7 +19,8 @@ use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 use liger_rs::reference::Element;
 use liger_rs::reference::rope::CosSinRows;
 use liger_rs::{
-    CastingMode, CosSinLayout, Dtype, Gelu, PositionIds, RmsNormArgs, RopeArgs, SwigluArgs,
+    CastingMode, CosSinDtype, CosSinLayout, Dtype, Gelu, PositionIds, RmsNormArgs, RopeArgs,
+    SwigluArgs,
 };
 use std::sync::{Arc, Mutex};
 

@@ -1,6 +1,7 @@
 //! RoPE: CPU reference against hand-computed rotations, finite differences, its own inverse,
 //! HF's multimodal table selection and fused QKV buffers (always run); GPU kernels against the
-//! reference on many shapes, dtypes and cos/sin forms, fused QKV views, multimodal tables,
+//! reference on many shapes, dtypes and cos/sin forms (f32 tables with 16-bit q and k too),
+//! fused QKV views, multimodal tables,
 //! 64-bit offsets, clamped device ids; empty calls (every rejected call is a row of
 //! `tests/bad_input.rs`).
 //!
@@ -20,8 +21,8 @@ use liger_rs::reference::rope::{
     rope_forward as ref_forward, rope_forward_fused as ref_forward_fused,
 };
 use liger_rs::{
-    CosSinLayout, Dtype, Error, PositionIds, RopeArgs, rope_backward, rope_backward_fused,
-    rope_backward_into, rope_forward, rope_forward_fused, rope_forward_into,
+    CosSinDtype, CosSinLayout, Dtype, Error, PositionIds, RopeArgs, rope_backward,
+    rope_backward_fused, rope_backward_into, rope_forward, rope_forward_fused, rope_forward_into,
 };
 use std::sync::Arc;
 

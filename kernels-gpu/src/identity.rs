@@ -290,6 +290,16 @@ names! {
 }
 
 names! {
+    /// The element type of a RoPE kernel's cos/sin tables: the last part of its name.
+    pub enum RopeTable / rope_table_name {
+        /// q's and k's (no name part).
+        Elem = "",
+        /// f32, with f16 or bf16 q and k (HF's Llama 4 and Liger keep f32 tables).
+        F32 = "t32",
+    }
+}
+
+names! {
     /// What a GLU, RoPE or embedding kernel computes: the second part of its entry name.
     pub enum Pass / pass_name {
         /// The forward.
@@ -379,6 +389,8 @@ pub enum Kernel {
         elem: ElemType,
         /// The cos/sin rows.
         rows: Rows,
+        /// The cos/sin element type.
+        table: RopeTable,
     },
     /// A GLU forward or backward: SwiGLU or GEGLU, by its gate.
     Glu {
@@ -483,6 +495,11 @@ macro_rules! kernel_name {
         $crate::identity::kernel_name!(@join
             op_name(Rope), pass_name($pass), rope_path_name($path), elem_name($elem),
             rows_name($rows))
+    };
+    (Rope, $pass:ident, $path:ident, $elem:ident, $rows:ident, $table:ident) => {
+        $crate::identity::kernel_name!(@join
+            op_name(Rope), pass_name($pass), rope_path_name($path), elem_name($elem),
+            rows_name($rows), rope_table_name($table))
     };
     (Glu, Silu, $pass:ident, Scalar, $elem:ident) => {
         $crate::identity::kernel_name!(@join
@@ -594,6 +611,7 @@ impl Kernel {
                 path,
                 elem,
                 rows,
+                ..
             } => [
                 Op::Rope.name(),
                 pass.name(),
@@ -645,7 +663,16 @@ impl Kernel {
                 "",
             ],
         };
-        let parts: Vec<&str> = parts.into_iter().filter(|p| !p.is_empty()).collect();
+        // RoPE's table type follows its rows.
+        let table = match *self {
+            Kernel::Rope { table, .. } => table.name(),
+            _ => "",
+        };
+        let parts: Vec<&str> = parts
+            .into_iter()
+            .chain([table])
+            .filter(|p| !p.is_empty())
+            .collect();
         parts.join("_")
     }
 }

@@ -20,7 +20,9 @@
 //! `sub`/`add.rn.f32`, no FMA): the f64 product of two values of at most 24 significant bits
 //! is exact, so `F` of it is the f32 product; the f64 sum of two f32 values rounded to f32
 //! equals the f32 sum. So for f32/f16/bf16 the GPU should agree bit for bit. Dims
-//! `rotary_dim..head_dim` are left as they are. Unlike the kernels, which clamp device ids,
+//! `rotary_dim..head_dim` are left as they are. The tables may have their own element type
+//! (the launchers take q's, or f32 with 16-bit q and k: [`crate::CosSinDtype`]); their
+//! entries are widened exactly all the same. Unlike the kernels, which clamp device ids,
 //! the reference rejects out-of-range position ids.
 use super::Element;
 use crate::RopeArgs;
@@ -74,12 +76,12 @@ pub enum CosSinRows<'a> {
 /// rope_forward(&args, &mut q, &mut k, &[0.0, 0.0], &[1.0, 1.0], CosSinRows::PerPosition).unwrap();
 /// assert_eq!((q, k), (vec![-2.0, 1.0], vec![-4.0, 3.0]));
 /// ```
-pub fn rope_forward<T: Element>(
+pub fn rope_forward<T: Element, C: Element>(
     args: &RopeArgs,
     q: &mut [T],
     k: &mut [T],
-    cos: &[T],
-    sin: &[T],
+    cos: &[C],
+    sin: &[C],
     rows: CosSinRows<'_>,
 ) -> Result<()> {
     rope(
@@ -106,12 +108,12 @@ pub fn rope_forward<T: Element>(
 /// rope_forward_fused(&args, &mut qkv, 2, &cos, &sin, CosSinRows::PerPosition).unwrap();
 /// assert_eq!(qkv, [-2.0, 1.0, -4.0, 3.0, 5.0, 6.0, -8.0, 7.0, -10.0, 9.0, 11.0, 12.0]);
 /// ```
-pub fn rope_forward_fused<T: Element>(
+pub fn rope_forward_fused<T: Element, C: Element>(
     args: &RopeArgs,
     qkv: &mut [T],
     k_offset: usize,
-    cos: &[T],
-    sin: &[T],
+    cos: &[C],
+    sin: &[C],
     rows: CosSinRows<'_>,
 ) -> Result<()> {
     let qk = Tensors::Fused(qkv, k_offset);
@@ -127,12 +129,12 @@ pub fn rope_forward_fused<T: Element>(
 /// rope_backward_fused(&args, &mut dqkv, 2, &[0.0, 0.0], &[1.0, 1.0], CosSinRows::PerPosition).unwrap();
 /// assert_eq!(dqkv, [2.0, -1.0, 4.0, -3.0, 5.0, 6.0]);
 /// ```
-pub fn rope_backward_fused<T: Element>(
+pub fn rope_backward_fused<T: Element, C: Element>(
     args: &RopeArgs,
     dqkv: &mut [T],
     k_offset: usize,
-    cos: &[T],
-    sin: &[T],
+    cos: &[C],
+    sin: &[C],
     rows: CosSinRows<'_>,
 ) -> Result<()> {
     let qk = Tensors::Fused(dqkv, k_offset);
@@ -150,12 +152,12 @@ pub fn rope_backward_fused<T: Element>(
 /// rope_backward(&args, &mut dq, &mut dk, &[0.0, 0.0], &[1.0, 1.0], CosSinRows::PerPosition).unwrap();
 /// assert_eq!((dq, dk), (vec![2.0, -1.0], vec![4.0, -3.0]));
 /// ```
-pub fn rope_backward<T: Element>(
+pub fn rope_backward<T: Element, C: Element>(
     args: &RopeArgs,
     dq: &mut [T],
     dk: &mut [T],
-    cos: &[T],
-    sin: &[T],
+    cos: &[C],
+    sin: &[C],
     rows: CosSinRows<'_>,
 ) -> Result<()> {
     rope(
@@ -172,12 +174,12 @@ pub fn rope_backward<T: Element>(
 /// RoPE on one tensor `x` shaped like q (`args.k_heads` must be 0): the forward, or the
 /// backward with `backward`, in place.
 #[cfg(feature = "candle")]
-pub(crate) fn rope_one<T: Element>(
+pub(crate) fn rope_one<T: Element, C: Element>(
     args: &RopeArgs,
     backward: bool,
     x: &mut [T],
-    cos: &[T],
-    sin: &[T],
+    cos: &[C],
+    sin: &[C],
     rows: CosSinRows<'_>,
 ) -> Result<()> {
     rope(
@@ -207,11 +209,11 @@ fn id_rows(ids: &[i64], want: usize, what: &str, max_pos: usize) -> Result<Vec<u
 
 /// Checks everything, then returns each token's t, h and w cos/sin rows (the same row
 /// three times for the layouts without sections) and the sections (`[r/2, 0, 0]` without).
-fn token_rows<T>(
+fn token_rows<C>(
     args: &RopeArgs,
     tokens: usize,
-    cos: &[T],
-    sin: &[T],
+    cos: &[C],
+    sin: &[C],
     rows: CosSinRows<'_>,
 ) -> Result<(Vec<[usize; 3]>, [usize; 3])> {
     let (r, row) = (args.table_row_len(), args.table_row_name());
@@ -283,13 +285,13 @@ enum Tensors<'a, T> {
     Fused(&'a mut [T], usize),
 }
 
-fn rope<T: Element>(
+fn rope<T: Element, C: Element>(
     args: &RopeArgs,
     backward: bool,
     names: [&'static str; 2],
     tensors: Tensors<'_, T>,
-    cos: &[T],
-    sin: &[T],
+    cos: &[C],
+    sin: &[C],
     rows: CosSinRows<'_>,
 ) -> Result<()> {
     let with_k = !matches!(tensors, Tensors::Two(_, None));

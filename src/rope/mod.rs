@@ -17,7 +17,7 @@ pub(crate) use args::{
     check_fused_disjoint, check_host_ids, check_sections, fused_k_end, fused_spec,
 };
 
-use crate::dtype::Dtype;
+use crate::dtype::{CosSinDtype, Dtype};
 use crate::error::Result;
 use crate::module::kernels;
 use crate::validate::{Buf, read, validate, write};
@@ -37,7 +37,8 @@ use std::sync::Arc;
 /// `batch × seq_len × k_heads × head_dim` (layouts: [`RopeArgs`]), or with token strides
 /// ([`RopeArgs::with_strides`]) at least their span, `(batch × seq_len − 1) × stride + row`;
 /// `cos`/`sin` are laid out as `layout` says (their lengths must match it exactly; `sin` like
-/// `cos`). `q` and `k` must not overlap each other (strided rows of the same stride: compared
+/// `cos`), in `T` or, with f16/bf16 q and k, in f32 ([`CosSinDtype`]: the tables HF's Llama 4
+/// and Liger-Kernel keep; the kernels then read their entries unrounded). `q` and `k` must not overlap each other (strided rows of the same stride: compared
 /// row by row), `cos`, `sin` or device position ids. One launch on `stream`, no
 /// synchronisation, no allocation (except for [`PositionIds::Host`]). Token-major calls take
 /// 16-byte vector kernels (either pair layout, any table width, token strides and row source;
@@ -96,13 +97,13 @@ use std::sync::Arc;
 ///   stream's context (at its first launch there), uploading host position ids (a stream-ordered
 ///   allocation and a copy), or the launch, which also fails once an earlier kernel has faulted in
 ///   the context.
-pub fn rope_forward<T: Dtype>(
+pub fn rope_forward<T: Dtype, C: CosSinDtype<T>>(
     stream: &Arc<CudaStream>,
     args: &RopeArgs,
     q: &mut impl DevicePtrMut<T>,
     k: &mut impl DevicePtrMut<T>,
-    cos: &impl DevicePtr<T>,
-    sin: &impl DevicePtr<T>,
+    cos: &impl DevicePtr<C>,
+    sin: &impl DevicePtr<C>,
     layout: &CosSinLayout<'_>,
 ) -> Result<()> {
     let io = [write(q), write(k), None, None];
@@ -146,13 +147,13 @@ pub fn rope_forward<T: Dtype>(
 ///
 /// As [`rope_forward`]'s, with `dq` and `dk` in place of `q` and `k` (the names the errors
 /// give).
-pub fn rope_backward<T: Dtype>(
+pub fn rope_backward<T: Dtype, C: CosSinDtype<T>>(
     stream: &Arc<CudaStream>,
     args: &RopeArgs,
     dq: &mut impl DevicePtrMut<T>,
     dk: &mut impl DevicePtrMut<T>,
-    cos: &impl DevicePtr<T>,
-    sin: &impl DevicePtr<T>,
+    cos: &impl DevicePtr<C>,
+    sin: &impl DevicePtr<C>,
     layout: &CosSinLayout<'_>,
 ) -> Result<()> {
     let io = [write(dq), write(dk), None, None];
@@ -213,13 +214,13 @@ pub fn rope_backward<T: Dtype>(
 /// From the driver:
 ///
 /// * [`Error::Driver`](crate::Error::Driver): as [`rope_forward`].
-pub fn rope_forward_fused<T: Dtype>(
+pub fn rope_forward_fused<T: Dtype, C: CosSinDtype<T>>(
     stream: &Arc<CudaStream>,
     args: &RopeArgs,
     qkv: &mut impl DevicePtrMut<T>,
     k_offset: usize,
-    cos: &impl DevicePtr<T>,
-    sin: &impl DevicePtr<T>,
+    cos: &impl DevicePtr<C>,
+    sin: &impl DevicePtr<C>,
     layout: &CosSinLayout<'_>,
 ) -> Result<()> {
     let io = [write(qkv), None, None, None];
@@ -244,13 +245,13 @@ pub fn rope_forward_fused<T: Dtype>(
 /// rope_backward_fused(&stream, &args, &mut dqkv, hq * d, &cos, &sin, &CosSinLayout::PerPosition)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub fn rope_backward_fused<T: Dtype>(
+pub fn rope_backward_fused<T: Dtype, C: CosSinDtype<T>>(
     stream: &Arc<CudaStream>,
     args: &RopeArgs,
     dqkv: &mut impl DevicePtrMut<T>,
     k_offset: usize,
-    cos: &impl DevicePtr<T>,
-    sin: &impl DevicePtr<T>,
+    cos: &impl DevicePtr<C>,
+    sin: &impl DevicePtr<C>,
     layout: &CosSinLayout<'_>,
 ) -> Result<()> {
     let io = [write(dqkv), None, None, None];
@@ -317,13 +318,13 @@ pub fn rope_backward_fused<T: Dtype>(
 ///   allocation and a copy), or the launch, which also fails once an earlier kernel has faulted in
 ///   the context.
 #[allow(clippy::too_many_arguments)]
-pub fn rope_forward_into<T: Dtype>(
+pub fn rope_forward_into<T: Dtype, C: CosSinDtype<T>>(
     stream: &Arc<CudaStream>,
     args: &RopeArgs,
     q: &impl DevicePtr<T>,
     k: &impl DevicePtr<T>,
-    cos: &impl DevicePtr<T>,
-    sin: &impl DevicePtr<T>,
+    cos: &impl DevicePtr<C>,
+    sin: &impl DevicePtr<C>,
     layout: &CosSinLayout<'_>,
     q_out: &mut impl DevicePtrMut<T>,
     k_out: &mut impl DevicePtrMut<T>,
@@ -383,13 +384,13 @@ pub fn rope_forward_into<T: Dtype>(
 ///   allocation and a copy), or the launch, which also fails once an earlier kernel has faulted in
 ///   the context.
 #[allow(clippy::too_many_arguments)]
-pub fn rope_backward_into<T: Dtype>(
+pub fn rope_backward_into<T: Dtype, C: CosSinDtype<T>>(
     stream: &Arc<CudaStream>,
     args: &RopeArgs,
     dq: &impl DevicePtr<T>,
     dk: &impl DevicePtr<T>,
-    cos: &impl DevicePtr<T>,
-    sin: &impl DevicePtr<T>,
+    cos: &impl DevicePtr<C>,
+    sin: &impl DevicePtr<C>,
     layout: &CosSinLayout<'_>,
     dq_out: &mut impl DevicePtrMut<T>,
     dk_out: &mut impl DevicePtrMut<T>,
@@ -403,17 +404,18 @@ pub fn rope_backward_into<T: Dtype>(
 pub(crate) type OutOfPlace<'a, Q, QO, K, KO> = (&'a Q, &'a mut QO, Option<(&'a K, &'a mut KO)>);
 
 /// RoPE out of place on the general kernels, with or without k (see [`rope_forward_into`]).
-pub(crate) fn rope_into<T, Q, QO, K, KO>(
+pub(crate) fn rope_into<T, C, Q, QO, K, KO>(
     stream: &Arc<CudaStream>,
     args: &RopeArgs,
     pass: Pass,
     (q, q_out, k): OutOfPlace<'_, Q, QO, K, KO>,
-    cos: &impl DevicePtr<T>,
-    sin: &impl DevicePtr<T>,
+    cos: &impl DevicePtr<C>,
+    sin: &impl DevicePtr<C>,
     layout: &CosSinLayout<'_>,
 ) -> Result<()>
 where
     T: Dtype,
+    C: CosSinDtype<T>,
     Q: DevicePtr<T>,
     QO: DevicePtrMut<T>,
     K: DevicePtr<T>,
@@ -430,13 +432,13 @@ where
 /// Validates and launches a call: `[q, k, q_out, k_out]` as in [`RopeArgs::table`] (in place,
 /// the outputs `None`; without k, k and k_out `None`).
 #[allow(clippy::too_many_arguments)]
-fn rope_call<'b, T: Dtype>(
+fn rope_call<'b, T: Dtype, C: CosSinDtype<T>>(
     stream: &'b Arc<CudaStream>,
     args: &RopeArgs,
     pass: Pass,
     [q, k, q_out, k_out]: [Option<Buf<'b, T>>; 4],
-    cos: &'b impl DevicePtr<T>,
-    sin: &'b impl DevicePtr<T>,
+    cos: &'b impl DevicePtr<C>,
+    sin: &'b impl DevicePtr<C>,
     layout: &'b CosSinLayout<'_>,
 ) -> Result<()> {
     rope_call_in(
@@ -454,14 +456,14 @@ fn rope_call<'b, T: Dtype>(
 /// [`rope_call`], or with `fused = Some(k_offset)` the in-place call on q and k of one buffer
 /// (`q`: [`rope_forward_fused`]'s `qkv`, `k` None): k starts `k_offset` elements into it.
 #[allow(clippy::too_many_arguments)]
-fn rope_call_in<'b, T: Dtype>(
+fn rope_call_in<'b, T: Dtype, C: CosSinDtype<T>>(
     stream: &'b Arc<CudaStream>,
     args: &RopeArgs,
     pass: Pass,
     [q, k, q_out, k_out]: [Option<Buf<'b, T>>; 4],
     fused: Option<usize>,
-    cos: &'b impl DevicePtr<T>,
-    sin: &'b impl DevicePtr<T>,
+    cos: &'b impl DevicePtr<C>,
+    sin: &'b impl DevicePtr<C>,
     layout: &'b CosSinLayout<'_>,
 ) -> Result<()> {
     let out_of_place = q_out.is_some();
@@ -470,7 +472,7 @@ fn rope_call_in<'b, T: Dtype>(
     if let Some(k_offset) = fused {
         table.specs[0] = fused_spec(&sizes, k_offset, pass)?;
     }
-    let bufs = [q, k, read(cos), read(sin), layout.ids(), q_out, k_out];
+    let bufs = [q, k, C::read(cos), C::read(sin), layout.ids(), q_out, k_out];
     let Some(call) = validate(stream, &table, bufs)? else {
         return Ok(());
     };
@@ -510,7 +512,7 @@ fn rope_call_in<'b, T: Dtype>(
     let plan = plan::plan(
         args,
         pass,
-        T::ELEM,
+        (T::ELEM, C::ELEM),
         &sizes,
         source,
         out_of_place,

@@ -4,7 +4,7 @@
 use super::abi::{Params, form, vec_heads};
 use super::args::{RopeArgs, RopeSizes, TableRows};
 use crate::error::Result;
-use crate::identity::{ElemType, Kernel, Pass, RopePath, Rows as Source};
+use crate::identity::{ElemType, Kernel, Pass, RopePath, RopeTable, Rows as Source};
 use crate::launch::item_grid;
 
 /// Threads per block of the scalar kernels: one block covers `BLOCK_THREADS / pairs` tokens when a token has fewer
@@ -27,7 +27,8 @@ fn block_shape(pairs: usize) -> (u32, u32) {
 /// and no multimodal tables, `_va_` for other NeoX calls, `_vi_` for interleaved pairs;
 /// multimodal tables only with contiguous NeoX halves and full-width rows); else the scalar
 /// kernels for contiguous NeoX calls without multimodal tables, and the general kernels for
-/// the rest.
+/// the rest. f32 tables with 16-bit q and k (`f32_tables`) have no scalar kernels: those calls
+/// take the general ones.
 ///
 /// The vector kernels need 16-byte aligned `q`, `k`, `cos`, `sin` (`ptrs`); `head_dim`,
 /// `half = rotary_dim / 2`, both token strides and both multimodal section starts multiples of
@@ -39,7 +40,7 @@ fn path(
     args: &RopeArgs,
     out_of_place: bool,
     rows: TableRows,
-    elem_bytes: usize,
+    (elem_bytes, f32_tables): (usize, bool),
     ptrs: [u64; 4],
 ) -> RopePath {
     if out_of_place || args.head_major {
@@ -76,8 +77,8 @@ fn path(
         (true, true, _) => RopePath::VectorInterleaved,
         (true, false, true) => RopePath::Vector,
         (true, false, false) => RopePath::VectorAny,
-        (false, _, true) => RopePath::Scalar,
-        (false, _, false) => RopePath::General,
+        (false, _, true) if !f32_tables => RopePath::Scalar,
+        (false, _, _) => RopePath::General,
     }
 }
 
@@ -139,14 +140,15 @@ pub(crate) struct Plan {
     pub(crate) block: (u32, u32, u32),
 }
 
-/// The launch of `pass` on `p` (`sizes.tokens > 0`), cos/sin rows from `rows` (`source` their
-/// kernel variant); `out_of_place`: the outputs are not the inputs. `resident(kernel,
+/// The launch of `pass` on `p` (`sizes.tokens > 0`) for q and k of `elem` and tables of
+/// `table_elem`, cos/sin rows from `rows` (`source` their kernel variant); `out_of_place`: the
+/// outputs are not the inputs. `resident(kernel,
 /// threads)`: the resident blocks of the vector `kernel` at `threads` per block.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn plan(
     args: &RopeArgs,
     pass: Pass,
-    elem: ElemType,
+    (elem, table_elem): (ElemType, ElemType),
     sizes: &RopeSizes,
     (rows, source): (TableRows, Source),
     out_of_place: bool,
@@ -154,11 +156,16 @@ pub(crate) fn plan(
     resident: impl FnOnce(Kernel, u32) -> Result<usize>,
 ) -> Result<Plan> {
     let elem_bytes = elem.size();
+    let table = if table_elem == elem {
+        RopeTable::Elem
+    } else {
+        RopeTable::F32
+    };
     let path = path(
         args,
         out_of_place,
         rows,
-        elem_bytes,
+        (elem_bytes, table == RopeTable::F32),
         [p.q, p.k, p.cos, p.sin],
     );
     let kernel = Kernel::Rope {
@@ -166,6 +173,7 @@ pub(crate) fn plan(
         path,
         elem,
         rows: source,
+        table,
     };
     let vector = matches!(
         path,
@@ -216,12 +224,23 @@ pub(crate) mod tests {
     }
 
     /// Every kernel the launchers can ask for: each path takes each element type, pass
-    /// and cos/sin row source, but multimodal rows only the `_va_` and general paths.
+    /// and cos/sin row source, but multimodal rows only the `_va_` and general paths; f32
+    /// tables with 16-bit q and k every path but the scalar one.
     pub(crate) fn launchable_kernels() -> Vec<Kernel> {
         let mut out = Vec::new();
+        let tables = [
+            (ElemType::F32, RopeTable::Elem),
+            (ElemType::F16, RopeTable::Elem),
+            (ElemType::Bf16, RopeTable::Elem),
+            (ElemType::F16, RopeTable::F32),
+            (ElemType::Bf16, RopeTable::F32),
+        ];
         for &pass in Pass::ALL {
             for &path in RopePath::ALL {
-                for &elem in ElemType::ALL {
+                for (elem, table) in tables {
+                    if table == RopeTable::F32 && path == RopePath::Scalar {
+                        continue;
+                    }
                     for &rows in Rows::ALL {
                         let multimodal = [
                             Rows::Multimodal,
@@ -240,6 +259,7 @@ pub(crate) mod tests {
                             path,
                             elem,
                             rows,
+                            table,
                         });
                     }
                 }
@@ -255,6 +275,7 @@ pub(crate) mod tests {
             path,
             elem: ElemType::F16,
             rows,
+            table: RopeTable::Elem,
         };
         assert_eq!(
             kernel(RopePath::General, Rows::IdsI32).name(),
@@ -268,6 +289,14 @@ pub(crate) mod tests {
             kernel(RopePath::Scalar, Rows::PerBatch).name(),
             "rope_bwd_f16_batch"
         );
+        let f32_tables = Kernel::Rope {
+            pass: Pass::Backward,
+            path: RopePath::VectorAny,
+            elem: ElemType::F16,
+            rows: Rows::MultimodalIdsI64,
+            table: RopeTable::F32,
+        };
+        assert_eq!(f32_tables.name(), "rope_bwd_va_f16_mrope_ids64_t32");
     }
 
     #[test]
@@ -296,8 +325,9 @@ pub(crate) mod tests {
                 .with_rotary_dim(r)
         };
         let pos = TableRows::PerPosition;
-        let in_place =
-            |args: &RopeArgs, bytes: usize, ptrs: [u64; 4]| path(args, false, pos, bytes, ptrs);
+        let in_place = |args: &RopeArgs, bytes: usize, ptrs: [u64; 4]| {
+            path(args, false, pos, (bytes, false), ptrs)
+        };
         let aligned = [0x1000u64, 0x2000, 0x3000, 0x4000];
         // (d, r, bytes per element) → the path in place.
         let (v, s) = (RopePath::Vector, RopePath::Scalar);
@@ -356,6 +386,17 @@ pub(crate) mod tests {
             p[i] += 6; // 8-byte aligned: still not 16
             assert_eq!(in_place(&a(128, 128), 2, p), s, "pointer {i}");
         }
+        // f32 tables with 16-bit q and k: the vector paths of the q/k vectors (a table row of
+        // whole q/k vectors is whole f32 vectors); the calls of the scalar path go general.
+        let f32_tables = |args: &RopeArgs, ptrs| path(args, false, pos, (2, true), ptrs);
+        assert_eq!(f32_tables(&a(128, 128), aligned), v);
+        assert_eq!(f32_tables(&a(128, 128).with_interleaved(), aligned), vi);
+        assert_eq!(f32_tables(&a(128, 128).with_half_tables(), aligned), va);
+        assert_eq!(f32_tables(&a(92, 92), aligned), g);
+        assert_eq!(
+            f32_tables(&a(128, 128), [0x1002, 0x2000, 0x3000, 0x4000]),
+            g
+        );
         // More than BLOCK_THREADS vectors in a half, or 2^31 elements per token: scalar.
         let wide = RopeArgs::new(4096);
         assert_eq!(in_place(&wide, 2, aligned), v); // 256 vectors per half
@@ -363,7 +404,7 @@ pub(crate) mod tests {
         let many = RopeArgs::new(64).with_heads(1 << 24, 1 << 24);
         assert_eq!(in_place(&many, 2, aligned), s);
         // Out of place, or head-major, is the general path whatever the alignment.
-        assert_eq!(path(&a(128, 128), true, pos, 2, aligned), g);
+        assert_eq!(path(&a(128, 128), true, pos, (2, false), aligned), g);
         assert_eq!(in_place(&a(128, 128).with_head_major(), 2, aligned), g);
         // Token rows apart from each other (views into a fused QKV buffer) keep the vector
         // path when the strides are whole vectors; else the general path.
@@ -383,21 +424,36 @@ pub(crate) mod tests {
         // (never scalar).
         let mm = |t, h, w| TableRows::Multimodal([t, h, w]);
         let gathered = TableRows::MultimodalGathered([16, 24, 24]);
-        assert_eq!(path(&a(128, 128), false, mm(16, 24, 24), 2, aligned), va);
-        assert_eq!(path(&a(128, 128), false, gathered, 2, aligned), va);
-        assert_eq!(path(&a(128, 128), false, mm(20, 24, 20), 2, aligned), g);
-        assert_eq!(path(&a(128, 128), false, mm(20, 24, 20), 4, aligned), va);
-        assert_eq!(path(&a(128, 128), false, mm(24, 20, 20), 2, aligned), g);
+        assert_eq!(
+            path(&a(128, 128), false, mm(16, 24, 24), (2, false), aligned),
+            va
+        );
+        assert_eq!(path(&a(128, 128), false, gathered, (2, false), aligned), va);
+        assert_eq!(
+            path(&a(128, 128), false, mm(20, 24, 20), (2, false), aligned),
+            g
+        );
+        assert_eq!(
+            path(&a(128, 128), false, mm(20, 24, 20), (4, false), aligned),
+            va
+        );
+        assert_eq!(
+            path(&a(128, 128), false, mm(24, 20, 20), (2, false), aligned),
+            g
+        );
         // Other forms with multimodal tables: general.
         for other in [
             a(128, 128).with_interleaved(),
             a(128, 128).with_half_tables(),
             a(128, 128).with_strides(fused, fused),
         ] {
-            assert_eq!(path(&other, false, mm(16, 24, 24), 2, aligned), g);
+            assert_eq!(path(&other, false, mm(16, 24, 24), (2, false), aligned), g);
         }
         let misaligned = [0x1002, 0x2000, 0x3000, 0x4000];
-        assert_eq!(path(&a(128, 128), false, mm(16, 24, 24), 2, misaligned), g);
+        assert_eq!(
+            path(&a(128, 128), false, mm(16, 24, 24), (2, false), misaligned),
+            g
+        );
     }
 
     #[test]

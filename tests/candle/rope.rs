@@ -28,7 +28,12 @@ pub(super) fn cos_sin<T: El>(positions: &[i64], r: usize) -> (Vec<T>, Vec<T>) {
     (cos, sin)
 }
 
-fn rope_case<T: El>(dev: &Device, rng: &mut Rng, tables: Tables, transposed_q: bool) {
+fn rope_case<T: El, C: El + CosSinDtype<T>>(
+    dev: &Device,
+    rng: &mut Rng,
+    tables: Tables,
+    transposed_q: bool,
+) {
     let stream = stream_of(dev);
     let (b, s, hq, hk, d) = (2, 7, 6, 2, 40);
     let r = if matches!(tables, Tables::PerBatch) {
@@ -36,7 +41,11 @@ fn rope_case<T: El>(dev: &Device, rng: &mut Rng, tables: Tables, transposed_q: b
     } else {
         d
     };
-    let case = format!("{} {tables:?} transposed_q={transposed_q} r={r}", T::NAME);
+    let case = format!(
+        "{} ({} tables) {tables:?} transposed_q={transposed_q} r={r}",
+        T::NAME,
+        C::NAME
+    );
     let args = RopeArgs::new(d)
         .with_batch(b)
         .with_seq_len(s)
@@ -57,7 +66,7 @@ fn rope_case<T: El>(dev: &Device, rng: &mut Rng, tables: Tables, transposed_q: b
         Tables::PerBatch => (0..(b * s) as i64).map(|i| 3 * i + 1).collect(),
         Tables::IdsI64 | Tables::IdsI32 => (0..max_pos as i64).collect(),
     };
-    let (cos_h, sin_h) = cos_sin::<T>(&positions, r);
+    let (cos_h, sin_h) = cos_sin::<C>(&positions, r);
     let cs_dims: Vec<usize> = match tables {
         Tables::PerPosition => vec![s, r],
         Tables::Shared => vec![1, s, r],
@@ -172,7 +181,7 @@ fn rope_case<T: El>(dev: &Device, rng: &mut Rng, tables: Tables, transposed_q: b
     );
 }
 
-fn rope_sweep<T: El>(test: &str, seed: u64) {
+fn rope_sweep<T: El, C: El + CosSinDtype<T>>(test: &str, seed: u64) {
     let Some(dev) = candle_gpu(test) else { return };
     let mut rng = Rng::new(seed);
     let mut n = 0;
@@ -184,7 +193,7 @@ fn rope_sweep<T: El>(test: &str, seed: u64) {
         Tables::IdsI32,
     ] {
         for transposed_q in [false, true] {
-            rope_case::<T>(&dev, &mut rng, tables, transposed_q);
+            rope_case::<T, C>(&dev, &mut rng, tables, transposed_q);
             n += 1;
         }
     }
@@ -193,15 +202,20 @@ fn rope_sweep<T: El>(test: &str, seed: u64) {
 
 #[test]
 fn gpu_rope_matches_plain_api_f32() {
-    rope_sweep::<f32>("gpu_rope_matches_plain_api_f32", 11);
+    rope_sweep::<f32, f32>("gpu_rope_matches_plain_api_f32", 11);
 }
 
 #[test]
 fn gpu_rope_matches_plain_api_f16() {
-    rope_sweep::<f16>("gpu_rope_matches_plain_api_f16", 12);
+    rope_sweep::<f16, f16>("gpu_rope_matches_plain_api_f16", 12);
 }
 
 #[test]
 fn gpu_rope_matches_plain_api_bf16() {
-    rope_sweep::<bf16>("gpu_rope_matches_plain_api_bf16", 13);
+    rope_sweep::<bf16, bf16>("gpu_rope_matches_plain_api_bf16", 13);
+}
+
+#[test]
+fn gpu_rope_with_f32_tables_matches_plain_api_bf16() {
+    rope_sweep::<bf16, f32>("gpu_rope_with_f32_tables_matches_plain_api_bf16", 14);
 }

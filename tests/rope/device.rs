@@ -126,7 +126,7 @@ pub(super) fn check<T: Element>(
 }
 
 /// One GPU case: forward on (q, k) and backward on fresh (dq, dk), both against the reference.
-fn run_case<T: Dtype>(
+fn run_case<T: Dtype, C: CosSinDtype<T>>(
     stream: &Arc<CudaStream>,
     shape: (usize, usize, usize, usize, usize, usize),
     form: Form,
@@ -135,8 +135,10 @@ fn run_case<T: Dtype>(
 ) {
     let (b, s, hq, hk, d, r) = shape;
     let desc = format!(
-        "B={b} S={s} Hq={hq} Hk={hk} d={d} r={r} {} {form:?} poisoned-second-half={poison} seed={seed}",
-        T::NAME
+        "B={b} S={s} Hq={hq} Hk={hk} d={d} r={r} {} ({} tables) {form:?} \
+         poisoned-second-half={poison} seed={seed}",
+        T::NAME,
+        C::NAME
     );
     let args = RopeArgs::new(d)
         .with_batch(b)
@@ -148,7 +150,7 @@ fn run_case<T: Dtype>(
     let k: Vec<T> = uniform(&mut rng, b * s * hk * d);
     let dq: Vec<T> = uniform(&mut rng, q.len());
     let dk: Vec<T> = uniform(&mut rng, k.len());
-    let t = Tables::<T>::new(stream, &args, form, poison, &mut rng);
+    let t = Tables::<C>::new(stream, &args, form, poison, &mut rng);
     let (cos, sin) = (&t.cos, &t.sin);
     let (rows, layout) = (t.ref_rows(), t.layout());
 
@@ -200,7 +202,7 @@ pub(super) fn form_positions(
 /// Runs every shape with a form that rotates with the shape and the dtype (so each dtype
 /// sees every form on several shapes); every other case poisons the second half of the
 /// cos/sin rows. All failures are collected and reported together.
-fn sweep<T: Dtype>(test: &str, dtype_index: usize, seed_base: u64) {
+fn sweep<T: Dtype, C: CosSinDtype<T>>(test: &str, dtype_index: usize, seed_base: u64) {
     let Some(stream) = gpu(test) else { return };
     let mut failures = Failures::new(test);
     for i in 0..SHAPES.len() {
@@ -213,24 +215,34 @@ fn sweep<T: Dtype>(test: &str, dtype_index: usize, seed_base: u64) {
         let form = FORMS[(i + dtype_index) % FORMS.len()];
         let poison = (i + dtype_index).is_multiple_of(2);
         let seed = seed_base + i as u64;
-        failures.run(|| run_case::<T>(&stream, sweep_shape(i), form, poison, seed));
+        failures.run(|| run_case::<T, C>(&stream, sweep_shape(i), form, poison, seed));
     }
     failures.finish();
 }
 
 #[test]
 fn gpu_matches_reference_f32() {
-    sweep::<f32>("gpu_matches_reference_f32", 0, 10_000);
+    sweep::<f32, f32>("gpu_matches_reference_f32", 0, 10_000);
 }
 
 #[test]
 fn gpu_matches_reference_f16() {
-    sweep::<f16>("gpu_matches_reference_f16", 1, 20_000);
+    sweep::<f16, f16>("gpu_matches_reference_f16", 1, 20_000);
 }
 
 #[test]
 fn gpu_matches_reference_bf16() {
-    sweep::<bf16>("gpu_matches_reference_bf16", 2, 30_000);
+    sweep::<bf16, bf16>("gpu_matches_reference_bf16", 2, 30_000);
+}
+
+#[test]
+fn gpu_f32_tables_match_reference_f16() {
+    sweep::<f16, f32>("gpu_f32_tables_match_reference_f16", 1, 60_000);
+}
+
+#[test]
+fn gpu_f32_tables_match_reference_bf16() {
+    sweep::<bf16, f32>("gpu_f32_tables_match_reference_bf16", 2, 61_000);
 }
 
 #[test]
@@ -247,9 +259,9 @@ fn gpu_every_form_for_every_dtype() {
         for poison in [false, true] {
             let seed = 40_000 + 2 * f as u64 + poison as u64;
             let run = std::panic::AssertUnwindSafe(|| {
-                run_case::<f32>(&stream, shape, form, poison, seed);
-                run_case::<f16>(&stream, shape, form, poison, seed);
-                run_case::<bf16>(&stream, shape, form, poison, seed);
+                run_case::<f32, f32>(&stream, shape, form, poison, seed);
+                run_case::<f16, f16>(&stream, shape, form, poison, seed);
+                run_case::<bf16, bf16>(&stream, shape, form, poison, seed);
             });
             if let Err(e) = std::panic::catch_unwind(run) {
                 failures.push(e.downcast_ref::<String>().cloned().unwrap_or_default());
@@ -275,7 +287,7 @@ fn gpu_vector_kernels_walk_many_tokens_grid_stride() {
     };
     let shape = (3, 50021, 1, 1, 16, 16);
     for (f, form) in [Form::PerPosition, Form::Ids32].into_iter().enumerate() {
-        run_case::<f32>(&stream, shape, form, f == 1, 45_000 + f as u64);
+        run_case::<f32, f32>(&stream, shape, form, f == 1, 45_000 + f as u64);
     }
 }
 

@@ -226,7 +226,7 @@ const FORM_SHAPES: [(usize, usize, usize, usize, usize, usize); 7] = [
 /// One GPU case of a form: forward and backward, in place (`rope_forward`/`rope_backward`)
 /// and out of place into NaN-poisoned outputs (`*_into`, whose inputs must stay unchanged),
 /// against the reference in that form.
-fn run_form_case<T: Dtype>(
+fn run_form_case<T: Dtype, C: CosSinDtype<T>>(
     stream: &Arc<CudaStream>,
     shape: (usize, usize, usize, usize, usize, usize),
     rows: Form,
@@ -245,11 +245,12 @@ fn run_form_case<T: Dtype>(
     let poison = seed.is_multiple_of(2);
     let desc = format!(
         "B={b} S={s} Hq={hq} Hk={hk} d={d} r={r} {} {rows:?} (interleaved, half, head-major) = \
-         {bits:?} poisoned-unread-entries={poison} seed={seed}",
-        T::NAME
+         {bits:?} poisoned-unread-entries={poison} seed={seed} ({} tables)",
+        T::NAME,
+        C::NAME
     );
     let mut rng = Rng::new(seed);
-    let t = Tables::<T>::new(stream, &args, rows, poison, &mut rng);
+    let t = Tables::<C>::new(stream, &args, rows, poison, &mut rng);
     let (cos, sin) = (&t.cos, &t.sin);
     let (ref_rows, layout) = (t.ref_rows(), t.layout());
     check_directions(
@@ -265,10 +266,10 @@ fn run_form_case<T: Dtype>(
 /// Forward and backward of one case on fresh random q and k against the reference: in place
 /// (`rope_forward`/`rope_backward`) and out of place into NaN-poisoned outputs (`*_into`,
 /// whose inputs must stay unchanged).
-pub(super) fn check_directions<T: Dtype>(
+pub(super) fn check_directions<T: Dtype, C: CosSinDtype<T>>(
     stream: &Arc<CudaStream>,
     args: &RopeArgs,
-    (cos, sin, cos_d, sin_d): (&[T], &[T], &CudaSlice<T>, &CudaSlice<T>),
+    (cos, sin, cos_d, sin_d): (&[C], &[C], &CudaSlice<C>, &CudaSlice<C>),
     (ref_rows, layout): (CosSinRows<'_>, &CosSinLayout<'_>),
     rng: &mut Rng,
     desc: &str,
@@ -279,14 +280,14 @@ pub(super) fn check_directions<T: Dtype>(
         let (names, rotate, rotate_into) = if backward {
             (
                 ["dq", "dk"],
-                rope_backward as Rotate<T>,
-                rope_backward_into as RotateInto<T>,
+                rope_backward as Rotate<T, C>,
+                rope_backward_into as RotateInto<T, C>,
             )
         } else {
             (
                 ["q", "k"],
-                rope_forward as Rotate<T>,
-                rope_forward_into as RotateInto<T>,
+                rope_forward as Rotate<T, C>,
+                rope_forward_into as RotateInto<T, C>,
             )
         };
         let q: Vec<T> = uniform(rng, tokens * args.q_heads * d);
@@ -318,37 +319,37 @@ pub(super) fn check_directions<T: Dtype>(
     }
 }
 
-type Rotate<T> = fn(
+type Rotate<T, C> = fn(
     &Arc<CudaStream>,
     &RopeArgs,
     &mut CudaSlice<T>,
     &mut CudaSlice<T>,
-    &CudaSlice<T>,
-    &CudaSlice<T>,
+    &CudaSlice<C>,
+    &CudaSlice<C>,
     &CosSinLayout<'_>,
 ) -> liger_rs::Result<()>;
 
-type RotateInto<T> = fn(
+type RotateInto<T, C> = fn(
     &Arc<CudaStream>,
     &RopeArgs,
     &CudaSlice<T>,
     &CudaSlice<T>,
-    &CudaSlice<T>,
-    &CudaSlice<T>,
+    &CudaSlice<C>,
+    &CudaSlice<C>,
     &CosSinLayout<'_>,
     &mut CudaSlice<T>,
     &mut CudaSlice<T>,
 ) -> liger_rs::Result<()>;
 
 /// Every shape in every form, the row source rotating with shape and form.
-fn form_sweep<T: Dtype>(test: &str, seed_base: u64) {
+fn form_sweep<T: Dtype, C: CosSinDtype<T>>(test: &str, seed_base: u64) {
     let Some(stream) = gpu(test) else { return };
     let mut failures = Failures::new(test);
     for (i, &shape) in FORM_SHAPES.iter().enumerate() {
         for (j, &bits) in FORM_BITS.iter().enumerate() {
             let rows = FORMS[(i + j) % FORMS.len()];
             let seed = seed_base + (i * FORM_BITS.len() + j) as u64;
-            failures.run(|| run_form_case::<T>(&stream, shape, rows, bits, seed));
+            failures.run(|| run_form_case::<T, C>(&stream, shape, rows, bits, seed));
         }
     }
     failures.finish();
@@ -356,15 +357,25 @@ fn form_sweep<T: Dtype>(test: &str, seed_base: u64) {
 
 #[test]
 fn gpu_forms_in_and_out_of_place_match_reference_f32() {
-    form_sweep::<f32>("gpu_forms_in_and_out_of_place_match_reference_f32", 50_000);
+    form_sweep::<f32, f32>("gpu_forms_in_and_out_of_place_match_reference_f32", 50_000);
 }
 
 #[test]
 fn gpu_forms_in_and_out_of_place_match_reference_f16() {
-    form_sweep::<f16>("gpu_forms_in_and_out_of_place_match_reference_f16", 51_000);
+    form_sweep::<f16, f16>("gpu_forms_in_and_out_of_place_match_reference_f16", 51_000);
 }
 
 #[test]
 fn gpu_forms_in_and_out_of_place_match_reference_bf16() {
-    form_sweep::<bf16>("gpu_forms_in_and_out_of_place_match_reference_bf16", 52_000);
+    form_sweep::<bf16, bf16>("gpu_forms_in_and_out_of_place_match_reference_bf16", 52_000);
+}
+
+#[test]
+fn gpu_forms_with_f32_tables_match_reference_f16() {
+    form_sweep::<f16, f32>("gpu_forms_with_f32_tables_match_reference_f16", 53_000);
+}
+
+#[test]
+fn gpu_forms_with_f32_tables_match_reference_bf16() {
+    form_sweep::<bf16, f32>("gpu_forms_with_f32_tables_match_reference_bf16", 54_000);
 }

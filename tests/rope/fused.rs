@@ -165,7 +165,7 @@ const FUSED_SHAPES: [(usize, usize, usize, usize, usize, usize, usize); 8] = [
 /// (`rope_*_fused`), against the reference on the same buffer (every element: v, padding
 /// and tail dims keep their bits); then q and k read as strided views of one fused buffer
 /// into contiguous outputs (`rope_*_into`), against the reference on contiguous copies.
-fn run_fused_case<T: Dtype>(
+fn run_fused_case<T: Dtype, C: CosSinDtype<T>>(
     stream: &Arc<CudaStream>,
     shape: (usize, usize, usize, usize, usize, usize, usize),
     rows: Form,
@@ -183,11 +183,12 @@ fn run_fused_case<T: Dtype>(
     let strided = args.with_strides(f.stride, f.stride);
     let desc = format!(
         "B={b} S={s} Hq={hq} Hk={hk} d={d} r={r} pad={pad} {} {rows:?} interleaved={interleaved} \
-         half-width tables={half} seed={seed}",
-        T::NAME
+         half-width tables={half} seed={seed} ({} tables)",
+        T::NAME,
+        C::NAME
     );
     let mut rng = Rng::new(seed);
-    let t = Tables::<T>::new(stream, &args, rows, seed.is_multiple_of(2), &mut rng);
+    let t = Tables::<C>::new(stream, &args, rows, seed.is_multiple_of(2), &mut rng);
     let (cos, sin) = (&t.cos, &t.sin);
     let (ref_rows, layout) = (t.ref_rows(), t.layout());
     for backward in [false, true] {
@@ -261,7 +262,7 @@ fn run_fused_case<T: Dtype>(
     }
 }
 
-fn fused_sweep<T: Dtype>(test: &str, seed_base: u64) {
+fn fused_sweep<T: Dtype, C: CosSinDtype<T>>(test: &str, seed_base: u64) {
     let Some(stream) = gpu(test) else { return };
     let mut failures = Failures::new(test);
     for (i, &(b, s, hq, hk, d, r, pad)) in FUSED_SHAPES.iter().enumerate() {
@@ -272,7 +273,7 @@ fn fused_sweep<T: Dtype>(test: &str, seed_base: u64) {
             let form = (interleaved, (i + interleaved as usize) % 2 == 1);
             let rows = FORMS[(2 * i + interleaved as usize) % FORMS.len()];
             let seed = seed_base + 2 * i as u64 + interleaved as u64;
-            failures.run(|| run_fused_case::<T>(&stream, shape, rows, form, seed));
+            failures.run(|| run_fused_case::<T, C>(&stream, shape, rows, form, seed));
         }
     }
     failures.finish();
@@ -280,17 +281,25 @@ fn fused_sweep<T: Dtype>(test: &str, seed_base: u64) {
 
 #[test]
 fn gpu_fused_qkv_views_match_reference_f32() {
-    fused_sweep::<f32>("gpu_fused_qkv_views_match_reference_f32", 70_000);
+    fused_sweep::<f32, f32>("gpu_fused_qkv_views_match_reference_f32", 70_000);
 }
 
 #[test]
 fn gpu_fused_qkv_views_match_reference_f16() {
-    fused_sweep::<f16>("gpu_fused_qkv_views_match_reference_f16", 71_000);
+    fused_sweep::<f16, f16>("gpu_fused_qkv_views_match_reference_f16", 71_000);
 }
 
 #[test]
 fn gpu_fused_qkv_views_match_reference_bf16() {
-    fused_sweep::<bf16>("gpu_fused_qkv_views_match_reference_bf16", 72_000);
+    fused_sweep::<bf16, bf16>("gpu_fused_qkv_views_match_reference_bf16", 72_000);
+}
+
+#[test]
+fn gpu_fused_qkv_views_with_f32_tables_match_reference_f16() {
+    fused_sweep::<f16, f32>(
+        "gpu_fused_qkv_views_with_f32_tables_match_reference_f16",
+        73_000,
+    );
 }
 
 #[test]

@@ -191,7 +191,7 @@ const MULTIMODAL_SHAPES: [MultimodalShape; 7] = [
 
 /// One GPU case of multimodal tables, in a form of `FORM_BITS`: forward and backward, in
 /// place and out of place, against the reference.
-fn run_multimodal_case<T: Dtype>(
+fn run_multimodal_case<T: Dtype, C: CosSinDtype<T>>(
     stream: &Arc<CudaStream>,
     shape: MultimodalShape,
     bits: (bool, bool, bool),
@@ -209,8 +209,9 @@ fn run_multimodal_case<T: Dtype>(
     );
     let desc = format!(
         "B={b} S={s} Hq={hq} Hk={hk} d={d} r={r} sections={sections:?} {} (interleaved, half, \
-         head-major) = {bits:?} ids={ids_form:?} seed={seed}",
-        T::NAME
+         head-major) = {bits:?} ids={ids_form:?} seed={seed} ({} tables)",
+        T::NAME,
+        C::NAME
     );
     let mut rng = Rng::new(seed);
     // Three [B, S, r] tables, or one [max_pos, r] table and [3, B, S] ids into it.
@@ -219,8 +220,8 @@ fn run_multimodal_case<T: Dtype>(
         .map(|_| (rng.next_u64() % max_pos) as i64)
         .collect();
     let (cos, sin) = match ids_form {
-        None => multimodal_tables::<T>(&mut rng, b * s, r),
-        Some(_) => cos_sin::<T>(&(0..max_pos as i64).collect::<Vec<_>>(), r, true),
+        None => multimodal_tables::<C>(&mut rng, b * s, r),
+        Some(_) => cos_sin::<C>(&(0..max_pos as i64).collect::<Vec<_>>(), r, true),
     };
     let (cos, sin) = (table_in_form(&args, &cos), table_in_form(&args, &sin));
     let (cos_d, sin_d) = (upload(stream, &cos), upload(stream, &sin));
@@ -255,7 +256,7 @@ fn run_multimodal_case<T: Dtype>(
     );
 }
 
-fn multimodal_sweep<T: Dtype>(test: &str, seed_base: u64) {
+fn multimodal_sweep<T: Dtype, C: CosSinDtype<T>>(test: &str, seed_base: u64) {
     let Some(stream) = gpu(test) else { return };
     let mut failures = Failures::new(test);
     for (i, &(b, s, hq, hk, d, r, sections)) in MULTIMODAL_SHAPES.iter().enumerate() {
@@ -270,7 +271,7 @@ fn multimodal_sweep<T: Dtype>(test: &str, seed_base: u64) {
         {
             for ids_form in [None, Some(gathered)] {
                 let seed = seed_base + 8 * i as u64 + 2 * j as u64 + ids_form.is_some() as u64;
-                failures.run(|| run_multimodal_case::<T>(&stream, shape, bits, ids_form, seed));
+                failures.run(|| run_multimodal_case::<T, C>(&stream, shape, bits, ids_form, seed));
             }
         }
     }
@@ -279,17 +280,25 @@ fn multimodal_sweep<T: Dtype>(test: &str, seed_base: u64) {
 
 #[test]
 fn gpu_multimodal_matches_reference_f32() {
-    multimodal_sweep::<f32>("gpu_multimodal_matches_reference_f32", 80_000);
+    multimodal_sweep::<f32, f32>("gpu_multimodal_matches_reference_f32", 80_000);
 }
 
 #[test]
 fn gpu_multimodal_matches_reference_f16() {
-    multimodal_sweep::<f16>("gpu_multimodal_matches_reference_f16", 81_000);
+    multimodal_sweep::<f16, f16>("gpu_multimodal_matches_reference_f16", 81_000);
 }
 
 #[test]
 fn gpu_multimodal_matches_reference_bf16() {
-    multimodal_sweep::<bf16>("gpu_multimodal_matches_reference_bf16", 82_000);
+    multimodal_sweep::<bf16, bf16>("gpu_multimodal_matches_reference_bf16", 82_000);
+}
+
+#[test]
+fn gpu_multimodal_with_f32_tables_matches_reference_bf16() {
+    multimodal_sweep::<bf16, f32>(
+        "gpu_multimodal_with_f32_tables_matches_reference_bf16",
+        83_000,
+    );
 }
 
 #[test]

@@ -79,13 +79,14 @@ fn clamp_id(id: i64, rows: usize) -> usize {
     }
 }
 
-/// What every RoPE kernel takes besides its q and k buffers (and the general kernels' outputs
-/// and form): the cos/sin tables, the position ids and the sizes, as one value so that the
-/// scalar, vector and general bodies share their entry points' conversions.
+/// What every RoPE kernel takes besides its q and k buffers of `T` (and the general kernels'
+/// outputs and form): the cos/sin tables of `C` (`T`, or f32 with 16-bit q and k), the
+/// position ids and the sizes, as one value so that the scalar, vector and general bodies share
+/// their entry points' conversions.
 #[derive(Clone, Copy)]
-struct Args<T> {
-    cos: *const T,
-    sin: *const T,
+struct Args<C> {
+    cos: *const C,
+    sin: *const C,
     ids: *const u8,
     tokens: usize,
     seq_len: usize,
@@ -96,13 +97,13 @@ struct Args<T> {
     table_rows: usize,
 }
 
-impl<T> Args<T> {
+impl<C> Args<C> {
     /// The tables, ids and sizes of a parameter block.
     #[inline(always)]
     fn of(p: &Params) -> Self {
         Args {
-            cos: p.cos as *const T,
-            sin: p.sin as *const T,
+            cos: p.cos as *const C,
+            sin: p.sin as *const C,
             ids: p.ids as *const u8,
             tokens: p.tokens as usize,
             seq_len: p.seq_len as usize,
@@ -119,7 +120,7 @@ impl<T> Args<T> {
 /// kernels: rows `token`, `tokens + token` and `2·tokens + token` of the three stacked tables,
 /// or the rows that the three id rows `[3, tokens]` name, clamped into `[0, table_rows)`.
 #[inline(always)]
-unsafe fn multimodal_rows<T, const ROWS: u32>(token: usize, a: &Args<T>) -> [usize; 3] {
+unsafe fn multimodal_rows<C, const ROWS: u32>(token: usize, a: &Args<C>) -> [usize; 3] {
     let id = |k: usize| match ROWS {
         rows::MULTIMODAL_IDS_I32 => {
             let id = unsafe { *(a.ids as *const i32).add(k * a.tokens + token) };
@@ -136,7 +137,7 @@ unsafe fn multimodal_rows<T, const ROWS: u32>(token: usize, a: &Args<T>) -> [usi
 
 /// The cos/sin table row of `token`.
 #[inline(always)]
-unsafe fn table_row<T, const ROWS: u32>(token: usize, a: &Args<T>) -> usize {
+unsafe fn table_row<C, const ROWS: u32>(token: usize, a: &Args<C>) -> usize {
     match ROWS {
         rows::PER_POSITION => token % a.seq_len,
         rows::PER_BATCH => token,
@@ -149,7 +150,11 @@ unsafe fn table_row<T, const ROWS: u32>(token: usize, a: &Args<T>) -> usize {
 }
 
 #[inline(always)]
-unsafe fn rotate<T: Elem, const ROWS: u32, const BWD: bool>(q: *mut T, k: *mut T, a: Args<T>) {
+unsafe fn rotate<T: Elem, C: Elem, const ROWS: u32, const BWD: bool>(
+    q: *mut T,
+    k: *mut T,
+    a: Args<C>,
+) {
     let half = a.rotary_dim / 2;
     let half32 = half as u32;
     let q_pairs = (a.q_heads * half) as u32;
@@ -160,7 +165,7 @@ unsafe fn rotate<T: Elem, const ROWS: u32, const BWD: bool>(q: *mut T, k: *mut T
     let mut token = block_idx() * ty + thread_idx_y();
     let step = grid_dim() * ty;
     while token < a.tokens {
-        let row = unsafe { table_row::<T, ROWS>(token, &a) };
+        let row = unsafe { table_row::<C, ROWS>(token, &a) };
         let cos_row = unsafe { a.cos.add(row * a.rotary_dim) };
         let sin_row = unsafe { a.sin.add(row * a.rotary_dim) };
         let q_tok = unsafe { q.add(token * q_token) };
@@ -211,12 +216,12 @@ struct Strides {
 /// `k_heads = 0` rotates q alone (`k`, `k_out` unused). The host guarantees
 /// `(q_heads + k_heads)·head_dim < 2³¹` (32-bit item indices); offsets are 64-bit.
 #[inline(always)]
-unsafe fn rotate_any<T: Elem, const ROWS: u32, const BWD: bool>(
+unsafe fn rotate_any<T: Elem, C: Elem, const ROWS: u32, const BWD: bool>(
     q: *const T,
     k: *const T,
     q_out: *mut T,
     k_out: *mut T,
-    a: Args<T>,
+    a: Args<C>,
     strides: Strides,
     sections: [u32; 2],
     form: u32,
@@ -257,9 +262,9 @@ unsafe fn rotate_any<T: Elem, const ROWS: u32, const BWD: bool>(
     while token < tokens {
         // The token's row, or its t, h and w rows (the first of them for `cos_row`).
         let [r_t, r_h, r_w] = if rows::multimodal(ROWS) {
-            unsafe { multimodal_rows::<T, ROWS>(token, &a) }
+            unsafe { multimodal_rows::<C, ROWS>(token, &a) }
         } else {
-            let row = unsafe { table_row::<T, ROWS>(token, &a) };
+            let row = unsafe { table_row::<C, ROWS>(token, &a) };
             [row, row, row]
         };
         let cos_row = unsafe { cos.add(r_t * row_len) };
@@ -428,6 +433,7 @@ fn even_lanes<T: Elem>(lo: V16, hi: V16) -> V16 {
 #[inline(always)]
 unsafe fn rotate_vec<
     T: Elem,
+    C: Elem,
     const ROWS: u32,
     const BWD: bool,
     const INTERLEAVED: bool,
@@ -435,7 +441,7 @@ unsafe fn rotate_vec<
 >(
     q: *mut T,
     k: *mut T,
-    a: Args<T>,
+    a: Args<C>,
     strides: [usize; 2],
     sections: [u32; 2],
     form: u32,
@@ -466,6 +472,9 @@ unsafe fn rotate_vec<
         2 * vph as usize
     };
     let table_vec = if wide { 2 * v } else { v } as usize;
+    // Table vectors per q/k vector: 1, or 2 for f32 tables with 16-bit q and k (row and
+    // vector indices above count q/k-sized vectors; `w·` turns them into table vectors).
+    let w = T::LANES / C::LANES;
     // The multimodal table (t, h or w) of the thread's pairs: their section's.
     let table = match rows::multimodal(ROWS) {
         true if v * T::LANES as u32 >= sections[1] => 2,
@@ -502,17 +511,25 @@ unsafe fn rotate_vec<
             _ => clamp_id(id, a.table_rows),
         };
         id = unsafe { raw_id::<ROWS>(a.ids, token + step, a.tokens, table) };
-        let at = row * row_vecs + table_vec;
-        let (c, s) = unsafe {
-            if wide {
-                (
-                    even_lanes::<T>(V16::load(cos.add(at)), V16::load(cos.add(at + 1))),
-                    even_lanes::<T>(V16::load(sin.add(at)), V16::load(sin.add(at + 1))),
-                )
-            } else {
-                (V16::load(cos.add(at)), V16::load(sin.add(at)))
+        let at = w * (row * row_vecs + table_vec);
+        // The thread's pairs' entries: lane `i` of the pairs is lane `i mod C::LANES` of
+        // table vector `i / C::LANES`.
+        let (mut c, mut s) = ([V16::ZERO; 2], [V16::ZERO; 2]);
+        unroll::<2>(|j| {
+            if j >= w {
+                return;
             }
-        };
+            unsafe {
+                if wide {
+                    let at = at + 2 * j;
+                    c[j] = even_lanes::<C>(V16::load(cos.add(at)), V16::load(cos.add(at + 1)));
+                    s[j] = even_lanes::<C>(V16::load(sin.add(at)), V16::load(sin.add(at + 1)));
+                } else {
+                    c[j] = V16::load(cos.add(at + j));
+                    s[j] = V16::load(sin.add(at + j));
+                }
+            }
+        });
         // Head h of the token starts at `base + h·head_vecs`, base = q_tok for q heads and
         // k_tok − q_heads·head_vecs for k heads (so the k base needs no subtraction per head).
         let q_tok = unsafe { q.add(token * q_stride + first) };
@@ -548,7 +565,12 @@ unsafe fn rotate_vec<
                 // cos/sin stay packed across heads and are widened per head (one shift or
                 // mask per lane): hoisted, their widened lanes took 16 registers for the
                 // whole loop (bf16 106 → 96 registers: 4 blocks per SM instead of 3, +2 %).
-                let (cw, sw) = (opaque_v(c), opaque_v(s));
+                let (mut cw, mut sw) = (c, s);
+                unroll::<2>(|j| {
+                    if j < w {
+                        (cw[j], sw[j]) = (opaque_v(c[j]), opaque_v(s[j]));
+                    }
+                });
                 if live[j] {
                     // Lane `e` of the head's two vectors (x1 then x2), and the outputs.
                     let x = |e: usize| match e < T::LANES {
@@ -564,8 +586,8 @@ unsafe fn rotate_vec<
                             (i, i + T::LANES)
                         };
                         let (p, r) = (x(e1), x(e2));
-                        let cc = T::lane(&cw, i);
-                        let ss = T::lane(&sw, i);
+                        let cc = C::lane(&cw[i / C::LANES], i % C::LANES);
+                        let ss = C::lane(&sw[i / C::LANES], i % C::LANES);
                         let ss = if BWD { -ss } else { ss };
                         let (y1, y2) = (p * cc - r * ss, r * cc + p * ss);
                         if e1 < T::LANES {
@@ -597,24 +619,36 @@ unsafe fn rotate_vec<
     }
 }
 
+/// The cos/sin element type of an entry: q's (`$elem` alone), or `F32`'s.
+macro_rules! table_type {
+    ($elem:ident) => {
+        elem_type!($elem)
+    };
+    ($elem:ident / F32) => {
+        f32
+    };
+}
+
 /// One RoPE entry point: one [`Params`] block by value (`ld.param` loads, no local copy),
-/// handed to `$body` (its const generics after the element type, row source and direction:
-/// `$generic`) as the path's pointers, [`Args`] and `$pass` (made of `p`).
+/// handed to `$body` (its const generics after the element and table types, row source and
+/// direction: `$generic`) as the path's pointers, [`Args`] and `$pass` (made of `p`). `$elem /
+/// F32` is the entry of f32 cos/sin tables with q and k of `$elem`.
 macro_rules! rope_entry {
     (
         $(#[$doc:meta])*
-        $body:ident [$($generic:expr),*], $path:ident, $elem:ident, $rows:ident, $dir:ident,
-        |$p:ident| ($($pass:expr),*)
+        $body:ident [$($generic:expr),*], $path:ident, $elem:ident $(/ $table:ident)?,
+        $rows:ident, $dir:ident, |$p:ident| ($($pass:expr),*)
     ) => {
         const _: () = {
             $(#[$doc])*
-            #[unsafe(export_name = kernel_name!(Rope, $dir, $path, $elem, $rows))]
+            #[unsafe(export_name = kernel_name!(Rope, $dir, $path, $elem, $rows $(, $table)?))]
             // A `#[repr(C)]` struct of integers: the PTX parameter is its bytes.
             #[allow(improper_gpu_kernel_arg)]
             pub unsafe extern "gpu-kernel" fn kernel($p: Params) {
                 unsafe {
                     $body::<
                         elem_type!($elem),
+                        table_type!($elem $(/ $table)?),
                         { Rows::$rows as u32 },
                         { matches!(Pass::$dir, Pass::Backward) }
                         $(, $generic)*
@@ -648,7 +682,10 @@ macro_rules! rope_kernel {
 /// The vector kernels ([`rotate_vec`]) of one pair layout and generality (`$interleaved`,
 /// `$any`), element type, cos/sin row source and direction.
 macro_rules! rope_vector_kernel {
-    ($elem:ident, $path:ident, $interleaved:expr, $any:expr, $rows:ident, $dir:ident) => {
+    (
+        $elem:ident $(/ $table:ident)?, $path:ident, $interleaved:expr, $any:expr, $rows:ident,
+        $dir:ident
+    ) => {
         rope_entry!(
             /// RoPE for one dtype, direction, pair layout and cos/sin row source on the vector
             /// path ([`rotate_vec`]): in place, token-major rows `q_stride` and `k_stride`
@@ -666,7 +703,7 @@ macro_rules! rope_vector_kernel {
             /// `sections` holds the first pair of table 1 and of table 2. `2 ≤ rotary_dim ≤
             /// head_dim`, `seq_len ≥ 1`, and the alignment and divisibility listed at
             /// [`rotate_vec`].
-            rotate_vec [$interleaved, $any], $path, $elem, $rows, $dir,
+            rotate_vec [$interleaved, $any], $path, $elem $(/ $table)?, $rows, $dir,
             |p| (
                 p.q as *mut _,
                 p.k as *mut _,
@@ -681,7 +718,7 @@ macro_rules! rope_vector_kernel {
 
 /// The general kernel ([`rotate_any`]) of one element type, cos/sin row source and direction.
 macro_rules! rope_general_kernel {
-    ($elem:ident, $rows:ident, $dir:ident) => {
+    ($elem:ident $(/ $table:ident)?, $rows:ident, $dir:ident) => {
         rope_entry!(
             /// RoPE for one dtype, direction and cos/sin row source on the general path
             /// ([`rotate_any`]): out of place or in place, in the forms `form` selects
@@ -700,7 +737,7 @@ macro_rules! rope_general_kernel {
             /// multimodal `sections` holds the first pair of table 1 and of table 2. `2 ≤
             /// rotary_dim ≤ head_dim`, both even, `seq_len ≥ 1`, `(q_heads + k_heads)·head_dim
             /// < 2³¹`; [`flags::COPY_TAIL`] only out of place.
-            rotate_any [], General, $elem, $rows, $dir,
+            rotate_any [], General, $elem $(/ $table)?, $rows, $dir,
             |p| (
                 p.q as *const _,
                 p.k as *const _,
@@ -722,33 +759,41 @@ macro_rules! rope_general_kernel {
 
 /// Every RoPE kernel of one element type: each direction and cos/sin row source on every
 /// path, but multimodal rows only on the NeoX vector path of any strides (`_va_`, which the
-/// host gives them with contiguous full-width NeoX calls) and the general path.
+/// host gives them with contiguous full-width NeoX calls) and the general path. `$elem / F32`:
+/// the kernels of f32 tables with 16-bit q and k, on every path but the scalar one (the host
+/// gives its calls to the general path).
 macro_rules! rope_kernels {
-    ($elem:ident) => {
-        rope_kernels!(@rows $elem, Forward);
-        rope_kernels!(@rows $elem, Backward);
+    ($elem:ident $(/ $table:ident)?) => {
+        rope_kernels!(@rows $elem $(/ $table)?, Forward);
+        rope_kernels!(@rows $elem $(/ $table)?, Backward);
     };
-    (@rows $elem:ident, $dir:ident) => {
-        rope_kernels!(@paths $elem, $dir, PerPosition);
-        rope_kernels!(@paths $elem, $dir, PerBatch);
-        rope_kernels!(@paths $elem, $dir, IdsI32);
-        rope_kernels!(@paths $elem, $dir, IdsI64);
-        rope_kernels!(@multimodal $elem, $dir, Multimodal);
-        rope_kernels!(@multimodal $elem, $dir, MultimodalIdsI32);
-        rope_kernels!(@multimodal $elem, $dir, MultimodalIdsI64);
+    (@rows $elem:ident $(/ $table:ident)?, $dir:ident) => {
+        rope_kernels!(@paths $elem $(/ $table)?, $dir, PerPosition);
+        rope_kernels!(@paths $elem $(/ $table)?, $dir, PerBatch);
+        rope_kernels!(@paths $elem $(/ $table)?, $dir, IdsI32);
+        rope_kernels!(@paths $elem $(/ $table)?, $dir, IdsI64);
+        rope_kernels!(@multimodal $elem $(/ $table)?, $dir, Multimodal);
+        rope_kernels!(@multimodal $elem $(/ $table)?, $dir, MultimodalIdsI32);
+        rope_kernels!(@multimodal $elem $(/ $table)?, $dir, MultimodalIdsI64);
     };
-    (@paths $elem:ident, $dir:ident, $rows:ident) => {
+    (@paths $elem:ident $(/ $table:ident)?, $dir:ident, $rows:ident) => {
+        rope_kernels!(@scalar $elem $(/ $table)?, $dir, $rows);
+        rope_vector_kernel!($elem $(/ $table)?, Vector, false, false, $rows, $dir);
+        rope_vector_kernel!($elem $(/ $table)?, VectorInterleaved, true, true, $rows, $dir);
+        rope_kernels!(@multimodal $elem $(/ $table)?, $dir, $rows);
+    };
+    (@scalar $elem:ident, $dir:ident, $rows:ident) => {
         rope_kernel!($elem, $rows, $dir);
-        rope_vector_kernel!($elem, Vector, false, false, $rows, $dir);
-        rope_vector_kernel!($elem, VectorInterleaved, true, true, $rows, $dir);
-        rope_kernels!(@multimodal $elem, $dir, $rows);
     };
-    (@multimodal $elem:ident, $dir:ident, $rows:ident) => {
-        rope_vector_kernel!($elem, VectorAny, false, true, $rows, $dir);
-        rope_general_kernel!($elem, $rows, $dir);
+    (@scalar $elem:ident / F32, $dir:ident, $rows:ident) => {};
+    (@multimodal $elem:ident $(/ $table:ident)?, $dir:ident, $rows:ident) => {
+        rope_vector_kernel!($elem $(/ $table)?, VectorAny, false, true, $rows, $dir);
+        rope_general_kernel!($elem $(/ $table)?, $rows, $dir);
     };
 }
 
 rope_kernels!(F32);
 rope_kernels!(F16);
 rope_kernels!(Bf16);
+rope_kernels!(F16 / F32);
+rope_kernels!(Bf16 / F32);

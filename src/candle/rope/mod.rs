@@ -6,14 +6,14 @@
 //! apart, each token's heads contiguous, such as `narrow`s of a fused QKV projection output
 //! reshaped to `[B, S, Hq + 2·Hk, d]` ([`token_stride`]): they are read where they are too.
 use super::{
-    Elem, HostElem, On, by_dtype, by_host_dtype, crate_err, cuda, host, host_slice, host_tensor,
-    on, output, same_dtype, same_shape, tensor, view, wrap,
+    Elem, HostElem, On, crate_err, cuda, host, host_slice, host_tensor, on, output, same_dtype,
+    same_shape, tensor, view, wrap,
 };
 use crate::reference::rope::{
     CosSinRows, rope_backward as ref_backward, rope_forward as ref_forward, rope_one,
 };
 use crate::rope::{Pass, rope_into};
-use crate::{CosSinLayout, PositionIds, RopeArgs};
+use crate::{CosSinDtype, CosSinLayout, PositionIds, RopeArgs};
 use candle_core::backend::BackendStorage;
 use candle_core::{
     CpuStorage, CudaStorage, CustomOp2, CustomOp3, D, DType, Layout, Result, Shape, Tensor,
@@ -23,6 +23,28 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 const ROPE: &str = "liger-rs rope";
+
+/// `$f::<T, C>` for q of dtype `$q` and tables of `$t`: the same dtype, or f32 tables with
+/// f16/bf16 q ([`CosSinDtype`]); f64 too on the host (`host`, the reference's type).
+macro_rules! by_dtypes {
+    ($q:expr, $t:expr, $f:ident($($arg:expr),*)) => {
+        by_dtypes!(@ $q, $t, $f($($arg),*),)
+    };
+    (host $q:expr, $t:expr, $f:ident($($arg:expr),*)) => {
+        by_dtypes!(@ $q, $t, $f($($arg),*), (DType::F64, DType::F64) => $f::<f64, f64>($($arg),*),)
+    };
+    (@ $q:expr, $t:expr, $f:ident($($arg:expr),*), $($host:tt)*) => {
+        match ($q, $t) {
+            (DType::F32, DType::F32) => $f::<f32, f32>($($arg),*),
+            (DType::F16, DType::F16) => $f::<half::f16, half::f16>($($arg),*),
+            (DType::BF16, DType::BF16) => $f::<half::bf16, half::bf16>($($arg),*),
+            (DType::F16, DType::F32) => $f::<half::f16, f32>($($arg),*),
+            (DType::BF16, DType::F32) => $f::<half::bf16, f32>($($arg),*),
+            $($host)*
+            (q, _) => Err(candle_core::Error::UnsupportedDTypeForOp(q, ROPE)),
+        }
+    };
+}
 
 /// How [`rope_with`] reads the cos/sin tables and pairs a head's dims (see [`RopeArgs`]).
 ///
@@ -115,17 +137,17 @@ struct Plan {
 /// slices or tensors): q, k (absent for one tensor), the cos/sin tables and the position ids
 /// (`I`: as the backend reads them).
 #[derive(Clone, Copy)]
-struct Call<X, I> {
+struct Call<X, I, Tb = X> {
     dir: Pass,
     q: X,
     k: Option<X>,
-    tables: [X; 2],
+    tables: [Tb; 2],
     ids: Option<I>,
 }
 
-impl<X, I> Call<X, I> {
+impl<X, I, Tb> Call<X, I, Tb> {
     /// The call of `dir` on these inputs, in one line at each of its many call sites.
-    fn new(dir: Pass, q: X, k: Option<X>, tables: [X; 2], ids: Option<I>) -> Self {
+    fn new(dir: Pass, q: X, k: Option<X>, tables: [Tb; 2], ids: Option<I>) -> Self {
         Call {
             dir,
             q,
@@ -133,6 +155,14 @@ impl<X, I> Call<X, I> {
             tables,
             ids,
         }
+    }
+}
+
+/// Checks that the cos/sin tables' dtype suits q's: the same, or f32 with f16/bf16 q.
+fn table_dtype(q: &Tensor, cos: &Tensor) -> Result<()> {
+    match (q.dtype(), cos.dtype()) {
+        (DType::F16 | DType::BF16, DType::F32) => Ok(()),
+        _ => same_dtype(ROPE, q, cos),
     }
 }
 
@@ -246,7 +276,10 @@ impl Plan {
 
     /// Rotates q (and k) on CUDA into one new buffer `[q | k]` (k absent for one tensor).
     fn cuda(&self, call: CudaCall<'_>) -> Result<CudaStorage> {
-        fn run<T: Elem>(plan: &Plan, call: CudaCall<'_>) -> Result<CudaStorage> {
+        fn run<T: Elem, C: Elem + CosSinDtype<T>>(
+            plan: &Plan,
+            call: CudaCall<'_>,
+        ) -> Result<CudaStorage> {
             let (q, [cos, sin]) = (call.q, call.tables);
             let device = &q.0.device;
             let stream = device.cuda_stream();
@@ -269,9 +302,9 @@ impl Plan {
                 .k
                 .map(|(s, l)| rows_view::<T>(s, l, spans.k_len))
                 .transpose()?;
-            let cos = view::<T>(cos.0, cos.1, ROPE)?;
+            let cos = view::<C>(cos.0, cos.1, ROPE)?;
             let need = plan.table_len(cos.len());
-            let (cos, sin) = (cos.slice(..need), view::<T>(sin.0, sin.1, ROPE)?);
+            let (cos, sin) = (cos.slice(..need), view::<C>(sin.0, sin.1, ROPE)?);
             let sin = sin.slice(..need);
             let layout = match (plan.rows, call.ids) {
                 (Rows::PerPosition, _) => CosSinLayout::PerPosition,
@@ -295,11 +328,12 @@ impl Plan {
             rope_into(&stream, &args, call.dir, io, &cos, &sin, &layout).map_err(crate_err)?;
             Ok(wrap(out, device))
         }
-        by_dtype!(call.q.0.dtype(), ROPE, run(self, call))
+        let (q, t) = (call.q.0.dtype(), call.tables[0].0.dtype());
+        by_dtypes!(q, t, run(self, call))
     }
 
     /// Rotates q (and k) on host data into `[q | k]`, by the reference.
-    fn host<T: HostElem>(&self, call: Call<&[T], &[i64]>) -> Result<Vec<T>> {
+    fn host<T: HostElem, C: HostElem>(&self, call: Call<&[T], &[i64], &[C]>) -> Result<Vec<T>> {
         let [cos, sin] = call.tables;
         let need = self.table_len(cos.len());
         let (cos, sin) = (&cos[..need], &sin[..need]);
@@ -324,8 +358,8 @@ impl Plan {
 
     /// [`Plan::host`] on CPU storages.
     fn cpu(&self, call: CpuCall<'_>) -> Result<CpuStorage> {
-        fn run<'a, T: HostElem>(plan: &Plan, call: CpuCall<'a>) -> Result<CpuStorage> {
-            let slice = |(s, l): (&'a CpuStorage, &'a Layout)| host_slice::<T>(s, l, ROPE);
+        fn run<'a, T: HostElem, C: HostElem>(plan: &Plan, call: CpuCall<'a>) -> Result<CpuStorage> {
+            let slice = |(s, l): (&'a CpuStorage, &'a Layout)| host_slice::<C>(s, l, ROPE);
             let k = call.k.map(|(s, l)| rows_slice::<T>(s, l)).transpose()?;
             let [cos, sin] = call.tables;
             let tables = [slice(cos)?, slice(sin)?];
@@ -333,7 +367,8 @@ impl Plan {
             let host = Call::new(call.dir, &q[..], k.as_deref(), tables, call.ids);
             Ok(T::to_cpu_storage_owned(plan.host(host)?))
         }
-        by_host_dtype!(call.q.0.dtype(), ROPE, run(self, call))
+        let (q, t) = (call.q.0.dtype(), call.tables[0].0.dtype());
+        by_dtypes!(host q, t, run(self, call))
     }
 
     /// Rotates tensors (contiguous, on one device) into a new flat `[q | k]` tensor without a
@@ -345,18 +380,21 @@ impl Plan {
         named.extend(k.map(|k| ("k", k)));
         named.extend(ids.map(|i| ("position_ids", i)));
         if on(ROPE, &named)? == On::Cpu {
-            fn run<T: HostElem>(plan: &Plan, call: Call<&Tensor, &Tensor>) -> Result<Tensor> {
+            fn run<T: HostElem, C: HostElem>(
+                plan: &Plan,
+                call: Call<&Tensor, &Tensor>,
+            ) -> Result<Tensor> {
                 let k = call.k.map(host::<T>).transpose()?;
                 let ids = call.ids.map(host_ids).transpose()?;
                 let [cos, sin] = call.tables;
-                let tables = [&host::<T>(cos)?[..], &host::<T>(sin)?[..]];
+                let tables = [&host::<C>(cos)?[..], &host::<C>(sin)?[..]];
                 let q = host::<T>(call.q)?;
                 let host = Call::new(call.dir, &q[..], k.as_deref(), tables, ids.as_deref());
                 let out = plan.host(host)?;
                 let n = out.len();
                 host_tensor(out, n)
             }
-            return by_host_dtype!(q.dtype(), ROPE, run(self, call));
+            return by_dtypes!(host q.dtype(), cos.dtype(), run(self, call));
         }
         let (q_s, q_l) = q.storage_and_layout();
         let k_guard = k.map(|k| k.storage_and_layout());
@@ -422,5 +460,41 @@ mod tests {
         assert_eq!(stride(&fused.transpose(1, 2).unwrap()), None);
         assert_eq!(stride(&fused.narrow(1, 0, 2).unwrap()), None);
         assert_eq!(stride(&fused.reshape((6, 7, 4)).unwrap()), None);
+    }
+
+    #[test]
+    fn f32_tables_with_16_bit_q_and_k_on_the_cpu_are_the_reference() {
+        use crate::reference::rope::{CosSinRows, rope_forward};
+        use half::bf16;
+        let (s, h, d) = (3, 2, 4);
+        let q: Vec<bf16> = (0..s * h * d)
+            .map(|i| bf16::from_f32(0.37 * i as f32 - 1.1))
+            .collect();
+        let k: Vec<bf16> = q.iter().rev().copied().collect();
+        // Angles whose f32 cos/sin differ from their bf16 roundings.
+        let cos: Vec<f32> = (0..s * d).map(|i| (0.3 + 0.41 * i as f32).cos()).collect();
+        let sin: Vec<f32> = (0..s * d).map(|i| (0.3 + 0.41 * i as f32).sin()).collect();
+        let dev = Device::Cpu;
+        let t = |v: &[bf16]| Tensor::from_slice(v, (1, s, h, d), &dev).unwrap();
+        let (cos_t, sin_t) = (
+            Tensor::from_slice(&cos, (s, d), &dev).unwrap(),
+            Tensor::from_slice(&sin, (s, d), &dev).unwrap(),
+        );
+        let (qr, kr) = rope(&t(&q), &t(&k), &cos_t, &sin_t, None).unwrap();
+        let args = RopeArgs::new(d).with_seq_len(s).with_heads(h, h);
+        let (mut qw, mut kw) = (q.clone(), k.clone());
+        rope_forward(&args, &mut qw, &mut kw, &cos, &sin, CosSinRows::PerPosition).unwrap();
+        let flat = |x: &Tensor| x.flatten_all().unwrap().to_vec1::<bf16>().unwrap();
+        assert_eq!((flat(&qr), flat(&kr)), (qw.clone(), kw));
+        // The bf16-rounded tables give other bits: the f32 entries reach the math.
+        let round = |v: &[f32]| v.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
+        let (mut qb, mut kb) = (q.clone(), k.clone());
+        let (cb, sb) = (round(&cos), round(&sin));
+        rope_forward(&args, &mut qb, &mut kb, &cb, &sb, CosSinRows::PerPosition).unwrap();
+        assert_ne!(qb, qw);
+        // Tables of another 16-bit type than q's are refused.
+        let f16_cos = cos_t.to_dtype(DType::F16).unwrap();
+        let f16_sin = sin_t.to_dtype(DType::F16).unwrap();
+        assert!(rope(&t(&q), &t(&k), &f16_cos, &f16_sin, None).is_err());
     }
 }

@@ -33,7 +33,7 @@ impl Pair {
             ));
         }
         same_dtype(ROPE, q, k)?;
-        same_dtype(ROPE, q, cos)?;
+        table_dtype(q, cos)?;
         same_shape(ROPE, cos, sin)?;
         same_dtype(ROPE, cos, sin)?;
         let w = cos.dims().last().copied().unwrap_or(0);
