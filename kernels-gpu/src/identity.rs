@@ -19,7 +19,8 @@
 //!
 //! An entry name is its parts joined by `_`: the op, the direction, the variant (none for the
 //! scalar kernels), the element type, then the op's last part (RMSNorm: the casting mode,
-//! RoPE: the cos/sin rows, GEGLU: the form of GELU), e.g. `rms_norm_fwd_vw2_bf16_llama`,
+//! RoPE: the cos/sin rows, and `t32` for f32 tables with 16-bit q and k, GEGLU: the form of
+//! GELU), e.g. `rms_norm_fwd_vw2_bf16_llama`,
 //! `rms_norm_bwd_dx_v2_f16_none`, `rms_norm_add_fwd_vw2_bf16_llama` (the fused residual add),
 //! `rope_bwd_g_f16_ids32`, `swiglu_fwd_vw_f32`, `geglu_bwd_v_bf16_erf`; RMSNorm's dW reduction
 //! is `rms_norm_dw_reduce_{elem}`.
