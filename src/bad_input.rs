@@ -8,7 +8,7 @@ mod tables;
 
 use crate::Result;
 use crate::glu::launch as glu;
-use crate::rope::args::TableRows;
+use crate::rope::layout::TableRows;
 use crate::rope::{Pass, check_fused_disjoint, check_host_ids, fused_spec};
 use crate::validate::{Seen, Table, check};
 use tables::*;

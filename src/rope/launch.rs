@@ -1,6 +1,7 @@
 //! Pointers → a parameter block → one launch.
 use super::abi::Params;
-use super::args::{RopeArgs, RopeSizes, TableRows};
+use super::args::{RopeArgs, RopeSizes};
+use super::layout::TableRows;
 use super::plan::{Plan, general_form};
 use crate::error::Result;
 use crate::launch::{Launch, arg, launch_ex};

@@ -6,16 +6,18 @@
 //! `#[repr(C)]` parameter block of [`abi`], which the device crate compiles too).
 pub(crate) mod args;
 pub(crate) mod launch;
+pub(crate) mod layout;
 pub(crate) mod plan;
 // The device crate's file, as the package ships it: the kernels' parameter block, defined once.
 #[path = "../../packaging/kernels-gpu/src/rope/abi.rs"]
 pub(crate) mod abi;
 
 pub(crate) use crate::identity::Pass;
-pub use args::{CosSinLayout, PositionIds, RopeArgs};
+pub use args::RopeArgs;
 pub(crate) use args::{
     check_fused_disjoint, check_host_ids, check_sections, fused_k_end, fused_spec,
 };
+pub use layout::{CosSinLayout, PositionIds};
 
 use crate::dtype::{CosSinDtype, Dtype};
 use crate::error::Result;

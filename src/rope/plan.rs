@@ -2,7 +2,8 @@
 //! element type, the parameter block (its pointers' alignment) and the device's resident blocks,
 //! unit-tested without a GPU.
 use super::abi::{Params, form, vec_heads};
-use super::args::{RopeArgs, RopeSizes, TableRows};
+use super::args::{RopeArgs, RopeSizes};
+use super::layout::TableRows;
 use crate::error::Result;
 use crate::identity::{ElemType, Kernel, Pass, RopePath, RopeTable, Rows as Source};
 use crate::launch::item_grid;
