@@ -1,4 +1,4 @@
-"""PyTorch beside `examples/train_llama.rs`: the same Llama-style decoder, the same initial
+"""PyTorch beside `examples/train_llama/`: the same Llama-style decoder, the same initial
 weights and batches (the example's generator reproduced: splitmix64, Box-Muller in f64, the
 random-walk task), trained with the same AdamW (lr warm-up, the gradients clipped to a global
 norm of 1) in
