@@ -139,7 +139,8 @@ impl Pair {
 ///   `[1, seq_len, rotary_dim]`, `[batch, seq_len, rotary_dim]` (per batch row, what HF's
 ///   rotary embedding returns), or `[max_pos, rotary_dim]` with `position_ids`
 ///   `[batch, seq_len]` (i64 or i32; clamped into the table on CUDA, see
-///   [`PositionIds::DeviceI64`]; on the CPU an id outside it is an error).
+///   [`PositionIds::DeviceI64`]; on the CPU an id outside it is an error); in q's dtype, or
+///   f32 with f16/bf16 q and k ([`crate::CosSinDtype`]), whose entries are then used unrounded.
 ///
 /// The inputs are not modified: one launch reads q and k where they are and writes both
 /// rotated into one new `[q | k]` buffer; the results are views of it. The backward rotates
