@@ -7,8 +7,8 @@
 mod common;
 
 use candle_core::{D, DType, Device, Tensor, Var, WithDType};
-use common::Rng;
 use common::glu::{Op as Glu, glu_call};
+use common::{Rng, expect_err};
 use half::{bf16, f16};
 use liger_rs::candle::{
     RmsNormConfig, RopeConfig, SwigluConfig, geglu, geglu_backward, geglu_fused,
@@ -202,6 +202,5 @@ mod swiglu;
 
 use cpu::{
     GLUS, candle_glu, candle_glu_backward, candle_glu_fused, candle_glu_fused_backward, cpu_vals,
-    expect_err,
 };
 use rope::cos_sin;

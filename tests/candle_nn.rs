@@ -8,7 +8,7 @@
 mod common;
 
 use candle_core::{D, DType, Device, Tensor, Var};
-use common::Rng;
+use common::{Rng, expect_err};
 use liger_rs::Gelu;
 use liger_rs::candle::nn::{Linear, Module, RmsNorm, SwigluMlp, ops, rotary_emb};
 use liger_rs::candle::{RopeConfig, linear, rope, rope_with, swiglu_mlp};
@@ -67,19 +67,6 @@ fn assert_near(what: &str, got: &Tensor, want: &Tensor, dtype: DType) {
         bad.is_empty() && !nan,
         "{what} ({dtype:?}, rms {rms:e}): {bad:?}"
     );
-}
-
-/// `r` is an error whose message holds every needle.
-fn expect_err<V: std::fmt::Debug>(what: &str, r: candle_core::Result<V>, needles: &[&str]) {
-    match r {
-        Ok(v) => panic!("{what}: expected an error, got {v:?}"),
-        Err(e) => {
-            let msg = e.to_string();
-            for n in needles {
-                assert!(msg.contains(n), "{what}: message {msg:?} lacks {n:?}");
-            }
-        }
-    }
 }
 
 type Op = Box<dyn Fn(&[Tensor]) -> candle_core::Result<Tensor>>;

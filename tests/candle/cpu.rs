@@ -1,22 +1,6 @@
 //! On the CPU (always run): every candle op against the reference, gradients, argument errors.
 use super::*;
 
-pub(super) fn expect_err<V: std::fmt::Debug>(
-    what: &str,
-    r: candle_core::Result<V>,
-    needles: &[&str],
-) {
-    match r {
-        Ok(v) => panic!("{what}: expected an error, got {v:?}"),
-        Err(e) => {
-            let msg = e.to_string();
-            for n in needles {
-                assert!(msg.contains(n), "{what}: message {msg:?} lacks {n:?}");
-            }
-        }
-    }
-}
-
 /// A CPU tensor's values, widened.
 pub(super) fn cpu_vals<T: Element + WithDType>(t: &Tensor) -> Vec<f64> {
     t.flatten_all()

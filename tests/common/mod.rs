@@ -7,6 +7,20 @@ pub mod glu;
 pub mod rms;
 pub mod skip;
 
+/// `r` is an error whose message holds every needle (candle's calls).
+#[cfg(feature = "candle")]
+pub fn expect_err<V: std::fmt::Debug>(what: &str, r: candle_core::Result<V>, needles: &[&str]) {
+    match r {
+        Ok(v) => panic!("{what}: expected an error, got {v:?}"),
+        Err(e) => {
+            let msg = e.to_string();
+            for n in needles {
+                assert!(msg.contains(n), "{what}: message {msg:?} lacks {n:?}");
+            }
+        }
+    }
+}
+
 use liger_rs::cudarc::driver::result::memset_d8_async;
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut};
 use liger_rs::reference::Element;
