@@ -292,3 +292,29 @@ fn reference_rejects_bad_input() {
         "length 48",
     );
 }
+
+#[test]
+fn the_gpu_check_fails_tables_rounded_to_the_element_type() {
+    // The GPU tests' f32-table cases would catch a kernel that rounds f32 tables to bf16
+    // first: `check`'s ulps are relative to each result, and `x1·c − x2·s` cancels.
+    let (s, h, d) = (64, 4, 64);
+    let args = RopeArgs::new(d).with_seq_len(s).with_heads(h, h);
+    let mut rng = Rng::new(77);
+    let q: Vec<bf16> = uniform(&mut rng, s * h * d);
+    let k: Vec<bf16> = uniform(&mut rng, s * h * d);
+    let (cos, sin) = cos_sin::<f32>(&(0..s as i64).collect::<Vec<_>>(), d, false);
+    let rotate = |c: &[f32], sn: &[f32]| {
+        let (mut qr, mut kr) = (q.clone(), k.clone());
+        ref_forward(&args, &mut qr, &mut kr, c, sn, CosSinRows::PerPosition).unwrap();
+        qr
+    };
+    let round = |t: &[f32]| -> Vec<f32> { t.iter().map(|&v| bf16::from_f32(v).to_f32()).collect() };
+    let want = rotate(&cos, &sin);
+    let rounded = rotate(&round(&cos), &round(&sin));
+    check("q", "f32 tables", &want, &want, &q, d, d);
+    let caught = std::panic::catch_unwind(|| check("q", "rounded", &rounded, &want, &q, d, d));
+    assert!(
+        caught.is_err(),
+        "check passed the result of bf16-rounded tables"
+    );
+}
