@@ -20,7 +20,11 @@
 #   the i-th job on GPU i mod the GPU count. racecheck skips NVIDIA's own GEMM kernels
 #   (`nvjet*`, which candle's and the fused linear cross-entropy's cuBLAS calls run) where the
 #   sanitizer has --kernel-name-exclude: their hazards are not this crate's, and checking them
-#   took most of candle_cross_entropy's 122 s.
+#   took most of candle_cross_entropy's 122 s. Under racecheck, hardening runs without
+#   `gpu_release_scratch_from_another_thread_while_backwards_are_queued`: with it the process
+#   deadlocks inside the sanitizer (every thread in a futex wait after 90 s, with the
+#   stream-ordered pool and with synchronous frees alike; the test passes without racecheck and
+#   under the other three tools; BENCHMARKS.md, the sanitizer table's footnote 4).
 # Each run prints "== <test|tool> <binary> rc=<rc> <seconds>s: <libtest's result, the
 # sanitizer's summary, the skip summary>", then a failed run's first failure lines (the
 # sanitizer's runs in tool order once all have finished); every log is in $OUT. Every run
@@ -61,10 +65,13 @@ san_one() {
     echo "== $tool $n: no time left" > "$out/report-$tool-$n.txt"
     return
   fi
+  local skip=()
   [ "$tool" = racecheck ] && [ -n "$racecheck_exclude" ] && extra=(--kernel-name-exclude "$racecheck_exclude")
+  [ "$tool" = racecheck ] && [[ $n == hardening* ]] &&
+    skip=(--skip gpu_release_scratch_from_another_thread_while_backwards_are_queued)
   CUDA_VISIBLE_DEVICES=$gpu LIGER_RS_TEST_SHAPES=small LIGER_RS_REQUIRE_GPU=1 timeout "$l" \
     compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 97 "$t" --test-threads=1 \
-    > "$out/$tool-$n.log" 2>&1; rc=$?
+    "${skip[@]}" > "$out/$tool-$n.log" 2>&1; rc=$?
   report "$tool" "$n" "$rc" $(( $(date +%s) - s )) "$out/$tool-$n.log" > "$out/report-$tool-$n.txt"
 }
 if [[ $phases == *" sanitizer "* ]]; then
