@@ -60,7 +60,6 @@ pub(crate) fn mma<T: Half>(d: &mut [f32; 4], a: &[u32; 4], b0: u32, b1: u32) {
 /// # Safety
 /// `addr` is a 16-byte aligned shared-memory address (`.shared` window) of 16 valid bytes;
 /// every lane of the warp executes it.
-#[cfg(not(target_feature = "sm_90a"))]
 #[inline(always)]
 pub(crate) unsafe fn ldmatrix_x4(addr: u32) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
@@ -129,7 +128,6 @@ pub(crate) fn wait_all() {
 }
 
 /// Waits until at most the newest committed group of this thread's copies is still in flight.
-#[cfg(not(target_feature = "sm_90a"))]
 #[inline(always)]
 pub(crate) fn wait_one_pending() {
     // SAFETY: as `wait_all`.

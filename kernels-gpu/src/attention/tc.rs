@@ -10,8 +10,8 @@
 //! or Q in a product.
 use super::abi::{MMA_ROWS, Params, THREADS, fwd_key_tile};
 #[cfg(not(target_feature = "sm_90a"))]
-use super::mma::{Lanes, ldmatrix_x4, mma_abt, mma_pb, wait_one_pending};
-use super::mma::{commit, each, shared_addr, wait_all};
+use super::mma::{Lanes, ldmatrix_x4, mma_abt, mma_pb};
+use super::mma::{commit, each, shared_addr, wait_all, wait_one_pending};
 use super::{Half, Score, Seq, block_y, block_z, exp2, lse_of, lse_offset, lse2_for_backward};
 use super::{all_lanes, offset, safe_max, shfl_xor};
 use crate::{block_idx, grid_dim, sync_threads, thread_idx};
@@ -95,7 +95,7 @@ fn fwd_landed() {
 #[cfg(not(target_feature = "sm_90a"))]
 use super::mma::load_tile as fwd_load_tile;
 #[cfg(target_feature = "sm_90a")]
-use super::wgmma::{self, load_tile as fwd_load_tile};
+use super::wgmma::{self, a_frags, load_tile as fwd_load_tile};
 
 /// A score tile of `NT` n8 tiles as the `mma.sync` products take it (8 of them).
 #[cfg(not(target_feature = "sm_90a"))]
@@ -172,12 +172,15 @@ pub(crate) unsafe fn forward<T: Half, const D: usize, const NT: usize>(p: &Param
         };
     }
     commit();
-    #[cfg(not(target_feature = "sm_90a"))]
+    // Q stays in registers as the A operand of every `S = Q·Kᵀ`.
     let qf = {
         wait_one_pending();
         sync_threads();
         unsafe { a_frags::<D>(sq, warp, tid & 31) }
     };
+    // Never true (the host rejects a NaN scale), unknown to ptxas.
+    #[cfg(target_feature = "sm_90a")]
+    let never = p.scale.is_nan() as u32;
     let (mut m, mut l) = ([f32::NEG_INFINITY; 2], [0.0f32; 2]);
     let mut o = [[0.0f32; 4]; 16];
     let mut n0 = first;
@@ -197,7 +200,7 @@ pub(crate) unsafe fn forward<T: Half, const D: usize, const NT: usize>(p: &Param
         let mut sc = [[0.0f32; 4]; NT];
         #[cfg(target_feature = "sm_90a")]
         unsafe {
-            wgmma::scores::<T, D, NT>(&mut sc, sq, sk);
+            wgmma::scores_rs::<T, D, NT>(&mut sc, &qf, sk);
             wgmma::wait(&mut sc);
         }
         #[cfg(not(target_feature = "sm_90a"))]
@@ -207,10 +210,11 @@ pub(crate) unsafe fn forward<T: Half, const D: usize, const NT: usize>(p: &Param
         let masked = !s.all_allowed(m0, i1, n0 as i64, (n0 + bc - 1) as i64);
         let row0 = m0 + (16 * warp + g) as i64;
         // One branch per tile on block-uniform conditions: the common tile (no mask, no
-        // softcap) is straight-line code.
-        if !masked && score.plain() {
-            each::<NT>(|nt| each::<4>(|e| sc[nt][e] *= score.mul));
-        } else {
+        // softcap, a positive scale) is straight-line code on the raw products, its scale
+        // folded into the exponent's `fma` (the row maximum commutes with it).
+        let raw = !masked && score.plain() && score.mul > 0.0;
+        let mul = if raw { score.mul } else { 1.0 };
+        if !raw {
             each::<NT>(|nt| {
                 each::<4>(|e| {
                     let x = score.of(sc[nt][e]);
@@ -229,14 +233,14 @@ pub(crate) unsafe fn forward<T: Half, const D: usize, const NT: usize>(p: &Param
             each::<NT>(|nt| mx = mx.max(sc[nt][2 * r]).max(sc[nt][2 * r + 1]));
             mx = mx.max(shfl_xor(mx, 1));
             mx = mx.max(shfl_xor(mx, 2));
-            let m_new = m[r].max(mx);
+            let m_new = m[r].max(mx * mul);
             let sub = safe_max(m_new);
             let corr = exp2(m[r] - sub);
             m[r] = m_new;
             let mut sum = 0.0f32;
             each::<NT>(|nt| {
                 each::<2>(|e| {
-                    let pr = exp2(sc[nt][2 * r + e] - sub);
+                    let pr = exp2(crate::fma(sc[nt][2 * r + e], mul, -sub));
                     sc[nt][2 * r + e] = pr;
                     sum += pr;
                 });
@@ -270,6 +274,7 @@ pub(crate) unsafe fn forward<T: Half, const D: usize, const NT: usize>(p: &Param
         unsafe {
             wgmma::pv::<T, D, NT>(&mut o, &sc, sv);
             wgmma::wait64(&mut o);
+            wgmma::keep_alive(&qf, never, sq);
         }
         #[cfg(not(target_feature = "sm_90a"))]
         unsafe {

@@ -15,7 +15,7 @@
 //! MN-major one (V as B: rows are the k dimension, the head is N).
 use super::Half;
 use super::mma::each;
-use super::mma::load_rows;
+use super::mma::{ldmatrix_x4, load_rows};
 use core::arch::asm;
 
 /// Bytes of one 8-row group of a tile (the swizzle's period).
@@ -73,6 +73,24 @@ pub(crate) unsafe fn load_tile<const D: usize, const N: usize>(
             swizzled(rows, r, c)
         })
     }
+}
+
+/// The register A fragments (`mma.sync`'s, see the module docs) of warp `warp`'s 16 rows of a
+/// K-major tile of 64 rows at `tile`: k-step `kk` in `f[kk]` (`D / 16` of them). Lane `l`
+/// names row `l % 16` of the warp's and chunk `2kk + l / 16`, the order of the four matrices.
+///
+/// # Safety
+/// The tile has landed and a barrier followed; every lane of the warp executes it.
+#[inline(always)]
+pub(crate) unsafe fn a_frags<const D: usize>(tile: u32, warp: usize, lane: usize) -> [[u32; 4]; 8] {
+    let row = 16 * warp + (lane & 15);
+    let mut f = [[0u32; 4]; 8];
+    each::<8>(|kk| {
+        if kk < D / 16 {
+            f[kk] = unsafe { ldmatrix_x4(tile + swizzled(64, row, 2 * kk + (lane >> 4))) };
+        }
+    });
+    f
 }
 
 /// Makes this thread's completed shared-memory writes (`cp.async` included, once waited for)
@@ -166,16 +184,21 @@ macro_rules! ss {
     };
 }
 
-/// `acc (64×N) += A·B` for one k-step: A (64×16) in registers, B (16×N) MN-major in shared
-/// memory through the descriptor `b`.
+/// `acc (64×N) = acc·[accumulate] + A·B` for one k-step: A (64×16) in registers, B (16×N)
+/// in shared memory through the descriptor `b`, MN-major (`$tb` 1) or K-major (0).
 macro_rules! rs {
-    ($name:ident, $shape:literal, $ty:literal, $n:literal, $first:literal $($i:literal)*) => {
-        /// One `wgmma` with A from registers and B MN-major in shared memory, accumulating.
+    ($name:ident, $shape:literal, $ty:literal, $tb:literal, $n:literal, $first:literal $($i:literal)*) => {
+        /// One `wgmma` with A from registers and B in shared memory (see the macro).
         ///
         /// # Safety
         /// As the shared-memory form; `a` was written before the last [`fence`].
         #[inline(always)]
-        pub(crate) unsafe fn $name(acc: &mut [[f32; 4]; $n / 4], a: &[u32; 4], b: u64) {
+        pub(crate) unsafe fn $name(
+            acc: &mut [[f32; 4]; $n / 4],
+            a: &[u32; 4],
+            b: u64,
+            accumulate: bool,
+        ) {
             // SAFETY: the tiles of `acc` are its contiguous elements.
             let d = unsafe { &mut *(acc as *mut [[f32; 4]; $n / 4] as *mut [f32; $n]) };
             unsafe {
@@ -183,11 +206,11 @@ macro_rules! rs {
                     concat!(
                         "{{ .reg .pred p; setp.ne.b32 p, {z}, 0; wgmma.mma_async.sync.aligned.", $shape, ".f32.", $ty, ".", $ty,
                         " {{{", stringify!($first), "}" $(, ", {", stringify!($i), "}")*,
-                        "}}, {{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1, 1; }}"
+                        "}}, {{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1, ", $tb, "; }}"
                     ),
                     inout(reg32) d[$first], $(inout(reg32) d[$i],)*
                     a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2],
-                    a3 = in(reg32) a[3], b = in(reg64) b, z = in(reg32) 1u32,
+                    a3 = in(reg32) a[3], b = in(reg64) b, z = in(reg32) accumulate as u32,
                     options(nostack)
                 )
             }
@@ -216,10 +239,14 @@ regs32!(ss, ss_n64_bf16, "m64n64k16", "bf16", 32);
 regs32!(ss, ss_n64_f16, "m64n64k16", "f16", 32);
 regs64!(ss, ss_n128_bf16, "m64n128k16", "bf16", 64);
 regs64!(ss, ss_n128_f16, "m64n128k16", "f16", 64);
-regs32!(rs, rs_n64_bf16, "m64n64k16", "bf16", 32);
-regs32!(rs, rs_n64_f16, "m64n64k16", "f16", 32);
-regs64!(rs, rs_n128_bf16, "m64n128k16", "bf16", 64);
-regs64!(rs, rs_n128_f16, "m64n128k16", "f16", 64);
+regs32!(rs, rs_n64_bf16, "m64n64k16", "bf16", "1", 32);
+regs32!(rs, rs_n64_f16, "m64n64k16", "f16", "1", 32);
+regs64!(rs, rs_n128_bf16, "m64n128k16", "bf16", "1", 64);
+regs64!(rs, rs_n128_f16, "m64n128k16", "f16", "1", 64);
+regs32!(rs, rsk_n64_bf16, "m64n64k16", "bf16", "0", 32);
+regs32!(rs, rsk_n64_f16, "m64n64k16", "f16", "0", 32);
+regs64!(rs, rsk_n128_bf16, "m64n128k16", "bf16", "0", 64);
+regs64!(rs, rsk_n128_f16, "m64n128k16", "f16", "0", 64);
 
 /// `S = Q·Kᵀ` for a warpgroup's 64 query rows and `8·NT` keys (64 or 128) over a `D`-wide
 /// head: `q` a K-major tile of 64 rows, `k` one of `8·NT`. Issued and committed, not waited
@@ -252,6 +279,62 @@ pub(crate) unsafe fn scores<T: Half, const D: usize, const NT: usize>(
                     match T::IS_BF16 {
                         true => ss_n128_bf16(acc, a, b, more),
                         false => ss_n128_f16(acc, a, b, more),
+                    }
+                }
+            }
+        }
+    });
+    commit();
+}
+
+/// A store of `q`'s fragments to `at` predicated on `flag == 1`: an ordinary use of them after
+/// each tile's products. Without it ptxas (12.9, 13.0) treats registers read only by `wgmma`
+/// as dead after their last product in the loop body, and gives the next value (the packed P
+/// of `O += P·V`) the same registers, so the next tile's `S = Q·Kᵀ` reads P.
+#[inline(always)]
+pub(crate) fn keep_alive(q: &[[u32; 4]; 8], flag: u32, at: u32) {
+    each::<8>(|kk| {
+        // SAFETY: `flag` is never 1 (the caller's); the store would write 16 bytes of the block's tile.
+        unsafe {
+            asm!(
+                "{{ .reg .pred p; setp.eq.u32 p, {f}, 1; @p st.shared.v4.u32 [{a}], {{{q0}, {q1}, {q2}, {q3}}}; }}",
+                f = in(reg32) flag, a = in(reg32) at, q0 = in(reg32) q[kk][0], q1 = in(reg32) q[kk][1],
+                q2 = in(reg32) q[kk][2], q3 = in(reg32) q[kk][3], options(nostack)
+            )
+        }
+    });
+}
+
+/// [`scores`] with Q's fragments in registers ([`a_frags`]): only K is read from shared
+/// memory, half the operand bytes per product of the shared-memory form at 64 keys.
+///
+/// # Safety
+/// As [`rsk_n64_bf16`].
+#[inline(always)]
+pub(crate) unsafe fn scores_rs<T: Half, const D: usize, const NT: usize>(
+    acc: &mut [[f32; 4]; NT],
+    q: &[[u32; 4]; 8],
+    k: u32,
+) {
+    const { assert!(NT == 8 || NT == 16) };
+    fence();
+    each::<8>(|kk| {
+        if kk < D / 16 {
+            let b = k_major(k, 8 * NT, kk);
+            let more = kk > 0;
+            // SAFETY: `NT` is the tile count the product writes (the const branch).
+            unsafe {
+                if NT == 8 {
+                    let acc = &mut *(acc as *mut [[f32; 4]; NT] as *mut [[f32; 4]; 8]);
+                    match T::IS_BF16 {
+                        true => rsk_n64_bf16(acc, &q[kk], b, more),
+                        false => rsk_n64_f16(acc, &q[kk], b, more),
+                    }
+                } else {
+                    let acc = &mut *(acc as *mut [[f32; 4]; NT] as *mut [[f32; 4]; 16]);
+                    match T::IS_BF16 {
+                        true => rsk_n128_bf16(acc, &q[kk], b, more),
+                        false => rsk_n128_f16(acc, &q[kk], b, more),
                     }
                 }
             }
@@ -293,17 +376,17 @@ pub(crate) unsafe fn pv<T: Half, const D: usize, const NT: usize>(
             unsafe {
                 if D == 128 {
                     if T::IS_BF16 {
-                        rs_n128_bf16(o, &a[kk], b)
+                        rs_n128_bf16(o, &a[kk], b, true)
                     } else {
-                        rs_n128_f16(o, &a[kk], b)
+                        rs_n128_f16(o, &a[kk], b, true)
                     }
                 } else {
                     // SAFETY: the first 8 of the 16 tiles (the head's 64 columns).
                     let half = &mut *(o as *mut [[f32; 4]; 16] as *mut [[f32; 4]; 8]);
                     if T::IS_BF16 {
-                        rs_n64_bf16(half, &a[kk], b)
+                        rs_n64_bf16(half, &a[kk], b, true)
                     } else {
-                        rs_n64_f16(half, &a[kk], b)
+                        rs_n64_f16(half, &a[kk], b, true)
                     }
                 }
             }
