@@ -83,6 +83,7 @@ use candle_core::{
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use std::sync::Arc;
 
+mod block;
 mod cross_entropy;
 mod embedding;
 pub mod flash_attn;
@@ -96,6 +97,10 @@ mod rms_norm;
 mod rope;
 mod swiglu;
 
+pub use block::{
+    AttentionBlockConfig, attention_block, pack_attention_weights, pack_mlp_weights,
+    swiglu_mlp_block,
+};
 pub use cross_entropy::{
     CrossEntropyConfig, cross_entropy, cross_entropy_with, fused_linear_cross_entropy,
 };

@@ -67,14 +67,17 @@ trait FusedOps {
     fn parameters(init: &[Param]) -> Vec<Param> {
         init.to_vec()
     }
-    /// Block `l`'s SwiGLU MLP on `xs`: `down(silu(gate(xs)) · up(xs))`.
+    /// Block `l`'s MLP half on the residual stream `xs`: `xs + down(silu(gate(h)) · up(h))`,
+    /// `h` the RMSNorm of `xs` with the weight `{l}.mlp_norm`.
     fn mlp(model: &Model, l: usize, xs: &Tensor) -> Result<Tensor>;
     /// `xs · wᵀ` over the last dim of `xs`, `w [out, in]`: candle-nn's `Linear` without a bias.
     fn linear(w: &Tensor, xs: &Tensor) -> Result<Tensor>;
     /// The rows of `w [vocab, hidden]` at `ids`: candle-nn's `Embedding`.
     fn embedding(w: &Tensor, ids: &Tensor) -> Result<Tensor>;
-    /// Block `l`'s attention on `xs`: the q, k, v projections, RoPE on q and k, causal
-    /// attention with grouped key/value heads, the output projection.
+    /// Block `l`'s attention half on the residual stream `xs`: `xs + attention(h)`, `h` the
+    /// RMSNorm of `xs` with the weight `{l}.attn_norm`, and the attention the q, k, v
+    /// projections, RoPE on q and k, causal attention with grouped key/value heads, the
+    /// output projection.
     fn attention(model: &Model, l: usize, xs: &Tensor) -> Result<Tensor>;
     /// Mean cross-entropy (f32) of the LM head `w [vocab, hidden]` over `xs [tokens, hidden]`
     /// against `targets [tokens]`.
@@ -333,10 +336,8 @@ impl<'a> Model<'a> {
         let cfg = self.cfg;
         let mut xs = O::embedding(&self.weight("embed")?, inputs)?;
         for l in 0..cfg.layers {
-            let h = O::rms_norm(&xs, &self.weight(&format!("{l}.attn_norm"))?, EPS)?;
-            xs = (xs + O::attention(self, l, &h)?)?;
-            let h = O::rms_norm(&xs, &self.weight(&format!("{l}.mlp_norm"))?, EPS)?;
-            xs = (xs + O::mlp(self, l, &h)?)?;
+            xs = O::attention(self, l, &xs)?;
+            xs = O::mlp(self, l, &xs)?;
         }
         let xs = O::rms_norm(&xs, &self.weight("norm")?, EPS)?;
         let xs = xs.reshape((cfg.tokens_per_step(), cfg.hidden))?;

@@ -1,5 +1,6 @@
 //! The two runs' fused ops: candle-nn's differentiable ones and liger-rs's.
 use super::*;
+use liger_rs::candle::{AttentionBlockConfig, RmsNormConfig};
 
 /// candle-nn's differentiable ops: its fast `ops::rms_norm` and `rotary_emb::rope` have no
 /// backward, so a training loop uses the `_slow` forms.
@@ -42,9 +43,10 @@ impl FusedOps for CandleNn {
         candle_nn::ops::rms_norm_slow(xs, alpha, eps)
     }
     fn mlp(model: &Model, l: usize, xs: &Tensor) -> Result<Tensor> {
-        let gate = model.linear::<Self>(&format!("{l}.gate"), xs)?;
-        let up = model.linear::<Self>(&format!("{l}.up"), xs)?;
-        model.linear::<Self>(&format!("{l}.down"), &(gate.silu()? * up)?)
+        let h = Self::rms_norm(xs, &model.weight(&format!("{l}.mlp_norm"))?, EPS)?;
+        let gate = model.linear::<Self>(&format!("{l}.gate"), &h)?;
+        let up = model.linear::<Self>(&format!("{l}.up"), &h)?;
+        xs + model.linear::<Self>(&format!("{l}.down"), &(gate.silu()? * up)?)?
     }
     fn linear(w: &Tensor, xs: &Tensor) -> Result<Tensor> {
         Linear::new(w.clone(), None).forward(xs)
@@ -54,7 +56,8 @@ impl FusedOps for CandleNn {
     }
     fn attention(model: &Model, l: usize, xs: &Tensor) -> Result<Tensor> {
         let (cfg, cos, sin) = (model.cfg, &model.cos, &model.sin);
-        let proj = |p: &str| model.linear::<Self>(&format!("{l}.{p}"), xs);
+        let h = Self::rms_norm(xs, &model.weight(&format!("{l}.attn_norm"))?, EPS)?;
+        let proj = |p: &str| model.linear::<Self>(&format!("{l}.{p}"), &h);
         let (q, k, v) = (proj("q")?, proj("k")?, proj("v")?);
         let (b, t, d) = (cfg.batch, cfg.seq, cfg.head_dim());
         let heads = |x: Tensor, n: usize| x.reshape((b, t, n, d))?.transpose(1, 2)?.contiguous();
@@ -76,7 +79,7 @@ impl FusedOps for CandleNn {
             .matmul(&v)?
             .transpose(1, 2)?
             .reshape((b, t, cfg.hidden))?;
-        model.linear::<Self>(&format!("{l}.o"), &out)
+        xs + model.linear::<Self>(&format!("{l}.o"), &out)?
     }
     fn head_loss(xs: &Tensor, w: &Tensor, targets: &Tensor) -> Result<Tensor> {
         let logits = Linear::new(w.clone(), None)
@@ -84,6 +87,13 @@ impl FusedOps for CandleNn {
             .to_dtype(DType::F32)?;
         candle_nn::loss::cross_entropy(&logits, targets)
     }
+}
+
+/// `values` `[rows, cols]` row-major, transposed.
+fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    (0..cols * rows)
+        .map(|i| values[(i % rows) * cols + i / rows])
+        .collect()
 }
 
 /// liger-rs's fused kernels through its candle-nn-compatible module.
@@ -113,45 +123,55 @@ impl FusedOps for LigerRs {
     fn rms_norm(xs: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor> {
         liger_rs::candle::nn::ops::rms_norm(xs, alpha, eps)
     }
-    /// The q, k and v projections as one `qkv` weight, the gate and up projections as one
-    /// `gate_up` (rows stacked in that order).
+    /// Each block half's projections as one packed weight (`liger_rs::candle::pack_*`'s
+    /// layouts): `{l}.attn` the q, k, v rows and the output projection's transpose,
+    /// `{l}.mlp` the gate and up rows and the down projection's transpose.
     fn parameters(init: &[Param]) -> Vec<Param> {
-        // (a part, the joined weight it goes into, the part that starts it)
-        const JOINS: [(&str, &str, &str); 5] = [
-            ("q", "qkv", "q"),
-            ("k", "qkv", "q"),
-            ("v", "qkv", "q"),
-            ("gate", "gate_up", "gate"),
-            ("up", "gate_up", "gate"),
+        // (a part, the packed weight it goes into, whether it is stored transposed)
+        const PACKS: [(&str, &str, bool); 7] = [
+            ("q", "attn", false),
+            ("k", "attn", false),
+            ("v", "attn", false),
+            ("o", "attn", true),
+            ("gate", "mlp", false),
+            ("up", "mlp", false),
+            ("down", "mlp", true),
         ];
         let mut out: Vec<Param> = Vec::with_capacity(init.len());
         for (name, shape, values) in init {
-            let join = name.rsplit_once('.').and_then(|(l, part)| {
-                let (_, into, first) = JOINS.iter().find(|j| j.0 == part)?;
-                Some((format!("{l}.{into}"), part == *first))
+            let pack = name.rsplit_once('.').and_then(|(l, part)| {
+                let (_, into, t) = PACKS.iter().find(|p| p.0 == part)?;
+                Some((format!("{l}.{into}"), *t))
             });
-            match join {
-                Some((into, true)) => out.push((into, shape.clone(), values.clone())),
-                Some((into, false)) => {
-                    let last = out.last_mut().expect("a joined weight's first part");
-                    assert_eq!(last.0, into, "initial_weights' order");
-                    last.1[0] += shape[0];
-                    last.2.extend_from_slice(values);
+            let Some((into, transposed)) = pack else {
+                out.push((name.clone(), shape.clone(), values.clone()));
+                continue;
+            };
+            let (rows, values) = match transposed {
+                false => (shape[0], values.clone()),
+                true => (shape[1], transpose(values, shape[0], shape[1])),
+            };
+            match out.last_mut() {
+                Some(last) if last.0 == into => {
+                    last.1[0] += rows;
+                    last.2.extend_from_slice(&values);
                 }
-                None => out.push((name.clone(), shape.clone(), values.clone())),
+                _ => out.push((into, vec![rows, shape[0] * shape[1] / rows], values)),
             }
         }
         out
     }
-    /// One autograd node (`nn::SwigluMlp`): candle-nn's four layers cost the backward a zero
-    /// fill and an add per input of each (three of the intermediate size).
+    /// One autograd node (`swiglu_mlp_block`): the norm, the gate-up projection, SwiGLU, the
+    /// down projection and the residual add hand candle's backward one gradient of `xs`'s
+    /// size instead of four (each a zero fill and an add).
     fn mlp(model: &Model, l: usize, xs: &Tensor) -> Result<Tensor> {
-        let gate_up = model.weight(&format!("{l}.gate_up"))?;
-        let down = model.weight(&format!("{l}.down"))?;
-        liger_rs::candle::nn::SwigluMlp::new(gate_up, down).forward(xs)
+        let norm = model.weight(&format!("{l}.mlp_norm"))?;
+        let w = model.weight(&format!("{l}.mlp"))?;
+        let cfg = RmsNormConfig::default().with_eps(EPS);
+        liger_rs::candle::swiglu_mlp_block(xs, &norm, &w, &cfg)
     }
-    /// One autograd node (candle-nn's `Linear` is four, each costing the backward a zero
-    /// fill and an add of its gradient).
+    /// One autograd node with a deterministic backward kernel (candle-nn's `Linear` is four,
+    /// each costing the backward a zero fill and an add of its gradient).
     fn linear(w: &Tensor, xs: &Tensor) -> Result<Tensor> {
         liger_rs::candle::nn::Linear::new(w.clone(), None).forward(xs)
     }
@@ -160,22 +180,16 @@ impl FusedOps for LigerRs {
     fn embedding(w: &Tensor, ids: &Tensor) -> Result<Tensor> {
         liger_rs::candle::nn::Embedding::new(w.clone(), w.dim(1)?).forward(ids)
     }
-    /// One fused QKV projection and `flash_attn_qkv`, which applies RoPE to q and k itself:
-    /// two linears and one attention node in candle's graph.
+    /// One autograd node (`attention_block`): the norm, the QKV projection, RoPE, the
+    /// attention, the output projection and the residual add; candle's graph of them would
+    /// hand its backward five gradients of `xs`'s size and one of the QKV projection's.
     fn attention(model: &Model, l: usize, xs: &Tensor) -> Result<Tensor> {
-        let cfg = model.cfg;
-        let qkv = model.linear::<Self>(&format!("{l}.qkv"), xs)?;
+        let c = model.cfg;
+        let norm = model.weight(&format!("{l}.attn_norm"))?;
+        let w = model.weight(&format!("{l}.attn"))?;
+        let cfg = AttentionBlockConfig::llama(c.heads, c.kv_heads, c.head_dim(), EPS);
         let rope = Some((&model.cos, &model.sin));
-        let scale = 1.0 / (cfg.head_dim() as f32).sqrt();
-        let out = liger_rs::candle::flash_attn::flash_attn_qkv(
-            &qkv,
-            cfg.heads,
-            cfg.kv_heads,
-            rope,
-            scale,
-            true,
-        )?;
-        model.linear::<Self>(&format!("{l}.o"), &out)
+        liger_rs::candle::attention_block(xs, &norm, &w, rope, &cfg)
     }
     fn head_loss(xs: &Tensor, w: &Tensor, targets: &Tensor) -> Result<Tensor> {
         let cfg = liger_rs::candle::CrossEntropyConfig::default();

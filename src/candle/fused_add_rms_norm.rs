@@ -188,7 +188,7 @@ impl FusedAddOp {
 
 /// `(dx, dw)` of the fused backward from flat `dy`, `ds`, `s` (`dims`: the shape of `x`).
 #[allow(clippy::too_many_arguments)]
-fn backward(
+pub(super) fn backward(
     dy: &Tensor,
     ds: &Tensor,
     s: &Tensor,

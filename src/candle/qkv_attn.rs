@@ -19,8 +19,9 @@ use std::sync::Mutex;
 const OP: &str = "liger-rs flash_attn_qkv";
 
 /// The node over `qkv [b, t, (hq + 2·hkv)·d]`; it keeps the rotated copy of `qkv` and the
-/// log-sum-exp `[b, hq, t]`.
-struct QkvAttn {
+/// log-sum-exp `[b, hq, t]`. [`super::block`] runs its forward and backward inside its own
+/// node.
+pub(super) struct QkvAttn {
     heads_q: usize,
     heads_kv: usize,
     scale: f32,
@@ -41,6 +42,56 @@ struct Dims {
 }
 
 impl QkvAttn {
+    /// The attention of `flash_attn_qkv`'s arguments, `rope` checked against `qkv`'s `(t, d)`
+    /// and `dtype` (its first `t` rows are kept).
+    pub(super) fn new(
+        (heads_q, heads_kv): (usize, usize),
+        rope: Option<(&Tensor, &Tensor)>,
+        softmax_scale: f32,
+        causal: bool,
+        qkv: &Tensor,
+    ) -> Result<Self> {
+        let (t, d) = (qkv.dim(1)?, qkv.dim(2)? / (heads_q + 2 * heads_kv));
+        Ok(QkvAttn {
+            heads_q,
+            heads_kv,
+            scale: softmax_scale,
+            causal,
+            rope: tables(rope, t, d, qkv)?,
+            saved: Mutex::new(None),
+        })
+    }
+
+    /// The forward over a contiguous CUDA `qkv` `[b, t, (hq + 2·hkv)·d]` outside any graph:
+    /// `o` `[b, t, hq·d]` and what [`QkvAttn::grad`] needs (the rotated copy, the
+    /// log-sum-exp).
+    pub(super) fn attend(&self, qkv: &Tensor) -> Result<(Tensor, [Tensor; 2])> {
+        let o = {
+            let (s, l) = qkv.storage_and_layout();
+            let s = super::cuda(&s, OP, "qkv")?;
+            let (o, shape) = by_dtype!(qkv.dtype(), OP, forward_t(self, s, l))?;
+            tensor(o, shape)
+        };
+        let saved = self.saved.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let saved = saved.ok_or_else(|| candle_core::Error::Msg(format!("{OP}: no forward")))?;
+        Ok((o, saved))
+    }
+
+    /// `dqkv` `[b, t, (hq + 2·hkv)·d]` from [`QkvAttn::attend`]'s results and `o`'s
+    /// gradient `d_o` (contiguous).
+    pub(super) fn grad(
+        &self,
+        [rotated, lse]: &[Tensor; 2],
+        o: &Tensor,
+        d_o: &Tensor,
+    ) -> Result<Tensor> {
+        by_dtype!(
+            rotated.dtype(),
+            OP,
+            backward_t(self, [rotated, o, d_o, lse])
+        )
+    }
+
     fn dims(&self, shape: &Shape) -> Result<Dims> {
         let (b, t, row) = shape.dims3()?;
         let d = row / (self.heads_q + 2 * self.heads_kv);
@@ -286,39 +337,12 @@ pub fn flash_attn_qkv(
         )
     }
     let d = row / heads;
-    let rope = match rope {
-        None => None,
-        Some((cos, sin)) => {
-            for (name, table) in [("cos", cos), ("sin", sin)] {
-                match *table.dims() {
-                    [rows, w] if rows >= t && 2 * w == d => {}
-                    _ => bail!(
-                        "{OP}: {name} must be [rows ≥ {t}, {}] (half of head_dim {d}), got {:?}",
-                        d / 2,
-                        table.dims()
-                    ),
-                }
-                if table.dtype() != qkv.dtype() {
-                    bail!(
-                        "{OP}: {name} is {:?}, qkv is {:?}",
-                        table.dtype(),
-                        qkv.dtype()
-                    )
-                }
-                if !table.device().same_device(qkv.device()) {
-                    bail!("{OP}: {name} is on another device than qkv")
-                }
-            }
-            // The first `t` rows: the kernels read a table of exactly the sequence's rows.
-            let rows = |x: &Tensor| x.detach().narrow(0, 0, t)?.contiguous();
-            Some((rows(cos)?, rows(sin)?))
-        }
-    };
+    let tables = tables(rope, t, d, qkv)?;
     if !qkv.device().is_cuda() {
         let part = |at: usize, h: usize| qkv.narrow(2, at * d, h * d)?.reshape((b, t, h, d));
         let (mut q, mut k) = (part(0, heads_q)?, part(heads_q, heads_kv)?);
         let v = part(heads_q + heads_kv, heads_kv)?;
-        if let Some((cos, sin)) = &rope {
+        if let Some((cos, sin)) = &tables {
             (q, k) = (rope_thd(&q, cos, sin)?, rope_thd(&k, cos, sin)?);
         }
         return flash_attn(&q, &k, &v, softmax_scale, causal)?.reshape((b, t, heads_q * d));
@@ -328,8 +352,43 @@ pub fn flash_attn_qkv(
         heads_kv,
         scale: softmax_scale,
         causal,
-        rope,
+        rope: tables,
         saved: Mutex::new(None),
     };
     qkv.contiguous()?.apply_op1(node)
+}
+
+/// RoPE's `(cos, sin)` checked against a `[b, t, (hq + 2·hkv)·d]` `qkv`: their first `t`
+/// rows, detached and contiguous (the kernels read a table of exactly the sequence's rows).
+fn tables(
+    rope: Option<(&Tensor, &Tensor)>,
+    t: usize,
+    d: usize,
+    qkv: &Tensor,
+) -> Result<Option<(Tensor, Tensor)>> {
+    let Some((cos, sin)) = rope else {
+        return Ok(None);
+    };
+    for (name, table) in [("cos", cos), ("sin", sin)] {
+        match *table.dims() {
+            [rows, w] if rows >= t && 2 * w == d => {}
+            _ => bail!(
+                "{OP}: {name} must be [rows ≥ {t}, {}] (half of head_dim {d}), got {:?}",
+                d / 2,
+                table.dims()
+            ),
+        }
+        if table.dtype() != qkv.dtype() {
+            bail!(
+                "{OP}: {name} is {:?}, qkv is {:?}",
+                table.dtype(),
+                qkv.dtype()
+            )
+        }
+        if !table.device().same_device(qkv.device()) {
+            bail!("{OP}: {name} is on another device than qkv")
+        }
+    }
+    let rows = |x: &Tensor| x.detach().narrow(0, 0, t)?.contiguous();
+    Ok(Some((rows(cos)?, rows(sin)?)))
 }

@@ -426,7 +426,7 @@ pub fn geglu_fused(gate_up: &Tensor, gelu: Gelu, cfg: &SwigluConfig) -> Result<T
 }
 
 /// [`swiglu_fused`] or [`geglu_fused`].
-fn glu_fused(gate: Gate, gate_up: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
+pub(super) fn glu_fused(gate: Gate, gate_up: &Tensor, cfg: &SwigluConfig) -> Result<Tensor> {
     let name = names(gate).1;
     fused_rows_cols(gate_up, name)?;
     on(name, &[("gate_up", gate_up)])?;
