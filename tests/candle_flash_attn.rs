@@ -340,19 +340,7 @@ fn qkv_inputs(
 
 fn assert_close(what: &str, got: &[Vec<f32>; 2], want: &[Vec<f32>; 2], bound: f32) {
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert_eq!(g.len(), w.len(), "{what}: output {i} length");
-        let scale = w.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let err = g.iter().zip(w).fold(0f32, |m, (a, b)| {
-            if a.is_nan() {
-                f32::NAN
-            } else {
-                m.max((a - b).abs())
-            }
-        });
-        assert!(
-            err <= bound * scale,
-            "{what}: output {i} error {err} of max {scale}"
-        );
+        common::assert_within(&format!("{what}: output {i}"), g, w, bound);
     }
 }
 

@@ -1,10 +1,10 @@
 //! Trains a small Llama-style decoder twice from the same initial weights: once with candle-nn's
 //! differentiable ops (`ops::rms_norm_slow`, `rotary_emb::rope_slow`, `silu(gate) * up`, and
 //! attention as matmul, mask, f32 softmax, matmul over repeated key/value heads) and once with
-//! liger-rs's (`liger_rs::candle::nn::ops::rms_norm`, `nn::Linear`, `nn::Embedding` and
-//! `nn::SwigluMlp` (the MLP over one fused gate-up weight), one autograd node each, one fused
-//! QKV projection and `candle::flash_attn::flash_attn_qkv`, which applies RoPE to its q and k
-//! and attends over views of it with grouped key/value heads, one node,
+//! liger-rs's (each layer two autograd nodes over packed weights: `candle::attention_block`,
+//! the RMSNorm, the QKV projection, RoPE and the fused attention with grouped key/value heads,
+//! the output projection and the residual add, and `candle::swiglu_mlp_block`, the RMSNorm,
+//! the gate-up projection, SwiGLU, the down projection and the residual add; `nn::Embedding`,
 //! `candle::fused_linear_cross_entropy` for the head and the loss, whose `[tokens, vocab]`
 //! logits are never held whole, and `candle::nn::AdamW`, the fused optimizer step, which in
 //! f16/bf16 also rewrites the compute-dtype copies of the weights that the forward uses),
@@ -70,8 +70,6 @@ trait FusedOps {
     /// Block `l`'s MLP half on the residual stream `xs`: `xs + down(silu(gate(h)) · up(h))`,
     /// `h` the RMSNorm of `xs` with the weight `{l}.mlp_norm`.
     fn mlp(model: &Model, l: usize, xs: &Tensor) -> Result<Tensor>;
-    /// `xs · wᵀ` over the last dim of `xs`, `w [out, in]`: candle-nn's `Linear` without a bias.
-    fn linear(w: &Tensor, xs: &Tensor) -> Result<Tensor>;
     /// The rows of `w [vocab, hidden]` at `ids`: candle-nn's `Embedding`.
     fn embedding(w: &Tensor, ids: &Tensor) -> Result<Tensor>;
     /// Block `l`'s attention half on the residual stream `xs`: `xs + attention(h)`, `h` the
@@ -325,10 +323,6 @@ impl<'a> Model<'a> {
             Some(c) => Ok(c[i].as_tensor().clone()),
             None => self.vars[i].as_tensor().to_dtype(self.cfg.dtype),
         }
-    }
-
-    fn linear<O: FusedOps>(&self, name: &str, xs: &Tensor) -> Result<Tensor> {
-        O::linear(&self.weight(name)?, xs)
     }
 
     /// Mean cross-entropy of the next-token predictions, f32.

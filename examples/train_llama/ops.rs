@@ -2,6 +2,11 @@
 use super::*;
 use liger_rs::candle::{AttentionBlockConfig, RmsNormConfig};
 
+/// `xs · Wᵀ` for the parameter `name` (`[out, in]`): candle-nn's `Linear` without a bias.
+fn linear(model: &Model, name: &str, xs: &Tensor) -> Result<Tensor> {
+    Linear::new(model.weight(name)?, None).forward(xs)
+}
+
 /// candle-nn's differentiable ops: its fast `ops::rms_norm` and `rotary_emb::rope` have no
 /// backward, so a training loop uses the `_slow` forms.
 pub(super) struct CandleNn;
@@ -44,12 +49,9 @@ impl FusedOps for CandleNn {
     }
     fn mlp(model: &Model, l: usize, xs: &Tensor) -> Result<Tensor> {
         let h = Self::rms_norm(xs, &model.weight(&format!("{l}.mlp_norm"))?, EPS)?;
-        let gate = model.linear::<Self>(&format!("{l}.gate"), &h)?;
-        let up = model.linear::<Self>(&format!("{l}.up"), &h)?;
-        xs + model.linear::<Self>(&format!("{l}.down"), &(gate.silu()? * up)?)?
-    }
-    fn linear(w: &Tensor, xs: &Tensor) -> Result<Tensor> {
-        Linear::new(w.clone(), None).forward(xs)
+        let gate = linear(model, &format!("{l}.gate"), &h)?;
+        let up = linear(model, &format!("{l}.up"), &h)?;
+        xs + linear(model, &format!("{l}.down"), &(gate.silu()? * up)?)?
     }
     fn embedding(w: &Tensor, ids: &Tensor) -> Result<Tensor> {
         Embedding::new(w.clone(), w.dim(1)?).forward(ids)
@@ -57,7 +59,7 @@ impl FusedOps for CandleNn {
     fn attention(model: &Model, l: usize, xs: &Tensor) -> Result<Tensor> {
         let (cfg, cos, sin) = (model.cfg, &model.cos, &model.sin);
         let h = Self::rms_norm(xs, &model.weight(&format!("{l}.attn_norm"))?, EPS)?;
-        let proj = |p: &str| model.linear::<Self>(&format!("{l}.{p}"), &h);
+        let proj = |p: &str| linear(model, &format!("{l}.{p}"), &h);
         let (q, k, v) = (proj("q")?, proj("k")?, proj("v")?);
         let (b, t, d) = (cfg.batch, cfg.seq, cfg.head_dim());
         let heads = |x: Tensor, n: usize| x.reshape((b, t, n, d))?.transpose(1, 2)?.contiguous();
@@ -79,7 +81,7 @@ impl FusedOps for CandleNn {
             .matmul(&v)?
             .transpose(1, 2)?
             .reshape((b, t, cfg.hidden))?;
-        xs + model.linear::<Self>(&format!("{l}.o"), &out)?
+        xs + linear(model, &format!("{l}.o"), &out)?
     }
     fn head_loss(xs: &Tensor, w: &Tensor, targets: &Tensor) -> Result<Tensor> {
         let logits = Linear::new(w.clone(), None)
@@ -169,11 +171,6 @@ impl FusedOps for LigerRs {
         let w = model.weight(&format!("{l}.mlp"))?;
         let cfg = RmsNormConfig::default().with_eps(EPS);
         liger_rs::candle::swiglu_mlp_block(xs, &norm, &w, &cfg)
-    }
-    /// One autograd node with a deterministic backward kernel (candle-nn's `Linear` is four,
-    /// each costing the backward a zero fill and an add of its gradient).
-    fn linear(w: &Tensor, xs: &Tensor) -> Result<Tensor> {
-        liger_rs::candle::nn::Linear::new(w.clone(), None).forward(xs)
     }
     /// One node with a deterministic backward kernel (candle's `index_add` has one thread
     /// per column walk every id).

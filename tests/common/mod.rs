@@ -21,6 +21,20 @@ pub fn expect_err<V: std::fmt::Debug>(what: &str, r: candle_core::Result<V>, nee
     }
 }
 
+/// `got` is within `bound · max|want|` of `want` everywhere (a NaN fails), named `what`.
+pub fn assert_within(what: &str, got: &[f32], want: &[f32], bound: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let err = got.iter().zip(want).fold(0f32, |m, (a, b)| {
+        if a.is_nan() {
+            f32::NAN
+        } else {
+            m.max((a - b).abs())
+        }
+    });
+    assert!(err <= bound * scale, "{what}: error {err} of max {scale}");
+}
+
 use liger_rs::cudarc::driver::result::memset_d8_async;
 use liger_rs::cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut};
 use liger_rs::reference::Element;
