@@ -8,7 +8,7 @@
 #![cfg(feature = "candle")]
 mod common;
 
-use candle_core::{D, DType, Device, Tensor, Var};
+use candle_core::{DType, Device, Tensor, Var};
 use common::Rng;
 use liger_rs::candle::{
     AttentionBlockConfig, RmsNormConfig, attention_block, pack_attention_weights, pack_mlp_weights,
@@ -114,36 +114,11 @@ fn attention_slow(
     let qkv = n
         .reshape((b * t, hidden))?
         .matmul(&weight.narrow(0, 0, (hq + 2 * hkv) * d)?.t()?)?;
-    let heads = |at: usize, h: usize| -> candle_core::Result<Tensor> {
-        qkv.narrow(1, at * d, h * d)?
-            .reshape((b, t, h, d))?
-            .transpose(1, 2)?
-            .contiguous()
-    };
-    let (cos, sin) = (cos.narrow(0, 0, t)?, sin.narrow(0, 0, t)?);
-    let q = candle_nn::rotary_emb::rope_slow(&heads(0, hq)?, &cos, &sin)?;
-    let k = candle_nn::rotary_emb::rope_slow(&heads(hq, hkv)?, &cos, &sin)?;
-    let v = heads(hq + hkv, hkv)?;
-    let group = |x: Tensor| -> candle_core::Result<Tensor> {
-        let x = x.unsqueeze(2)?.repeat((1, 1, hq / hkv, 1, 1))?;
-        x.reshape((b, hq, t, d))
-    };
-    let (k, v) = (group(k)?, group(v)?);
-    let mask: Vec<f64> = (0..t * t)
-        .map(|i| {
-            if i % t > i / t {
-                f64::NEG_INFINITY
-            } else {
-                0.0
-            }
-        })
-        .collect();
-    let mask = Tensor::from_vec(mask, (t, t), x.device())?.to_dtype(x.dtype())?;
     // The block's scale is an f32, 1/√d rounded.
     let scale = (1.0 / (d as f32).sqrt()) as f64;
-    let s = (q.matmul(&k.t()?)? * scale)?.broadcast_add(&mask)?;
-    let p = candle_nn::ops::softmax(&s, D::Minus1)?;
-    let a = p.matmul(&v)?.transpose(1, 2)?.reshape((b * t, hq * d))?;
+    let qkv = qkv.reshape((b, t, (hq + 2 * hkv) * d))?;
+    let a = common::qkv_attention_slow(&qkv, (hq, hkv), Some((cos, sin)), scale, true)?;
+    let a = a.reshape((b * t, hq * d))?;
     let out = a.matmul(&weight.narrow(0, (hq + 2 * hkv) * d, hq * d)?)?;
     x + out.reshape((b, t, hidden))?
 }

@@ -267,44 +267,9 @@ impl QkvCall {
     /// candle-nn's `rope_slow` on `[b, h, t, d]` heads and softmax attention over repeated
     /// key/value heads, in candle ops.
     fn slow(&self, qkv: &Tensor) -> candle_core::Result<Tensor> {
-        let (b, t, row) = qkv.dims3()?;
-        let (hq, hkv) = (self.hq, self.hkv);
-        let d = row / (hq + 2 * hkv);
-        let heads = |at: usize, h: usize| {
-            qkv.narrow(2, at * d, h * d)?
-                .reshape((b, t, h, d))?
-                .transpose(1, 2)?
-                .contiguous()
-        };
-        let (mut q, mut k, v) = (heads(0, hq)?, heads(hq, hkv)?, heads(hq + hkv, hkv)?);
-        if let Some((c, s)) = &self.rope {
-            let table = |x: &Tensor| x.narrow(0, 0, t)?.to_dtype(qkv.dtype());
-            let (c, s) = (table(c)?, table(s)?);
-            q = candle_nn::rotary_emb::rope_slow(&q, &c, &s)?;
-            k = candle_nn::rotary_emb::rope_slow(&k, &c, &s)?;
-        }
-        let rep = |x: Tensor| -> candle_core::Result<Tensor> {
-            x.unsqueeze(2)?
-                .broadcast_as((b, hkv, hq / hkv, t, d))?
-                .reshape((b, hq, t, d))
-        };
-        let (k, v) = (rep(k)?, rep(v)?);
-        let mut scores = (q.matmul(&k.t()?.contiguous()?)? * self.scale as f64)?;
-        if self.causal {
-            let mask: Vec<f64> = (0..t * t)
-                .map(|i| {
-                    if i % t > i / t {
-                        f64::NEG_INFINITY
-                    } else {
-                        0.0
-                    }
-                })
-                .collect();
-            let mask = Tensor::from_vec(mask, (t, t), qkv.device())?.to_dtype(qkv.dtype())?;
-            scores = scores.broadcast_add(&mask)?;
-        }
-        let p = candle_nn::ops::softmax(&scores, candle_core::D::Minus1)?;
-        p.matmul(&v)?.transpose(1, 2)?.reshape((b, t, hq * d))
+        let rope = self.rope.as_ref().map(|(c, s)| (c, s));
+        let (heads, scale) = ((self.hq, self.hkv), self.scale as f64);
+        common::qkv_attention_slow(qkv, heads, rope, scale, self.causal)
     }
 }
 

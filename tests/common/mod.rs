@@ -21,6 +21,57 @@ pub fn expect_err<V: std::fmt::Debug>(what: &str, r: candle_core::Result<V>, nee
     }
 }
 
+/// Attention over a fused `qkv` `[b, t, (hq + 2·hkv)·d]` in candle ops: candle-nn's
+/// `rope_slow` on `[b, h, t, d]` heads with `rope`'s first `t` rows, softmax attention over
+/// key/value heads repeated per group, a bottom-right causal mask where asked. `[b, t, hq·d]`.
+#[cfg(feature = "candle")]
+pub fn qkv_attention_slow(
+    qkv: &candle_core::Tensor,
+    (hq, hkv): (usize, usize),
+    rope: Option<(&candle_core::Tensor, &candle_core::Tensor)>,
+    scale: f64,
+    causal: bool,
+) -> candle_core::Result<candle_core::Tensor> {
+    use candle_core::Tensor;
+    let (b, t, row) = qkv.dims3()?;
+    let d = row / (hq + 2 * hkv);
+    let heads = |at: usize, h: usize| {
+        qkv.narrow(2, at * d, h * d)?
+            .reshape((b, t, h, d))?
+            .transpose(1, 2)?
+            .contiguous()
+    };
+    let (mut q, mut k, v) = (heads(0, hq)?, heads(hq, hkv)?, heads(hq + hkv, hkv)?);
+    if let Some((c, s)) = rope {
+        let table = |x: &Tensor| x.narrow(0, 0, t)?.to_dtype(qkv.dtype());
+        let (c, s) = (table(c)?, table(s)?);
+        q = candle_nn::rotary_emb::rope_slow(&q, &c, &s)?;
+        k = candle_nn::rotary_emb::rope_slow(&k, &c, &s)?;
+    }
+    let rep = |x: Tensor| -> candle_core::Result<Tensor> {
+        x.unsqueeze(2)?
+            .broadcast_as((b, hkv, hq / hkv, t, d))?
+            .reshape((b, hq, t, d))
+    };
+    let (k, v) = (rep(k)?, rep(v)?);
+    let mut scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?;
+    if causal {
+        let mask: Vec<f64> = (0..t * t)
+            .map(|i| {
+                if i % t > i / t {
+                    f64::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let mask = Tensor::from_vec(mask, (t, t), qkv.device())?.to_dtype(qkv.dtype())?;
+        scores = scores.broadcast_add(&mask)?;
+    }
+    let p = candle_nn::ops::softmax(&scores, candle_core::D::Minus1)?;
+    p.matmul(&v)?.transpose(1, 2)?.reshape((b, t, hq * d))
+}
+
 /// `got` is within `bound · max|want|` of `want` everywhere (a NaN fails), named `what`.
 pub fn assert_within(what: &str, got: &[f32], want: &[f32], bound: f32) {
     assert_eq!(got.len(), want.len(), "{what}: length");
