@@ -25,7 +25,7 @@ use crate::blas::{Blas, Gemm};
 use crate::identity::Gate;
 use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, bail};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 const ATTN: &str = "liger-rs attention_block";
 const MLP: &str = "liger-rs swiglu_mlp_block";
@@ -192,13 +192,12 @@ pub fn attention_block(
         name: ATTN,
         norm: cfg.norm,
         split: qkv_rows,
-        inner: Inner::Attention(attn),
-        saved: Mutex::new(Some(Saved {
+        inner: Inner::Attention { attn, kept },
+        saved: Saved {
             n,
             rstd,
             mid: a.reshape((b * t, o_rows))?,
-            kept: kept.to_vec(),
-        })),
+        },
     };
     x.apply_op3(&norm_weight, &weight, node)
 }
@@ -276,13 +275,11 @@ pub fn swiglu_mlp_block(
         name: MLP,
         norm: *norm,
         split: 2 * inter,
-        inner: Inner::Mlp(Gate::Silu),
-        saved: Mutex::new(Some(Saved {
-            n,
-            rstd,
-            mid: act,
-            kept: vec![gu],
-        })),
+        inner: Inner::Mlp {
+            gate: Gate::Silu,
+            gate_up: gu,
+        },
+        saved: Saved { n, rstd, mid: act },
     };
     x.apply_op3(&norm_weight, &weight, node)
 }
@@ -307,16 +304,16 @@ fn check_params(op: &str, x: &Tensor, norm_weight: &Tensor, weight: &Tensor) -> 
     Ok(())
 }
 
-/// What a half runs between its first projection and its last.
+/// What a half runs between its first projection and its last, and what its backward keeps
+/// of it.
 enum Inner {
-    /// RoPE and attention over the QKV projection.
-    Attention(QkvAttn),
-    /// The GLU over the gate-up projection.
-    Mlp(Gate),
+    /// RoPE and attention over the QKV projection; the rotated QKV and the log-sum-exp.
+    Attention { attn: QkvAttn, kept: [Tensor; 2] },
+    /// The GLU over the gate-up projection, which is kept.
+    Mlp { gate: Gate, gate_up: Tensor },
 }
 
-/// What the forward keeps for the backward.
-#[derive(Clone)]
+/// What the forward keeps for the backward around the inner part.
 struct Saved {
     /// The normalised input, `[rows, hidden]`.
     n: Tensor,
@@ -324,8 +321,6 @@ struct Saved {
     rstd: Tensor,
     /// The last projection's input, `[rows, k]`: the attention output or the activation.
     mid: Tensor,
-    /// The attention's rotated QKV and log-sum-exp, or the gate-up projection.
-    kept: Vec<Tensor>,
 }
 
 /// The node over `x`, the norm weight and the packed weight, whose rows `split..` are the last
@@ -335,22 +330,18 @@ struct BlockOp {
     norm: RmsNormConfig,
     split: usize,
     inner: Inner,
-    saved: Mutex<Option<Saved>>,
+    /// Computed before the node is built (its forward is only the last projection).
+    saved: Saved,
 }
 
 impl BlockOp {
-    fn saved(&self) -> Result<Saved> {
-        let saved = self.saved.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        saved.ok_or_else(|| candle_core::Error::Msg(format!("{}: no forward", self.name)))
-    }
-
     /// `x + mid·W[split..]`: `x` copied, then one GEMM with `β = 1`.
     fn residual<T: Elem>(
         &self,
         (x, lx): (&CudaStorage, &Layout),
         (w, lw): (&CudaStorage, &Layout),
     ) -> Result<(CudaStorage, Shape)> {
-        let mid = self.saved()?.mid;
+        let mid = &self.saved.mid;
         let (ms, ml) = mid.storage_and_layout();
         let mid_v = view::<T>(cuda(&ms, self.name, "mid")?, ml, self.name)?;
         let x_v = view::<T>(x, lx, self.name)?;
@@ -377,7 +368,7 @@ impl BlockOp {
         &self,
         [x, norm_weight, weight, dy]: [&Tensor; 4],
     ) -> Result<(Tensor, Option<Tensor>, Option<Tensor>)> {
-        let Saved { n, rstd, mid, kept } = self.saved()?;
+        let Saved { n, rstd, mid } = &self.saved;
         let (norm_weight_d, w) = (norm_weight.detach(), weight.detach());
         let (rows_w, hidden) = w.dims2()?;
         let (rows, k) = mid.dims2()?;
@@ -385,21 +376,20 @@ impl BlockOp {
         let first = w.narrow(0, 0, self.split)?;
         let d_mid = dy.matmul(&w.narrow(0, self.split, rows_w - self.split)?.t()?)?;
         let d_first = match &self.inner {
-            Inner::Attention(attn) => {
-                let kept: [Tensor; 2] = [kept[0].clone(), kept[1].clone()];
+            Inner::Attention { attn, kept } => {
                 let (b, t, _) = kept[0].dims3()?;
                 let (o, d_o) = (mid.reshape((b, t, k))?, d_mid.reshape((b, t, k))?);
-                attn.grad(&kept, &o, &d_o)?.reshape((rows, self.split))?
+                attn.grad(kept, &o, &d_o)?.reshape((rows, self.split))?
             }
-            Inner::Mlp(gate) => {
-                glu_fused_backward(*gate, &d_mid, &kept[0], &SwigluConfig::default())?
+            Inner::Mlp { gate, gate_up } => {
+                glu_fused_backward(*gate, &d_mid, gate_up, &SwigluConfig::default())?
             }
         };
         let dn = d_first.matmul(&first)?;
         let dw = match weight.track_op() {
             false => None,
             true => {
-                Some(self.weight_grad::<T>([&d_first, &n, &mid, &dy], (rows_w, hidden, rows, k))?)
+                Some(self.weight_grad::<T>([&d_first, n, mid, &dy], (rows_w, hidden, rows, k))?)
             }
         };
         let with_dw = norm_weight.track_op();
@@ -408,7 +398,7 @@ impl BlockOp {
             &dy.flatten_all()?,
             &x.detach().flatten_all()?,
             Some(&norm_weight_d),
-            &rstd,
+            rstd,
             &self.norm,
             with_dw,
             x.dims(),

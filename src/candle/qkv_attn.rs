@@ -337,24 +337,16 @@ pub fn flash_attn_qkv(
         )
     }
     let d = row / heads;
-    let tables = tables(rope, t, d, qkv)?;
+    let node = QkvAttn::new((heads_q, heads_kv), rope, softmax_scale, causal, qkv)?;
     if !qkv.device().is_cuda() {
         let part = |at: usize, h: usize| qkv.narrow(2, at * d, h * d)?.reshape((b, t, h, d));
         let (mut q, mut k) = (part(0, heads_q)?, part(heads_q, heads_kv)?);
         let v = part(heads_q + heads_kv, heads_kv)?;
-        if let Some((cos, sin)) = &tables {
+        if let Some((cos, sin)) = &node.rope {
             (q, k) = (rope_thd(&q, cos, sin)?, rope_thd(&k, cos, sin)?);
         }
         return flash_attn(&q, &k, &v, softmax_scale, causal)?.reshape((b, t, heads_q * d));
     }
-    let node = QkvAttn {
-        heads_q,
-        heads_kv,
-        scale: softmax_scale,
-        causal,
-        rope: tables,
-        saved: Mutex::new(None),
-    };
     qkv.contiguous()?.apply_op1(node)
 }
 
