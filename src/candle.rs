@@ -88,6 +88,7 @@ mod cross_entropy;
 mod embedding;
 pub mod flash_attn;
 mod fused_add_rms_norm;
+mod grad_slot;
 mod linear;
 mod mlp;
 pub mod nn;
@@ -98,14 +99,16 @@ mod rope;
 mod swiglu;
 
 pub use block::{
-    AttentionBlockConfig, attention_block, pack_attention_weights, pack_mlp_weights,
-    swiglu_mlp_block,
+    AttentionBlockConfig, BlockSlots, attention_block, attention_block_with_slots,
+    pack_attention_weights, pack_mlp_weights, swiglu_mlp_block, swiglu_mlp_block_with_slots,
 };
 pub use cross_entropy::{
     CrossEntropyConfig, cross_entropy, cross_entropy_with, fused_linear_cross_entropy,
+    fused_linear_cross_entropy_with_slot,
 };
-pub use embedding::embedding;
+pub use embedding::{embedding, embedding_with_slot};
 pub use fused_add_rms_norm::fused_add_rms_norm;
+pub use grad_slot::GradSlot;
 pub use linear::linear;
 pub use mlp::{geglu_mlp, swiglu_mlp};
 pub use rms_norm::{RmsNormConfig, rms_norm, rms_norm_backward, rms_norm_forward};

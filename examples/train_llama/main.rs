@@ -4,9 +4,11 @@
 //! liger-rs's (each layer two autograd nodes over packed weights: `candle::attention_block`,
 //! the RMSNorm, the QKV projection, RoPE and the fused attention with grouped key/value heads,
 //! the output projection and the residual add, and `candle::swiglu_mlp_block`, the RMSNorm,
-//! the gate-up projection, SwiGLU, the down projection and the residual add; `nn::Embedding`,
-//! `candle::fused_linear_cross_entropy` for the head and the loss, whose `[tokens, vocab]`
-//! logits are never held whole, and `candle::nn::AdamW`, the fused optimizer step, which in
+//! the gate-up projection, SwiGLU, the down projection and the residual add;
+//! `candle::embedding`, `candle::fused_linear_cross_entropy` for the head and the loss, whose
+//! `[tokens, vocab]` logits are never held whole, each node putting its weights' gradients
+//! into the model's `GradSlot`s rather than candle's backward; and `candle::nn::AdamW`, the
+//! fused optimizer step, which in
 //! f16/bf16 also rewrites the compute-dtype copies of the weights that the forward uses),
 //! then prints both loss curves side by side, each run's step time, tokens/s and peak device
 //! memory, and how far apart the two curves are.
@@ -35,6 +37,7 @@
 //! (relative) in any of the first 50 steps: the fused ops must train like the ones they replace.
 use candle_core::{D, DType, Device, Result, Tensor, Var};
 use candle_nn::{AdamW, Embedding, Linear, Module, Optimizer, ParamsAdamW};
+use liger_rs::candle::GradSlot;
 use liger_rs::cudarc::driver::sys;
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
@@ -59,7 +62,7 @@ trait FusedOps {
         dtype: DType,
     ) -> Result<(Self::Opt, Option<Vec<Var>>)>;
     /// One optimizer step on `loss`, the gradients clipped to a global L2 norm of [`CLIP`].
-    fn step(opt: &mut Self::Opt, vars: &[Var], loss: &Tensor) -> Result<()>;
+    fn step(opt: &mut Self::Opt, model: &Model, loss: &Tensor) -> Result<()>;
     /// RMSNorm over the last dim, candle-nn's `ops::rms_norm(xs, alpha, eps)`.
     fn rms_norm(xs: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor>;
     /// The parameters as this run trains them, from [`initial_weights`]'s list (the same
@@ -70,16 +73,16 @@ trait FusedOps {
     /// Block `l`'s MLP half on the residual stream `xs`: `xs + down(silu(gate(h)) · up(h))`,
     /// `h` the RMSNorm of `xs` with the weight `{l}.mlp_norm`.
     fn mlp(model: &Model, l: usize, xs: &Tensor) -> Result<Tensor>;
-    /// The rows of `w [vocab, hidden]` at `ids`: candle-nn's `Embedding`.
-    fn embedding(w: &Tensor, ids: &Tensor) -> Result<Tensor>;
+    /// The rows of the table `embed` `[vocab, hidden]` at `ids`: candle-nn's `Embedding`.
+    fn embedding(model: &Model, ids: &Tensor) -> Result<Tensor>;
     /// Block `l`'s attention half on the residual stream `xs`: `xs + attention(h)`, `h` the
     /// RMSNorm of `xs` with the weight `{l}.attn_norm`, and the attention the q, k, v
     /// projections, RoPE on q and k, causal attention with grouped key/value heads, the
     /// output projection.
     fn attention(model: &Model, l: usize, xs: &Tensor) -> Result<Tensor>;
-    /// Mean cross-entropy (f32) of the LM head `w [vocab, hidden]` over `xs [tokens, hidden]`
-    /// against `targets [tokens]`.
-    fn head_loss(xs: &Tensor, w: &Tensor, targets: &Tensor) -> Result<Tensor>;
+    /// Mean cross-entropy (f32) of the LM head `head` `[vocab, hidden]` over
+    /// `xs [tokens, hidden]` against `targets [tokens]`.
+    fn head_loss(model: &Model, xs: &Tensor, targets: &Tensor) -> Result<Tensor>;
 }
 
 /// Model, data and run sizes; every field can be set on the command line (`--name value`).
@@ -273,6 +276,8 @@ struct Model<'a> {
     vars: Vec<Var>,
     /// The compute-dtype copies of `vars` that the optimizer keeps, if it keeps them.
     copies: Option<Vec<Var>>,
+    /// Where the liger-rs run's nodes put each parameter's gradient (same order as `vars`).
+    slots: Vec<GradSlot>,
     /// `[seq, head_dim/2]` in the compute dtype.
     cos: Tensor,
     sin: Tensor,
@@ -304,6 +309,7 @@ impl<'a> Model<'a> {
             index: (init.iter().enumerate())
                 .map(|(i, (name, _, _))| (name.clone(), i))
                 .collect(),
+            slots: vars.iter().map(|_| GradSlot::new()).collect(),
             vars,
             copies: None,
             cos: freqs.cos()?.to_dtype(cfg.dtype)?,
@@ -315,10 +321,19 @@ impl<'a> Model<'a> {
     /// The parameter `name` in the compute dtype: the optimizer's copy, or the master cast (a
     /// no-op in f32; in f16/bf16 the gradient reaches the f32 master through the cast).
     fn weight(&self, name: &str) -> Result<Tensor> {
-        let i = *self
+        self.weight_at(self.at(name))
+    }
+
+    /// The index of the parameter `name`.
+    fn at(&self, name: &str) -> usize {
+        *self
             .index
             .get(name)
-            .expect("a parameter of initial_weights");
+            .expect("a parameter of initial_weights")
+    }
+
+    /// Parameter `i` in the compute dtype, as [`Model::weight`].
+    fn weight_at(&self, i: usize) -> Result<Tensor> {
         match &self.copies {
             Some(c) => Ok(c[i].as_tensor().clone()),
             None => self.vars[i].as_tensor().to_dtype(self.cfg.dtype),
@@ -328,14 +343,14 @@ impl<'a> Model<'a> {
     /// Mean cross-entropy of the next-token predictions, f32.
     fn loss<O: FusedOps>(&self, inputs: &Tensor, targets: &Tensor) -> Result<Tensor> {
         let cfg = self.cfg;
-        let mut xs = O::embedding(&self.weight("embed")?, inputs)?;
+        let mut xs = O::embedding(self, inputs)?;
         for l in 0..cfg.layers {
             xs = O::attention(self, l, &xs)?;
             xs = O::mlp(self, l, &xs)?;
         }
         let xs = O::rms_norm(&xs, &self.weight("norm")?, EPS)?;
         let xs = xs.reshape((cfg.tokens_per_step(), cfg.hidden))?;
-        O::head_loss(&xs, &self.weight("head")?, targets)
+        O::head_loss(self, &xs, targets)
     }
 }
 
@@ -447,7 +462,7 @@ fn train<O: FusedOps>(cfg: &Config, init: &[Param], task: &Task, dev: &Device) -
         opt.set_learning_rate(cfg.lr * ((step + 1) as f64 / cfg.warmup.max(1) as f64).min(1.0));
         let (inputs, targets) = task.batch(cfg, step, dev)?;
         let loss = model.loss::<O>(&inputs, &targets)?;
-        O::step(&mut opt, &model.vars, &loss)?;
+        O::step(&mut opt, &model, &loss)?;
         let loss = loss.to_scalar::<f32>()?;
         step_s.push(start.elapsed().as_secs_f64());
         losses.push(loss);

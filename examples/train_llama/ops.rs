@@ -1,6 +1,6 @@
 //! The two runs' fused ops: candle-nn's differentiable ones and liger-rs's.
 use super::*;
-use liger_rs::candle::{AttentionBlockConfig, RmsNormConfig};
+use liger_rs::candle::{AttentionBlockConfig, BlockSlots, RmsNormConfig};
 
 /// `xs · Wᵀ` for the parameter `name` (`[out, in]`): candle-nn's `Linear` without a bias.
 fn linear(model: &Model, name: &str, xs: &Tensor) -> Result<Tensor> {
@@ -23,7 +23,8 @@ impl FusedOps for CandleNn {
     }
     /// `clip_grad_norm_` in candle ops: the norm of the gradients' norms, each gradient
     /// scaled by `min(1, CLIP / (norm + 1e-6))`.
-    fn step(opt: &mut Self::Opt, vars: &[Var], loss: &Tensor) -> Result<()> {
+    fn step(opt: &mut Self::Opt, model: &Model, loss: &Tensor) -> Result<()> {
+        let vars = &model.vars;
         let mut grads = loss.backward()?;
         let mut sq = Vec::with_capacity(vars.len());
         for v in vars {
@@ -53,7 +54,8 @@ impl FusedOps for CandleNn {
         let up = linear(model, &format!("{l}.up"), &h)?;
         xs + linear(model, &format!("{l}.down"), &(gate.silu()? * up)?)?
     }
-    fn embedding(w: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    fn embedding(model: &Model, ids: &Tensor) -> Result<Tensor> {
+        let w = model.weight("embed")?;
         Embedding::new(w.clone(), w.dim(1)?).forward(ids)
     }
     fn attention(model: &Model, l: usize, xs: &Tensor) -> Result<Tensor> {
@@ -83,8 +85,8 @@ impl FusedOps for CandleNn {
             .reshape((b, t, cfg.hidden))?;
         xs + linear(model, &format!("{l}.o"), &out)?
     }
-    fn head_loss(xs: &Tensor, w: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        let logits = Linear::new(w.clone(), None)
+    fn head_loss(model: &Model, xs: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let logits = Linear::new(model.weight("head")?, None)
             .forward(xs)?
             .to_dtype(DType::F32)?;
         candle_nn::loss::cross_entropy(&logits, targets)
@@ -117,8 +119,13 @@ impl FusedOps for LigerRs {
         let (opt, copies) = Self::Opt::new_mixed(masters, params, dtype)?;
         Ok((opt, Some(copies)))
     }
-    fn step(opt: &mut Self::Opt, _: &[Var], loss: &Tensor) -> Result<()> {
-        let grads = loss.backward()?;
+    /// The nodes put the weights' gradients into the model's slots; they join candle's
+    /// before the optimizer reads them.
+    fn step(opt: &mut Self::Opt, model: &Model, loss: &Tensor) -> Result<()> {
+        let mut grads = loss.backward()?;
+        for (i, slot) in model.slots.iter().enumerate() {
+            slot.drain_into(&mut grads, &model.weight_at(i)?)?;
+        }
         opt.clip_grad_norm(&grads, CLIP)?;
         opt.step(&grads)
     }
@@ -167,30 +174,42 @@ impl FusedOps for LigerRs {
     /// down projection and the residual add hand candle's backward one gradient of `xs`'s
     /// size instead of four (each a zero fill and an add).
     fn mlp(model: &Model, l: usize, xs: &Tensor) -> Result<Tensor> {
-        let norm = model.weight(&format!("{l}.mlp_norm"))?;
-        let w = model.weight(&format!("{l}.mlp"))?;
+        let (norm, w) = (format!("{l}.mlp_norm"), format!("{l}.mlp"));
+        let slots = block_slots(model, &norm, &w);
         let cfg = RmsNormConfig::default().with_eps(EPS);
-        liger_rs::candle::swiglu_mlp_block(xs, &norm, &w, &cfg)
+        let (norm, w) = (model.weight(&norm)?, model.weight(&w)?);
+        liger_rs::candle::swiglu_mlp_block_with_slots(xs, &norm, &w, &cfg, &slots)
     }
     /// One node with a deterministic backward kernel (candle's `index_add` has one thread
     /// per column walk every id).
-    fn embedding(w: &Tensor, ids: &Tensor) -> Result<Tensor> {
-        liger_rs::candle::nn::Embedding::new(w.clone(), w.dim(1)?).forward(ids)
+    fn embedding(model: &Model, ids: &Tensor) -> Result<Tensor> {
+        let slot = &model.slots[model.at("embed")];
+        liger_rs::candle::embedding_with_slot(&model.weight("embed")?, ids, slot)
     }
     /// One autograd node (`attention_block`): the norm, the QKV projection, RoPE, the
     /// attention, the output projection and the residual add; candle's graph of them would
     /// hand its backward five gradients of `xs`'s size and one of the QKV projection's.
     fn attention(model: &Model, l: usize, xs: &Tensor) -> Result<Tensor> {
         let c = model.cfg;
-        let norm = model.weight(&format!("{l}.attn_norm"))?;
-        let w = model.weight(&format!("{l}.attn"))?;
+        let (norm, w) = (format!("{l}.attn_norm"), format!("{l}.attn"));
+        let slots = block_slots(model, &norm, &w);
+        let (norm, w) = (model.weight(&norm)?, model.weight(&w)?);
         let cfg = AttentionBlockConfig::llama(c.heads, c.kv_heads, c.head_dim(), EPS);
         let rope = Some((&model.cos, &model.sin));
-        liger_rs::candle::attention_block(xs, &norm, &w, rope, &cfg)
+        liger_rs::candle::attention_block_with_slots(xs, &norm, &w, rope, &cfg, &slots)
     }
-    fn head_loss(xs: &Tensor, w: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    fn head_loss(model: &Model, xs: &Tensor, targets: &Tensor) -> Result<Tensor> {
         let cfg = liger_rs::candle::CrossEntropyConfig::default();
-        liger_rs::candle::fused_linear_cross_entropy(xs, w, None, targets, &cfg)?
+        let (w, slot) = (model.weight("head")?, &model.slots[model.at("head")]);
+        liger_rs::candle::fused_linear_cross_entropy_with_slot(xs, &w, None, targets, &cfg, slot)?
             .to_dtype(DType::F32)
+    }
+}
+
+/// The slots of a block half's norm weight and packed weight (clones sharing the model's).
+fn block_slots(model: &Model, norm: &str, weight: &str) -> BlockSlots {
+    BlockSlots {
+        norm: model.slots[model.at(norm)].clone(),
+        weight: model.slots[model.at(weight)].clone(),
     }
 }

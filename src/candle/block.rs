@@ -9,13 +9,17 @@
 //! forward is the output projection with the residual add (one GEMM into a copy of the input,
 //! `β = 1`); the norm, the first projection and the attention or the GLU run before it on
 //! graph-free tensors, and the node keeps what its backward needs (the tensors candle's graph
-//! of the same layer keeps). The backward runs the same kernels and GEMMs in reverse, writes
-//! both weight gradients into one packed gradient, and adds the residual's gradient inside the
-//! RMSNorm backward ([`crate::fused_add_rms_norm_backward`]).
+//! of the same layer keeps, less what is cheap to recompute: the normalised input and, in the
+//! MLP, the activation). The backward recomputes those (an RMSNorm forward, a GLU forward),
+//! runs the same kernels and GEMMs in reverse, writes both weight gradients into one packed
+//! gradient, and adds the residual's gradient inside the RMSNorm backward
+//! ([`crate::fused_add_rms_norm_backward`]). The `_with_slots` forms put the two parameters'
+//! gradients into [`GradSlot`]s instead of handing them to candle's backward.
 //!
 //! CPU tensors go through the composition of this crate's separate ops (the reference), so
 //! the same model code runs there.
 use super::flash_attn::flash_attn_qkv;
+use super::grad_slot::GradSlot;
 use super::linear::linear;
 use super::qkv_attn::QkvAttn;
 use super::rms_norm::{RmsNormConfig, rms_norm, rms_norm_forward};
@@ -25,7 +29,7 @@ use crate::blas::{Blas, Gemm};
 use crate::identity::Gate;
 use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, bail};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 const ATTN: &str = "liger-rs attention_block";
 const MLP: &str = "liger-rs swiglu_mlp_block";
@@ -62,6 +66,17 @@ impl AttentionBlockConfig {
             norm: RmsNormConfig::default().with_eps(eps),
         }
     }
+}
+
+/// Where a block half's parameter gradients go ([`attention_block_with_slots`],
+/// [`swiglu_mlp_block_with_slots`]): the norm weight's and the packed weight's. Clones share
+/// the slots.
+#[derive(Debug, Clone, Default)]
+pub struct BlockSlots {
+    /// The norm weight's gradient, `[hidden]`.
+    pub norm: GradSlot,
+    /// The packed weight's gradient, the weight's shape.
+    pub weight: GradSlot,
 }
 
 /// The attention weights packed for [`attention_block`]: `[q; k; v; oᵀ]`, rows stacked, from
@@ -119,8 +134,8 @@ pub fn pack_mlp_weights(gate: &Tensor, up: &Tensor, down: &Tensor) -> Result<Ten
 /// composition [`rms_norm`] → [`linear`] (the QKV rows) → [`flash_attn_qkv`] → the output
 /// projection → the residual add, with the same kernels and GEMMs (CPU tensors take that
 /// composition). Gradients flow to `x`, `norm_weight` and `weight`; the tables are constants.
-/// The node keeps the normalised input, the rotated QKV projection, the attention output,
-/// the log-sum-exp and the norm's `rstd`.
+/// The node keeps the rotated QKV projection, the attention output and the log-sum-exp; its
+/// backward recomputes the normalised input (one RMSNorm forward).
 ///
 /// # Errors
 /// Shapes that do not fit (named), another dtype or device, heads that do not divide; the
@@ -148,6 +163,53 @@ pub fn attention_block(
     rope: Option<(&Tensor, &Tensor)>,
     cfg: &AttentionBlockConfig,
 ) -> Result<Tensor> {
+    attention(x, norm_weight, weight, rope, cfg, None)
+}
+
+/// [`attention_block`] whose backward puts the gradients of `norm_weight` and `weight` into
+/// `slots` (summed with what they hold) and hands candle's backward only `x`'s: no zero fill
+/// and add of the packed weight's size per step. On the CPU, the composition's gradients go
+/// to the slots the same way.
+///
+/// # Errors
+/// As [`attention_block`].
+///
+/// ```
+/// use candle_core::{Device, Var};
+/// use liger_rs::candle::{AttentionBlockConfig, BlockSlots, attention_block_with_slots};
+/// let dev = Device::Cpu;
+/// let (hidden, hq, hkv, d) = (8, 2, 1, 4);
+/// let x = Var::randn(0f32, 1.0, (1, 3, hidden), &dev)?;
+/// let norm = Var::ones(hidden, candle_core::DType::F32, &dev)?;
+/// let w = Var::randn(0f32, 0.1, ((2 * hq + 2 * hkv) * d, hidden), &dev)?;
+/// let slots = BlockSlots::default();
+/// let cfg = AttentionBlockConfig::llama(hq, hkv, d, 1e-5);
+/// let h = attention_block_with_slots(x.as_tensor(), norm.as_tensor(), w.as_tensor(), None, &cfg, &slots)?;
+/// let mut grads = h.sum_all()?.backward()?;
+/// assert!(grads.get(&w).is_none() && grads.get(&x).is_some());
+/// slots.weight.drain_into(&mut grads, w.as_tensor())?;
+/// assert_eq!(grads.get(&w).unwrap().dims(), w.dims());
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn attention_block_with_slots(
+    x: &Tensor,
+    norm_weight: &Tensor,
+    weight: &Tensor,
+    rope: Option<(&Tensor, &Tensor)>,
+    cfg: &AttentionBlockConfig,
+    slots: &BlockSlots,
+) -> Result<Tensor> {
+    attention(x, norm_weight, weight, rope, cfg, Some(slots))
+}
+
+fn attention(
+    x: &Tensor,
+    norm_weight: &Tensor,
+    weight: &Tensor,
+    rope: Option<(&Tensor, &Tensor)>,
+    cfg: &AttentionBlockConfig,
+    slots: Option<&BlockSlots>,
+) -> Result<Tensor> {
     let (hq, hkv) = (cfg.heads_q, cfg.heads_kv);
     let (b, t, hidden) = match *x.dims() {
         [b, t, hidden] => (b, t, hidden),
@@ -168,7 +230,8 @@ pub fn attention_block(
     check_params(ATTN, x, norm_weight, weight)?;
     let (qkv_rows, o_rows) = ((hq + 2 * hkv) * d, hq * d);
     if !x.device().is_cuda() {
-        let n = rms_norm(x, Some(norm_weight), &cfg.norm)?;
+        let (norm_weight, weight) = routed(norm_weight, weight, slots)?;
+        let n = rms_norm(x, Some(&norm_weight), &cfg.norm)?;
         let qkv = linear(&n, &weight.narrow(0, 0, qkv_rows)?, None)?;
         let a = flash_attn_qkv(&qkv, hq, hkv, rope, cfg.softmax_scale, cfg.causal)?;
         let out = a.reshape((b * t, o_rows))?;
@@ -181,7 +244,7 @@ pub fn attention_block(
         weight.contiguous()?,
     );
     let (xd, wp) = (x.detach(), weight.detach());
-    let (n, rstd) = rms_norm_forward(&xd, Some(&norm_weight.detach()), &cfg.norm)?;
+    let (n, _) = rms_norm_forward(&xd, Some(&norm_weight.detach()), &cfg.norm)?;
     let qkv = n
         .reshape((b * t, hidden))?
         .matmul(&wp.narrow(0, 0, qkv_rows)?.t()?)?
@@ -192,12 +255,12 @@ pub fn attention_block(
         name: ATTN,
         norm: cfg.norm,
         split: qkv_rows,
-        inner: Inner::Attention { attn, kept },
-        saved: Saved {
-            n,
-            rstd,
-            mid: a.reshape((b * t, o_rows))?,
+        inner: Inner::Attention {
+            attn,
+            kept,
+            out: a.reshape((b * t, o_rows))?,
         },
+        slots: slots.cloned(),
     };
     x.apply_op3(&norm_weight, &weight, node)
 }
@@ -209,8 +272,9 @@ pub fn attention_block(
 /// [`pack_mlp_weights`]'s layout (the gate rows, the up rows, then the down projection's
 /// transpose). One dtype and device. The value is that of [`rms_norm`] →
 /// [`swiglu_mlp`](super::swiglu_mlp) → the residual add, with the same kernels and GEMMs (CPU
-/// tensors take that composition). Gradients flow to all three. The node keeps the
-/// normalised input, the gate-up projection, the activation and the norm's `rstd`.
+/// tensors take that composition). Gradients flow to all three. The node keeps the gate-up
+/// projection; its backward recomputes the normalised input and the activation (an RMSNorm
+/// and a GLU forward).
 ///
 /// # Errors
 /// Shapes that do not fit (named), another dtype or device; the kernels' and cuBLAS's errors.
@@ -238,6 +302,31 @@ pub fn swiglu_mlp_block(
     weight: &Tensor,
     norm: &RmsNormConfig,
 ) -> Result<Tensor> {
+    mlp(x, norm_weight, weight, norm, None)
+}
+
+/// [`swiglu_mlp_block`] whose backward puts the gradients of `norm_weight` and `weight` into
+/// `slots`, as [`attention_block_with_slots`].
+///
+/// # Errors
+/// As [`swiglu_mlp_block`].
+pub fn swiglu_mlp_block_with_slots(
+    x: &Tensor,
+    norm_weight: &Tensor,
+    weight: &Tensor,
+    norm: &RmsNormConfig,
+    slots: &BlockSlots,
+) -> Result<Tensor> {
+    mlp(x, norm_weight, weight, norm, Some(slots))
+}
+
+fn mlp(
+    x: &Tensor,
+    norm_weight: &Tensor,
+    weight: &Tensor,
+    norm: &RmsNormConfig,
+    slots: Option<&BlockSlots>,
+) -> Result<Tensor> {
     let hidden = match x.dims().last() {
         Some(&h) => h,
         None => bail!("{MLP}: x must be [..., hidden], got a scalar"),
@@ -252,7 +341,8 @@ pub fn swiglu_mlp_block(
     check_params(MLP, x, norm_weight, weight)?;
     let m = x.elem_count() / hidden;
     if !x.device().is_cuda() {
-        let n = rms_norm(x, Some(norm_weight), norm)?;
+        let (norm_weight, weight) = routed(norm_weight, weight, slots)?;
+        let n = rms_norm(x, Some(&norm_weight), norm)?;
         let gu = linear(&n, &weight.narrow(0, 0, 2 * inter)?, None)?;
         let act = glu_fused(Gate::Silu, &gu, &SwigluConfig::default())?;
         let out = act
@@ -266,7 +356,7 @@ pub fn swiglu_mlp_block(
         weight.contiguous()?,
     );
     let (xd, wp) = (x.detach(), weight.detach());
-    let (n, rstd) = rms_norm_forward(&xd, Some(&norm_weight.detach()), norm)?;
+    let (n, _) = rms_norm_forward(&xd, Some(&norm_weight.detach()), norm)?;
     let gu = n
         .reshape((m, hidden))?
         .matmul(&wp.narrow(0, 0, 2 * inter)?.t()?)?;
@@ -278,10 +368,23 @@ pub fn swiglu_mlp_block(
         inner: Inner::Mlp {
             gate: Gate::Silu,
             gate_up: gu,
+            act: Mutex::new(Some(act)),
         },
-        saved: Saved { n, rstd, mid: act },
+        slots: slots.cloned(),
     };
     x.apply_op3(&norm_weight, &weight, node)
+}
+
+/// The CPU composition's parameters, through `slots` where given.
+fn routed(
+    norm_weight: &Tensor,
+    weight: &Tensor,
+    slots: Option<&BlockSlots>,
+) -> Result<(Tensor, Tensor)> {
+    match slots {
+        Some(s) => Ok((s.norm.route(norm_weight)?, s.weight.route(weight)?)),
+        None => Ok((norm_weight.clone(), weight.clone())),
+    }
 }
 
 /// `x`'s norm weight and packed weight: `[hidden]`, one dtype and device.
@@ -304,23 +407,23 @@ fn check_params(op: &str, x: &Tensor, norm_weight: &Tensor, weight: &Tensor) -> 
     Ok(())
 }
 
-/// What a half runs between its first projection and its last, and what its backward keeps
-/// of it.
+/// What a half runs between its first projection and its last (computed before the node is
+/// built: the node's forward is only the last projection), and what its backward keeps of it.
 enum Inner {
-    /// RoPE and attention over the QKV projection; the rotated QKV and the log-sum-exp.
-    Attention { attn: QkvAttn, kept: [Tensor; 2] },
-    /// The GLU over the gate-up projection, which is kept.
-    Mlp { gate: Gate, gate_up: Tensor },
-}
-
-/// What the forward keeps for the backward around the inner part.
-struct Saved {
-    /// The normalised input, `[rows, hidden]`.
-    n: Tensor,
-    /// The norm's `rstd`.
-    rstd: Tensor,
-    /// The last projection's input, `[rows, k]`: the attention output or the activation.
-    mid: Tensor,
+    /// RoPE and attention over the QKV projection; the rotated QKV and the log-sum-exp, and
+    /// the attention output `[rows, hq·d]`.
+    Attention {
+        attn: QkvAttn,
+        kept: [Tensor; 2],
+        out: Tensor,
+    },
+    /// The GLU over the gate-up projection, which is kept; the activation until the forward
+    /// has used it (the backward recomputes it).
+    Mlp {
+        gate: Gate,
+        gate_up: Tensor,
+        act: Mutex<Option<Tensor>>,
+    },
 }
 
 /// The node over `x`, the norm weight and the packed weight, whose rows `split..` are the last
@@ -330,18 +433,31 @@ struct BlockOp {
     norm: RmsNormConfig,
     split: usize,
     inner: Inner,
-    /// Computed before the node is built (its forward is only the last projection).
-    saved: Saved,
+    slots: Option<BlockSlots>,
 }
 
 impl BlockOp {
+    /// The last projection's input: the attention output, or the activation (once).
+    fn mid(&self) -> Result<Tensor> {
+        match &self.inner {
+            Inner::Attention { out, .. } => Ok(out.clone()),
+            Inner::Mlp { act, .. } => act
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+                .ok_or_else(|| {
+                    candle_core::Error::Msg(format!("{}: forward ran twice", self.name))
+                }),
+        }
+    }
+
     /// `x + mid·W[split..]`: `x` copied, then one GEMM with `β = 1`.
     fn residual<T: Elem>(
         &self,
         (x, lx): (&CudaStorage, &Layout),
         (w, lw): (&CudaStorage, &Layout),
     ) -> Result<(CudaStorage, Shape)> {
-        let mid = &self.saved.mid;
+        let mid = &self.mid()?;
         let (ms, ml) = mid.storage_and_layout();
         let mid_v = view::<T>(cuda(&ms, self.name, "mid")?, ml, self.name)?;
         let x_v = view::<T>(x, lx, self.name)?;
@@ -368,42 +484,62 @@ impl BlockOp {
         &self,
         [x, norm_weight, weight, dy]: [&Tensor; 4],
     ) -> Result<(Tensor, Option<Tensor>, Option<Tensor>)> {
-        let Saved { n, rstd, mid } = &self.saved;
         let (norm_weight_d, w) = (norm_weight.detach(), weight.detach());
         let (rows_w, hidden) = w.dims2()?;
-        let (rows, k) = mid.dims2()?;
+        let x_d = x.detach();
+        let (n, rstd) = rms_norm_forward(&x_d, Some(&norm_weight_d), &self.norm)?;
+        let rows = n.elem_count() / hidden;
+        let n = n.reshape((rows, hidden))?;
         let dy = dy.contiguous()?.reshape((rows, hidden))?;
         let first = w.narrow(0, 0, self.split)?;
         let d_mid = dy.matmul(&w.narrow(0, self.split, rows_w - self.split)?.t()?)?;
-        let d_first = match &self.inner {
-            Inner::Attention { attn, kept } => {
+        let (d_first, mid) = match &self.inner {
+            Inner::Attention { attn, kept, out } => {
                 let (b, t, _) = kept[0].dims3()?;
-                let (o, d_o) = (mid.reshape((b, t, k))?, d_mid.reshape((b, t, k))?);
-                attn.grad(kept, &o, &d_o)?.reshape((rows, self.split))?
+                let k = out.dim(1)?;
+                let (o, d_o) = (out.reshape((b, t, k))?, d_mid.reshape((b, t, k))?);
+                let d_qkv = attn.grad(kept, &o, &d_o)?.reshape((rows, self.split))?;
+                (d_qkv, out.clone())
             }
-            Inner::Mlp { gate, gate_up } => {
-                glu_fused_backward(*gate, &d_mid, gate_up, &SwigluConfig::default())?
+            Inner::Mlp { gate, gate_up, .. } => {
+                let cfg = SwigluConfig::default();
+                let d_gate_up = glu_fused_backward(*gate, &d_mid, gate_up, &cfg)?;
+                (d_gate_up, glu_fused(*gate, gate_up, &cfg)?)
             }
         };
+        let k = mid.dim(1)?;
         let dn = d_first.matmul(&first)?;
+        let slots = self.slots.as_ref();
         let dw = match weight.track_op() {
             false => None,
             true => {
-                Some(self.weight_grad::<T>([&d_first, n, mid, &dy], (rows_w, hidden, rows, k))?)
+                Some(self.weight_grad::<T>([&d_first, &n, &mid, &dy], (rows_w, hidden, rows, k))?)
             }
         };
+        drop((n, mid, d_first));
         let with_dw = norm_weight.track_op();
         let (dx, d_norm) = super::fused_add_rms_norm::backward(
             &dn.flatten_all()?,
             &dy.flatten_all()?,
             &x.detach().flatten_all()?,
             Some(&norm_weight_d),
-            rstd,
+            &rstd,
             &self.norm,
             with_dw,
             x.dims(),
         )?;
-        Ok((dx.reshape(x.shape())?, d_norm, dw))
+        let dx = dx.reshape(x.shape())?;
+        match slots {
+            None => Ok((dx, d_norm, dw)),
+            Some(s) => {
+                for (slot, g) in [(&s.norm, d_norm), (&s.weight, dw)] {
+                    if let Some(g) = g {
+                        slot.add(g)?;
+                    }
+                }
+                Ok((dx, None, None))
+            }
+        }
     }
 
     /// The packed weight's gradient: `d_firstᵀ·n` in rows `..split`, `midᵀ·dy` after.

@@ -9,6 +9,7 @@
 //! [`cross_entropy_with`] takes the options ([`CrossEntropyConfig`]: PyTorch's and
 //! Liger-Kernel's). [`fused_linear_cross_entropy`] is Liger's FLCE: the loss of `x·Wᵀ + b`
 //! without the `[tokens, vocab]` logits ever held whole, differentiable in x, W and b.
+use super::grad_slot::GradSlot;
 use super::{HostElem, On, by_dtype, by_host_dtype, crate_err, cuda, host_tensor, on, tensor};
 use crate::cross_entropy::{CrossEntropyArgs, Reduction};
 use crate::{LinearCrossEntropyArgs, LinearCrossEntropyGrads};
@@ -367,12 +368,14 @@ pub fn cross_entropy_with(
 }
 
 /// The autograd op of [`fused_linear_cross_entropy`]: the forward computes the gradients for
-/// an upstream gradient of 1 and keeps them; the backward scales them.
+/// an upstream gradient of 1 and keeps them; the backward scales them, and puts `w`'s into
+/// `slot` where one is given.
 struct LinearCe {
     cfg: CrossEntropyConfig,
     target: Tensor,
     weight: Option<Tensor>,
     grads: Mutex<Option<Vec<Tensor>>>,
+    slot: Option<GradSlot>,
 }
 
 impl LinearCe {
@@ -503,7 +506,20 @@ impl LinearCe {
         Ok((super::wrap(loss, device), loss_shape(&args.ce)))
     }
 
-    fn backward(&self, grad_res: &Tensor) -> Result<Vec<Tensor>> {
+    /// The scaled gradients of x, w and the bias (w's none where it goes to the slot, which
+    /// it does if `w` tracks a gradient).
+    fn backward(&self, grad_res: &Tensor, w: &Tensor) -> Result<[Option<Tensor>; 3]> {
+        let mut g = self.scaled_grads(grad_res)?.into_iter();
+        let (dx, dw, db) = (g.next(), g.next(), g.next());
+        let dw = match (&self.slot, dw) {
+            (Some(slot), Some(dw)) if w.track_op() => slot.add(dw).map(|()| None)?,
+            (Some(_), _) => None,
+            (None, dw) => dw,
+        };
+        Ok([dx, dw, db])
+    }
+
+    fn scaled_grads(&self, grad_res: &Tensor) -> Result<Vec<Tensor>> {
         let grads = self
             .grads
             .lock()
@@ -577,12 +593,12 @@ impl CustomOp2 for LinearCe {
     fn bwd(
         &self,
         _x: &Tensor,
-        _w: &Tensor,
+        w: &Tensor,
         _res: &Tensor,
         grad_res: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let g = self.backward(grad_res)?;
-        Ok((Some(g[0].clone()), Some(g[1].clone())))
+        let [dx, dw, _] = self.backward(grad_res, w)?;
+        Ok((dx, dw))
     }
 }
 
@@ -626,13 +642,13 @@ impl CustomOp3 for LinearCe {
     fn bwd(
         &self,
         _x: &Tensor,
-        _w: &Tensor,
+        w: &Tensor,
         _b: &Tensor,
         _res: &Tensor,
         grad_res: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let g = self.backward(grad_res)?;
-        Ok((Some(g[0].clone()), Some(g[1].clone()), g.get(2).cloned()))
+        let [dx, dw, db] = self.backward(grad_res, w)?;
+        Ok((dx, dw, db))
     }
 }
 
@@ -692,6 +708,34 @@ pub fn fused_linear_cross_entropy(
     target: &Tensor,
     cfg: &CrossEntropyConfig,
 ) -> Result<Tensor> {
+    linear_ce(x, w, bias, target, cfg, None)
+}
+
+/// [`fused_linear_cross_entropy`] whose backward puts `w`'s gradient into `slot` (summed with
+/// what it holds) instead of handing it to candle's backward (see [`GradSlot`]); x's and the
+/// bias's go to candle's backward.
+///
+/// # Errors
+/// As [`fused_linear_cross_entropy`].
+pub fn fused_linear_cross_entropy_with_slot(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    target: &Tensor,
+    cfg: &CrossEntropyConfig,
+    slot: &GradSlot,
+) -> Result<Tensor> {
+    linear_ce(x, w, bias, target, cfg, Some(slot))
+}
+
+fn linear_ce(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    target: &Tensor,
+    cfg: &CrossEntropyConfig,
+    slot: Option<&GradSlot>,
+) -> Result<Tensor> {
     if cfg.reduction == Reduction::None {
         return Err(msg(
             FLCE,
@@ -721,6 +765,7 @@ pub fn fused_linear_cross_entropy(
         target,
         weight,
         grads: Mutex::new(None),
+        slot: slot.cloned(),
     };
     let (x, w) = (x.contiguous()?, w.contiguous()?);
     let loss = match bias {

@@ -2,6 +2,7 @@
 //! deterministic kernel (candle-nn's `Embedding` is an `index_select` and two reshapes; the
 //! `index_select`'s backward, candle's CUDA `index_add`, has one thread per column walk every
 //! id, adding in the tensor's dtype).
+use super::grad_slot::GradSlot;
 use super::{
     Elem, HostElem, by_dtype, by_host_dtype, crate_err, cuda, host, host_slice, host_tensor, on,
     output, tensor, view, wrap,
@@ -13,10 +14,12 @@ use candle_core::{CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Sha
 
 const OP: &str = "liger-rs embedding";
 
-/// The node: the table `[vocab, hidden]` and the ids (u32 or i64, any shape).
+/// The node: the table `[vocab, hidden]` and the ids (u32 or i64, any shape); the table's
+/// gradient goes to `slot` where one is given.
 struct Embed {
     vocab: usize,
     hidden: usize,
+    slot: Option<GradSlot>,
 }
 
 impl Embed {
@@ -152,12 +155,19 @@ impl CustomOp2 for Embed {
     }
     fn bwd(
         &self,
-        _table: &Tensor,
+        table: &Tensor,
         ids: &Tensor,
         _y: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        Ok((Some(backward(self, ids, &dy.contiguous()?)?), None))
+        if self.slot.is_some() && !table.track_op() {
+            return Ok((None, None));
+        }
+        let dw = backward(self, ids, &dy.contiguous()?)?;
+        match &self.slot {
+            Some(slot) => slot.add(dw).map(|()| (None, None)),
+            None => Ok((Some(dw), None)),
+        }
     }
 }
 
@@ -185,6 +195,19 @@ impl CustomOp2 for Embed {
 /// # Ok::<(), candle_core::Error>(())
 /// ```
 pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    lookup(table, ids, None)
+}
+
+/// [`embedding`] whose backward puts the table's gradient into `slot` (summed with what it
+/// holds) instead of handing it to candle's backward (see [`GradSlot`]).
+///
+/// # Errors
+/// As [`embedding`].
+pub fn embedding_with_slot(table: &Tensor, ids: &Tensor, slot: &GradSlot) -> Result<Tensor> {
+    lookup(table, ids, Some(slot))
+}
+
+fn lookup(table: &Tensor, ids: &Tensor, slot: Option<&GradSlot>) -> Result<Tensor> {
     on(OP, &[("table", table), ("ids", ids)]).map(|_| ())?;
     let (vocab, hidden) = match *table.dims() {
         [v, h] => (v, h),
@@ -198,7 +221,12 @@ pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
         DType::U8 => ids.to_dtype(DType::U32)?,
         other => bail!("{OP}: ids must be u8, u32 or i64, got {other:?}"),
     };
-    table.contiguous()?.apply_op2(&ids, Embed { vocab, hidden })
+    let op = Embed {
+        vocab,
+        hidden,
+        slot: slot.cloned(),
+    };
+    table.contiguous()?.apply_op2(&ids, op)
 }
 
 /// candle-nn's `Embedding` (same constructor, accessors and `Module::forward`), its forward
