@@ -221,6 +221,47 @@ fn gpu_halves_agree_with_the_cpu_path() {
     }
 }
 
+/// On CUDA a node frees what it kept once its backward has run: a second backward through
+/// the same graph is a named error, not a result from freed tensors.
+#[test]
+fn gpu_second_backward_is_an_error() {
+    let test = "gpu_second_backward_is_an_error";
+    let dev = match Device::new_cuda(0) {
+        Ok(d) => d,
+        Err(e) => {
+            let first = e.to_string().lines().next().unwrap_or_default().to_string();
+            return common::skip(test, &format!("no GPU ({first})"), common::Need::Gpus(1));
+        }
+    };
+    let mut rng = Rng::new(24);
+    let (hq, hkv, d) = (2, 1, 64);
+    let inp = Inputs::new(&mut rng, (1, 16, 128), (2 * hq + 2 * hkv) * d, d);
+    let inp = inp.to(DType::BF16, &dev);
+    let x = Var::from_tensor(&inp.x).expect("var");
+    let cfg = attention_cfg(hq, hkv, d);
+    let rope = Some((&inp.rope.0, &inp.rope.1));
+    let h = attention_block(x.as_tensor(), &inp.norm, &inp.weight, rope, &cfg).expect("attn");
+    let mlp_w = randn(&mut rng, &[3 * 96, 128], 0.0, 0.1)
+        .to_dtype(DType::BF16)
+        .and_then(|w| w.to_device(&dev))
+        .expect("mlp weight");
+    // The MLP half over its own variable, so that its graph holds no attention node.
+    let h2 = Var::from_tensor(&h.detach()).expect("var");
+    let m = swiglu_mlp_block(h2.as_tensor(), &inp.norm, &mlp_w, &RmsNormConfig::default());
+    for (what, y) in [("attention", h), ("mlp", m.expect("mlp"))] {
+        let loss = || y.to_dtype(DType::F32).and_then(|y| y.sum_all());
+        assert!(
+            loss().and_then(|l| l.backward()).is_ok(),
+            "{what}: first backward"
+        );
+        common::expect_err(
+            what,
+            loss().and_then(|l| l.backward()),
+            &["a second backward through the same graph"],
+        );
+    }
+}
+
 #[test]
 fn packing_stacks_the_rows() {
     let mut rng = Rng::new(23);

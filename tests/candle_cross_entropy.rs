@@ -154,7 +154,7 @@ fn options_agree_between_cuda_and_the_cpu() {
 
 /// The fused linear form against `matmul` + candle-nn's cross-entropy: loss and the
 /// gradients of x, w and the bias (f32 on CUDA and the CPU; bf16 on CUDA against the f32
-/// chain on the widened tensors).
+/// chain on the widened tensors); a second backward through its graph is an error.
 #[test]
 fn fused_linear_matches_matmul_and_candle_nn() {
     let cuda = common::gpu("fused_linear_matches_matmul_and_candle_nn")
@@ -198,6 +198,12 @@ fn fused_linear_matches_matmul_and_candle_nn() {
         )
         .unwrap();
         let g = (loss.clone() * 2.0).unwrap().backward().unwrap();
+        // The backward freed the kept gradients: a second one through this graph is an error.
+        common::expect_err(
+            "second backward",
+            (loss.clone() * 2.0).unwrap().backward(),
+            &["a second backward through the same graph"],
+        );
         let f32v = |v: &Tensor| Var::from_tensor(&v.to_dtype(DType::F32).unwrap()).unwrap();
         let (xf, wf, bf) = (f32v(&x), f32v(&w), f32v(&b));
         let logits = xf

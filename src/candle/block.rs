@@ -10,8 +10,10 @@
 //! `β = 1`); the norm, the first projection and the attention or the GLU run before it on
 //! graph-free tensors, and the node keeps what its backward needs (the tensors candle's graph
 //! of the same layer keeps, less what is cheap to recompute: the normalised input and, in the
-//! MLP, the activation). The backward recomputes those (an RMSNorm forward, a GLU forward),
-//! runs the same kernels and GEMMs in reverse, writes both weight gradients into one packed
+//! MLP, the activation), and only until its backward has run: candle holds the whole graph
+//! until the backward is done, and a node that frees its tensors as it goes lowers the
+//! backward's peak by every layer's kept tensors. The backward recomputes what was not kept
+//! (an RMSNorm forward, a GLU forward), runs the same kernels and GEMMs in reverse, writes both weight gradients into one packed
 //! gradient, and adds the residual's gradient inside the RMSNorm backward
 //! ([`crate::fused_add_rms_norm_backward`]). The `_with_slots` forms put the two parameters'
 //! gradients into [`GradSlot`]s instead of handing them to candle's backward.
@@ -134,8 +136,10 @@ pub fn pack_mlp_weights(gate: &Tensor, up: &Tensor, down: &Tensor) -> Result<Ten
 /// composition [`rms_norm`] → [`linear`] (the QKV rows) → [`flash_attn_qkv`] → the output
 /// projection → the residual add, with the same kernels and GEMMs (CPU tensors take that
 /// composition). Gradients flow to `x`, `norm_weight` and `weight`; the tables are constants.
-/// The node keeps the rotated QKV projection, the attention output and the log-sum-exp; its
-/// backward recomputes the normalised input (one RMSNorm forward).
+/// The node keeps the rotated QKV projection, the attention output and the log-sum-exp until
+/// its backward, which recomputes the normalised input (one RMSNorm forward) and frees them:
+/// a second backward through the same graph is an error, as in PyTorch without
+/// `retain_graph`.
 ///
 /// # Errors
 /// Shapes that do not fit (named), another dtype or device, heads that do not divide; the
@@ -255,11 +259,11 @@ fn attention(
         name: ATTN,
         norm: cfg.norm,
         split: qkv_rows,
-        inner: Inner::Attention {
+        kept: Mutex::new(Some(Inner::Attention {
             attn,
             kept,
             out: a.reshape((b * t, o_rows))?,
-        },
+        })),
         slots: slots.cloned(),
     };
     x.apply_op3(&norm_weight, &weight, node)
@@ -273,8 +277,9 @@ fn attention(
 /// transpose). One dtype and device. The value is that of [`rms_norm`] →
 /// [`swiglu_mlp`](super::swiglu_mlp) → the residual add, with the same kernels and GEMMs (CPU
 /// tensors take that composition). Gradients flow to all three. The node keeps the gate-up
-/// projection; its backward recomputes the normalised input and the activation (an RMSNorm
-/// and a GLU forward).
+/// projection until its backward, which recomputes the normalised input and the activation
+/// (an RMSNorm and a GLU forward) and frees it (a second backward through the same graph is
+/// an error).
 ///
 /// # Errors
 /// Shapes that do not fit (named), another dtype or device; the kernels' and cuBLAS's errors.
@@ -365,11 +370,11 @@ fn mlp(
         name: MLP,
         norm: *norm,
         split: 2 * inter,
-        inner: Inner::Mlp {
+        kept: Mutex::new(Some(Inner::Mlp {
             gate: Gate::Silu,
             gate_up: gu,
-            act: Mutex::new(Some(act)),
-        },
+            act: Some(act),
+        })),
         slots: slots.cloned(),
     };
     x.apply_op3(&norm_weight, &weight, node)
@@ -422,7 +427,7 @@ enum Inner {
     Mlp {
         gate: Gate,
         gate_up: Tensor,
-        act: Mutex<Option<Tensor>>,
+        act: Option<Tensor>,
     },
 }
 
@@ -432,23 +437,22 @@ struct BlockOp {
     name: &'static str,
     norm: RmsNormConfig,
     split: usize,
-    inner: Inner,
+    /// Until the backward takes it (freeing it as soon as the backward of this half is
+    /// done, not when the graph is dropped).
+    kept: Mutex<Option<Inner>>,
     slots: Option<BlockSlots>,
 }
 
 impl BlockOp {
     /// The last projection's input: the attention output, or the activation (once).
     fn mid(&self) -> Result<Tensor> {
-        match &self.inner {
-            Inner::Attention { out, .. } => Ok(out.clone()),
-            Inner::Mlp { act, .. } => act
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take()
-                .ok_or_else(|| {
-                    candle_core::Error::Msg(format!("{}: forward ran twice", self.name))
-                }),
-        }
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let mid = match kept.as_mut() {
+            Some(Inner::Attention { out, .. }) => Some(out.clone()),
+            Some(Inner::Mlp { act, .. }) => act.take(),
+            None => None,
+        };
+        mid.ok_or_else(|| candle_core::Error::Msg(format!("{}: forward ran twice", self.name)))
     }
 
     /// `x + mid·W[split..]`: `x` copied, then one GEMM with `β = 1`.
@@ -493,7 +497,15 @@ impl BlockOp {
         let dy = dy.contiguous()?.reshape((rows, hidden))?;
         let first = w.narrow(0, 0, self.split)?;
         let d_mid = dy.matmul(&w.narrow(0, self.split, rows_w - self.split)?.t()?)?;
-        let (d_first, mid) = match &self.inner {
+        let inner = self.kept.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let inner = inner.ok_or_else(|| {
+            candle_core::Error::Msg(format!(
+                "{}: a second backward through the same graph (the first freed what the node \
+                 kept)",
+                self.name
+            ))
+        })?;
+        let (d_first, mid) = match &inner {
             Inner::Attention { attn, kept, out } => {
                 let (b, t, _) = kept[0].dims3()?;
                 let k = out.dim(1)?;
@@ -516,7 +528,7 @@ impl BlockOp {
                 Some(self.weight_grad::<T>([&d_first, &n, &mid, &dy], (rows_w, hidden, rows, k))?)
             }
         };
-        drop((n, mid, d_first));
+        drop((n, mid, d_first, inner));
         let with_dw = norm_weight.track_op();
         let (dx, d_norm) = super::fused_add_rms_norm::backward(
             &dn.flatten_all()?,

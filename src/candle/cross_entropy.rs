@@ -368,8 +368,8 @@ pub fn cross_entropy_with(
 }
 
 /// The autograd op of [`fused_linear_cross_entropy`]: the forward computes the gradients for
-/// an upstream gradient of 1 and keeps them; the backward scales them, and puts `w`'s into
-/// `slot` where one is given.
+/// an upstream gradient of 1 and keeps them; the backward takes and scales them, and puts
+/// `w`'s into `slot` where one is given.
 struct LinearCe {
     cfg: CrossEntropyConfig,
     target: Tensor,
@@ -524,18 +524,26 @@ impl LinearCe {
             .grads
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .ok_or_else(|| msg(FLCE, "backward before forward".into()))?;
+            .take()
+            .ok_or_else(|| {
+                msg(
+                    FLCE,
+                    "a second backward through the same graph (the first freed the kept \
+                     gradients)"
+                        .into(),
+                )
+            })?;
+        // Each kept gradient is dropped once its scaled copy exists.
         if !grad_res.device().is_cuda() || grad_res.elem_count() != 1 {
             return grads
-                .iter()
+                .into_iter()
                 .map(|g| g.broadcast_mul(&grad_res.to_dtype(g.dtype())?))
                 .collect();
         }
         let grad_res = grad_res.to_dtype(DType::F32)?.contiguous()?;
         grads
-            .iter()
-            .map(|g| by_dtype!(g.dtype(), FLCE, scaled(g, &grad_res)))
+            .into_iter()
+            .map(|g| by_dtype!(g.dtype(), FLCE, scaled(&g, &grad_res)))
             .collect()
     }
 }
@@ -677,8 +685,9 @@ fn cuda_t<T: super::Elem>(
 /// `cross_entropy(x·wᵀ + bias, target)` with `cfg`'s options, in `x`'s dtype, differentiable
 /// in `x [tokens, hidden]`, `w [vocab, hidden]` and `bias [vocab]` (see
 /// [`crate::fused_linear_cross_entropy`]: chunks of tokens, the logits never whole). The
-/// forward computes the gradients too and keeps them with the graph (dx `[tokens, hidden]`,
-/// dW and db in w's dtype); the backward scales them by the loss's gradient.
+/// forward computes the gradients too and keeps them (dx `[tokens, hidden]`, dW and db in
+/// w's dtype) until the backward, which scales them by the loss's gradient and frees them: a
+/// second backward through the same graph is an error, as in PyTorch without `retain_graph`.
 ///
 /// ```
 /// use candle_core::{Device, Tensor, Var};
