@@ -26,18 +26,6 @@ use std::sync::{Arc, Mutex};
 
 type Stream = Arc<CudaStream>;
 
-/// CUDA device 0 as candle opens it, or `None` after skipping `test` (see `common::skip`).
-fn candle_gpu(test: &str) -> Option<Device> {
-    match Device::new_cuda(0) {
-        Ok(dev) => Some(dev),
-        Err(e) => {
-            let first = e.to_string().lines().next().unwrap_or_default().to_string();
-            common::skip(test, &format!("no GPU ({first})"), common::Need::Gpus(1));
-            None
-        }
-    }
-}
-
 /// The stream candle launches on for `dev`: the plain API runs there too.
 fn stream_of(dev: &Device) -> Stream {
     match dev {

@@ -181,12 +181,8 @@ fn cpu_halves_are_the_candle_compositions() {
 #[test]
 fn gpu_halves_agree_with_the_cpu_path() {
     let test = "gpu_halves_agree_with_the_cpu_path";
-    let dev = match Device::new_cuda(0) {
-        Ok(d) => d,
-        Err(e) => {
-            let first = e.to_string().lines().next().unwrap_or_default().to_string();
-            return common::skip(test, &format!("no GPU ({first})"), common::Need::Gpus(1));
-        }
+    let Some(dev) = common::candle_gpu(test) else {
+        return;
     };
     let cpu = Device::Cpu;
     let mut rng = Rng::new(22);
@@ -226,12 +222,8 @@ fn gpu_halves_agree_with_the_cpu_path() {
 #[test]
 fn gpu_second_backward_is_an_error() {
     let test = "gpu_second_backward_is_an_error";
-    let dev = match Device::new_cuda(0) {
-        Ok(d) => d,
-        Err(e) => {
-            let first = e.to_string().lines().next().unwrap_or_default().to_string();
-            return common::skip(test, &format!("no GPU ({first})"), common::Need::Gpus(1));
-        }
+    let Some(dev) = common::candle_gpu(test) else {
+        return;
     };
     let mut rng = Rng::new(24);
     let (hq, hkv, d) = (2, 1, 64);

@@ -193,12 +193,8 @@ fn bad_arguments_are_candle_errors() {
 #[test]
 fn gpu_calls_agree_with_the_cpu_path() {
     let test = "gpu_calls_agree_with_the_cpu_path";
-    let dev = match Device::new_cuda(0) {
-        Ok(d) => d,
-        Err(e) => {
-            let first = e.to_string().lines().next().unwrap_or_default().to_string();
-            return common::skip(test, &format!("no GPU ({first})"), common::Need::Gpus(1));
-        }
+    let Some(dev) = common::candle_gpu(test) else {
+        return;
     };
     let mut rng = Rng::new(4);
     let (b, s, hq, hkv) = (2, 77, 4, 2);
@@ -394,12 +390,8 @@ fn qkv_attention_bad_arguments_are_named() {
 #[test]
 fn gpu_qkv_attention_agrees_with_the_cpu_path() {
     let test = "gpu_qkv_attention_agrees_with_the_cpu_path";
-    let dev = match Device::new_cuda(0) {
-        Ok(d) => d,
-        Err(e) => {
-            let first = e.to_string().lines().next().unwrap_or_default().to_string();
-            return common::skip(test, &format!("no GPU ({first})"), common::Need::Gpus(1));
-        }
+    let Some(dev) = common::candle_gpu(test) else {
+        return;
     };
     let mut rng = Rng::new(11);
     for (dt, shape, causal, with_rope, bound) in [

@@ -196,12 +196,8 @@ fn cpu_slots_match_the_store() {
 #[test]
 fn gpu_slots_match_the_store() {
     let test = "gpu_slots_match_the_store";
-    let dev = match Device::new_cuda(0) {
-        Ok(d) => d,
-        Err(e) => {
-            let first = e.to_string().lines().next().unwrap_or_default().to_string();
-            return common::skip(test, &format!("no GPU ({first})"), common::Need::Gpus(1));
-        }
+    let Some(dev) = common::candle_gpu(test) else {
+        return;
     };
     slots_match_the_store(DType::F32, &dev);
     slots_match_the_store(DType::BF16, &dev);

@@ -14,12 +14,6 @@ use liger_rs::candle::nn::{Linear, Module, RmsNorm, SwigluMlp, ops, rotary_emb};
 use liger_rs::candle::{RopeConfig, linear, rope, rope_with, swiglu_mlp};
 use std::f64::consts::{FRAC_1_SQRT_2, PI};
 
-/// CUDA device 0 as candle opens it, or `None` after the skip line of [`common::gpu`].
-fn candle_gpu(test: &str) -> Option<Device> {
-    common::gpu(test)?;
-    Some(Device::new_cuda(0).expect("candle opens the GPU that liger-rs found"))
-}
-
 /// Normal values with standard deviation `scale` (seeded), rounded to `dtype`, on `dev`.
 fn randn(rng: &mut Rng, dims: &[usize], scale: f64, dtype: DType, dev: &Device) -> Tensor {
     let v: Vec<f64> = rng.vec(dims.iter().product(), 0.0, scale);
@@ -375,14 +369,16 @@ fn cpu_nn_matches_candle_nn_slow_f64() {
 #[test]
 fn gpu_nn_matches_candle_nn_slow_f32() {
     let test = "gpu_nn_matches_candle_nn_slow_f32";
-    let Some(dev) = candle_gpu(test) else { return };
+    let Some(dev) = common::candle_gpu(test) else {
+        return;
+    };
     let n = nn_sweep(DType::F32, &dev, 11);
     println!("{test}: {n} cases");
 }
 
 #[test]
 fn gpu_nn_matches_candle_nn_slow_f16() {
-    let Some(dev) = candle_gpu("gpu_nn_matches_candle_nn_slow_f16") else {
+    let Some(dev) = common::candle_gpu("gpu_nn_matches_candle_nn_slow_f16") else {
         return;
     };
     nn_sweep(DType::F16, &dev, 12);
@@ -390,7 +386,7 @@ fn gpu_nn_matches_candle_nn_slow_f16() {
 
 #[test]
 fn gpu_nn_matches_candle_nn_slow_bf16() {
-    let Some(dev) = candle_gpu("gpu_nn_matches_candle_nn_slow_bf16") else {
+    let Some(dev) = common::candle_gpu("gpu_nn_matches_candle_nn_slow_bf16") else {
         return;
     };
     nn_sweep(DType::BF16, &dev, 13);
@@ -401,7 +397,9 @@ fn gpu_nn_matches_candle_nn_slow_bf16() {
 #[test]
 fn gpu_nn_matches_the_cpu_path() {
     let test = "gpu_nn_matches_the_cpu_path";
-    let Some(dev) = candle_gpu(test) else { return };
+    let Some(dev) = common::candle_gpu(test) else {
+        return;
+    };
     let mut rng = Rng::new(21);
     let dtype = DType::BF16;
     let cpu = Device::Cpu;
@@ -512,7 +510,7 @@ fn cpu_embedding_matches_candle_nn() {
 
 #[test]
 fn gpu_embedding_matches_candle_nn() {
-    let Some(dev) = candle_gpu("gpu_embedding_matches_candle_nn") else {
+    let Some(dev) = common::candle_gpu("gpu_embedding_matches_candle_nn") else {
         return;
     };
     for dtype in [DType::F32, DType::F16, DType::BF16] {

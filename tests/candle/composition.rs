@@ -7,7 +7,9 @@ use super::*;
 #[test]
 fn gpu_ops_compose_in_one_autograd_graph() {
     let test = "gpu_ops_compose_in_one_autograd_graph";
-    let Some(dev) = candle_gpu(test) else { return };
+    let Some(dev) = common::candle_gpu(test) else {
+        return;
+    };
     let (b, s, h, hk, d) = (2, 8, 4, 2, 32);
     let hidden = h * d;
     let x = Var::randn(0f32, 1.0, (b, s, hidden), &dev).unwrap();
@@ -83,7 +85,9 @@ fn gpu_ops_compose_in_one_autograd_graph() {
 #[test]
 fn gpu_errors_are_candle_errors() {
     let test = "gpu_errors_are_candle_errors";
-    let Some(dev) = candle_gpu(test) else { return };
+    let Some(dev) = common::candle_gpu(test) else {
+        return;
+    };
     // An unsupported dtype.
     let x = Tensor::ones((2, 8), DType::F64, &dev).unwrap();
     expect_err(
@@ -120,7 +124,7 @@ fn gpu_errors_are_candle_errors() {
 /// come back from every one of its concurrent steps.
 #[test]
 fn gpu_rms_norm_from_several_threads_on_one_device() {
-    let Some(dev) = candle_gpu("gpu_rms_norm_from_several_threads_on_one_device") else {
+    let Some(dev) = common::candle_gpu("gpu_rms_norm_from_several_threads_on_one_device") else {
         return;
     };
     let (threads, steps, rows, cols) = (4, common::sized(50, 10), common::sized(4096, 700), 2048);

@@ -163,7 +163,7 @@ fn fused_add_gpu_case<T: El>(dev: &Device, rng: &mut Rng, cfg: RmsNormConfig) {
 
 #[test]
 fn gpu_fused_add_rms_norm_matches_plain_api() {
-    let Some(dev) = candle_gpu("gpu_fused_add_rms_norm_matches_plain_api") else {
+    let Some(dev) = common::candle_gpu("gpu_fused_add_rms_norm_matches_plain_api") else {
         return;
     };
     let mut rng = Rng::new(78);

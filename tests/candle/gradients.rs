@@ -289,7 +289,7 @@ fn rope_reads_fused_qkv_views_on_the_cpu() {
 
 #[test]
 fn gpu_rope_reads_fused_qkv_views() {
-    let Some(dev) = candle_gpu("gpu_rope_reads_fused_qkv_views") else {
+    let Some(dev) = common::candle_gpu("gpu_rope_reads_fused_qkv_views") else {
         return;
     };
     let mut rng = Rng::new(32);

@@ -129,7 +129,9 @@ fn rms_norm_case<T: El>(
 }
 
 fn rms_norm_sweep<T: El>(test: &str, seed: u64) {
-    let Some(dev) = candle_gpu(test) else { return };
+    let Some(dev) = common::candle_gpu(test) else {
+        return;
+    };
     let mut rng = Rng::new(seed);
     let mut n = 0;
     for mode in CastingMode::ALL {

@@ -182,7 +182,9 @@ fn rope_case<T: El, C: El + CosSinDtype<T>>(
 }
 
 fn rope_sweep<T: El, C: El + CosSinDtype<T>>(test: &str, seed: u64) {
-    let Some(dev) = candle_gpu(test) else { return };
+    let Some(dev) = common::candle_gpu(test) else {
+        return;
+    };
     let mut rng = Rng::new(seed);
     let mut n = 0;
     for tables in [

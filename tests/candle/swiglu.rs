@@ -126,7 +126,9 @@ fn glu_case<T: El>(
 
 /// Every layout form, separate and fused, default and other multipliers, of each op in `glus`.
 fn glu_sweep<T: El>(glus: &[Glu], test: &str, seed: u64) {
-    let Some(dev) = candle_gpu(test) else { return };
+    let Some(dev) = common::candle_gpu(test) else {
+        return;
+    };
     let mut rng = Rng::new(seed);
     let mut n = 0;
     for (&glu, form) in glus.iter().flat_map(|g| FORMS.map(|f| (g, f))) {

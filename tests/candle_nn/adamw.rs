@@ -11,7 +11,7 @@ fn gpu_adamw_matches_the_reference_bit_for_bit() {
     use liger_rs::NormType;
     use liger_rs::candle::nn::{AdamW, Optimizer, ParamsAdamW};
     use liger_rs::reference::adamw::{AdamWState, adamw_step, clip_grad_norm};
-    let Some(dev) = candle_gpu("gpu_adamw_matches_the_reference_bit_for_bit") else {
+    let Some(dev) = common::candle_gpu("gpu_adamw_matches_the_reference_bit_for_bit") else {
         return;
     };
     let lens: Vec<usize> = (0..40).map(|i| [1, 3, 4097, 977][i % 4] + i).collect();
@@ -130,7 +130,7 @@ fn gpu_adamw_matches_the_reference_bit_for_bit() {
 #[test]
 fn gpu_adamw_follows_candle_nn() {
     use liger_rs::candle::nn::{AdamW, Optimizer, ParamsAdamW};
-    let Some(dev) = candle_gpu("gpu_adamw_follows_candle_nn") else {
+    let Some(dev) = common::candle_gpu("gpu_adamw_follows_candle_nn") else {
         return;
     };
     let mut rng = Rng::new(5);

@@ -21,6 +21,19 @@ pub fn expect_err<V: std::fmt::Debug>(what: &str, r: candle_core::Result<V>, nee
     }
 }
 
+/// CUDA device 0 as candle opens it, or `None` after skipping `test` (see [`skip`]).
+#[cfg(feature = "candle")]
+pub fn candle_gpu(test: &str) -> Option<candle_core::Device> {
+    match candle_core::Device::new_cuda(0) {
+        Ok(dev) => Some(dev),
+        Err(e) => {
+            let first = e.to_string().lines().next().unwrap_or_default().to_string();
+            skip(test, &format!("no GPU ({first})"), Need::Gpus(1));
+            None
+        }
+    }
+}
+
 /// Attention over a fused `qkv` `[b, t, (hq + 2·hkv)·d]` in candle ops: candle-nn's
 /// `rope_slow` on `[b, h, t, d]` heads with `rope`'s first `t` rows, softmax attention over
 /// key/value heads repeated per group, a bottom-right causal mask where asked. `[b, t, hq·d]`.
