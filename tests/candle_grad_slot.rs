@@ -116,7 +116,9 @@ fn step(
     };
     let mut grads = forward().and_then(|l| l.backward()).expect("backward");
     if let Some(s) = slots.filter(|_| drain) {
-        for (slot, v) in s.iter().zip(p) {
+        for (i, (slot, v)) in s.iter().zip(p).enumerate() {
+            // Slotted weights' gradients bypass the store.
+            assert!(grads.get(v).is_none(), "param {i}: gradient in the store");
             slot.drain_into(&mut grads, v.as_tensor()).expect("drain");
         }
     }

@@ -13,9 +13,9 @@
 //! MLP, the activation), and only until its backward has run: candle holds the whole graph
 //! until the backward is done, and a node that frees its tensors as it goes lowers the
 //! backward's peak by every layer's kept tensors. The backward recomputes what was not kept
-//! (an RMSNorm forward, a GLU forward), runs the same kernels and GEMMs in reverse, writes both weight gradients into one packed
-//! gradient, and adds the residual's gradient inside the RMSNorm backward
-//! ([`crate::fused_add_rms_norm_backward`]). The `_with_slots` forms put the two parameters'
+//! (an RMSNorm forward, a GLU forward), runs the same kernels and GEMMs in reverse, writes
+//! both weight gradients into one packed gradient, and adds the residual's gradient inside
+//! the RMSNorm backward ([`crate::fused_add_rms_norm_backward`]). The `_with_slots` forms put the two parameters'
 //! gradients into [`GradSlot`]s instead of handing them to candle's backward.
 //!
 //! CPU tensors go through the composition of this crate's separate ops (the reference), so
@@ -528,6 +528,7 @@ impl BlockOp {
                 Some(self.weight_grad::<T>([&d_first, &n, &mid, &dy], (rows_w, hidden, rows, k))?)
             }
         };
+        // Freed before the norm's backward allocates its outputs.
         drop((n, mid, d_first, inner));
         let with_dw = norm_weight.track_op();
         let (dx, d_norm) = super::fused_add_rms_norm::backward(
@@ -540,18 +541,15 @@ impl BlockOp {
             with_dw,
             x.dims(),
         )?;
-        let dx = dx.reshape(x.shape())?;
-        match slots {
-            None => Ok((dx, d_norm, dw)),
-            Some(s) => {
-                for (slot, g) in [(&s.norm, d_norm), (&s.weight, dw)] {
-                    if let Some(g) = g {
-                        slot.add(g)?;
-                    }
-                }
-                Ok((dx, None, None))
-            }
-        }
+        let (norm_slot, weight_slot) = match slots {
+            Some(s) => (Some(&s.norm), Some(&s.weight)),
+            None => (None, None),
+        };
+        Ok((
+            dx.reshape(x.shape())?,
+            GradSlot::hand_on(norm_slot, norm_weight, d_norm)?,
+            GradSlot::hand_on(weight_slot, weight, dw)?,
+        ))
     }
 
     /// The packed weight's gradient: `d_firstᵀ·n` in rows `..split`, `midᵀ·dy` after.

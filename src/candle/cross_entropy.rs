@@ -511,11 +511,7 @@ impl LinearCe {
     fn backward(&self, grad_res: &Tensor, w: &Tensor) -> Result<[Option<Tensor>; 3]> {
         let mut g = self.scaled_grads(grad_res)?.into_iter();
         let (dx, dw, db) = (g.next(), g.next(), g.next());
-        let dw = match (&self.slot, dw) {
-            (Some(slot), Some(dw)) if w.track_op() => slot.add(dw).map(|()| None)?,
-            (Some(_), _) => None,
-            (None, dw) => dw,
-        };
+        let dw = GradSlot::hand_on(self.slot.as_ref(), w, dw)?;
         Ok([dx, dw, db])
     }
 

@@ -160,14 +160,11 @@ impl CustomOp2 for Embed {
         _y: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        if self.slot.is_some() && !table.track_op() {
-            return Ok((None, None));
-        }
-        let dw = backward(self, ids, &dy.contiguous()?)?;
-        match &self.slot {
-            Some(slot) => slot.add(dw).map(|()| (None, None)),
-            None => Ok((Some(dw), None)),
-        }
+        let dw = match table.track_op() {
+            true => Some(backward(self, ids, &dy.contiguous()?)?),
+            false => None,
+        };
+        Ok((GradSlot::hand_on(self.slot.as_ref(), table, dw)?, None))
     }
 }
 

@@ -75,10 +75,7 @@ impl GradSlot {
         let Some(g) = self.take() else {
             return Ok(());
         };
-        let sum = match grads.remove(param) {
-            Some(before) => (before + g)?,
-            None => g,
-        };
+        let sum = plus(grads.remove(param), g)?;
         grads.insert(param, sum);
         Ok(())
     }
@@ -86,12 +83,23 @@ impl GradSlot {
     /// Adds `g` to what the slot holds.
     pub(crate) fn add(&self, g: Tensor) -> Result<()> {
         let mut held = self.lock();
-        let sum = match held.take() {
-            Some(before) => (before + g)?,
-            None => g,
-        };
-        *held = Some(sum);
+        *held = Some(plus(held.take(), g)?);
         Ok(())
+    }
+
+    /// A node's gradient `g` of `param`: into `slot` where one is given (and `param` tracks a
+    /// gradient: candle keeps a gradient only for such a tensor), returned for candle's
+    /// backward where none is.
+    pub(crate) fn hand_on(
+        slot: Option<&GradSlot>,
+        param: &Tensor,
+        g: Option<Tensor>,
+    ) -> Result<Option<Tensor>> {
+        match (slot, g) {
+            (Some(slot), Some(g)) if param.track_op() => slot.add(g).map(|()| None),
+            (Some(_), _) => Ok(None),
+            (None, g) => Ok(g),
+        }
     }
 
     /// `t` (a CPU tensor) as a node whose backward puts its gradient into this slot: a copy of
@@ -99,6 +107,14 @@ impl GradSlot {
     /// composition through it, so a slot gets its gradient on every device.
     pub(crate) fn route(&self, t: &Tensor) -> Result<Tensor> {
         t.apply_op1(Route(self.clone()))
+    }
+}
+
+/// `before + g`, or `g` alone.
+fn plus(before: Option<Tensor>, g: Tensor) -> Result<Tensor> {
+    match before {
+        Some(before) => before + g,
+        None => Ok(g),
     }
 }
 
