@@ -1,9 +1,11 @@
-"""Times PyTorch's scaled_dot_product_attention (flash backend) and FlexAttention
+"""Times PyTorch's scaled_dot_product_attention (flash and cuDNN backends) and FlexAttention
 (torch.compile) on the shapes of `cargo bench --bench attention` (bf16, B=4, Hq=16, Hkv=4,
 seq 2048 / 8192, head_dim 128 / 64, causal and not), forward and backward, with CUDA events
 (median of 20 after 3 warm-up runs), printing the same CSV columns. GQA through
 `enable_gqa=True` (SDPA) and FlexAttention's own GQA; FLOPs as the bench counts them.
-`ATTN_SMALL=1` runs seq 2048 only."""
+`ATTN_SMALL=1` runs seq 2048 only, `ATTN_NO_FLEX=1` skips FlexAttention. The cuDNN backend
+is the one SDPA picks by default on Hopper for these shapes (what a PyTorch training step
+gets); it takes GQA natively (`enable_gqa=True`), summing dK/dV over each group itself."""
 import os
 import torch
 import torch.nn.functional as F
@@ -31,6 +33,8 @@ def main():
     seqs = [2048] if os.environ.get("ATTN_SMALL") else [2048, 8192]
     b, hq, hkv = 4, 16, 4
     try:
+        if os.environ.get("ATTN_NO_FLEX"):
+            raise RuntimeError("ATTN_NO_FLEX set")
         # The timed backward replays one graph (retain_graph), which donated buffers forbid.
         import torch._functorch.config as functorch_config
         functorch_config.donated_buffer = False
@@ -62,6 +66,19 @@ def main():
                 bwd = time_ms(lambda: torch.autograd.grad(o, (q, kr, vr), do, retain_graph=True))
                 print(f"sdpa_flash_fwd,{s},{d},{c},{fwd:.3f},{flops / fwd / 1e9:.1f}")
                 print(f"sdpa_flash_bwd,{s},{d},{c},{bwd:.3f},{2.5 * flops / bwd / 1e9:.1f}")
+
+                def cudnn():
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+                try:
+                    oc = cudnn()
+                    fwd = time_ms(cudnn)
+                    bwd = time_ms(lambda: torch.autograd.grad(oc, (q, k, v), do, retain_graph=True))
+                    print(f"sdpa_cudnn_fwd,{s},{d},{c},{fwd:.3f},{flops / fwd / 1e9:.1f}")
+                    print(f"sdpa_cudnn_bwd,{s},{d},{c},{bwd:.3f},{2.5 * flops / bwd / 1e9:.1f}")
+                    del oc
+                except Exception as e:  # noqa: BLE001
+                    print(f"# cudnn failed: {e}")
                 if flex is not None:
                     try:
                         mask = None
