@@ -2,8 +2,8 @@
 //! the element type and the buffers' alignment, unit-tested without a GPU.
 use super::abi::{
     DKDV_THREADS, MMA_KEYS, MMA_ROWS, SIMT_ROWS, THREADS, dkdv_shared_bytes,
-    dkdv_shared_bytes_sm90, dq_shared_bytes, dq_shared_bytes_sm90, fwd_shared_bytes,
-    fwd_shared_bytes_sm90,
+    dkdv_shared_bytes_sm90, dq_shared_bytes, dq_shared_bytes_sm90, fwd_rows, fwd_shared_bytes,
+    fwd_shared_bytes_sm90, fwd_warpgroups,
 };
 use super::args::AttentionArgs;
 use crate::identity::{AttnPass, AttnPath, ElemType, Kernel};
@@ -61,12 +61,16 @@ fn shared(path: AttnPath, f: fn(u32) -> u32) -> u32 {
 }
 
 /// The forward: one launch over blocks of query rows of every head of every sequence. `sm90`:
-/// the sm_90a build's kernels are in use (longer key tiles, so more shared memory).
+/// the sm_90a build's kernels are in use (two warpgroups per block and longer key tiles, so
+/// more shared memory).
 pub(crate) fn forward(args: &AttentionArgs, elem: ElemType, path: AttnPath, sm90: bool) -> Step {
-    let rows = if path == AttnPath::Simt {
-        SIMT_ROWS
+    let (rows, threads) = if path == AttnPath::Simt {
+        (SIMT_ROWS, THREADS)
     } else {
-        MMA_ROWS
+        (
+            fwd_rows(sm90, args.head_dim as u32),
+            THREADS * fwd_warpgroups(sm90, args.head_dim as u32),
+        )
     };
     Step {
         kernel: Kernel::Attention {
@@ -79,7 +83,7 @@ pub(crate) fn forward(args: &AttentionArgs, elem: ElemType, path: AttnPath, sm90
             args.heads_q as u32,
             args.batch as u32,
         ),
-        threads: THREADS,
+        threads,
         shared: shared(
             path,
             [fwd_shared_bytes, fwd_shared_bytes_sm90][sm90 as usize],
@@ -204,10 +208,14 @@ pub(crate) mod tests {
         let f = forward(&a, ElemType::Bf16, AttnPath::Mma128, false);
         assert_eq!(f.grid, (33, 16, 4));
         assert_eq!(f.shared, 49 * 1024);
-        // The `wgmma` forward's K and V tiles of 128 keys at head_dim 128 (two blocks per SM),
-        // of 64 at 64.
+        // The `wgmma` forward's K and V tiles of 128 keys at head_dim 128, of 64 at 64.
+        // Two warpgroups of 64 query rows each share them, in two stages (one block per SM).
         let f90 = forward(&a, ElemType::Bf16, AttnPath::Mma128, true);
-        assert_eq!((f90.grid, f90.shared), (f.grid, 81 * 1024));
+        assert_eq!(
+            (f90.grid, f90.threads, f90.shared),
+            ((17, 16, 4), 256, 161 * 1024)
+        );
+        assert_eq!(f.threads, 128);
         let a64 = AttentionArgs::new(4, 2049, 100, 16, 4, 64);
         let shared64 = |sm90| forward(&a64, ElemType::Bf16, AttnPath::Mma64, sm90).shared;
         assert_eq!((shared64(false), shared64(true)), (25 * 1024, 25 * 1024));

@@ -275,10 +275,10 @@ attn_kernels! {
     DkDv Simt F32 => simt::dkdv::<f32>;
     DkDv Simt F16 => simt::dkdv::<f16>;
     DkDv Simt Bf16 => simt::dkdv::<Bf16>;
-    Forward Mma64 F16 => tc::forward::<f16, 64, { tc::FWD_NT64 }>;
-    Forward Mma64 Bf16 => tc::forward::<Bf16, 64, { tc::FWD_NT64 }>;
-    Forward Mma128 F16 => tc::forward::<f16, 128, { tc::FWD_NT128 }>;
-    Forward Mma128 Bf16 => tc::forward::<Bf16, 128, { tc::FWD_NT128 }>;
+    Forward Mma64 F16 => tc::forward::<f16, 64, { tc::FWD_NT64 }, { tc::FWD_THREADS64 }>;
+    Forward Mma64 Bf16 => tc::forward::<Bf16, 64, { tc::FWD_NT64 }, { tc::FWD_THREADS64 }>;
+    Forward Mma128 F16 => tc::forward::<f16, 128, { tc::FWD_NT128 }, { tc::FWD_THREADS128 }>;
+    Forward Mma128 Bf16 => tc::forward::<Bf16, 128, { tc::FWD_NT128 }, { tc::FWD_THREADS128 }>;
     Dq Mma64 F16 => tc_bwd::dq::<f16, 64>;
     Dq Mma64 Bf16 => tc_bwd::dq::<Bf16, 64>;
     Dq Mma128 F16 => tc_bwd::dq::<f16, 128>;

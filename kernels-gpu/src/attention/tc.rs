@@ -8,7 +8,7 @@
 //! `super::mma_bwd` (`mma.sync`) or, in the sm_90a build, `super::hopper` (`wgmma`).
 //! As FA2, probabilities (and dS) are rounded to the element type before they meet V, dO, K
 //! or Q in a product.
-use super::abi::{MMA_ROWS, Params, THREADS, fwd_key_tile};
+use super::abi::{MMA_ROWS, Params, THREADS, fwd_key_tile, fwd_stages, fwd_warpgroups};
 #[cfg(not(target_feature = "sm_90a"))]
 use super::mma::{Lanes, ldmatrix_x4, mma_abt, mma_pb};
 use super::mma::{commit, each, shared_addr, wait_all, wait_one_pending};
@@ -110,66 +110,101 @@ fn tiles8<const NT: usize>(sc: &mut [[f32; 4]; NT]) -> &mut [[f32; 4]; 8] {
 pub(crate) const FWD_NT64: usize = fwd_key_tile(cfg!(target_feature = "sm_90a"), 64) as usize / 8;
 /// See [`FWD_NT64`].
 pub(crate) const FWD_NT128: usize = fwd_key_tile(cfg!(target_feature = "sm_90a"), 128) as usize / 8;
+/// Threads of the forward's block at head_dim 64 and 128 (its warpgroups, [`fwd_warpgroups`]).
+pub(crate) const FWD_THREADS64: usize =
+    WARPS4 * fwd_warpgroups(cfg!(target_feature = "sm_90a"), 64) as usize;
+/// See [`FWD_THREADS64`].
+pub(crate) const FWD_THREADS128: usize =
+    WARPS4 * fwd_warpgroups(cfg!(target_feature = "sm_90a"), 128) as usize;
 
-/// The forward of a block of [`MMA_ROWS`] query rows of one head, over key tiles of `8·NT`
-/// ([`fwd_key_tile`]). Built for sm_90a, its two
-/// products are `wgmma` (a warpgroup's, [`super::wgmma`]) on tiles in that file's layout;
-/// elsewhere `mma.sync` on tiles in [`super::mma`]'s. The online softmax is the same code on
-/// the same fragments.
+/// The forward of a block of [`MMA_ROWS`] query rows per warpgroup (`N / 128` of them) of
+/// one head, over key tiles of `8·NT` ([`fwd_key_tile`]) that every warpgroup of the block
+/// reads, in [`fwd_stages`] stages. Built for sm_90a, its two products are `wgmma` (a
+/// warpgroup's, [`super::wgmma`]) on tiles in that file's layout; elsewhere `mma.sync` on
+/// tiles in [`super::mma`]'s. The online softmax is the same code on the same fragments.
 ///
 /// # Safety
 /// As the entry points'.
 #[inline(always)]
-pub(crate) unsafe fn forward<T: Half, const D: usize, const NT: usize>(p: &Params) {
+pub(crate) unsafe fn forward<T: Half, const D: usize, const NT: usize, const N: usize>(p: &Params) {
     const { assert!(D == 64 || D == 128) };
     const { assert!(8 * NT == fwd_key_tile(cfg!(target_feature = "sm_90a"), D as u32) as usize) };
+    const ROWS: usize = MMA_ROWS as usize;
+    const { assert!(N == WARPS4 * fwd_warpgroups(cfg!(target_feature = "sm_90a"), D as u32) as usize) };
+    let (wgs, stages) = (
+        N / WARPS4,
+        fwd_stages(cfg!(target_feature = "sm_90a"), D as u32),
+    );
     let bc = 8 * NT;
     let (tid, (_, g, c)) = (thread_idx(), lane_parts());
-    let warp = tid >> 5;
+    // The warp within its warpgroup, which owns rows `w0..w0 + 64` of the block.
+    let (wg, warp) = (tid >> 7, (tid >> 5) & 3);
     let (b, h) = (block_z(), block_y());
     let s = unsafe { Seq::of(p, b) };
-    let m0 = (last_first() * MMA_ROWS as usize) as i64;
+    let m0 = (last_first() * wgs * ROWS) as i64;
     if m0 >= s.sq {
         return;
     }
-    let i1 = (m0 + MMA_ROWS as i64 - 1).min(s.sq - 1);
+    let i1 = (m0 + (wgs * ROWS) as i64 - 1).min(s.sq - 1);
+    let w0 = m0 + (wg * ROWS) as i64;
+    let w1 = (w0 + ROWS as i64 - 1).min(s.sq - 1);
     let hk = h / (p.heads_q / p.heads_kv) as usize;
     let score = Score::new(p);
     let base = fwd_shared_base();
-    let (sq, sk, sv) = (
-        base,
-        base + (64 * D * 2) as u32,
-        base + ((64 + bc) * D * 2) as u32,
-    );
+    let sq = base + (wg * ROWS * D * 2) as u32;
+    // Stage `st`'s K tile, then its V tile.
+    let tile = (bc * D * 2) as u32;
+    let sk = |st: u32| base + (wgs * ROWS * D * 2) as u32 + 2 * st * tile;
     let k_base = p.k.ptr + 2 * offset(&p.k, b, s.k_start, hk) as u64;
     let v_base = p.v.ptr + 2 * offset(&p.v, b, s.k_start, hk) as u64;
     let (kt, vt) = (p.k.token as usize, p.v.token as usize);
     unsafe {
-        let q_base = p.q.ptr + 2 * offset(&p.q, b, s.q_start + m0 as usize, h) as u64;
+        let q_base = p.q.ptr + 2 * offset(&p.q, b, s.q_start + w0 as usize, h) as u64;
         fwd_load_tile::<D, WARPS4>(
             sq,
             q_base,
             p.q.token as usize,
-            64,
-            (s.sq - m0) as usize,
-            tid,
+            ROWS,
+            (s.sq - w0).max(0) as usize,
+            tid & (WARPS4 - 1),
         );
     }
     commit();
     let (lo, hi) = s.keys(m0, i1);
+    // The keys this warpgroup's rows see: a tile outside them (or a warpgroup past the
+    // sequence) skips its products, not the block's barriers and copies.
+    let (wlo, whi) = if w0 < s.sq { s.keys(w0, w1) } else { (0, 0) };
     let first = (lo.max(0) as usize / bc) * bc;
     let end = hi.max(0) as usize;
+    let load_k = |n: usize, st: u32| unsafe {
+        fwd_load_tile::<D, N>(
+            sk(st),
+            k_base + (2 * n * kt) as u64,
+            kt,
+            bc,
+            s.sk as usize - n,
+            tid,
+        )
+    };
+    let load_v = |n: usize, st: u32| unsafe {
+        let sv = sk(st) + tile;
+        fwd_load_tile::<D, N>(
+            sv,
+            v_base + (2 * n * vt) as u64,
+            vt,
+            bc,
+            s.sk as usize - n,
+            tid,
+        )
+    };
+    // One stage: K now, V once the loop's first barrier has passed (its tile is free once the
+    // products before it are done); two: the first tile's K and V now, the next tile's at the
+    // top of each step.
     if first < end {
-        unsafe {
-            fwd_load_tile::<D, WARPS4>(
-                sk,
-                k_base + (2 * first * kt) as u64,
-                kt,
-                bc,
-                s.sk as usize - first,
-                tid,
-            )
-        };
+        load_k(first, 0);
+        if stages == 2 {
+            load_v(first, 0);
+        }
     }
     commit();
     // Q stays in registers as the A operand of every `S = Q·Kᵀ`.
@@ -183,110 +218,105 @@ pub(crate) unsafe fn forward<T: Half, const D: usize, const NT: usize>(p: &Param
     let never = p.scale.is_nan() as u32;
     let (mut m, mut l) = ([f32::NEG_INFINITY; 2], [0.0f32; 2]);
     let mut o = [[0.0f32; 4]; 16];
-    let mut n0 = first;
+    let (mut n0, mut st) = (first, 0u32);
     while n0 < end {
         fwd_landed();
-        unsafe {
-            fwd_load_tile::<D, WARPS4>(
-                sv,
-                v_base + (2 * n0 * vt) as u64,
-                vt,
-                bc,
-                s.sk as usize - n0,
-                tid,
-            )
-        };
+        if stages == 1 {
+            load_v(n0, 0);
+        } else if n0 + bc < end {
+            load_k(n0 + bc, st ^ 1);
+            load_v(n0 + bc, st ^ 1);
+        }
         commit();
+        let (sk, sv) = (sk(st), sk(st) + tile);
+        let active = (n0 as i64) < whi && ((n0 + bc) as i64) > wlo;
         let mut sc = [[0.0f32; 4]; NT];
-        #[cfg(target_feature = "sm_90a")]
-        unsafe {
-            wgmma::scores_rs::<T, D, NT>(&mut sc, &qf, sk);
-            wgmma::wait(&mut sc);
-        }
-        #[cfg(not(target_feature = "sm_90a"))]
-        unsafe {
-            mma_abt::<T, D>(tiles8(&mut sc), sk, tid & 31, 8, |kk| qf[kk])
-        };
-        let masked = !s.all_allowed(m0, i1, n0 as i64, (n0 + bc - 1) as i64);
-        let row0 = m0 + (16 * warp + g) as i64;
-        // One branch per tile on block-uniform conditions: the common tile (no mask, no
-        // softcap, a positive scale) is straight-line code on the raw products, its scale
-        // folded into the exponent's `fma` (the row maximum commutes with it).
-        let raw = !masked && score.plain() && score.mul > 0.0;
-        let mul = if raw { score.mul } else { 1.0 };
-        if !raw {
-            each::<NT>(|nt| {
-                each::<4>(|e| {
-                    let x = score.of(sc[nt][e]);
-                    let j = (n0 + 8 * nt + 2 * c + (e & 1)) as i64;
-                    let i = row0 + 8 * (e >> 1) as i64;
-                    sc[nt][e] = if masked && !s.allows(i, j) {
-                        f32::NEG_INFINITY
-                    } else {
-                        x
-                    };
-                });
-            });
-        }
-        each::<2>(|r| {
-            let mut mx = f32::NEG_INFINITY;
-            each::<NT>(|nt| mx = mx.max(sc[nt][2 * r]).max(sc[nt][2 * r + 1]));
-            mx = mx.max(shfl_xor(mx, 1));
-            mx = mx.max(shfl_xor(mx, 2));
-            let m_new = m[r].max(mx * mul);
-            let sub = safe_max(m_new);
-            let corr = exp2(m[r] - sub);
-            m[r] = m_new;
-            let mut sum = 0.0f32;
-            each::<NT>(|nt| {
-                each::<2>(|e| {
-                    let pr = exp2(crate::fma(sc[nt][2 * r + e], mul, -sub));
-                    sc[nt][2 * r + e] = pr;
-                    sum += pr;
-                });
-            });
-            l[r] = l[r] * corr + sum;
-            // Once the maximum settles it rarely moves: skip the rescale when no row of the
-            // warp's moved.
-            if !all_lanes(corr == 1.0) {
-                each::<16>(|dt| {
-                    o[dt][2 * r] *= corr;
-                    o[dt][2 * r + 1] *= corr;
+        if active {
+            #[cfg(target_feature = "sm_90a")]
+            unsafe {
+                wgmma::scores_rs::<T, D, NT>(&mut sc, &qf, sk);
+                wgmma::wait(&mut sc);
+            }
+            #[cfg(not(target_feature = "sm_90a"))]
+            unsafe {
+                mma_abt::<T, D>(tiles8(&mut sc), sk, tid & 31, 8, |kk| qf[kk])
+            };
+            let masked = !s.all_allowed(w0, w1, n0 as i64, (n0 + bc - 1) as i64);
+            let row0 = w0 + (16 * warp + g) as i64;
+            // One branch per tile on warpgroup-uniform conditions: the common tile (no mask,
+            // no softcap, a positive scale) is straight-line code on the raw products, its
+            // scale folded into the exponent's `fma` (the row maximum commutes with it).
+            let raw = !masked && score.plain() && score.mul > 0.0;
+            let mul = if raw { score.mul } else { 1.0 };
+            if !raw {
+                each::<NT>(|nt| {
+                    each::<4>(|e| {
+                        let x = score.of(sc[nt][e]);
+                        let j = (n0 + 8 * nt + 2 * c + (e & 1)) as i64;
+                        let i = row0 + 8 * (e >> 1) as i64;
+                        sc[nt][e] = if masked && !s.allows(i, j) {
+                            f32::NEG_INFINITY
+                        } else {
+                            x
+                        };
+                    });
                 });
             }
-        });
-        fwd_landed();
-        if n0 + bc < end {
-            let next = n0 + bc;
+            each::<2>(|r| {
+                let mut mx = f32::NEG_INFINITY;
+                each::<NT>(|nt| mx = mx.max(sc[nt][2 * r]).max(sc[nt][2 * r + 1]));
+                mx = mx.max(shfl_xor(mx, 1));
+                mx = mx.max(shfl_xor(mx, 2));
+                let m_new = m[r].max(mx * mul);
+                let sub = safe_max(m_new);
+                let corr = exp2(m[r] - sub);
+                m[r] = m_new;
+                let mut sum = 0.0f32;
+                each::<NT>(|nt| {
+                    each::<2>(|e| {
+                        let pr = exp2(crate::fma(sc[nt][2 * r + e], mul, -sub));
+                        sc[nt][2 * r + e] = pr;
+                        sum += pr;
+                    });
+                });
+                l[r] = l[r] * corr + sum;
+                // Once the maximum settles it rarely moves: skip the rescale when no row of the
+                // warp's moved.
+                if !all_lanes(corr == 1.0) {
+                    each::<16>(|dt| {
+                        o[dt][2 * r] *= corr;
+                        o[dt][2 * r + 1] *= corr;
+                    });
+                }
+            });
+        }
+        if stages == 1 {
+            fwd_landed();
+            if n0 + bc < end {
+                load_k(n0 + bc, 0);
+            }
+            commit();
+        }
+        if active {
+            #[cfg(target_feature = "sm_90a")]
             unsafe {
-                fwd_load_tile::<D, WARPS4>(
-                    sk,
-                    k_base + (2 * next * kt) as u64,
-                    kt,
-                    bc,
-                    s.sk as usize - next,
-                    tid,
-                )
+                wgmma::pv::<T, D, NT>(&mut o, &sc, sv);
+                wgmma::wait64(&mut o);
+                wgmma::keep_alive(&qf, never, sq);
+            }
+            #[cfg(not(target_feature = "sm_90a"))]
+            unsafe {
+                mma_pb::<T, D>(&mut o, tiles8(&mut sc), sv, tid & 31, 4)
             };
         }
-        commit();
-        #[cfg(target_feature = "sm_90a")]
-        unsafe {
-            wgmma::pv::<T, D, NT>(&mut o, &sc, sv);
-            wgmma::wait64(&mut o);
-            wgmma::keep_alive(&qf, never, sq);
-        }
-        #[cfg(not(target_feature = "sm_90a"))]
-        unsafe {
-            mma_pb::<T, D>(&mut o, tiles8(&mut sc), sv, tid & 31, 4)
-        };
         n0 += bc;
+        st ^= stages - 1;
     }
     wait_all();
     each::<2>(|r| {
         let mut lt = l[r] + shfl_xor(l[r], 1);
         lt += shfl_xor(lt, 2);
-        let i = m0 + (16 * warp + g + 8 * r) as i64;
+        let i = w0 + (16 * warp + g + 8 * r) as i64;
         if i < s.sq {
             let tok = s.q_start + i as usize;
             let inv = if lt > 0.0 { 1.0 / lt } else { 0.0 };
