@@ -138,7 +138,7 @@ pub(crate) unsafe fn forward<T: Half, const D: usize, const NT: usize, const N: 
     let bc = 8 * NT;
     let (tid, (_, g, c)) = (thread_idx(), lane_parts());
     // The warp within its warpgroup, which owns rows `w0..w0 + 64` of the block.
-    let (wg, warp) = (tid >> 7, (tid >> 5) & 3);
+    let (wg, warp) = (if wgs == 1 { 0 } else { tid >> 7 }, (tid >> 5) & 3);
     let (b, h) = (block_z(), block_y());
     let s = unsafe { Seq::of(p, b) };
     let m0 = (last_first() * wgs * ROWS) as i64;
@@ -229,7 +229,8 @@ pub(crate) unsafe fn forward<T: Half, const D: usize, const NT: usize, const N: 
         }
         commit();
         let (sk, sv) = (sk(st), sk(st) + tile);
-        let active = (n0 as i64) < whi && ((n0 + bc) as i64) > wlo;
+        // A lone warpgroup sees every tile of the block's range.
+        let active = wgs == 1 || ((n0 as i64) < whi && ((n0 + bc) as i64) > wlo);
         let mut sc = [[0.0f32; 4]; NT];
         if active {
             #[cfg(target_feature = "sm_90a")]
