@@ -106,9 +106,9 @@ pub const DKDV_THREADS: u32 = 256;
 pub const DKDV_QUERY_TILE: u32 = 128;
 
 /// Keys per step of the tensor-core forward (the tile of K and V in shared memory): 128 at
-/// head_dim 128 in the sm_90a build (`wgmma` m64n128 scores, one barrier pair per 128 keys;
-/// its registers leave two blocks per SM), 64 elsewhere (at 64 the longer tile measured up to
-/// 7 % slower, at three blocks per SM instead of two).
+/// head_dim 128 in the sm_90a build (`wgmma` m64n128 scores, half the barriers per key), 64
+/// elsewhere (at 64 the longer tile measured up to 7 % slower, at three blocks per SM instead
+/// of two).
 pub const fn fwd_key_tile(sm90: bool, head_dim: u32) -> u32 {
     if sm90 && head_dim > 64 { 128 } else { 64 }
 }
@@ -131,8 +131,9 @@ pub const fn fwd_shared_bytes(head_dim: u32) -> u32 {
 
 /// Warpgroups (of four warps, 64 query rows each) per block of the tensor-core forward: two at
 /// head_dim 128 in the sm_90a build, sharing each K and V tile, so a tile's bytes cross from L2
-/// once per 128 query rows instead of per 64 (4.6 % faster at seq 8192); one elsewhere (two
-/// measured 27–34 % slower at head_dim 64, whose 64-key tiles are cheap to load).
+/// once per 128 query rows instead of per 64 (with one stage 1–6 % faster on the head_dim 128
+/// rows); one elsewhere (two measured 27–34 % slower at head_dim 64, whose 64-key tiles are
+/// cheap to load).
 pub const fn fwd_warpgroups(sm90: bool, head_dim: u32) -> u32 {
     if sm90 && head_dim > 64 { 2 } else { 1 }
 }
@@ -144,7 +145,8 @@ pub const fn fwd_rows(sm90: bool, head_dim: u32) -> u32 {
 
 /// Stages of K and V tiles of the tensor-core forward: two where a block has two warpgroups
 /// (their registers leave one block per SM, so shared memory is free), the next tile's copies
-/// then overlapping the whole current tile under one barrier per tile; one elsewhere.
+/// then overlapping the whole current tile under one barrier per tile (3–6 % faster than one
+/// stage); one elsewhere.
 pub const fn fwd_stages(sm90: bool, head_dim: u32) -> u32 {
     fwd_warpgroups(sm90, head_dim)
 }

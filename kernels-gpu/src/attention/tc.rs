@@ -1,8 +1,9 @@
 //! The tensor-core path for 16-bit elements at head_dim `D` ∈ {64, 128}, on 16-byte aligned
 //! rows (the host checks): the forward, and what both builds' backward kernels share (the
-//! probabilities and dS of a score tile, the stores). The forward has four warps per block,
-//! each owning 16 query rows of the block's tile, so a row's softmax statistics stay within the
-//! four lanes that share it (`shfl.xor` 1 and 2); its products are `mma.sync` m16n8k16 with f32
+//! probabilities and dS of a score tile, the stores). The forward has one warpgroup (four
+//! warps) per block, two at head_dim 128 in the sm_90a build, each warp owning 16 query rows of
+//! the block's tile, so a row's softmax statistics stay within the four lanes that share it
+//! (`shfl.xor` 1 and 2); its products are `mma.sync` m16n8k16 with f32
 //! accumulators (operands staged by `cp.async` and read by `ldmatrix`, [`super::mma`]) or, in
 //! the sm_90a build, `wgmma` (`super::wgmma`) on the same fragments. The backward is
 //! `super::mma_bwd` (`mma.sync`) or, in the sm_90a build, `super::hopper` (`wgmma`).
