@@ -219,6 +219,9 @@ pub(crate) mod tests {
         let a64 = AttentionArgs::new(4, 2049, 100, 16, 4, 64);
         let shared64 = |sm90| forward(&a64, ElemType::Bf16, AttnPath::Mma64, sm90).shared;
         assert_eq!((shared64(false), shared64(true)), (25 * 1024, 25 * 1024));
+        // At head_dim 64 one warpgroup of 64 rows in both builds.
+        let f64 = forward(&a64, ElemType::Bf16, AttnPath::Mma64, true);
+        assert_eq!((f64.grid, f64.threads), ((33, 16, 4), 128));
         let s = forward(&a, ElemType::F32, AttnPath::Simt, true);
         assert_eq!((s.grid, s.shared), ((513, 16, 4), 0));
         for sm90 in [false, true] {

@@ -156,6 +156,7 @@ pub(crate) unsafe fn forward<T: Half, const D: usize, const NT: usize, const N: 
     // Stage `st`'s K tile, then its V tile.
     let tile = (bc * D * 2) as u32;
     let sk = |st: u32| base + (wgs * ROWS * D * 2) as u32 + 2 * st * tile;
+    let sv = |st: u32| sk(st) + tile;
     let k_base = p.k.ptr + 2 * offset(&p.k, b, s.k_start, hk) as u64;
     let v_base = p.v.ptr + 2 * offset(&p.v, b, s.k_start, hk) as u64;
     let (kt, vt) = (p.k.token as usize, p.v.token as usize);
@@ -188,9 +189,8 @@ pub(crate) unsafe fn forward<T: Half, const D: usize, const NT: usize, const N: 
         )
     };
     let load_v = |n: usize, st: u32| unsafe {
-        let sv = sk(st) + tile;
         fwd_load_tile::<D, N>(
-            sv,
+            sv(st),
             v_base + (2 * n * vt) as u64,
             vt,
             bc,
@@ -229,7 +229,7 @@ pub(crate) unsafe fn forward<T: Half, const D: usize, const NT: usize, const N: 
             load_v(n0 + bc, st ^ 1);
         }
         commit();
-        let (sk, sv) = (sk(st), sk(st) + tile);
+        let (sk, sv) = (sk(st), sv(st));
         // A lone warpgroup sees every tile of the block's range.
         let active = wgs == 1 || ((n0 as i64) < whi && ((n0 + bc) as i64) > wlo);
         let mut sc = [[0.0f32; 4]; NT];
