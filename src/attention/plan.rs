@@ -1,8 +1,8 @@
 //! Which kernels an attention call runs, on which grids: a pure function of the arguments,
 //! the element type and the buffers' alignment, unit-tested without a GPU.
 use super::abi::{
-    DKDV_THREADS, MMA_KEYS, MMA_ROWS, SIMT_ROWS, THREADS, dkdv_shared_bytes,
-    dkdv_shared_bytes_sm90, dq_shared_bytes, dq_shared_bytes_sm90, fwd_rows, fwd_shared_bytes,
+    SIMT_ROWS, THREADS, dkdv_keys, dkdv_shared_bytes, dkdv_shared_bytes_sm90, dkdv_threads,
+    dq_rows, dq_shared_bytes, dq_shared_bytes_sm90, dq_threads, fwd_rows, fwd_shared_bytes,
     fwd_shared_bytes_sm90, fwd_warpgroups,
 };
 use super::args::AttentionArgs;
@@ -93,19 +93,23 @@ pub(crate) fn forward(args: &AttentionArgs, elem: ElemType, path: AttnPath, sm90
 
 /// The backward: the preprocessing (`Σ dO·O` per query row), then dQ over blocks of query
 /// rows and dK/dV over blocks of key rows (each over its group's query heads). `sm90`: the
-/// sm_90a build's kernels are in use, whose tensor-core dQ and dK/dV kernels (`wgmma`, one
-/// warpgroup each) take other tiles, so other shared memory, than the sm_80 build's
-/// (`mma.sync`; dK/dV with eight warps).
+/// sm_90a build's kernels are in use, whose tensor-core dQ and dK/dV kernels (`wgmma`; dQ
+/// with one warpgroup, dK/dV with two at head_dim 128) take other tiles, so other shared
+/// memory, than the sm_80 build's (`mma.sync`; dK/dV with eight warps).
 pub(crate) fn backward(
     args: &AttentionArgs,
     elem: ElemType,
     path: AttnPath,
     sm90: bool,
 ) -> [Step; 3] {
-    let (rows, keys) = if path == AttnPath::Simt {
-        (SIMT_ROWS, SIMT_ROWS)
+    let d = args.head_dim as u32;
+    let ((rows, dq_block), (keys, dkdv_block)) = if path == AttnPath::Simt {
+        ((SIMT_ROWS, THREADS), (SIMT_ROWS, THREADS))
     } else {
-        (MMA_ROWS, MMA_KEYS)
+        (
+            (dq_rows(sm90, d), dq_threads(sm90, d)),
+            (dkdv_keys(sm90, d), dkdv_threads(sm90, d)),
+        )
     };
     let kernel = |pass, path| Kernel::Attention { pass, path, elem };
     let (hq, hkv, b) = (args.heads_q as u32, args.heads_kv as u32, args.batch as u32);
@@ -119,17 +123,13 @@ pub(crate) fn backward(
         Step {
             kernel: kernel(AttnPass::Dq, path),
             grid: (blocks(args.seqlen_q, rows), hq, b),
-            threads: THREADS,
+            threads: dq_block,
             shared: shared(path, [dq_shared_bytes, dq_shared_bytes_sm90][sm90 as usize]),
         },
         Step {
             kernel: kernel(AttnPass::DkDv, path),
             grid: (blocks(args.seqlen_k, keys), hkv, b),
-            threads: if path == AttnPath::Simt || sm90 {
-                THREADS
-            } else {
-                DKDV_THREADS
-            },
+            threads: dkdv_block,
             shared: shared(
                 path,
                 [dkdv_shared_bytes, dkdv_shared_bytes_sm90][sm90 as usize],
@@ -227,14 +227,18 @@ pub(crate) mod tests {
         for sm90 in [false, true] {
             let [pre, dq, dkdv] = backward(&a, ElemType::Bf16, AttnPath::Mma128, sm90);
             assert_eq!(pre.grid, (513, 16, 4));
-            assert_eq!(dq.grid, (33, 16, 4));
-            // Key blocks per key/value head.
-            assert_eq!(dkdv.grid, (2, 4, 4));
+            // dQ over blocks of 128 query rows (two warpgroups) in the sm_90a build at
+            // head_dim 128, of 64 in the sm_80 one.
+            assert_eq!(dq.grid, (if sm90 { 17 } else { 33 }, 16, 4));
+            // Key blocks per key/value head: of 128 keys (two warpgroups) in the sm_90a
+            // build at head_dim 128, of 64 (eight warps) in the sm_80 one.
+            assert_eq!(dkdv.grid, (if sm90 { 1 } else { 2 }, 4, 4));
             assert!(dkdv.shared > 48 * 1024 && dkdv.shared <= 227 * 1024);
-            let dkdv_threads = if sm90 { 128 } else { 256 };
+            let dkdv_threads = 256;
+            let dq_threads = if sm90 { 256 } else { 128 };
             assert_eq!(
                 (pre.threads, dq.threads, dkdv.threads),
-                (128, 128, dkdv_threads)
+                (128, dq_threads, dkdv_threads)
             );
             // No query rows: the forward and dQ have nothing to launch, dK/dV still zero the
             // keys.
@@ -242,8 +246,9 @@ pub(crate) mod tests {
             let [pre, dq, dkdv] = backward(&a, ElemType::F16, AttnPath::Mma64, sm90);
             assert_eq!((pre.grid.0, dq.grid.0, dkdv.grid.0), (0, 0, 1));
         }
-        // The `wgmma` dQ kernel: Q, dO and two stages of 64-key K and V tiles (two blocks per
-        // SM at head_dim 128); the `mma.sync` one takes 32-key tiles at 128.
+        // The `wgmma` dQ kernel: each warpgroup's Q and dO and three stages of 64-key K and V
+        // tiles (one block of two warpgroups per SM at head_dim 128); the `mma.sync` one takes
+        // 32-key tiles at 128.
         let dq = |d, sm90| {
             backward(
                 &AttentionArgs::new(1, 8, 8, 1, 1, d),
@@ -253,10 +258,10 @@ pub(crate) mod tests {
             )[1]
             .shared
         };
-        assert_eq!((dq(128, true), dq(64, true)), (97 * 1024, 49 * 1024));
+        assert_eq!((dq(128, true), dq(64, true)), (161 * 1024, 65 * 1024));
         assert_eq!((dq(128, false), dq(64, false)), (64 * 1024, 48 * 1024));
-        // The `wgmma` dK/dV kernel: K, V and two stages of Q and dO tiles with their statistics,
-        // two blocks per SM at head_dim 128.
+        // The `wgmma` dK/dV kernel: each warpgroup's K and V and three stages of Q and dO
+        // tiles with their statistics, one block of two warpgroups per SM at head_dim 128.
         let dkdv = |d| {
             backward(
                 &AttentionArgs::new(1, 8, 8, 1, 1, d),
@@ -266,6 +271,6 @@ pub(crate) mod tests {
             )[2]
             .shared
         };
-        assert_eq!((dkdv(128), dkdv(64)), (99 * 1024, 51 * 1024));
+        assert_eq!((dkdv(128), dkdv(64)), (164 * 1024, 68 * 1024));
     }
 }

@@ -84,7 +84,8 @@ pub struct Params {
     pub softcap: f32,
 }
 
-/// Query rows per block of the tensor-core forward and dQ kernels (16 per warp).
+/// Query rows per warpgroup of the tensor-core forward and dQ kernels (16 per warp); a block
+/// has one warpgroup, or two in the sm_90a build at head_dim 128 ([`fwd_rows`], [`dq_rows`]).
 pub const MMA_ROWS: u32 = 64;
 /// Threads per block of every attention kernel but the tensor-core dK/dV kernel.
 pub const THREADS: u32 = 128;
@@ -94,11 +95,13 @@ pub const SIMT_ROWS: u32 = THREADS / 32;
 /// The largest head_dim of the SIMT kernels (eight elements per lane).
 pub const SIMT_MAX_HEAD_DIM: u32 = 256;
 
-/// Key rows per block of the tensor-core dK/dV kernel.
+/// Key rows per block of the sm_80 build's tensor-core dK/dV kernel, per warpgroup of the
+/// sm_90a build's ([`dkdv_keys`]).
 pub const MMA_KEYS: u32 = 64;
 
-/// Threads per block of the tensor-core dK/dV kernel (eight warps: its dK and dV accumulators
-/// split over twice the warps of the other kernels, so each holds a quarter of the head).
+/// Threads per block of the sm_80 build's tensor-core dK/dV kernel (eight warps: its dK and dV
+/// accumulators split over twice the warps of the other kernels, so each holds a quarter of
+/// the head).
 pub const DKDV_THREADS: u32 = 256;
 
 /// Queries per step of the tensor-core dK/dV kernel: 128 (64 measured 7–11 % slower over the
@@ -180,11 +183,36 @@ pub const fn dkdv_shared_bytes(head_dim: u32) -> u32 {
         + 2 * dkdv_stage_bytes(head_dim)
 }
 
+/// Warpgroups (of four warps, 64 query rows each) per block of the sm_90a build's dQ kernel:
+/// two at head_dim 128, sharing each K and V tile (as the forward's); one at 64.
+pub const fn dq_warpgroups_sm90(head_dim: u32) -> u32 {
+    if head_dim > 64 { 2 } else { 1 }
+}
+
+/// Query rows per block of the tensor-core dQ kernel.
+pub const fn dq_rows(sm90: bool, head_dim: u32) -> u32 {
+    if sm90 {
+        MMA_ROWS * dq_warpgroups_sm90(head_dim)
+    } else {
+        MMA_ROWS
+    }
+}
+
+/// Threads per block of the tensor-core dQ kernel.
+pub const fn dq_threads(sm90: bool, head_dim: u32) -> u32 {
+    THREADS * dq_rows(sm90, head_dim) / MMA_ROWS
+}
+
+/// Stages of K and V tiles of the sm_90a build's dQ kernel: three, so a step's last product
+/// (`dQ += dS·K`, reading the step's K tile) can run on under the next step's barrier and
+/// first products; the copy after that barrier overwrites the stage of the step before last.
+pub const DQ_STAGES_SM90: u32 = 3;
+
 /// Bytes of dynamic shared memory of the sm_90a build's dQ kernel (`wgmma`, 64 keys per
-/// step): the block's Q and dO tiles, two stages of a K and a V tile, and 1 KiB of slack to
-/// start them 1024-byte aligned.
+/// step): each warpgroup's Q and dO tiles, [`DQ_STAGES_SM90`] stages of a K and a V tile, and
+/// 1 KiB of slack to start them 1024-byte aligned.
 pub const fn dq_shared_bytes_sm90(head_dim: u32) -> u32 {
-    6 * MMA_ROWS * head_dim * 2 + 1024
+    (2 * dq_rows(true, head_dim) + 2 * DQ_STAGES_SM90 * MMA_ROWS) * head_dim * 2 + 1024
 }
 
 /// Bytes of one stage of the sm_90a build's dK/dV kernel: a Q and a dO tile of [`MMA_ROWS`]
@@ -194,9 +222,42 @@ pub const fn dkdv_stage_bytes_sm90(head_dim: u32) -> u32 {
     2 * MMA_ROWS * head_dim * 2 + 1024
 }
 
-/// Bytes of dynamic shared memory of the sm_90a build's dK/dV kernel (`wgmma`, one warpgroup,
-/// 64 key rows, 64-query steps): the block's K and V tiles, two stages
+/// Warpgroups (of four warps, 64 key rows each) per block of the sm_90a build's dK/dV kernel:
+/// two at head_dim 128, sharing each Q and dO tile, so a tile's bytes cross from L2 once per
+/// 128 key rows instead of per 64; one at 64.
+pub const fn dkdv_warpgroups_sm90(head_dim: u32) -> u32 {
+    if head_dim > 64 { 2 } else { 1 }
+}
+
+/// Key rows per block of the tensor-core dK/dV kernel.
+pub const fn dkdv_keys(sm90: bool, head_dim: u32) -> u32 {
+    if sm90 {
+        MMA_KEYS * dkdv_warpgroups_sm90(head_dim)
+    } else {
+        MMA_KEYS
+    }
+}
+
+/// Threads per block of the tensor-core dK/dV kernel.
+pub const fn dkdv_threads(sm90: bool, head_dim: u32) -> u32 {
+    if sm90 {
+        THREADS * dkdv_warpgroups_sm90(head_dim)
+    } else {
+        DKDV_THREADS
+    }
+}
+
+/// Stages of Q and dO tiles of the sm_90a build's dK/dV kernel: three, so a step's last
+/// product (`dK += dSᵀ·Q`, reading the step's Q tile) can run on under the next step's
+/// barrier and first product; the copy after that barrier overwrites the stage of the step
+/// before last.
+pub const DKDV_STAGES_SM90: u32 = 3;
+
+/// Bytes of dynamic shared memory of the sm_90a build's dK/dV kernel (`wgmma`, 64-query
+/// steps): each warpgroup's K and V tiles, [`DKDV_STAGES_SM90`] stages
 /// ([`dkdv_stage_bytes_sm90`]) and 1 KiB of alignment slack.
 pub const fn dkdv_shared_bytes_sm90(head_dim: u32) -> u32 {
-    2 * MMA_KEYS * head_dim * 2 + 2 * dkdv_stage_bytes_sm90(head_dim) + 1024
+    2 * dkdv_keys(true, head_dim) * head_dim * 2
+        + DKDV_STAGES_SM90 * dkdv_stage_bytes_sm90(head_dim)
+        + 1024
 }

@@ -3,7 +3,7 @@
 //! dS through shared memory ([`dkdv`]). The sm_90a build's is `hopper`.
 use super::abi::{
     DKDV_QUERY_TILE, DKDV_THREADS, MMA_KEYS, MMA_ROWS, Params, THREADS, dkdv_stage_bytes,
-    dq_key_tile,
+    dkdv_threads, dq_key_tile, dq_threads,
 };
 use super::mma::each;
 use super::mma::{
@@ -111,13 +111,19 @@ unsafe fn store_rows32<T: Half, const N: usize>(
     });
 }
 
+/// Threads of the dQ kernel at head_dim 64 and 128 (four warps at both).
+pub(crate) const DQ_THREADS64: usize = dq_threads(false, 64) as usize;
+/// See [`DQ_THREADS64`].
+pub(crate) const DQ_THREADS128: usize = dq_threads(false, 128) as usize;
+
 /// dQ of a block of [`MMA_ROWS`] query rows of one head.
 ///
 /// # Safety
 /// As the entry points'.
 #[inline(always)]
-pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
+pub(crate) unsafe fn dq<T: Half, const D: usize, const N: usize>(p: &Params) {
     const { assert!(D == 64 || D == 128) };
+    const { assert!(N == THREADS as usize) };
     let bc = dq_key_tile(D as u32) as usize;
     let (tid, (lane, g, c)) = (thread_idx(), lane_parts());
     let warp = tid >> 5;
@@ -238,6 +244,11 @@ pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
     });
 }
 
+/// Threads of the dK/dV kernel at head_dim 64 and 128 (eight warps at both).
+pub(crate) const DKDV_THREADS64: usize = dkdv_threads(false, 64) as usize;
+/// See [`DKDV_THREADS64`].
+pub(crate) const DKDV_THREADS128: usize = dkdv_threads(false, 128) as usize;
+
 /// dK and dV of a block of [`MMA_KEYS`] key rows of one key/value head, over every query head
 /// of its group and every query tile that sees them, with eight warps. Each step takes a tile
 /// of [`DKDV_QUERY_TILE`] queries in two phases: warp `w` computes Sᵀ and dPᵀ for 16 keys
@@ -253,8 +264,9 @@ pub(crate) unsafe fn dq<T: Half, const D: usize>(p: &Params) {
 /// # Safety
 /// As the entry points'.
 #[inline(always)]
-pub(crate) unsafe fn dkdv<T: Half, const D: usize>(p: &Params) {
+pub(crate) unsafe fn dkdv<T: Half, const D: usize, const N: usize>(p: &Params) {
     const { assert!(D == 64 || D == 128) };
+    const { assert!(N == WARPS8) };
     const QT: usize = DKDV_QUERY_TILE as usize;
     const KEYS: usize = MMA_KEYS as usize;
     // 16-column groups of the head per warp in the second phase.

@@ -279,14 +279,14 @@ attn_kernels! {
     Forward Mma64 Bf16 => tc::forward::<Bf16, 64, { tc::FWD_NT64 }, { tc::FWD_THREADS64 }>;
     Forward Mma128 F16 => tc::forward::<f16, 128, { tc::FWD_NT128 }, { tc::FWD_THREADS128 }>;
     Forward Mma128 Bf16 => tc::forward::<Bf16, 128, { tc::FWD_NT128 }, { tc::FWD_THREADS128 }>;
-    Dq Mma64 F16 => tc_bwd::dq::<f16, 64>;
-    Dq Mma64 Bf16 => tc_bwd::dq::<Bf16, 64>;
-    Dq Mma128 F16 => tc_bwd::dq::<f16, 128>;
-    Dq Mma128 Bf16 => tc_bwd::dq::<Bf16, 128>;
-    DkDv Mma64 F16 => tc_bwd::dkdv::<f16, 64>;
-    DkDv Mma64 Bf16 => tc_bwd::dkdv::<Bf16, 64>;
-    DkDv Mma128 F16 => tc_bwd::dkdv::<f16, 128>;
-    DkDv Mma128 Bf16 => tc_bwd::dkdv::<Bf16, 128>;
+    Dq Mma64 F16 => tc_bwd::dq::<f16, 64, { tc_bwd::DQ_THREADS64 }>;
+    Dq Mma64 Bf16 => tc_bwd::dq::<Bf16, 64, { tc_bwd::DQ_THREADS64 }>;
+    Dq Mma128 F16 => tc_bwd::dq::<f16, 128, { tc_bwd::DQ_THREADS128 }>;
+    Dq Mma128 Bf16 => tc_bwd::dq::<Bf16, 128, { tc_bwd::DQ_THREADS128 }>;
+    DkDv Mma64 F16 => tc_bwd::dkdv::<f16, 64, { tc_bwd::DKDV_THREADS64 }>;
+    DkDv Mma64 Bf16 => tc_bwd::dkdv::<Bf16, 64, { tc_bwd::DKDV_THREADS64 }>;
+    DkDv Mma128 F16 => tc_bwd::dkdv::<f16, 128, { tc_bwd::DKDV_THREADS128 }>;
+    DkDv Mma128 Bf16 => tc_bwd::dkdv::<Bf16, 128, { tc_bwd::DKDV_THREADS128 }>;
 }
 
 /// A 16-bit element type of the tensor-core kernels.
