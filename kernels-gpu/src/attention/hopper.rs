@@ -127,8 +127,7 @@ pub(crate) unsafe fn dq<T: Half, const D: usize, const N: usize>(p: &Params) {
     }
     commit();
     let mut acc = [[0.0f32; 4]; 16];
-    // Written by each step's first products, which ignore their old values: set here, not
-    // per step, where the stores would define registers of the `dQ` product still running.
+    // Written by each step's first products, which do not accumulate into their old values.
     let (mut sc, mut dp) = ([[0.0f32; 4]; 8], [[0.0f32; 4]; 8]);
     let row0 = w0 + (16 * warp + g) as i64;
     if first < end {
