@@ -3,7 +3,7 @@
 use super::abi::{
     SIMT_ROWS, THREADS, dkdv_keys, dkdv_shared_bytes, dkdv_shared_bytes_sm90, dkdv_threads,
     dq_rows, dq_shared_bytes, dq_shared_bytes_sm90, dq_threads, fwd_rows, fwd_shared_bytes,
-    fwd_shared_bytes_sm90, fwd_warpgroups,
+    fwd_shared_bytes_sm90, warpgroups,
 };
 use super::args::AttentionArgs;
 use crate::identity::{AttnPass, AttnPath, ElemType, Kernel};
@@ -69,7 +69,7 @@ pub(crate) fn forward(args: &AttentionArgs, elem: ElemType, path: AttnPath, sm90
     } else {
         (
             fwd_rows(sm90, args.head_dim as u32),
-            THREADS * fwd_warpgroups(sm90, args.head_dim as u32),
+            THREADS * warpgroups(sm90, args.head_dim as u32),
         )
     };
     Step {

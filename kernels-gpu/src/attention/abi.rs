@@ -132,18 +132,19 @@ pub const fn fwd_shared_bytes(head_dim: u32) -> u32 {
     (MMA_ROWS + 2 * fwd_key_tile(false, head_dim)) * head_dim * 2 + 1024
 }
 
-/// Warpgroups (of four warps, 64 query rows each) per block of the tensor-core forward: two at
-/// head_dim 128 in the sm_90a build, sharing each K and V tile, so a tile's bytes cross from L2
-/// once per 128 query rows instead of per 64 (with one stage 1–6 % faster on the head_dim 128
-/// rows); one elsewhere (two measured 27–34 % slower at head_dim 64, whose 64-key tiles are
-/// cheap to load).
-pub const fn fwd_warpgroups(sm90: bool, head_dim: u32) -> u32 {
+/// Warpgroups (of four warps, 64 rows each) per block of the tensor-core forward, dQ and, in
+/// the sm_90a build, dK/dV kernels: two at head_dim 128 in the sm_90a build, sharing each tile
+/// they stream (K and V for the forward and dQ, Q and dO for dK/dV), so a tile's bytes cross
+/// from L2 once per 128 rows instead of per 64 (the forward with one stage 1–6 % faster on the
+/// head_dim 128 rows); one elsewhere (two measured 27–34 % slower on the forward at head_dim
+/// 64, whose 64-key tiles are cheap to load).
+pub const fn warpgroups(sm90: bool, head_dim: u32) -> u32 {
     if sm90 && head_dim > 64 { 2 } else { 1 }
 }
 
 /// Query rows per block of the tensor-core forward.
 pub const fn fwd_rows(sm90: bool, head_dim: u32) -> u32 {
-    MMA_ROWS * fwd_warpgroups(sm90, head_dim)
+    MMA_ROWS * warpgroups(sm90, head_dim)
 }
 
 /// Stages of K and V tiles of the tensor-core forward: two where a block has two warpgroups
@@ -151,7 +152,7 @@ pub const fn fwd_rows(sm90: bool, head_dim: u32) -> u32 {
 /// then overlapping the whole current tile under one barrier per tile (3–6 % faster than one
 /// stage); one elsewhere.
 pub const fn fwd_stages(sm90: bool, head_dim: u32) -> u32 {
-    fwd_warpgroups(sm90, head_dim)
+    warpgroups(sm90, head_dim)
 }
 
 /// As [`fwd_shared_bytes`], in the sm_90a build: each warpgroup's Q tile and each stage's K
@@ -183,24 +184,14 @@ pub const fn dkdv_shared_bytes(head_dim: u32) -> u32 {
         + 2 * dkdv_stage_bytes(head_dim)
 }
 
-/// Warpgroups (of four warps, 64 query rows each) per block of the sm_90a build's dQ kernel:
-/// two at head_dim 128, sharing each K and V tile (as the forward's); one at 64.
-pub const fn dq_warpgroups_sm90(head_dim: u32) -> u32 {
-    if head_dim > 64 { 2 } else { 1 }
-}
-
 /// Query rows per block of the tensor-core dQ kernel.
 pub const fn dq_rows(sm90: bool, head_dim: u32) -> u32 {
-    if sm90 {
-        MMA_ROWS * dq_warpgroups_sm90(head_dim)
-    } else {
-        MMA_ROWS
-    }
+    MMA_ROWS * warpgroups(sm90, head_dim)
 }
 
 /// Threads per block of the tensor-core dQ kernel.
 pub const fn dq_threads(sm90: bool, head_dim: u32) -> u32 {
-    THREADS * dq_rows(sm90, head_dim) / MMA_ROWS
+    THREADS * warpgroups(sm90, head_dim)
 }
 
 /// Stages of K and V tiles of the sm_90a build's dQ kernel: three, so a step's last product
@@ -222,26 +213,15 @@ pub const fn dkdv_stage_bytes_sm90(head_dim: u32) -> u32 {
     2 * MMA_ROWS * head_dim * 2 + 1024
 }
 
-/// Warpgroups (of four warps, 64 key rows each) per block of the sm_90a build's dK/dV kernel:
-/// two at head_dim 128, sharing each Q and dO tile, so a tile's bytes cross from L2 once per
-/// 128 key rows instead of per 64; one at 64.
-pub const fn dkdv_warpgroups_sm90(head_dim: u32) -> u32 {
-    if head_dim > 64 { 2 } else { 1 }
-}
-
 /// Key rows per block of the tensor-core dK/dV kernel.
 pub const fn dkdv_keys(sm90: bool, head_dim: u32) -> u32 {
-    if sm90 {
-        MMA_KEYS * dkdv_warpgroups_sm90(head_dim)
-    } else {
-        MMA_KEYS
-    }
+    MMA_KEYS * warpgroups(sm90, head_dim)
 }
 
 /// Threads per block of the tensor-core dK/dV kernel.
 pub const fn dkdv_threads(sm90: bool, head_dim: u32) -> u32 {
     if sm90 {
-        THREADS * dkdv_warpgroups_sm90(head_dim)
+        THREADS * warpgroups(true, head_dim)
     } else {
         DKDV_THREADS
     }

@@ -46,7 +46,7 @@ fn landed() {
 }
 
 /// Threads of the dQ kernel at head_dim 64 and 128 (its warpgroups,
-/// [`super::abi::dq_warpgroups_sm90`]).
+/// [`super::abi::warpgroups`]).
 pub(crate) const DQ_THREADS64: usize = dq_threads(true, 64) as usize;
 /// See [`DQ_THREADS64`].
 pub(crate) const DQ_THREADS128: usize = dq_threads(true, 128) as usize;
@@ -192,7 +192,7 @@ fn unpack_f16x2(w: u32) -> (f32, f32) {
 }
 
 /// Threads of the dK/dV kernel at head_dim 64 and 128 (its warpgroups,
-/// [`super::abi::dkdv_warpgroups_sm90`]).
+/// [`super::abi::warpgroups`]).
 pub(crate) const DKDV_THREADS64: usize = dkdv_threads(true, 64) as usize;
 /// See [`DKDV_THREADS64`].
 pub(crate) const DKDV_THREADS128: usize = dkdv_threads(true, 128) as usize;

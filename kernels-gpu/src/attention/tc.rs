@@ -9,7 +9,7 @@
 //! `super::mma_bwd` (`mma.sync`) or, in the sm_90a build, `super::hopper` (`wgmma`).
 //! As FA2, probabilities (and dS) are rounded to the element type before they meet V, dO, K
 //! or Q in a product.
-use super::abi::{MMA_ROWS, Params, THREADS, fwd_key_tile, fwd_stages, fwd_warpgroups};
+use super::abi::{MMA_ROWS, Params, THREADS, fwd_key_tile, fwd_stages, warpgroups};
 #[cfg(not(target_feature = "sm_90a"))]
 use super::mma::{Lanes, ldmatrix_x4, mma_abt, mma_pb};
 use super::mma::{commit, each, shared_addr, wait_all, wait_one_pending};
@@ -111,12 +111,12 @@ fn tiles8<const NT: usize>(sc: &mut [[f32; 4]; NT]) -> &mut [[f32; 4]; 8] {
 pub(crate) const FWD_NT64: usize = fwd_key_tile(cfg!(target_feature = "sm_90a"), 64) as usize / 8;
 /// See [`FWD_NT64`].
 pub(crate) const FWD_NT128: usize = fwd_key_tile(cfg!(target_feature = "sm_90a"), 128) as usize / 8;
-/// Threads of the forward's block at head_dim 64 and 128 (its warpgroups, [`fwd_warpgroups`]).
+/// Threads of the forward's block at head_dim 64 and 128 (its warpgroups, [`warpgroups`]).
 pub(crate) const FWD_THREADS64: usize =
-    WARPS4 * fwd_warpgroups(cfg!(target_feature = "sm_90a"), 64) as usize;
+    WARPS4 * warpgroups(cfg!(target_feature = "sm_90a"), 64) as usize;
 /// See [`FWD_THREADS64`].
 pub(crate) const FWD_THREADS128: usize =
-    WARPS4 * fwd_warpgroups(cfg!(target_feature = "sm_90a"), 128) as usize;
+    WARPS4 * warpgroups(cfg!(target_feature = "sm_90a"), 128) as usize;
 
 /// The forward of a block of [`MMA_ROWS`] query rows per warpgroup (`N / 128` of them) of
 /// one head, over key tiles of `8·NT` ([`fwd_key_tile`]) that every warpgroup of the block
@@ -131,7 +131,7 @@ pub(crate) unsafe fn forward<T: Half, const D: usize, const NT: usize, const N: 
     const { assert!(D == 64 || D == 128) };
     const { assert!(8 * NT == fwd_key_tile(cfg!(target_feature = "sm_90a"), D as u32) as usize) };
     const ROWS: usize = MMA_ROWS as usize;
-    const { assert!(N == WARPS4 * fwd_warpgroups(cfg!(target_feature = "sm_90a"), D as u32) as usize) };
+    const { assert!(N == WARPS4 * warpgroups(cfg!(target_feature = "sm_90a"), D as u32) as usize) };
     let (wgs, stages) = (
         N / WARPS4,
         fwd_stages(cfg!(target_feature = "sm_90a"), D as u32),
