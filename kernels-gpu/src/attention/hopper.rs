@@ -14,7 +14,7 @@ use super::abi::{
 };
 use super::mma::each;
 use super::mma::{commit, wait_all};
-use super::tc::{probs_and_ds, row_stats, store_row};
+use super::tc::{has_work, probs_and_ds, row_stats, store_row, warpgroup_rows};
 use super::wgmma::{self, load_tile, pv, scores, wait32, wait64};
 use super::{Half, Score, Seq, block_y, block_z, exp2, offset};
 use crate::{block_idx, grid_dim, sync_threads, thread_idx};
@@ -66,7 +66,6 @@ pub(crate) unsafe fn dq<T: Half, const D: usize, const N: usize>(p: &Params) {
     let wgs = N / THREADS4;
     let tid = thread_idx();
     let (warp, g, c) = ((tid >> 5) & 3, (tid & 31) >> 2, tid & 3);
-    let wg = if wgs == 1 { 0 } else { tid >> 7 };
     let (b, h) = (block_z(), block_y());
     let s = unsafe { Seq::of(p, b) };
     let m0 = ((grid_dim() - 1 - block_idx()) * wgs * ROWS) as i64;
@@ -74,9 +73,7 @@ pub(crate) unsafe fn dq<T: Half, const D: usize, const N: usize>(p: &Params) {
         return;
     }
     let i1 = (m0 + (wgs * ROWS) as i64 - 1).min(s.sq - 1);
-    // This warpgroup's rows.
-    let w0 = m0 + (wg * ROWS) as i64;
-    let w1 = (w0 + ROWS as i64 - 1).min(s.sq - 1);
+    let (wg, w0, w1) = warpgroup_rows(wgs, m0, s.sq);
     let hk = h / (p.heads_q / p.heads_kv) as usize;
     let score = Score::new(p);
     let (base, _) = base();
@@ -117,9 +114,8 @@ pub(crate) unsafe fn dq<T: Half, const D: usize, const N: usize>(p: &Params) {
         );
     };
     let (lo, hi) = s.keys(m0, i1);
-    // The keys this warpgroup's rows see: a tile outside them (or a warpgroup past the
-    // sequence) skips its products, not the block's barriers and copies.
-    let (wlo, whi) = if w0 < s.sq { s.keys(w0, w1) } else { (0, 0) };
+    // The keys this warpgroup's rows see.
+    let seen = if w0 < s.sq { s.keys(w0, w1) } else { (0, 0) };
     let first = (lo.max(0) as usize / ROWS) * ROWS;
     let end = hi.max(0) as usize;
     if first < end {
@@ -142,8 +138,7 @@ pub(crate) unsafe fn dq<T: Half, const D: usize, const N: usize>(p: &Params) {
             }
             commit();
             let (sk, sv) = (stages + stage * 2 * tile, stages + stage * 2 * tile + tile);
-            let active = wgs == 1 || ((n0 as i64) < whi && ((n0 + ROWS) as i64) > wlo);
-            if !active {
+            if !has_work(wgs, seen, n0, n0 + ROWS) {
                 wait64(&mut acc);
             } else {
                 unsafe {
@@ -218,7 +213,6 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize, const N: usize>(p: &Params) {
     let wgs = N / THREADS4;
     let tid = thread_idx();
     let (warp, g, c) = ((tid >> 5) & 3, (tid & 31) >> 2, tid & 3);
-    let wg = if wgs == 1 { 0 } else { tid >> 7 };
     let (b, hk) = (block_z(), block_y());
     let s = unsafe { Seq::of(p, b) };
     let n0 = (block_idx() * wgs * ROWS) as i64;
@@ -226,9 +220,7 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize, const N: usize>(p: &Params) {
         return;
     }
     let n1 = (n0 + (wgs * ROWS) as i64 - 1).min(s.sk - 1);
-    // This warpgroup's keys.
-    let w0 = n0 + (wg * ROWS) as i64;
-    let w1 = (w0 + ROWS as i64 - 1).min(s.sk - 1);
+    let (wg, w0, w1) = warpgroup_rows(wgs, n0, s.sk);
     let group = (p.heads_q / p.heads_kv) as usize;
     let score = Score::new(p);
     let (base, smem) = base();
@@ -249,9 +241,8 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize, const N: usize>(p: &Params) {
         load_tile::<D, THREADS4>(sv, v, p.v.token as usize, ROWS, valid, t);
     }
     let (lo, hi) = s.queries(n0, n1);
-    // The queries this warpgroup's keys see: a tile outside them (or a warpgroup past the
-    // sequence) skips its products, not the block's barriers and copies.
-    let (wlo, whi) = if w0 < s.sk { s.queries(w0, w1) } else { (0, 0) };
+    // The queries this warpgroup's keys see.
+    let seen = if w0 < s.sk { s.queries(w0, w1) } else { (0, 0) };
     let first = (lo.max(0) as usize / ROWS) * ROWS;
     let end = hi.max(0) as usize;
     let tiles = if first < end {
@@ -298,8 +289,7 @@ pub(crate) unsafe fn dkdv<T: Half, const D: usize, const N: usize>(p: &Params) {
         }
         commit();
         let i0 = first + (step % tiles) * ROWS;
-        let active = wgs == 1 || ((i0 as i64) < whi && ((i0 + ROWS) as i64) > wlo);
-        if !active {
+        if !has_work(wgs, seen, i0, i0 + ROWS) {
             wait64(&mut dk);
         } else {
             let (sq, sdo) = (

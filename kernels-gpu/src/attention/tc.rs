@@ -40,6 +40,24 @@ pub(super) fn lane_parts() -> (usize, usize, usize) {
     (lane, lane >> 2, lane & 3)
 }
 
+/// The rows of this thread's warpgroup in a block of `wgs` warpgroups whose rows start at
+/// `m0`, of `len`: the warpgroup, its first row and its last (below the first for a
+/// warpgroup past the end).
+#[inline(always)]
+pub(super) fn warpgroup_rows(wgs: usize, m0: i64, len: i64) -> (usize, i64, i64) {
+    let wg = if wgs == 1 { 0 } else { thread_idx() >> 7 };
+    let w0 = m0 + (wg * MMA_ROWS as usize) as i64;
+    (wg, w0, (w0 + MMA_ROWS as i64 - 1).min(len - 1))
+}
+
+/// Whether a warpgroup whose rows see `[lo, hi)` has products in the tile `[t0, t1)` (a tile
+/// outside them, or a warpgroup past the end, skips its products, not the block's barriers
+/// and copies); a lone warpgroup sees every tile of the block's range.
+#[inline(always)]
+pub(super) fn has_work(wgs: usize, (lo, hi): (i64, i64), t0: usize, t1: usize) -> bool {
+    wgs == 1 || ((t0 as i64) < hi && (t1 as i64) > lo)
+}
+
 /// A fragments of the warp's 16 rows (from `16·warp`) of a `D`-wide tile: k-step `kk` in
 /// `frags[kk]` (D/16 of them; at most 8).
 #[cfg(not(target_feature = "sm_90a"))]
@@ -139,7 +157,7 @@ pub(crate) unsafe fn forward<T: Half, const D: usize, const NT: usize, const N: 
     let bc = 8 * NT;
     let (tid, (_, g, c)) = (thread_idx(), lane_parts());
     // The warp within its warpgroup, which owns rows `w0..w0 + 64` of the block.
-    let (wg, warp) = (if wgs == 1 { 0 } else { tid >> 7 }, (tid >> 5) & 3);
+    let warp = (tid >> 5) & 3;
     let (b, h) = (block_z(), block_y());
     let s = unsafe { Seq::of(p, b) };
     let m0 = (last_first() * wgs * ROWS) as i64;
@@ -147,8 +165,7 @@ pub(crate) unsafe fn forward<T: Half, const D: usize, const NT: usize, const N: 
         return;
     }
     let i1 = (m0 + (wgs * ROWS) as i64 - 1).min(s.sq - 1);
-    let w0 = m0 + (wg * ROWS) as i64;
-    let w1 = (w0 + ROWS as i64 - 1).min(s.sq - 1);
+    let (wg, w0, w1) = warpgroup_rows(wgs, m0, s.sq);
     let hk = h / (p.heads_q / p.heads_kv) as usize;
     let score = Score::new(p);
     let base = fwd_shared_base();
@@ -173,9 +190,8 @@ pub(crate) unsafe fn forward<T: Half, const D: usize, const NT: usize, const N: 
     }
     commit();
     let (lo, hi) = s.keys(m0, i1);
-    // The keys this warpgroup's rows see: a tile outside them (or a warpgroup past the
-    // sequence) skips its products, not the block's barriers and copies.
-    let (wlo, whi) = if w0 < s.sq { s.keys(w0, w1) } else { (0, 0) };
+    // The keys this warpgroup's rows see.
+    let seen = if w0 < s.sq { s.keys(w0, w1) } else { (0, 0) };
     let first = (lo.max(0) as usize / bc) * bc;
     let end = hi.max(0) as usize;
     let load_k = |n: usize, st: u32| unsafe {
@@ -230,8 +246,7 @@ pub(crate) unsafe fn forward<T: Half, const D: usize, const NT: usize, const N: 
         }
         commit();
         let (sk, sv) = (sk(st), sv(st));
-        // A lone warpgroup sees every tile of the block's range.
-        let active = wgs == 1 || ((n0 as i64) < whi && ((n0 + bc) as i64) > wlo);
+        let active = has_work(wgs, seen, n0, n0 + bc);
         let mut sc = [[0.0f32; 4]; NT];
         if active {
             #[cfg(target_feature = "sm_90a")]
