@@ -5,7 +5,10 @@ seq 2048 / 8192, head_dim 128 / 64, causal and not), forward and backward, with 
 `enable_gqa=True` (SDPA) and FlexAttention's own GQA; FLOPs as the bench counts them.
 `ATTN_SMALL=1` runs seq 2048 only, `ATTN_NO_FLEX=1` skips FlexAttention. The cuDNN backend
 is the one SDPA picks by default on Hopper for these shapes (what a PyTorch training step
-gets); it takes GQA natively (`enable_gqa=True`), summing dK/dV over each group itself."""
+gets); it takes GQA natively (`enable_gqa=True`), summing dK/dV over each group itself.
+First it prints the device's measured bf16 tensor-core peak, the best of cuBLAS's square
+bf16 GEMMs (`torch.matmul`, f32 accumulation) at n = 4096, 8192 and 16384, as
+`gemm_bf16,n,n,n,ms,TFLOP/s` rows: the yardstick the attention rows are read against."""
 import os
 import torch
 import torch.nn.functional as F
@@ -29,6 +32,15 @@ def time_ms(f):
     return ts[REPS // 2]
 
 
+def gemm_peak():
+    for n in [4096, 8192, 16384]:
+        a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        ms = time_ms(lambda: torch.matmul(a, b))
+        print(f"gemm_bf16,{n},{n},{n},{ms:.3f},{2 * n ** 3 / ms / 1e9:.1f}")
+        del a, b
+
+
 def main():
     seqs = [2048] if os.environ.get("ATTN_SMALL") else [2048, 8192]
     b, hq, hkv = 4, 16, 4
@@ -45,6 +57,7 @@ def main():
         flex = None
     from torch.nn.attention import SDPBackend, sdpa_kernel
     print("op,seq,head_dim,causal,ms,TFLOP/s")
+    gemm_peak()
     for s in seqs:
         for d in [128, 64]:
             for causal in [True, False]:
