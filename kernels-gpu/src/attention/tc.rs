@@ -248,10 +248,20 @@ pub(crate) unsafe fn forward<T: Half, const D: usize, const NT: usize, const N: 
         let (sk, sv) = (sk(st), sv(st));
         let active = has_work(wgs, seen, n0, n0 + bc);
         let mut sc = [[0.0f32; 4]; NT];
+        // The two warpgroups issue their `S = Q·Kᵀ` in turn, so one's softmax overlaps the
+        // other's product.
+        #[cfg(target_feature = "sm_90a")]
+        {
+            wgmma::turn_wait(wg, wgs);
+            if !active {
+                wgmma::turn_done(wg, wgs);
+            }
+        }
         if active {
             #[cfg(target_feature = "sm_90a")]
             unsafe {
                 wgmma::scores_rs::<T, D, NT>(&mut sc, &qf, sk);
+                wgmma::turn_done(wg, wgs);
                 wgmma::wait(&mut sc);
             }
             #[cfg(not(target_feature = "sm_90a"))]

@@ -110,6 +110,29 @@ pub(crate) fn fence() {
     unsafe { asm!("wgmma.fence.sync.aligned;", options(nostack)) }
 }
 
+/// Two warpgroups of a block take turns at a step's first product (FA3's ping-pong): the
+/// second waits here (named barrier 1) until the first has issued its own ([`turn_done`]), so
+/// the tensor cores run the first's product before the second's and the first's softmax
+/// overlaps the second's product instead of both waiting at once. A no-op for a lone
+/// warpgroup. Every warpgroup calls it once per step, active or not. The forward's alone: the
+/// backward's kernels, whose steps issue two or three products, measured slower with it.
+#[inline(always)]
+pub(crate) fn turn_wait(wg: usize, wgs: usize) {
+    if wgs == 2 && wg == 1 {
+        // SAFETY: a named barrier of both warpgroups' 256 threads; the first warpgroup arrives.
+        unsafe { asm!("bar.sync 1, 256;", options(nostack)) }
+    }
+}
+
+/// The first warpgroup's side of [`turn_wait`], after issuing its step's first product.
+#[inline(always)]
+pub(crate) fn turn_done(wg: usize, wgs: usize) {
+    if wgs == 2 && wg == 0 {
+        // SAFETY: as `turn_wait`; arriving does not block.
+        unsafe { asm!("bar.arrive 1, 256;", options(nostack)) }
+    }
+}
+
 /// Closes the group of `wgmma` issued since the last call.
 #[inline(always)]
 pub(crate) fn commit() {
