@@ -9,6 +9,10 @@ norm of 1) in
   liger    Liger-Kernel 0.8.5's ops as `apply_liger_kernel_to_llama` patches them (RMSNorm,
            RoPE, SwiGLU, fused linear cross-entropy) with SDPA attention;
   compile  the eager model with SDPA attention under torch.compile.
+  packed   liger's ops, with the QKV and the gate-up projections each one GEMM over the
+           stacked weights, as the example's liger-rs run computes them: the same model and
+           arithmetic, other GEMM kernels (not in the default modes; it shows how far a bf16
+           curve moves with the GEMMs' kernel choice alone).
 
 Weights are f32 masters cast to --dtype in the forward, as in the example's candle-nn run;
 `torch.optim.AdamW(fused=True)`. Each run prints its loss per step; the summary gives the
@@ -17,7 +21,7 @@ first step), tokens/s, and peak device memory as the caching allocator's high-wa
 (allocated, and reserved).
 
   python3 scripts/gpu/train_llama.py [--size small|llama] [--dtype f32|bf16|f16]
-      [--modes eager,liger,compile] [--steps N] [--fingerprints]
+      [--modes eager,liger,compile,packed] [--steps N] [--fingerprints]
 
 `--fingerprints` prints the weights' and the first batch's fingerprints (needs numpy only)
 and exits: they must equal the example's `fingerprints:` line for the same size and seed.
@@ -141,7 +145,8 @@ def run(mode, c, init, task, dtype):
     sin = torch.cat([freqs.sin(), freqs.sin()], -1).to(dtype)
     mask = torch.full((t, t), float("-inf"), device=dev).triu(1)
 
-    if mode == "liger":
+    liger = mode in ("liger", "packed")
+    if liger:
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
         from liger_kernel.ops.swiglu import LigerSiLUMulFunction
         from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
@@ -149,7 +154,7 @@ def run(mode, c, init, task, dtype):
         flce = LigerFusedLinearCrossEntropyLoss()
 
     def rms(x, w):
-        if mode == "liger":
+        if liger:
             return LigerRMSNormFunction.apply(x, w, EPS)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)
@@ -173,21 +178,28 @@ def run(mode, c, init, task, dtype):
         for l in range(c["layers"]):
             an, wq, wk, wv, wo, mn, wg, wu, wd = w[1 + 9 * l: 10 + 9 * l]
             h = rms(x, an)
-            q = (h @ wq.T).view(b, t, hq, d).transpose(1, 2)
-            k = (h @ wk.T).view(b, t, hk, d).transpose(1, 2)
-            v = (h @ wv.T).view(b, t, hk, d).transpose(1, 2)
-            if mode == "liger":
+            if mode == "packed":
+                q, k, v = (h @ torch.cat([wq, wk, wv]).T).split([hidden, hk * d, hk * d], -1)
+            else:
+                q, k, v = h @ wq.T, h @ wk.T, h @ wv.T
+            q = q.reshape(b, t, hq, d).transpose(1, 2)
+            k = k.reshape(b, t, hk, d).transpose(1, 2)
+            v = v.reshape(b, t, hk, d).transpose(1, 2)
+            if liger:
                 q, k = liger_rotary_pos_emb(q, k, cos[None], sin[None])
             else:
                 q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
             a = attention(q, k, v).transpose(1, 2).reshape(b, t, hidden)
             x = x + a @ wo.T
             h = rms(x, mn)
-            gate, up = h @ wg.T, h @ wu.T
-            m = LigerSiLUMulFunction.apply(gate, up) if mode == "liger" else F.silu(gate) * up
+            if mode == "packed":
+                gate, up = (h @ torch.cat([wg, wu]).T).chunk(2, -1)
+            else:
+                gate, up = h @ wg.T, h @ wu.T
+            m = LigerSiLUMulFunction.apply(gate, up) if liger else F.silu(gate) * up
             x = x + m @ wd.T
         h = rms(x, w[-2]).reshape(b * t, hidden)
-        if mode == "liger":
+        if liger:
             return flce(w[-1], h, targets).float()
         return F.cross_entropy((h @ w[-1].T).float(), targets)
 
