@@ -253,8 +253,12 @@ def main():
         return
     import torch
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[a.dtype]
+    modes = a.modes.split(",")
+    unknown = [m for m in modes if m not in ("eager", "liger", "compile", "packed")]
+    if unknown:
+        ap.error(f"--modes: {', '.join(unknown)}: eager, liger, compile or packed")
     runs = []
-    for mode in a.modes.split(","):
+    for mode in modes:
         runs.append(run(mode, c, init, task, dtype))
         torch.cuda.empty_cache()
     print("step  " + "  ".join(f"{r['name']:>10}" for r in runs))
