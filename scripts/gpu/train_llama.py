@@ -242,6 +242,10 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--fingerprints", action="store_true")
     a = ap.parse_args()
+    modes = a.modes.split(",")
+    unknown = [m for m in modes if m not in ("eager", "liger", "compile", "packed")]
+    if unknown:
+        ap.error(f"--modes: {', '.join(unknown)}: eager, liger, compile or packed")
     c = dict(SIZES[a.size], warmup=a.warmup, lr=a.lr, seed=a.seed)
     if a.steps is not None:
         c["steps"] = a.steps
@@ -253,10 +257,6 @@ def main():
         return
     import torch
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[a.dtype]
-    modes = a.modes.split(",")
-    unknown = [m for m in modes if m not in ("eager", "liger", "compile", "packed")]
-    if unknown:
-        ap.error(f"--modes: {', '.join(unknown)}: eager, liger, compile or packed")
     runs = []
     for mode in modes:
         runs.append(run(mode, c, init, task, dtype))
