@@ -120,6 +120,8 @@ pub(crate) fn fence() {
 pub(crate) fn turn_wait(wg: usize, wgs: usize) {
     if wgs == 2 && wg == 1 {
         // SAFETY: a named barrier of both warpgroups' 256 threads; the first warpgroup arrives.
+        // Each step starts at the block's barrier 0, so the first cannot arrive for the next
+        // step before this wait has completed this one.
         unsafe { asm!("bar.sync 1, 256;", options(nostack)) }
     }
 }
