@@ -4,9 +4,9 @@
 # tests/*.rs), copied into .gpu/tests/ under their target names, and the candle ones built the
 # same way with `--features candle` (they need the CUDA 13 libraries of the device's toolkit).
 # Any of them may be stripped and compressed (name.gz or name.xz: xz -6 keeps every suite,
-# candle's included, under the device tool's 64 MiB carry). Copy this script next to them,
-# then run it with the device tool:
-#   cp scripts/gpu/verify.sh .gpu/
+# candle's included, under the device tool's 64 MiB carry). Copy this script and the cuBLAS
+# probe next to them, then run it with the device tool:
+#   cp scripts/gpu/verify.sh scripts/gpu/cublas_sanitizer_probe.cu .gpu/
 #   run(command="BUDGET=560 bash .gpu/verify.sh", carry=[".gpu"])
 # Two phases, PHASES="tests sanitizer" unless set (e.g. PHASES=sanitizer alone):
 # - tests: every binary with the full shapes and LIGER_RS_REQUIRE_GPU set to the number of
@@ -30,7 +30,9 @@
 #   under the other three tools; BENCHMARKS.md, the sanitizer table's footnote 4).
 # Each run prints "== <test|tool> <binary> rc=<rc> <seconds>s: <libtest's result, the
 # sanitizer's summary, the skip summary>", then a failed run's first failure lines (the
-# sanitizer's runs in tool order once all have finished); every log is in $OUT. Every run
+# sanitizer's runs in tool order once all have finished) and where its findings are; every
+# log is in $OUT. Before the suites, the sanitizer phase runs cublas_sanitizer_probe.cu (copy
+# it beside this script) under initcheck and racecheck: cuBLAS alone, no liger-rs code. Every run
 # stops at the deadline (BUDGET seconds from the start, default 540) and says so.
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -49,6 +51,11 @@ report() { # what binary rc seconds log
   echo "== $1 $2 rc=$3 $4s: $(grep -E '^test result|ERROR SUMMARY|RACECHECK SUMMARY|^liger-rs: ' "$5" | tr '\n' ' ')"
   [ "$3" -eq 0 ] && return
   grep -E '^========= [A-Z]' "$5" | grep -v -E 'COMPUTE-SANITIZER|SUMMARY' | head -3
+  # The printed findings by place: the kernel a race or a read is in, or the copy reading.
+  local where
+  where=$(grep -oE '^=========     at [A-Za-z0-9_]+|(between|and) [A-Za-z]+ access at [A-Za-z0-9_]+|on access by [A-Za-z]+ source' "$5" |
+    sed -E 's/^.* (at|by) //' | sort | uniq -c | sort -rn | head -6 | awk '{printf " %s (%s)", $2, $1}')
+  [ -n "$where" ] && echo "   where:$where"
   grep -A1 'panicked at' "$5" | grep -v -x -- '--' | head -4
 }
 if [[ $phases == *" tests "* ]]; then
@@ -76,7 +83,26 @@ san_one() {
     "${skip[@]}" > "$out/$tool-$n.log" 2>&1; rc=$?
   report "$tool" "$n" "$rc" $(( $(date +%s) - s )) "$out/$tool-$n.log" > "$out/report-$tool-$n.txt"
 }
+# The sanitizers on cuBLAS alone (cublas_sanitizer_probe.cu beside this script): whether
+# initcheck sees a bf16 GEMM's stores and whether racecheck finds hazards inside NVIDIA's
+# kernels, the two kinds of finding the candle suites' cuBLAS calls bring.
+probe() {
+  local p=cublas_sanitizer_probe
+  if [ ! -f $p.cu ] || ! nvcc -O2 -arch=sm_90 -o "$out/$p" $p.cu -lcublas > "$out/$p-build.log" 2>&1; then
+    echo "== probe: not run ($p.cu missing beside verify.sh, or nvcc failed: $out/$p-build.log)"
+    return
+  fi
+  local run tool rest
+  for run in "initcheck none bf16" "initcheck kernel bf16" "initcheck gemm bf16" \
+    "initcheck gemm f32" "initcheck gemm bf16 64 64 8192" "racecheck gemm bf16 64 64 8192"; do
+    tool=${run%% *}; rest=${run#* }
+    compute-sanitizer --tool "$tool" --error-exitcode 97 "$out/$p" $rest > "$out/$p.log" 2>&1
+    report "$tool" "probe $rest" $? 0 "$out/$p.log" | grep -v '^========= '
+    grep -E '^C written' "$out/$p.log"
+  done
+}
 if [[ $phases == *" sanitizer "* ]]; then
+  probe
   tools=${TOOLS:-racecheck initcheck memcheck synccheck}
   export out deadline
   export -f san_one report left
