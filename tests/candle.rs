@@ -2,7 +2,10 @@
 //! and stream (same kernels, so the same numbers), for every op, dtype and layout form, forward,
 //! explicit backward and candle's autograd (GPU); on the CPU (always run) the same calls against
 //! the reference, every op's gradient against finite differences of its value, argument
-//! errors.
+//! errors. One binary for every candle test (each candle test binary links candle whole):
+//! the sections `block` (a decoder layer's halves as one node each), `flash_attn`,
+//! `cross_entropy` (and the fused linear cross-entropy), `grad_slot` and `candle_nn` (the
+//! candle-nn drop-ins and `AdamW`) have their own module docs.
 #![cfg(feature = "candle")]
 mod common;
 
@@ -173,12 +176,22 @@ fn grad_of(grads: &candle_core::backprop::GradStore, v: &Var, form: Form, rows: 
     form.view(grads.get(v).expect("gradient of a variable"), rows)
 }
 
+#[path = "candle/block.rs"]
+mod block;
+#[path = "candle/candle_nn.rs"]
+mod candle_nn;
 #[path = "candle/composition.rs"]
 mod composition;
 #[path = "candle/cpu.rs"]
 mod cpu;
+#[path = "candle/cross_entropy.rs"]
+mod cross_entropy;
+#[path = "candle/flash_attn.rs"]
+mod flash_attn;
 #[path = "candle/fused_add.rs"]
 mod fused_add;
+#[path = "candle/grad_slot.rs"]
+mod grad_slot;
 #[path = "candle/gradients.rs"]
 mod gradients;
 #[path = "candle/rms_norm.rs"]

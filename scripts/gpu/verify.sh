@@ -20,8 +20,8 @@
 #   the i-th job on GPU i mod the GPU count. racecheck checks every kernel, NVIDIA's own GEMM
 #   kernels (`nvjet*`, run by candle's and the fused linear cross-entropy's cuBLAS calls)
 #   included, and reports their hazards, which are not this crate's: with those kernels left
-#   out (--kernel-name-exclude kns=nvjet) the sanitizer hung (candle_block, candle_nn and
-#   candle_cross_entropy past 500 s against 22 s, 43 s and ~120 s without) or failed ("failed
+#   out (--kernel-name-exclude kns=nvjet) the sanitizer hung (the candle tests of decoder
+#   blocks, candle-nn layers and cross-entropy past 500 s against 22 s, 43 s and ~120 s without) or failed ("failed
 #   to handle a hardware exception" in cross_entropy's fused linear tests, which pass under it
 #   without the option; H100, CUDA 13). Under racecheck, hardening runs without
 #   `gpu_release_scratch_from_another_thread_while_backwards_are_queued`: with it the process

@@ -4,7 +4,7 @@
 //! rounding of candle-nn's f32 chain, bf16 within a few bf16 units (candle-nn computes the bf16
 //! chain in bf16, liger-rs in f32, so candle-nn's f32 result on the widened logits is the
 //! ground truth there).
-mod common;
+use crate::common;
 
 use candle_core::{DType, Device, Tensor, Var};
 use liger_rs::Reduction;

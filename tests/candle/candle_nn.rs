@@ -4,8 +4,7 @@
 //! CUDA (GPU). Shapes that mean something else in candle-nn are errors that say why, in the
 //! nn functions and in `liger_rs::candle::rope` (always run). The MLP (`SwigluMlp`, one node)
 //! against candle-nn's layers composed.
-#![cfg(feature = "candle")]
-mod common;
+use crate::common;
 
 use candle_core::{D, DType, Device, Tensor, Var};
 use common::{Rng, expect_err};

@@ -6,8 +6,7 @@
 //! (tests/attention.rs bounds the kernels themselves); bad arguments are candle errors.
 //! `flash_attn_qkv` (one fused projection, RoPE inside) against candle-nn's `rope_slow` and a
 //! softmax attention in candle ops in f64 on the CPU, and on the GPU against its CPU path.
-#![cfg(feature = "candle")]
-mod common;
+use crate::common;
 
 use candle_core::{DType, Device, Tensor, Var};
 use common::Rng;

@@ -6,8 +6,7 @@
 //! candle would add to its zero fill, the shared weights' second one is added as candle adds
 //! it), on the CPU (always run) and the GPU in f32 and bf16; slots that are not emptied sum
 //! the next backward's gradients; a frozen weight's slot gets nothing.
-#![cfg(feature = "candle")]
-mod common;
+use crate::common;
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};

@@ -5,8 +5,7 @@
 //! and its own backward (the packed weight's gradient, the residual's gradient added inside
 //! the RMSNorm backward) agree with the CPU path on the same inputs within the element type's
 //! rounding, with frozen weights too; bad arguments are named errors.
-#![cfg(feature = "candle")]
-mod common;
+use crate::common;
 
 use candle_core::{DType, Device, Tensor, Var};
 use common::Rng;
