@@ -1,6 +1,6 @@
 # Source this (bash) to build the `candle` feature without a system CUDA toolkit: it installs
 # CUDA 13.0 from PyPI (NVIDIA's `cuda-toolkit` wheels: nvcc, headers, cudart, cuBLAS, cuRAND,
-# NVRTC) into target/ci-tools/cuda13 once, makes that tree look like a toolkit to the builds of
+# NVRTC, and NCCL's wheel for the `nccl` feature) into target/ci-tools/cuda13 once, makes that tree look like a toolkit to the builds of
 # candle-kernels (nvcc) and cudarc (`dynamic-linking`: -lcuda -lcublas -lcublasLt -lcurand
 # -lnvrtc, -lcudart from candle-kernels), and exports CUDA_HOME, PATH, CUDA_COMPUTE_CAP and
 # LD_LIBRARY_PATH.
@@ -18,6 +18,14 @@ if [ ! -x "$cuda/bin/nvcc" ]; then
   python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --target "$cuda_tools" \
     'cuda-toolkit[nvcc,crt,nvvm,cudart,cccl,nvrtc,curand,cublas]==13.0.2'
 fi
+# NCCL for the `nccl` feature (cudarc links it as it links cuBLAS), from its own wheel.
+nccl=$cuda_tools/nccl/nvidia/nccl/lib
+if [ ! -e "$nccl/libnccl.so.2" ]; then
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps \
+    --target "$cuda_tools/nccl" 'nvidia-nccl-cu13==2.32.6'
+fi
+ln -sf "$nccl/libnccl.so.2" "$cuda/lib/libnccl.so.2"
+ln -sf libnccl.so.2 "$cuda/lib/libnccl.so"
 for lib in cublas cublasLt cudart curand nvrtc; do
   so=$(cd "$cuda/lib" && ls "lib$lib.so."[0-9]* | head -n 1)
   ln -sf "$so" "$cuda/lib/lib$lib.so"

@@ -85,6 +85,7 @@ use std::sync::Arc;
 
 mod block;
 mod cross_entropy;
+pub mod ddp;
 mod embedding;
 pub mod flash_attn;
 mod fused_add_rms_norm;

@@ -4,8 +4,8 @@
 //! the reference, every op's gradient against finite differences of its value, argument
 //! errors. One binary for every candle test (each candle test binary links candle whole):
 //! the sections `block` (a decoder layer's halves as one node each), `flash_attn`,
-//! `cross_entropy` (and the fused linear cross-entropy), `grad_slot` and `candle_nn` (the
-//! candle-nn drop-ins and `AdamW`) have their own module docs.
+//! `cross_entropy` (and the fused linear cross-entropy), `ddp` (data parallel), `grad_slot`
+//! and `candle_nn` (the candle-nn drop-ins and `AdamW`) have their own module docs.
 #![cfg(feature = "candle")]
 mod common;
 
@@ -186,6 +186,8 @@ mod composition;
 mod cpu;
 #[path = "candle/cross_entropy.rs"]
 mod cross_entropy;
+#[path = "candle/ddp.rs"]
+mod ddp;
 #[path = "candle/flash_attn.rs"]
 mod flash_attn;
 #[path = "candle/fused_add.rs"]
