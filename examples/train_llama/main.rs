@@ -19,7 +19,16 @@
 //! cargo run --release --features candle --example train_llama -- --dtype bf16
 //! cargo run --release --features candle --example train_llama -- --cpu        # tiny model, CPU
 //! cargo run --release --features candle --example train_llama -- --size llama --dtype bf16
+//! NCCL_NVLS_ENABLE=0 cargo run --release --features nccl --example train_llama -- --ranks 2
+//! cargo run --release --features candle --example train_llama -- --cpu --ranks 2
 //! ```
+//!
+//! `--ranks N` (`parallel.rs`) trains each run data-parallel over N ranks, each on `batch / N`
+//! rows of every batch with its gradients averaged over the ranks before clipping: on GPUs
+//! 0..N−1 through NCCL (feature `nccl`), or with `--cpu` as threads on the CPU; beside it the
+//! same run on one device, then both curves, whether the ranks' weights ended bitwise equal, and
+//! the scaling efficiency. In f32 it fails (exit code 1) if the curves differ by more than 1e-4
+//! (relative) at any step, or if the ranks' weights differ.
 //!
 //! The model: token embedding, `--layers` pre-norm blocks (RMSNorm → attention with grouped
 //! query heads and RoPE → residual; RMSNorm → SwiGLU MLP → residual), a final RMSNorm and an
@@ -35,9 +44,11 @@
 //!
 //! In f32 the example fails (exit code 1) if the two loss curves differ by more than 1e-3
 //! (relative) in any of the first 50 steps: the fused ops must train like the ones they replace.
+use candle_core::backprop::GradStore;
 use candle_core::{D, DType, Device, Result, Tensor, Var};
 use candle_nn::{AdamW, Embedding, Linear, Module, Optimizer, ParamsAdamW};
 use liger_rs::candle::GradSlot;
+use liger_rs::candle::ddp::{Collective, DataParallel, HostGroup};
 use liger_rs::cudarc::driver::sys;
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
@@ -45,8 +56,10 @@ use std::time::Instant;
 
 mod data;
 mod ops;
+mod parallel;
 use data::{Param, SUCCESSORS, Task, fingerprint, initial_weights};
 use ops::{CandleNn, LigerRs};
+use parallel::Reduce;
 
 /// The fused ops the two runs differ in; the rest of the model is shared code.
 trait FusedOps {
@@ -105,6 +118,8 @@ struct Config {
     mode: Mode,
     /// `--plot FILE.svg`: where to draw the loss curves.
     plot: Option<String>,
+    /// `--ranks N`: data-parallel over N ranks (`parallel.rs`), each on `batch / N` rows.
+    ranks: usize,
 }
 
 /// Which runs to make.
@@ -136,6 +151,7 @@ impl Config {
             cpu: false,
             mode: Mode::Both,
             plot: None,
+            ranks: 1,
         }
     }
 
@@ -237,6 +253,7 @@ impl Config {
                     }
                 }
                 "--plot" => cfg.plot = Some(value.clone()),
+                "--ranks" => cfg.ranks = int()?,
                 _ => return Err(format!("unknown flag {flag}")),
             }
         }
@@ -255,6 +272,12 @@ impl Config {
         }
         if cfg.seq < 4 || cfg.vocab < 8 || cfg.steps == 0 || cfg.batch == 0 {
             return Err("--seq ≥ 4, --vocab ≥ 8, --steps ≥ 1 and --batch ≥ 1".into());
+        }
+        if cfg.ranks == 0 || !cfg.batch.is_multiple_of(cfg.ranks) {
+            return Err(format!(
+                "--ranks {} must divide --batch {} (each rank takes an equal share)",
+                cfg.ranks, cfg.batch
+            ));
         }
         Ok(cfg)
     }
@@ -283,6 +306,8 @@ struct Model<'a> {
     sin: Tensor,
     /// `[seq, seq]`, −∞ above the diagonal, f32.
     mask: Tensor,
+    /// A data-parallel run's gradient reducer (`parallel.rs`).
+    reduce: Option<&'a dyn Reduce>,
 }
 
 const EPS: f32 = 1e-5;
@@ -315,7 +340,23 @@ impl<'a> Model<'a> {
             cos: freqs.cos()?.to_dtype(cfg.dtype)?,
             sin: freqs.sin()?.to_dtype(cfg.dtype)?,
             mask: Tensor::from_vec(mask, (cfg.seq, cfg.seq), dev)?,
+            reduce: None,
         })
+    }
+
+    /// In a data-parallel run, each gradient made the mean over the ranks (before clipping,
+    /// so the norm clipped to is the global batch's).
+    fn average(&self, grads: &mut GradStore) -> Result<()> {
+        match self.reduce {
+            Some(r) => r.average(grads),
+            None => Ok(()),
+        }
+    }
+
+    /// The weights the gradients are taken of: the optimizer's compute-dtype copies, or the
+    /// masters.
+    fn trained(&self) -> Vec<Var> {
+        self.copies.clone().unwrap_or_else(|| self.vars.clone())
     }
 
     /// The parameter `name` in the compute dtype: the optimizer's copy, or the master cast (a
@@ -363,6 +404,10 @@ struct Run {
     /// Highest bytes in use in the device's memory pool during the run (where CUDA allocates
     /// from a pool, as cudarc does when the driver supports it).
     peak_bytes: Option<u64>,
+    /// A data-parallel run's ranks (1 otherwise) and whether their weights ended bitwise
+    /// equal.
+    ranks: usize,
+    in_sync: bool,
 }
 
 impl Run {
@@ -443,15 +488,40 @@ fn progress(name: &str, step: usize, steps: usize, loss: f32, tokens_per_s: f64)
     }
 }
 
-fn train<O: FusedOps>(cfg: &Config, init: &[Param], task: &Task, dev: &Device) -> Result<Run> {
+/// One run of `cfg.steps` steps on `dev`; with a collective, as its rank of a data-parallel
+/// run: the model on its share of each batch (rank `r` of `n` takes rows `r·b/n..(r+1)·b/n`),
+/// the gradients averaged, the loss reported the mean over the ranks.
+fn train<O: FusedOps, C: Collective>(
+    cfg: &Config,
+    init: &[Param],
+    task: &Task,
+    dev: &Device,
+    collective: Option<C>,
+) -> Result<Run> {
     let pool = Pool::of(dev);
-    let mut model = Model::new(cfg, &O::parameters(init), dev)?;
+    let (rank, ranks) = collective
+        .as_ref()
+        .map_or((0, 1), |c| (c.rank(), c.world_size()));
+    let local = Config {
+        batch: cfg.batch / ranks,
+        ..cfg.clone()
+    };
+    let mut model = Model::new(&local, &O::parameters(init), dev)?;
     let params = ParamsAdamW {
         lr: cfg.lr,
         ..ParamsAdamW::default()
     };
     let (mut opt, copies) = O::optimizer(model.vars.clone(), params, cfg.dtype)?;
     model.copies = copies;
+    let ddp = match collective {
+        Some(c) => Some(DataParallel::new(
+            c,
+            model.trained(),
+            DataParallel::<C>::DEFAULT_BUCKET_BYTES,
+        )?),
+        None => None,
+    };
+    model.reduce = ddp.as_ref().map(|d| d as &dyn Reduce);
     dev.synchronize()?;
     if let Some(pool) = &pool {
         pool.reset_peak();
@@ -461,11 +531,20 @@ fn train<O: FusedOps>(cfg: &Config, init: &[Param], task: &Task, dev: &Device) -
         let start = Instant::now();
         opt.set_learning_rate(cfg.lr * ((step + 1) as f64 / cfg.warmup.max(1) as f64).min(1.0));
         let (inputs, targets) = task.batch(cfg, step, dev)?;
+        let rows = local.batch;
+        let inputs = inputs.narrow(0, rank * rows, rows)?;
+        let targets = targets.narrow(0, rank * rows * cfg.seq, rows * cfg.seq)?;
         let loss = model.loss::<O>(&inputs, &targets)?;
         O::step(&mut opt, &model, &loss)?;
-        let loss = loss.to_scalar::<f32>()?;
+        let loss = match &ddp {
+            Some(d) => d.mean(&loss)?,
+            None => loss.to_scalar::<f32>()?,
+        };
         step_s.push(start.elapsed().as_secs_f64());
         losses.push(loss);
+        if rank > 0 {
+            continue;
+        }
         progress(
             O::NAME,
             step,
@@ -480,6 +559,11 @@ fn train<O: FusedOps>(cfg: &Config, init: &[Param], task: &Task, dev: &Device) -
         losses,
         step_s,
         peak_bytes: pool.and_then(|p| p.peak()),
+        ranks,
+        in_sync: match &ddp {
+            Some(d) => d.in_sync()?,
+            None => true,
+        },
     })
 }
 
@@ -571,7 +655,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
                 "usage: train_llama [--cpu] [--size small|llama] [--dtype f32|bf16|f16] \
                  [--mode both|candle|liger] [--steps N] [--layers N] [--hidden N] [--heads N] [--kv-heads N] \
                  [--intermediate N] [--vocab N] [--seq N] [--batch N] [--lr X] [--warmup N] \
-                 [--seed N] [--plot FILE.svg]"
+                 [--seed N] [--plot FILE.svg] [--ranks N]"
             );
             std::process::exit(2);
         }
@@ -619,12 +703,17 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         fingerprint(weights),
         fingerprint(tokens.iter().map(|&t| t as u64))
     );
+    if cfg.ranks > 1 {
+        return parallel::main(&cfg, &init, &task, &dev);
+    }
     let mut runs = Vec::new();
     if cfg.mode != Mode::Liger {
-        runs.push(train::<CandleNn>(&cfg, &init, &task, &dev)?);
+        runs.push(train::<CandleNn, HostGroup>(
+            &cfg, &init, &task, &dev, None,
+        )?);
     }
     if cfg.mode != Mode::Candle {
-        runs.push(train::<LigerRs>(&cfg, &init, &task, &dev)?);
+        runs.push(train::<LigerRs, HostGroup>(&cfg, &init, &task, &dev, None)?);
     }
     if let Some(path) = &cfg.plot {
         plot(&cfg, &runs, path)?;

@@ -26,6 +26,7 @@ impl FusedOps for CandleNn {
     fn step(opt: &mut Self::Opt, model: &Model, loss: &Tensor) -> Result<()> {
         let vars = &model.vars;
         let mut grads = loss.backward()?;
+        model.average(&mut grads)?;
         let mut sq = Vec::with_capacity(vars.len());
         for v in vars {
             if let Some(g) = grads.get(v) {
@@ -126,6 +127,7 @@ impl FusedOps for LigerRs {
         for (i, slot) in model.slots.iter().enumerate() {
             slot.drain_into(&mut grads, &model.weight_at(i)?)?;
         }
+        model.average(&mut grads)?;
         opt.clip_grad_norm(&grads, CLIP)?;
         opt.step(&grads)
     }

@@ -22,12 +22,19 @@ first step), tokens/s, and peak device memory as the caching allocator's high-wa
 
   python3 scripts/gpu/train_llama.py [--size small|llama] [--dtype f32|bf16|f16]
       [--modes eager,liger,compile,packed] [--steps N] [--fingerprints]
+  NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node N scripts/gpu/train_llama.py ...
+
+Under torchrun each run is data-parallel, PyTorch DDP over N GPUs (NCCL, DDP's 25 MB buckets
+overlapped with the backward): rank r trains on rows r·b/N..(r+1)·b/N of each batch, the
+losses printed are the means over the ranks, rank 0 prints, and tokens/s counts the whole
+batch: the twin of the example's `--ranks N`.
 
 `--fingerprints` prints the weights' and the first batch's fingerprints (needs numpy only)
 and exits: they must equal the example's `fingerprints:` line for the same size and seed.
 """
 import argparse
 import math
+import os
 import statistics
 import sys
 import time
@@ -132,12 +139,15 @@ def print_fingerprints(c, init, task):
 
 def run(mode, c, init, task, dtype):
     import torch
+    import torch.distributed as dist
     import torch.nn.functional as F
 
-    dev = "cuda"
-    b, t, hq, hk = c["batch"], c["seq"], c["heads"], c["kv_heads"]
+    ranks = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if ranks > 1 else 0
+    dev = f"cuda:{torch.cuda.current_device()}"
+    b, t, hq, hk = c["batch"] // ranks, c["seq"], c["heads"], c["kv_heads"]
     d, hidden = c["hidden"] // hq, c["hidden"]
-    params = [torch.tensor(v.reshape(shape), device=dev, requires_grad=True) for _, shape, v in init]
+    params = [torch.nn.Parameter(torch.tensor(v.reshape(shape), device=dev)) for _, shape, v in init]
     inv_freq = np.float32(1.0) / np.power(np.float32(10000.0),
                                           np.arange(0, d // 2, dtype=np.float32) * np.float32(2.0) / np.float32(d))
     freqs = torch.arange(t, device=dev, dtype=torch.float32)[:, None] * torch.tensor(inv_freq, device=dev)[None, :]
@@ -204,12 +214,25 @@ def run(mode, c, init, task, dtype):
         return F.cross_entropy((h @ w[-1].T).float(), targets)
 
     step_loss = torch.compile(loss_fn) if mode == "compile" else loss_fn
+    if ranks > 1:
+        inner = step_loss
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.weights = torch.nn.ParameterList(params)
+
+            def forward(self, inputs, targets):
+                return inner(inputs, targets)
+
+        step_loss = torch.nn.parallel.DistributedDataParallel(Net(), device_ids=[torch.cuda.current_device()])
     opt = torch.optim.AdamW(params, lr=c["lr"], betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
                             fused=True)
     # Every step's batch on the device before the clock starts (the walk is a Python loop).
     batches = []
     for step in range(c["steps"]):
         inputs, targets = task.batch(c, step)
+        inputs, targets = inputs[rank * b:(rank + 1) * b], targets[rank * b * t:(rank + 1) * b * t]
         batches.append((torch.from_numpy(np.ascontiguousarray(inputs)).to(dev),
                         torch.from_numpy(np.ascontiguousarray(targets)).to(dev)))
     torch.cuda.synchronize()
@@ -224,6 +247,10 @@ def run(mode, c, init, task, dtype):
         torch.nn.utils.clip_grad_norm_(params, CLIP)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if ranks > 1:
+            loss = loss.detach().clone()
+            dist.all_reduce(loss)
+            loss /= ranks
         losses.append(loss.item())
         times.append(time.perf_counter() - start)
     torch.cuda.synchronize()
@@ -256,11 +283,23 @@ def main():
     if a.fingerprints:
         return
     import torch
+    import torch.distributed as dist
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    if ranks > 1:
+        if c["batch"] % ranks:
+            sys.exit(f"{ranks} ranks must divide the batch of {c['batch']}")
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl")
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[a.dtype]
     runs = []
     for mode in modes:
         runs.append(run(mode, c, init, task, dtype))
         torch.cuda.empty_cache()
+    if ranks > 1:
+        dist.destroy_process_group()
+        if int(os.environ["RANK"]) > 0:
+            return
+        print(f"{ranks} ranks (DDP), {c['batch'] // ranks} rows each; peak memory of rank 0")
     print("step  " + "  ".join(f"{r['name']:>10}" for r in runs))
     for i in range(c["steps"]):
         print(f"{i + 1:>4}  " + "  ".join(f"{r['losses'][i]:>10.6f}" for r in runs))

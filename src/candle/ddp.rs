@@ -15,25 +15,33 @@
 //! every gradient at once (it has no per-parameter hooks), so the buckets are reduced after
 //! the backward, back to back on the device stream; they do not overlap it.
 //!
-//! ```no_run
+//! ```
 //! # fn main() -> candle_core::Result<()> {
-//! use candle_core::{DType, Device, Tensor, Var};
-//! use liger_rs::candle::ddp::{DataParallel, HostGroup};
+//! use candle_core::{DType, Device, Var};
+//! use liger_rs::candle::ddp::{Collective, DataParallel, HostGroup};
 //!
 //! // Two ranks as two threads on the CPU; with GPUs, `Nccl::new(&device, rank, n, id)`.
-//! let ranks = HostGroup::new(2);
-//! std::thread::scope(|s| {
-//!     for group in ranks {
-//!         s.spawn(move || -> candle_core::Result<()> {
-//!             let w = Var::ones(4, DType::F32, &Device::Cpu)?;
-//!             let ddp = DataParallel::new(group, vec![w.clone()], DataParallel::DEFAULT_BUCKET_BYTES)?;
-//!             let x = Tensor::full(ddp.collective().rank() as f32, 4, &Device::Cpu)?;
-//!             let mut grads = (w.as_tensor() * &x)?.sum_all()?.backward()?;
-//!             ddp.average_gradients(&mut grads)?; // both ranks now hold [0.5; 4]
-//!             Ok(())
-//!         });
-//!     }
+//! let rank_grads = std::thread::scope(|s| {
+//!     let ranks: Vec<_> = HostGroup::new(2)
+//!         .into_iter()
+//!         .map(|group| {
+//!             s.spawn(move || -> candle_core::Result<Vec<f32>> {
+//!                 let w = Var::ones(4, DType::F32, &Device::Cpu)?;
+//!                 let bytes = DataParallel::<HostGroup>::DEFAULT_BUCKET_BYTES;
+//!                 let ddp = DataParallel::new(group, vec![w.clone()], bytes)?;
+//!                 // Rank r's loss is r · Σw, so its gradient is r everywhere.
+//!                 let r = ddp.collective().rank() as f64;
+//!                 let mut grads = (w.as_tensor() * r)?.sum_all()?.backward()?;
+//!                 ddp.average_gradients(&mut grads)?;
+//!                 grads.get(&w).expect("a gradient").to_vec1::<f32>()
+//!             })
+//!         })
+//!         .collect();
+//!     ranks.into_iter().map(|h| h.join().expect("rank")).collect::<Vec<_>>()
 //! });
+//! for grads in rank_grads {
+//!     assert_eq!(grads?, vec![0.5; 4]); // the mean of 0 and 1, on both ranks
+//! }
 //! # Ok(())
 //! # }
 //! ```

@@ -102,7 +102,8 @@ fn buckets_take_the_last_parameters_first_up_to_the_byte_cap_and_one_dtype_each(
     let ddp = DataParallel::new(g(), vars, 64).expect("ddp");
     assert_eq!(ddp.buckets(), &[4..5, 3..4, 2..3, 0..2]);
     let all = DataParallel::new(g(), vec![var(5, DType::F32), var(5, DType::F32)], 1 << 20);
-    assert_eq!(all.expect("ddp").buckets(), &[0..2]);
+    let one_bucket = all.expect("ddp").buckets().to_vec();
+    assert_eq!((one_bucket.len(), &one_bucket[0]), (1, &(0..2)));
     let none = DataParallel::new(g(), Vec::new(), 64).map(|_| ());
     common::expect_err("no parameters", none, &["0 parameters"]);
     let zero = DataParallel::new(g(), vec![var(1, DType::F32)], 0).map(|_| ());
