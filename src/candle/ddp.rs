@@ -66,7 +66,9 @@ pub enum ReduceOp {
 }
 
 /// A group of ranks that can combine equal-shaped tensors: one value per rank, each rank
-/// calling the same collectives in the same order (as NCCL requires).
+/// calling the same collectives in the same order (as NCCL requires). A rank that stops
+/// calling (an error returned before the call, a panic) leaves the others waiting in their
+/// next collective, as with NCCL: a data-parallel loop ends every rank on the first error.
 pub trait Collective {
     /// This rank's index, `0..world_size()`.
     fn rank(&self) -> usize;
