@@ -64,7 +64,13 @@ fn ranks<O: FusedOps>(cfg: &Config, init: &[Param], task: &Task) -> Result<Run> 
             let ranks: Vec<_> = HostGroup::new(cfg.ranks)
                 .into_iter()
                 .map(|g| {
-                    s.spawn(move || train::<O, HostGroup>(cfg, init, task, &Device::Cpu, Some(g)))
+                    s.spawn(move || {
+                        let rank = g.rank();
+                        or_exit(
+                            rank,
+                            train::<O, HostGroup>(cfg, init, task, &Device::Cpu, Some(g)),
+                        )
+                    })
                 })
                 .collect();
             join(ranks)
@@ -76,6 +82,16 @@ fn ranks<O: FusedOps>(cfg: &Config, init: &[Param], task: &Task) -> Result<Run> 
         .into_iter()
         .next()
         .ok_or_else(|| candle_core::Error::Msg("no rank ran".into()))
+}
+
+/// A rank's run; on an error the process exits, since the other ranks would wait for this
+/// one in their next collective.
+fn or_exit(rank: usize, run: Result<Run>) -> Result<Run> {
+    if let Err(e) = &run {
+        eprintln!("rank {rank}: {e}");
+        std::process::exit(1);
+    }
+    run
 }
 
 fn join(ranks: Vec<std::thread::ScopedJoinHandle<'_, Result<Run>>>) -> Vec<Result<Run>> {
@@ -98,9 +114,11 @@ fn on_gpus<O: FusedOps>(cfg: &Config, init: &[Param], task: &Task) -> Result<Vec
         let ranks: Vec<_> = (0..cfg.ranks)
             .map(|rank| {
                 s.spawn(move || {
-                    let dev = Device::new_cuda(rank)?;
-                    let nccl = Nccl::new(&dev, rank, cfg.ranks, id)?;
-                    train::<O, Nccl>(cfg, init, task, &dev, Some(nccl))
+                    let run = Device::new_cuda(rank).and_then(|dev| {
+                        let nccl = Nccl::new(&dev, rank, cfg.ranks, id)?;
+                        train::<O, Nccl>(cfg, init, task, &dev, Some(nccl))
+                    });
+                    or_exit(rank, run)
                 })
             })
             .collect();

@@ -68,7 +68,8 @@ pub enum ReduceOp {
 /// A group of ranks that can combine equal-shaped tensors: one value per rank, each rank
 /// calling the same collectives in the same order (as NCCL requires). A rank that stops
 /// calling (an error returned before the call, a panic) leaves the others waiting in their
-/// next collective, as with NCCL: a data-parallel loop ends every rank on the first error.
+/// next collective, as with NCCL: a data-parallel loop must stop every rank on one's error
+/// (the training example exits the process).
 pub trait Collective {
     /// This rank's index, `0..world_size()`.
     fn rank(&self) -> usize;
