@@ -278,8 +278,9 @@ def main():
         c["steps"] = a.steps
     init = initial_weights(c)
     task = Task(c["vocab"], c["seed"])
-    print(f"{c}; {sum(v.size for _, _, v in init) / 1e6:.1f} M parameters")
-    print_fingerprints(c, init, task)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"{c}; {sum(v.size for _, _, v in init) / 1e6:.1f} M parameters")
+        print_fingerprints(c, init, task)
     if a.fingerprints:
         return
     import torch
