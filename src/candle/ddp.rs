@@ -63,6 +63,8 @@ pub enum ReduceOp {
     Max,
     /// The smallest value over the ranks.
     Min,
+    /// The mean over the ranks (NCCL's `ncclAvg`).
+    Avg,
 }
 
 /// A group of ranks that can combine equal-shaped tensors: one value per rank, each rank
@@ -148,11 +150,15 @@ impl Collective for HostGroup {
             for part in &parts[1..] {
                 for (a, &b) in acc.iter_mut().zip(part) {
                     *a = match op {
-                        ReduceOp::Sum => *a + b,
+                        ReduceOp::Sum | ReduceOp::Avg => *a + b,
                         ReduceOp::Max => a.max(b),
                         ReduceOp::Min => a.min(b),
                     };
                 }
+            }
+            if op == ReduceOp::Avg {
+                let n = parts.len() as f64;
+                acc.iter_mut().for_each(|a| *a /= n);
             }
             acc
         };
@@ -255,6 +261,7 @@ mod nccl {
                 ReduceOp::Sum => NcclOp::Sum,
                 ReduceOp::Max => NcclOp::Max,
                 ReduceOp::Min => NcclOp::Min,
+                ReduceOp::Avg => NcclOp::Avg,
             };
             let start = layout.start_offset();
             let slice = storage.as_cuda_slice_mut::<T>()?;
@@ -348,15 +355,14 @@ impl<C: Collective> DataParallel<C> {
         &self.buckets
     }
 
-    /// Replaces each parameter's gradient in `grads` by its mean over the ranks (the sum,
-    /// then times `1 / world_size`), one collective call per bucket. A parameter without a
+    /// Replaces each parameter's gradient in `grads` by its mean over the ranks
+    /// ([`ReduceOp::Avg`]), one collective call per bucket. A parameter without a
     /// gradient takes part with zeros and gets the mean. Each gradient becomes a view into
     /// its bucket's flat tensor.
     ///
     /// # Errors
     /// The collective's errors; a gradient whose shape is not its parameter's.
     pub fn average_gradients(&self, grads: &mut GradStore) -> Result<()> {
-        let scale = 1.0 / self.collective.world_size() as f64;
         for range in &self.buckets {
             let vars = &self.vars[range.clone()];
             let mut flat = Vec::with_capacity(vars.len());
@@ -375,11 +381,7 @@ impl<C: Collective> DataParallel<C> {
                 flat.push(g);
             }
             let flat = Tensor::cat(&flat, 0)?;
-            self.collective.all_reduce(&flat, ReduceOp::Sum)?;
-            let flat = match scale {
-                1.0 => flat,
-                s => flat.affine(s, 0.0)?,
-            };
+            self.collective.all_reduce(&flat, ReduceOp::Avg)?;
             let mut at = 0;
             for v in vars {
                 let n = v.elem_count();
@@ -415,7 +417,7 @@ impl<C: Collective> DataParallel<C> {
     /// `value` is not a scalar; the collective's errors.
     pub fn mean(&self, value: &Tensor) -> Result<f32> {
         let v = value.to_dtype(DType::F32)?.reshape(1)?.copy()?;
-        self.collective.all_reduce(&v, ReduceOp::Sum)?;
-        Ok(v.to_vec1::<f32>()?[0] / self.collective.world_size() as f32)
+        self.collective.all_reduce(&v, ReduceOp::Avg)?;
+        v.to_vec1::<f32>().map(|v| v[0])
     }
 }

@@ -32,7 +32,7 @@ fn host_group_reduces_in_rank_order_and_every_rank_gets_the_same_bits() {
                 .expect("tensor");
             let view = t.reshape((7, 1)).expect("view");
             let mut out = Vec::new();
-            for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+            for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg] {
                 let x = view.copy().expect("copy");
                 g.all_reduce(&x, op).expect("all_reduce");
                 out.push(
@@ -63,6 +63,11 @@ fn host_group_reduces_in_rank_order_and_every_rank_gets_the_same_bits() {
                 // Small integers: exact in every dtype here.
                 assert_eq!(got[0].1[k][i], *w, "{dtype:?} op {k} element {i}");
             }
+            // The mean, rounded once to the dtype.
+            let mean = Tensor::new(&[want[0] / 3.0], &Device::Cpu)
+                .and_then(|t| t.to_dtype(dtype)?.to_dtype(DType::F64)?.to_vec1::<f64>())
+                .expect("mean");
+            assert_eq!(got[0].1[3][i], mean[0], "{dtype:?} mean, element {i}");
         }
     }
 }
@@ -304,7 +309,7 @@ mod nccl {
                 .to_dtype(DType::F32)
                 .and_then(|t| t.to_vec1::<f32>())
                 .expect("read");
-            for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+            for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg] {
                 nccl.all_reduce(&t, op).expect("all_reduce");
             }
             let after = t
