@@ -3,7 +3,7 @@
 //! every rank's gradients the mean over the ranks before the optimizer step, so the ranks'
 //! weights stay bitwise equal and the step is the single-device step on the whole batch.
 //!
-//! The collective is a [`Collective`]: [`Nccl`] (feature `nccl`: NCCL through cudarc's
+//! The collective is a [`Collective`]: `Nccl` (feature `nccl`: NCCL through cudarc's
 //! bindings, on the tensors' own device stream, so it is ordered with candle's work and this
 //! crate's kernels without a synchronisation), or [`HostGroup`], ranks as threads of one
 //! process combining through host memory (any device, the CPU included: what the CPU tests
@@ -90,7 +90,7 @@ pub trait Collective {
 /// into its thread. Each call copies the rank's tensor to the host as f64, waits for every
 /// rank, combines the values in rank order (so every rank computes the same bits) and rounds
 /// the result once to the tensor's dtype. Any device, the CPU included; a test double for
-/// [`Nccl`], not fast.
+/// `Nccl`, not fast.
 pub struct HostGroup {
     rank: usize,
     shared: Arc<HostShared>,
