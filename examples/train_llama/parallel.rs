@@ -66,10 +66,9 @@ fn ranks<O: FusedOps>(cfg: &Config, init: &[Param], task: &Task) -> Result<Run> 
                 .map(|g| {
                     s.spawn(move || {
                         let rank = g.rank();
-                        or_exit(
-                            rank,
-                            train::<O, HostGroup>(cfg, init, task, &Device::Cpu, Some(g)),
-                        )
+                        or_exit(rank, || {
+                            train::<O, HostGroup>(cfg, init, task, &Device::Cpu, Some(g))
+                        })
                     })
                 })
                 .collect();
@@ -78,28 +77,32 @@ fn ranks<O: FusedOps>(cfg: &Config, init: &[Param], task: &Task) -> Result<Run> 
         false => on_gpus::<O>(cfg, init, task)?,
     };
     runs.into_iter()
-        .collect::<Result<Vec<Run>>>()?
-        .into_iter()
         .next()
         .ok_or_else(|| candle_core::Error::Msg("no rank ran".into()))
 }
 
-/// A rank's run; on an error the process exits, since the other ranks would wait for this
-/// one in their next collective.
-fn or_exit(rank: usize, run: Result<Run>) -> Result<Run> {
-    if let Err(e) = &run {
-        eprintln!("rank {rank}: {e}");
-        std::process::exit(1);
+/// Rank `rank`'s run; on its error or panic the process exits, since the other ranks would
+/// wait for this one in their next collective.
+fn or_exit(rank: usize, run: impl FnOnce() -> Result<Run>) -> Run {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+        Ok(Ok(run)) => run,
+        Ok(Err(e)) => {
+            eprintln!("rank {rank}: {e}");
+            std::process::exit(1)
+        }
+        Err(_) => {
+            eprintln!("rank {rank} panicked");
+            std::process::exit(1)
+        }
     }
-    run
 }
 
-fn join(ranks: Vec<std::thread::ScopedJoinHandle<'_, Result<Run>>>) -> Vec<Result<Run>> {
+fn join(ranks: Vec<std::thread::ScopedJoinHandle<'_, Run>>) -> Vec<Run> {
     ranks
         .into_iter()
         .map(|h| {
             h.join()
-                .unwrap_or_else(|_| Err(candle_core::Error::Msg("a rank panicked".into())))
+                .expect("a rank exits the process rather than unwind")
         })
         .collect()
 }
@@ -107,18 +110,18 @@ fn join(ranks: Vec<std::thread::ScopedJoinHandle<'_, Result<Run>>>) -> Vec<Resul
 /// One thread per GPU, each creating its device and its NCCL rank (NCCL's initialisation
 /// waits for every rank, so they are created concurrently).
 #[cfg(feature = "nccl")]
-fn on_gpus<O: FusedOps>(cfg: &Config, init: &[Param], task: &Task) -> Result<Vec<Result<Run>>> {
+fn on_gpus<O: FusedOps>(cfg: &Config, init: &[Param], task: &Task) -> Result<Vec<Run>> {
     use liger_rs::candle::ddp::Nccl;
     let id = Nccl::unique_id()?;
     Ok(std::thread::scope(|s| {
         let ranks: Vec<_> = (0..cfg.ranks)
             .map(|rank| {
                 s.spawn(move || {
-                    let run = Device::new_cuda(rank).and_then(|dev| {
+                    or_exit(rank, || {
+                        let dev = Device::new_cuda(rank)?;
                         let nccl = Nccl::new(&dev, rank, cfg.ranks, id)?;
                         train::<O, Nccl>(cfg, init, task, &dev, Some(nccl))
-                    });
-                    or_exit(rank, run)
+                    })
                 })
             })
             .collect();
@@ -127,7 +130,7 @@ fn on_gpus<O: FusedOps>(cfg: &Config, init: &[Param], task: &Task) -> Result<Vec
 }
 
 #[cfg(not(feature = "nccl"))]
-fn on_gpus<O: FusedOps>(cfg: &Config, _: &[Param], _: &Task) -> Result<Vec<Result<Run>>> {
+fn on_gpus<O: FusedOps>(cfg: &Config, _: &[Param], _: &Task) -> Result<Vec<Run>> {
     Err(candle_core::Error::Msg(format!(
         "--ranks {} on GPUs needs the `nccl` feature (cargo run --release --features nccl \
          --example train_llama -- --ranks {}); `--cpu --ranks {}` runs the ranks as threads on \
