@@ -26,7 +26,7 @@
 //! `--ranks N` (`parallel.rs`) trains each run data-parallel over N ranks, each on `batch / N`
 //! rows of every batch with its gradients averaged over the ranks before clipping: on GPUs
 //! 0..N−1 through NCCL (feature `nccl`), or with `--cpu` as threads on the CPU; beside it the
-//! same run on one device, then both curves, whether the ranks' weights ended bitwise equal, and
+//! same run on one device, then both curves, whether the ranks' f32 weights ended equal, and
 //! the scaling efficiency. In f32 it fails (exit code 1) if the curves differ by more than 1e-4
 //! (relative) at any step, or if the ranks' weights differ.
 //!
@@ -48,7 +48,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{D, DType, Device, Result, Tensor, Var};
 use candle_nn::{AdamW, Embedding, Linear, Module, Optimizer, ParamsAdamW};
 use liger_rs::candle::GradSlot;
-use liger_rs::candle::ddp::{Collective, DataParallel, HostGroup};
+use liger_rs::candle::ddp::{Collective, DataParallel, HostGroup, in_sync};
 use liger_rs::cudarc::driver::sys;
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
@@ -404,8 +404,8 @@ struct Run {
     /// Highest bytes in use in the device's memory pool during the run (where CUDA allocates
     /// from a pool, as cudarc does when the driver supports it).
     peak_bytes: Option<u64>,
-    /// A data-parallel run's ranks (1 otherwise) and whether their weights ended bitwise
-    /// equal.
+    /// A data-parallel run's ranks (1 otherwise) and whether their f32 master weights ended
+    /// equal on every rank.
     ranks: usize,
     in_sync: bool,
 }
@@ -561,7 +561,7 @@ fn train<O: FusedOps, C: Collective>(
         peak_bytes: pool.and_then(|p| p.peak()),
         ranks,
         in_sync: match &ddp {
-            Some(d) => d.in_sync()?,
+            Some(d) => in_sync(d.collective(), &model.vars)?,
             None => true,
         },
     })

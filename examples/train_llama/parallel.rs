@@ -4,7 +4,7 @@
 //! (`liger_rs::candle::ddp::Nccl`). With `--cpu`: the ranks are threads on the CPU, combining
 //! through host memory (`HostGroup`), which checks the loop without GPUs. The report: both
 //! loss curves and their gap (in f32 within [`AGREE_RANKS_F32`], or the example exits 1),
-//! whether the ranks' weights ended bitwise equal, tokens/s of both and the scaling
+//! whether the ranks' f32 master weights ended equal, tokens/s of both and the scaling
 //! efficiency.
 use super::*;
 
@@ -187,7 +187,7 @@ fn report(cfg: &Config, pairs: &[(Run, Run)]) -> bool {
             "largest relative gap over {} steps: {gap:.2e}; the ranks' weights {}",
             one.losses.len(),
             if many.in_sync {
-                "ended bitwise equal"
+                "ended equal on every rank"
             } else {
                 "DIFFER"
             }

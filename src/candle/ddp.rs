@@ -294,6 +294,26 @@ mod nccl {
     }
 }
 
+/// Whether each of `vars` holds the same values on every rank of `collective` (the largest and
+/// the smallest value over the ranks are equal, element by element; a NaN counts as differing,
+/// −0 as +0): the check that a data-parallel run's ranks have not drifted apart, e.g. over f32
+/// masters whose compute-dtype copies are what [`DataParallel`] reduces. One host read for all
+/// of them. Collective: every rank calls it with the same variables.
+///
+/// # Errors
+/// The collective's errors; `vars` empty.
+pub fn in_sync<C: Collective + ?Sized>(collective: &C, vars: &[Var]) -> Result<bool> {
+    let mut differ = Vec::with_capacity(vars.len());
+    for v in vars {
+        let (hi, lo) = (v.as_tensor().copy()?, v.as_tensor().copy()?);
+        collective.all_reduce(&hi, ReduceOp::Max)?;
+        collective.all_reduce(&lo, ReduceOp::Min)?;
+        differ.push(hi.ne(&lo)?.to_dtype(DType::F32)?.sum_all()?);
+    }
+    let differ = Tensor::stack(&differ, 0)?.sum_all()?.to_scalar::<f32>()?;
+    Ok(differ == 0.0)
+}
+
 /// The gradient reducer of a data-parallel model: the parameters in buckets, and the
 /// collective that averages their gradients.
 pub struct DataParallel<C: Collective> {
@@ -392,22 +412,13 @@ impl<C: Collective> DataParallel<C> {
         Ok(())
     }
 
-    /// Whether every parameter holds the same bits on every rank (the largest and the
-    /// smallest value over the ranks are equal, element by element): the check that a
-    /// data-parallel run's ranks have not drifted apart. Collective: every rank calls it.
+    /// Whether every parameter holds the same values on every rank: [`in_sync`] over this
+    /// reducer's parameters. Collective: every rank calls it.
     ///
     /// # Errors
     /// The collective's errors.
     pub fn in_sync(&self) -> Result<bool> {
-        let mut same = true;
-        for v in &self.vars {
-            let (hi, lo) = (v.as_tensor().copy()?, v.as_tensor().copy()?);
-            self.collective.all_reduce(&hi, ReduceOp::Max)?;
-            self.collective.all_reduce(&lo, ReduceOp::Min)?;
-            let differ = hi.ne(&lo)?.to_dtype(DType::F32)?.sum_all()?;
-            same &= differ.to_scalar::<f32>()? == 0.0;
-        }
-        Ok(same)
+        in_sync(&self.collective, &self.vars)
     }
 
     /// The mean over the ranks of a scalar (e.g. each rank's loss on its share of the batch):
