@@ -426,16 +426,16 @@ pub(crate) mod tests {
         // and f32 tables with the two 16-bit types on every path but the scalar one, 2 × 2 ×
         // 22) the other ops' 347, attention's 24 (the forward, dQ and dK/dV on SIMT for three
         // element types and on tensor cores for two at two head_dims; the preprocessing), and
-        // cross-entropy's 26 (forward and backward rows on four paths for three element
-        // types; the count and the reduction), and the optimizers' 31 (the AdamW update with
+        // cross-entropy's 29 (forward and backward rows on four paths for three element
+        // types, the staged forward for three; the count and the reduction), and the optimizers' 31 (the AdamW update with
         // f32 or bf16 moments and the SGD update, each for three gradient types with no copy
         // or an f16 or bf16 copy; the sums of squares; the norm), and the embedding's 12 (the
         // forward and backward for three element types and two id types).
-        assert_eq!(launchable.len(), 684);
+        assert_eq!(launchable.len(), 687);
     }
 
     #[test]
-    fn the_sm90_build_differs_only_in_the_dw_hand_off() {
+    fn the_sm90_build_differs_only_in_the_hand_offs_and_cluster_merges() {
         let (base, sm90) = (entries(PTX), entries(PTX_SM90));
         let names = |e: &[(&'static str, &str)]| e.iter().map(|(n, _)| *n).collect::<Vec<_>>();
         assert_eq!(names(&base), names(&sm90));
@@ -462,10 +462,11 @@ pub(crate) mod tests {
                 triggers,
                 "{name}"
             );
-            // The cluster merge: two cluster barriers and the remote loads, in the
-            // shared-memory dW backward kernels only.
-            let merges =
-                name.starts_with("rms_norm_bwd_vs") || name.starts_with("rms_norm_add_bwd_vs");
+            // The cluster merges: two cluster barriers and the remote loads, in the
+            // shared-memory dW backward kernels and the staged cross-entropy forward only.
+            let merges = name.starts_with("rms_norm_bwd_vs")
+                || name.starts_with("rms_norm_add_bwd_vs")
+                || name.starts_with("ce_fwd_s_");
             clustered += usize::from(merges);
             assert_eq!(
                 body.matches("barrier.cluster.arrive.aligned;").count(),
@@ -475,8 +476,8 @@ pub(crate) mod tests {
             assert_eq!(body.contains("ld.shared::cluster.v4.b32"), merges, "{name}");
         }
         // bf16, f16 `_vs1` / `_vs2` in four modes; f32 `_vs1` in three (no `llama_offset`);
-        // RMSNorm's and the fused residual add's.
-        assert_eq!(clustered, 2 * 19);
+        // RMSNorm's and the fused residual add's; the staged forward for three types.
+        assert_eq!(clustered, 2 * 19 + 3);
     }
 
     #[test]

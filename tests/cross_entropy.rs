@@ -3,8 +3,10 @@
 //! data per case, outputs poisoned with NaN before each launch (an unwritten element fails):
 //! every entry point (forward, forward with the gradient, in place or not, backward, in place
 //! or not), every option and their combinations (reductions, ignored rows, all rows ignored,
-//! class weights, label smoothing, z-loss, softcap), both load paths (aligned 16-byte vectors,
-//! and rows off the vector grid), vocabularies from 1 to beyond 2¹⁶, row strides, targets out
+//! class weights, label smoothing, z-loss, softcap), every load path (aligned 16-byte vectors,
+//! rows off the vector grid, and the forward with the gradient on rows staged in shared memory,
+//! split over clusters of 2, 4 and 8 blocks on sm_90), vocabularies from 1 to beyond 2¹⁶, row
+//! strides, targets out
 //! of range (NaN rows), bitwise determinism, a rejected call writing nothing, more than 2³²
 //! logits, and the fused linear form over several chunks from several host threads at once.
 //!
@@ -246,10 +248,12 @@ fn sweep<T: Dtype>(test: &str, seed: u64) {
             (3, 7),
             (17, 4097),
             (64, 32000),
+            (9, 40000),
             (5, 70001),
+            (3, 128256),
             (2, 262144),
         ],
-        vec![(1, 1), (3, 7), (5, 4097), (2, 70001)],
+        vec![(1, 1), (3, 7), (5, 4097), (3, 40000), (2, 70001)],
     );
     let mut failures = Failures::new(test);
     for (i, &(rows, vocab)) in shapes.iter().enumerate() {

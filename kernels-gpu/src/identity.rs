@@ -140,6 +140,10 @@ names! {
         ScalarFull = "x",
         /// As [`CePath::Vector`], with every option.
         VectorFull = "vx",
+        /// The forward with the gradient on rows staged in shared memory, as
+        /// [`CePath::Vector`] (vocabularies of whole vectors), a row per block or per
+        /// thread-block cluster (sm_90).
+        Staged = "s",
     }
 }
 

@@ -25,6 +25,7 @@
 
 pub mod adamw;
 pub mod attention;
+mod cp_async;
 pub mod cross_entropy;
 pub mod embedding;
 pub mod glu;

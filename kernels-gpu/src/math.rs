@@ -11,6 +11,9 @@ unsafe extern "C" {
     fn lg2_approx_ftz(x: f32) -> f32;
     #[link_name = "llvm.nvvm.shfl.sync.bfly.f32"]
     fn shfl_bfly(mask: u32, value: f32, lane_mask: u32, clamp: u32) -> f32;
+    #[cfg(target_feature = "sm_90")]
+    #[link_name = "llvm.nvvm.shfl.sync.idx.f32"]
+    fn shfl_idx(mask: u32, value: f32, lane: u32, clamp: u32) -> f32;
     #[link_name = "llvm.nvvm.vote.all.sync"]
     fn vote_all(mask: u32, pred: bool) -> bool;
 }
@@ -41,6 +44,14 @@ pub(crate) fn log2(x: f32) -> f32 {
 pub(crate) fn shfl_xor(v: f32, mask: u32) -> f32 {
     // SAFETY: every lane of the warp calls it (the kernels keep whole warps converged here).
     unsafe { shfl_bfly(u32::MAX, v, mask, 0x1f) }
+}
+
+/// `v` of lane `lane` (below 32); only the cluster merges of the sm_90 build use it.
+#[cfg(target_feature = "sm_90")]
+#[inline(always)]
+pub(crate) fn shfl_from(v: f32, lane: u32) -> f32 {
+    // SAFETY: every lane of the warp calls it (the kernels keep whole warps converged here).
+    unsafe { shfl_idx(u32::MAX, v, lane, 0x1f) }
 }
 
 /// `tanh(x)` from one `ex2`: `(1 − e)/(1 + e)` with `e = 2^(−2|x|·log2 e)`, the sign restored

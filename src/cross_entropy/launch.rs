@@ -1,5 +1,5 @@
 //! Pointers and a plan → launches: the parameter block and the kernel launches of a call.
-use super::abi::Params;
+use super::abi::{Params, STAGE_MAX_BYTES, STAGE_OFFSET};
 use super::args::CrossEntropyArgs;
 use super::plan::Step;
 use crate::error::Result;
@@ -70,14 +70,26 @@ pub(crate) unsafe fn run(stream: &CudaStream, steps: &[Step], params: &Params) -
             .get_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?
             as u32;
         let block = step.block.min(most / 32 * 32);
+        if step.shared > 48 * 1024 {
+            // The staged forward's most, whatever this call's slice: concurrent calls with
+            // other vocabularies then never lower the limit under each other's launches.
+            func.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                (STAGE_OFFSET + STAGE_MAX_BYTES) as i32,
+            )?;
+        }
         let cfg = LaunchConfig {
             grid_dim: (step.grid, 1, 1),
             block_dim: (block, 1, 1),
             shared_mem_bytes: step.shared,
         };
+        let how = match step.cluster {
+            1 => Launch::Plain,
+            blocks => Launch::Cluster(blocks),
+        };
         // SAFETY: one parameter, a `Params` by value, as every cross-entropy entry takes;
         // the caller vouches for the buffers it names.
-        unsafe { launch_ex(stream, &func, cfg, &mut [arg(params)], Launch::Plain)? };
+        unsafe { launch_ex(stream, &func, cfg, &mut [arg(params)], how)? };
     }
     Ok(())
 }

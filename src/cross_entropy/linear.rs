@@ -256,7 +256,13 @@ pub fn fused_linear_cross_entropy<T: Dtype>(
         weighted: ce_w != 0,
         bias: b != 0,
     };
-    let path = plan::path(&ce, T::ELEM, opts, &[logits, b], &[vocab]);
+    let max_blocks = plan::max_stage_blocks(crate::module::kernels(stream.context())?.sm90);
+    let path = plan::gradient_path(
+        plan::path(&ce, T::ELEM, opts, &[logits, b], &[vocab]),
+        vocab,
+        T::ELEM,
+        max_blocks,
+    );
     let ptrs = Ptrs {
         logits,
         grad: logits,
@@ -324,7 +330,7 @@ pub fn fused_linear_cross_entropy<T: Dtype>(
             total_z: 0,
             ..ptrs
         };
-        let row_step = plan::rows_step(&rows_args, CePass::Forward, T::ELEM, path);
+        let row_step = plan::rows_step(&rows_args, CePass::Forward, T::ELEM, path, max_blocks);
         unsafe {
             launch::run(
                 stream,

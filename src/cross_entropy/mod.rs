@@ -114,10 +114,14 @@ pub(crate) fn call<'b, T: Dtype>(
         args.grad_stride
     };
     let path = plan::path(args, T::ELEM, opts, &[logits, grad, bias], &strides);
+    let max_blocks = plan::max_stage_blocks(crate::module::kernels(stream.context())?.sm90);
     let steps = if backward {
         plan::backward(args, T::ELEM, opts, path)
+    } else if grad != 0 {
+        let path = plan::gradient_path(path, args.vocab, T::ELEM, max_blocks);
+        plan::forward(args, T::ELEM, opts, path, max_blocks)
     } else {
-        plan::forward(args, T::ELEM, opts, path)
+        plan::forward(args, T::ELEM, opts, path, max_blocks)
     };
     // SAFETY: `validate` checked every buffer the call touches against the arguments; the
     // scratch spans what `ptrs` names in it and is freed behind the launches.

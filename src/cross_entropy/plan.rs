@@ -1,6 +1,9 @@
 //! Which kernels a cross-entropy call runs, on which grids: a pure function of the arguments,
 //! the element type and the buffers' alignment, unit-tested without a GPU.
-use super::abi::{MAX_ROW_THREADS, ROW_SHARED_BYTES, STATS_THREADS, UNROLL, stats_shared_bytes};
+use super::abi::{
+    MAX_ROW_THREADS, ROW_SHARED_BYTES, STAGE_MAX_BYTES, STAGE_OFFSET, STAGE_THREADS, STATS_THREADS,
+    UNROLL, stats_shared_bytes,
+};
 use super::args::{CrossEntropyArgs, Reduction};
 use crate::identity::{CePass, CePath, ElemType, Kernel};
 
@@ -15,6 +18,8 @@ pub(crate) struct Step {
     pub(crate) block: u32,
     /// Dynamic shared memory per block, in bytes.
     pub(crate) shared: u32,
+    /// Blocks per thread-block cluster (1: an ordinary launch).
+    pub(crate) cluster: u32,
 }
 
 /// What the row kernels must handle beyond the plain loss.
@@ -48,6 +53,42 @@ pub(crate) fn path(
     }
 }
 
+/// The most blocks per cluster of the staged forward: 8 (the portable cluster size) with
+/// the sm_90 build, 1 (no clusters) with the sm_80 one.
+pub(crate) fn max_stage_blocks(sm90: bool) -> u32 {
+    if sm90 { 8 } else { 1 }
+}
+
+/// Blocks per row of the staged forward: the fewest (a power of two up to `max_blocks`) whose
+/// slices of the row's 16-byte vectors hold at most [`STAGE_MAX_BYTES`] each; `None` when even
+/// `max_blocks` are too few or the row is not a whole number of vectors.
+pub(crate) fn stage_blocks(vocab: usize, elem: ElemType, max_blocks: u32) -> Option<u32> {
+    let lanes = 16 / elem.size();
+    if !vocab.is_multiple_of(lanes) {
+        return None;
+    }
+    let vectors = vocab / lanes;
+    let mut blocks = 1;
+    while vectors.div_ceil(blocks as usize) * 16 > STAGE_MAX_BYTES as usize {
+        blocks *= 2;
+        if blocks > max_blocks {
+            return None;
+        }
+    }
+    Some(blocks)
+}
+
+/// The forward with the gradient's path: [`CePath::Staged`] in place of [`CePath::Vector`]
+/// where its rows fit ([`stage_blocks`]). Each block then reads its slice of a row from DRAM
+/// once; the vector kernel reads the row a second time for the gradient, partly from L2
+/// (PERFORMANCE.md, "Cross-entropy").
+pub(crate) fn gradient_path(path: CePath, vocab: usize, elem: ElemType, max_blocks: u32) -> CePath {
+    match (path, stage_blocks(vocab, elem, max_blocks)) {
+        (CePath::Vector, Some(_)) => CePath::Staged,
+        _ => path,
+    }
+}
+
 /// Threads per row block: enough that each thread walks about `4·UNROLL` groups (vectors or
 /// elements) of the row, a power of two from 32 to 1024 (256 for the full vector kernels,
 /// whose registers fit no more; the launch lowers any block to what the kernel's registers
@@ -58,7 +99,7 @@ pub(crate) fn path(
 /// long enough is still in L2 when the gradient pass reads it again.
 pub(crate) fn row_threads(vocab: usize, elem: ElemType, path: CePath) -> u32 {
     let lanes = match path {
-        CePath::Vector | CePath::VectorFull => 16 / elem.size(),
+        CePath::Vector | CePath::VectorFull | CePath::Staged => 16 / elem.size(),
         CePath::Scalar | CePath::ScalarFull => 1,
     };
     let cap = match path {
@@ -69,18 +110,35 @@ pub(crate) fn row_threads(vocab: usize, elem: ElemType, path: CePath) -> u32 {
     (groups.next_power_of_two() as u32).clamp(32, cap)
 }
 
-/// One row kernel's launch over every row of `args`.
+/// One row kernel's launch over every row of `args`; the staged forward's in clusters of
+/// [`stage_blocks`] (with at most `max_blocks`) blocks per row, each block with its slice.
 pub(crate) fn rows_step(
     args: &CrossEntropyArgs,
     pass: CePass,
     elem: ElemType,
     path: CePath,
+    max_blocks: u32,
 ) -> Step {
-    Step {
-        kernel: Kernel::CrossEntropy { pass, path, elem },
-        grid: args.rows.min(i32::MAX as usize) as u32,
-        block: row_threads(args.vocab, elem, path),
-        shared: ROW_SHARED_BYTES,
+    let kernel = Kernel::CrossEntropy { pass, path, elem };
+    let rows = |per_row: usize| (args.rows.min(i32::MAX as usize / per_row) * per_row) as u32;
+    match stage_blocks(args.vocab, elem, max_blocks) {
+        Some(blocks) if path == CePath::Staged => {
+            let vectors = args.vocab / (16 / elem.size());
+            Step {
+                kernel,
+                grid: rows(blocks as usize),
+                block: STAGE_THREADS,
+                shared: STAGE_OFFSET + 16 * vectors.div_ceil(blocks as usize) as u32,
+                cluster: blocks,
+            }
+        }
+        _ => Step {
+            kernel,
+            grid: rows(1),
+            block: row_threads(args.vocab, elem, path),
+            shared: ROW_SHARED_BYTES,
+            cluster: 1,
+        },
     }
 }
 
@@ -91,22 +149,25 @@ pub(crate) fn stats_step(pass: CePass) -> Step {
         grid: 1,
         block: STATS_THREADS,
         shared: stats_shared_bytes(),
+        cluster: 1,
     }
 }
 
 /// The forward (with or without the gradient): the count when the rows need the mean's
 /// denominators or the weights' sum, the rows, the reduction unless it is `None`.
+/// `max_blocks`: as [`stage_blocks`]'s, for [`CePath::Staged`].
 pub(crate) fn forward(
     args: &CrossEntropyArgs,
     elem: ElemType,
     opts: Options,
     path: CePath,
+    max_blocks: u32,
 ) -> Vec<Step> {
     let mut steps = Vec::with_capacity(3);
     if args.needs_count(opts.weighted) {
         steps.push(stats_step(CePass::Count));
     }
-    steps.push(rows_step(args, CePass::Forward, elem, path));
+    steps.push(rows_step(args, CePass::Forward, elem, path, max_blocks));
     if args.reduction != Reduction::None {
         steps.push(stats_step(CePass::Reduce));
     }
@@ -124,7 +185,7 @@ pub(crate) fn backward(
     if args.needs_count(opts.weighted) {
         steps.push(stats_step(CePass::Count));
     }
-    steps.push(rows_step(args, CePass::Backward, elem, path));
+    steps.push(rows_step(args, CePass::Backward, elem, path, 1));
     steps
 }
 
@@ -142,8 +203,10 @@ pub(crate) mod tests {
                     weighted: true,
                     bias: false,
                 };
-                v.extend(forward(&args, elem, opts, path).iter().map(|s| s.kernel));
-                v.extend(backward(&args, elem, opts, path).iter().map(|s| s.kernel));
+                v.extend(forward(&args, elem, opts, path, 8).iter().map(|s| s.kernel));
+                if path != CePath::Staged {
+                    v.extend(backward(&args, elem, opts, path).iter().map(|s| s.kernel));
+                }
             }
         }
         v.sort_by_key(|k| k.name());
@@ -200,7 +263,7 @@ pub(crate) mod tests {
         assert_eq!(row_threads(1, ElemType::F32, CePath::Scalar), 32);
         assert_eq!(row_threads(1000, ElemType::F32, CePath::Scalar), 64);
         let a = CrossEntropyArgs::new(8192, 32000);
-        let f = forward(&a, ElemType::Bf16, Options::default(), CePath::Vector);
+        let f = forward(&a, ElemType::Bf16, Options::default(), CePath::Vector, 8);
         let names: Vec<_> = f.iter().map(|s| s.kernel.name()).collect();
         assert_eq!(names, ["ce_count", "ce_fwd_v_bf16", "ce_reduce"]);
         assert_eq!(f[1].grid, 8192);
@@ -210,8 +273,50 @@ pub(crate) mod tests {
         assert_eq!(names, ["ce_bwd_f32"]);
         let huge = CrossEntropyArgs::new(1 << 32, 8);
         assert_eq!(
-            rows_step(&huge, CePass::Forward, ElemType::F32, CePath::Scalar).grid,
+            rows_step(&huge, CePass::Forward, ElemType::F32, CePath::Scalar, 8).grid,
             i32::MAX as u32
         );
+    }
+
+    #[test]
+    fn the_staged_forward_splits_long_rows_over_clusters_of_its_build() {
+        // 72 KB a block: 36864 bf16 or 18432 f32 classes.
+        assert_eq!(stage_blocks(32000, ElemType::Bf16, 1), Some(1));
+        assert_eq!(stage_blocks(36864, ElemType::Bf16, 1), Some(1));
+        assert_eq!(stage_blocks(36872, ElemType::Bf16, 1), None);
+        assert_eq!(stage_blocks(36872, ElemType::Bf16, 8), Some(2));
+        assert_eq!(stage_blocks(128256, ElemType::Bf16, 8), Some(4));
+        assert_eq!(stage_blocks(262144, ElemType::Bf16, 8), Some(8));
+        assert_eq!(stage_blocks(128256, ElemType::F32, 8), Some(8));
+        assert_eq!(stage_blocks(262144, ElemType::F32, 8), None);
+        // Rows of part of a vector take the vector kernels' element tail instead.
+        assert_eq!(stage_blocks(32001, ElemType::F16, 8), None);
+        assert_eq!(max_stage_blocks(false), 1);
+        let v = CePath::Vector;
+        assert_eq!(gradient_path(v, 128256, ElemType::Bf16, 8), CePath::Staged);
+        assert_eq!(gradient_path(v, 128256, ElemType::Bf16, 1), v);
+        assert_eq!(
+            gradient_path(CePath::VectorFull, 32000, ElemType::Bf16, 8),
+            CePath::VectorFull
+        );
+        assert_eq!(
+            gradient_path(CePath::Scalar, 32000, ElemType::Bf16, 8),
+            CePath::Scalar
+        );
+        let a = CrossEntropyArgs::new(8192, 128256);
+        let s = rows_step(&a, CePass::Forward, ElemType::Bf16, CePath::Staged, 8);
+        assert_eq!(s.kernel.name(), "ce_fwd_s_bf16");
+        assert_eq!((s.grid, s.block, s.cluster), (4 * 8192, STAGE_THREADS, 4));
+        // 16032 vectors over 4 blocks.
+        assert_eq!(s.shared, STAGE_OFFSET + 4008 * 16);
+        let one = rows_step(&a, CePass::Forward, ElemType::Bf16, CePath::Vector, 8);
+        assert_eq!(
+            (one.grid, one.cluster, one.shared),
+            (8192, 1, ROW_SHARED_BYTES)
+        );
+        // Past 2³¹ − 1 blocks the clusters walk the rows grid-stride.
+        let huge = CrossEntropyArgs::new(1 << 31, 128256);
+        let h = rows_step(&huge, CePass::Forward, ElemType::Bf16, CePath::Staged, 8);
+        assert_eq!(h.grid, (i32::MAX as u32 / 4) * 4);
     }
 }

@@ -93,6 +93,17 @@ pub const MAX_ROW_THREADS: u32 = 1024;
 /// merged result.
 pub const ROW_SHARED_BYTES: u32 = 3 * 33 * 4;
 
+/// Byte offset in the staged forward's dynamic shared memory of its cluster's exchange slots
+/// (two 16-byte slots, after [`ROW_SHARED_BYTES`]).
+pub const EXCHANGE_OFFSET: u32 = 512;
+/// Byte offset in the staged forward's dynamic shared memory of its slice of the row.
+pub const STAGE_OFFSET: u32 = 1024;
+/// The most bytes of a row one block of the staged forward holds: three such blocks fit in an
+/// H100's or H200's 227 KB of shared memory per SM.
+pub const STAGE_MAX_BYTES: u32 = 72 * 1024;
+/// Threads per block of the staged forward.
+pub const STAGE_THREADS: u32 = 256;
+
 /// Bytes of dynamic shared memory of the count and reduce kernels: three f64 per thread.
 pub const fn stats_shared_bytes() -> u32 {
     3 * STATS_THREADS * 8

@@ -9,6 +9,7 @@
 //! alone, from the saved log-sum-exp. A one-block count kernel sums the mean's denominators
 //! first (the gradient needs them), a one-block reduce kernel sums the per-row losses after.
 pub mod abi;
+mod staged;
 
 use crate::identity::kernel_name;
 use crate::math::{LN_2, LOG2_E, exp2, log2, safe_max, shfl_xor, tanh};
@@ -545,6 +546,9 @@ ce_kernels! {
     Forward VectorFull F32 => rows::<f32, true, false, false>;
     Forward VectorFull F16 => rows::<f16, true, false, false>;
     Forward VectorFull Bf16 => rows::<Bf16, true, false, false>;
+    Forward Staged F32 => staged::rows::<f32>;
+    Forward Staged F16 => staged::rows::<f16>;
+    Forward Staged Bf16 => staged::rows::<Bf16>;
     Backward Scalar F32 => rows::<f32, false, true, true>;
     Backward Scalar F16 => rows::<f16, false, true, true>;
     Backward Scalar Bf16 => rows::<Bf16, false, true, true>;
