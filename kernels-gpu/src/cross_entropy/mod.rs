@@ -223,6 +223,25 @@ unsafe fn put<T: Elem>(row: *mut T, j: usize, n: usize, out: &[f32; 8]) {
     }
 }
 
+/// Row `row`'s outputs: its loss (cross-entropy `ce`, plus the z-loss `zl` for [`NONE`]),
+/// its z-loss and its log-sum-exp where the call asks for them.
+///
+/// # Safety
+/// The host's checks: `p`'s per-row buffers span `row`.
+#[inline(always)]
+unsafe fn put_row(p: &Params, row: usize, ce: f32, zl: f32, lse: f32) {
+    // SAFETY: the caller's.
+    unsafe {
+        *(p.row_loss as *mut f32).add(row) = if p.reduction == NONE { ce + zl } else { ce };
+        if p.row_z != 0 {
+            *(p.row_z as *mut f32).add(row) = zl;
+        }
+        if p.lse != 0 {
+            *(p.lse as *mut f32).add(row) = lse;
+        }
+    }
+}
+
 /// How a row's raw logits become the values the loss sees: `+ bias`, then soft-capping.
 #[derive(Clone, Copy)]
 struct Logit {
@@ -284,15 +303,7 @@ unsafe fn rows<T: Elem, const VEC: bool, const BWD: bool, const PLAIN: bool>(p: 
         let t = unsafe { *(p.target as *const i64).add(row) };
         if t == p.ignore_index {
             if !BWD && tid == 0 {
-                unsafe {
-                    *(p.row_loss as *mut f32).add(row) = 0.0;
-                    if p.row_z != 0 {
-                        *(p.row_z as *mut f32).add(row) = 0.0;
-                    }
-                    if p.lse != 0 {
-                        *(p.lse as *mut f32).add(row) = 0.0;
-                    }
-                }
+                unsafe { put_row(p, row, 0.0, 0.0, 0.0) };
             }
             if p.grad != 0 {
                 unsafe { walk::<T, VEC>(z, vocab, |j, n, _| put(g, j, n, &[0.0; 8])) };
@@ -345,17 +356,7 @@ unsafe fn rows<T: Elem, const VEC: bool, const BWD: bool, const PLAIN: bool>(p: 
                     if smooth {
                         ce += eps * (lse * weight_sum - sz);
                     }
-                    let zl = p.lse_square_scale * lse * lse;
-                    unsafe {
-                        *(p.row_loss as *mut f32).add(row) =
-                            if p.reduction == NONE { ce + zl } else { ce };
-                        if p.row_z != 0 {
-                            *(p.row_z as *mut f32).add(row) = zl;
-                        }
-                        if p.lse != 0 {
-                            *(p.lse as *mut f32).add(row) = lse;
-                        }
-                    }
+                    unsafe { put_row(p, row, ce, p.lse_square_scale * lse * lse, lse) };
                 }
                 lse
             };

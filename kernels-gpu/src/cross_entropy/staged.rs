@@ -12,7 +12,7 @@
 //!
 //! [`STAGE_MAX_BYTES`]: super::abi::STAGE_MAX_BYTES
 use super::abi::{MEAN, NONE, Params, STAGE_OFFSET, STAT_COUNT, STAT_WEIGHT};
-use super::{Online, block_merge};
+use super::{Online, block_merge, put_row};
 use crate::cp_async::{commit, cp_async_16, shared_addr, wait_all};
 use crate::math::{LN_2, LOG2_E, exp2, log2};
 use crate::{Elem, V16, Vector, block_dim, block_idx, cluster_blocks, cluster_rank, grid_dim};
@@ -55,15 +55,7 @@ pub(super) unsafe fn rows<T: Elem>(p: &Params) {
         let t = unsafe { *(p.target as *const i64).add(row) };
         if t == p.ignore_index {
             if rank == 0 && tid == 0 {
-                unsafe {
-                    *(p.row_loss as *mut f32).add(row) = 0.0;
-                    if p.row_z != 0 {
-                        *(p.row_z as *mut f32).add(row) = 0.0;
-                    }
-                    if p.lse != 0 {
-                        *(p.lse as *mut f32).add(row) = 0.0;
-                    }
-                }
+                unsafe { put_row(p, row, 0.0, 0.0, 0.0) };
             }
             let mut k = tid;
             while k < count {
@@ -118,16 +110,7 @@ pub(super) unsafe fn rows<T: Elem>(p: &Params) {
             };
             if tid == 0 && rank == owner {
                 let ce = if valid { lse - x_t } else { f32::NAN };
-                let zl = p.lse_square_scale * lse * lse;
-                unsafe {
-                    *(p.row_loss as *mut f32).add(row) = if p.reduction == NONE { ce + zl } else { ce };
-                    if p.row_z != 0 {
-                        *(p.row_z as *mut f32).add(row) = zl;
-                    }
-                    if p.lse != 0 {
-                        *(p.lse as *mut f32).add(row) = lse;
-                    }
-                }
+                unsafe { put_row(p, row, ce, p.lse_square_scale * lse * lse, lse) };
             }
             let up = match (p.grad_loss, p.reduction) {
                 (0, _) => 1.0,
