@@ -36,8 +36,8 @@ pub(super) unsafe fn rows<T: Elem>(p: &Params) {
     let first = rank * part;
     let count = part.min(groups.saturating_sub(first));
     // SAFETY: the host gives STAGE_OFFSET bytes before the slice.
-    let stage = unsafe { gpu_launch_sized_workgroup_mem::<u8>().add(STAGE_OFFSET as usize) }
-        as *mut V16;
+    let stage =
+        unsafe { gpu_launch_sized_workgroup_mem::<u8>().add(STAGE_OFFSET as usize) } as *mut V16;
     let stage_at = shared_addr(stage);
     // SAFETY (every raw access below): the host's checks on `p`'s buffers.
     let stats = |i: usize| unsafe { *(p.stats as *const f32).add(i) };
@@ -162,8 +162,7 @@ unsafe fn cluster_merge(on: Online, slot: usize) -> Online {
     use crate::math::shfl_from;
     // SAFETY: the host gives the slots.
     let slot = unsafe {
-        (gpu_launch_sized_workgroup_mem::<u8>().add(EXCHANGE_OFFSET as usize) as *mut V16)
-            .add(slot)
+        (gpu_launch_sized_workgroup_mem::<u8>().add(EXCHANGE_OFFSET as usize) as *mut V16).add(slot)
     };
     if thread_idx() == 0 {
         let posted = V16 {
