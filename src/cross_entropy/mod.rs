@@ -117,10 +117,13 @@ pub(crate) fn call<'b, T: Dtype>(
     let max_blocks = plan::max_stage_blocks(crate::module::kernels(stream.context())?.sm90);
     let steps = if backward {
         plan::backward(args, T::ELEM, opts, path)
-    } else if grad != 0 {
-        let path = plan::gradient_path(path, args.vocab, T::ELEM, max_blocks);
-        plan::forward(args, T::ELEM, opts, path, max_blocks)
     } else {
+        // Only the forward with the gradient reads its rows twice, which staging saves.
+        let path = if grad != 0 {
+            plan::gradient_path(path, args.vocab, T::ELEM, max_blocks)
+        } else {
+            path
+        };
         plan::forward(args, T::ELEM, opts, path, max_blocks)
     };
     // SAFETY: `validate` checked every buffer the call touches against the arguments; the
