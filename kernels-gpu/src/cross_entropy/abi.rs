@@ -101,10 +101,9 @@ pub const STAGE_OFFSET: u32 = 1024;
 /// The most bytes of a row one block of the staged forward holds: three such blocks fit in an
 /// H100's or H200's 227 KB of shared memory per SM.
 pub const STAGE_MAX_BYTES: u32 = 72 * 1024;
-/// Threads per block of the staged forward: three blocks of 512 threads at 40 registers fit
-/// an SM beside their stages (on an H100, 8192 rows of 128256 bf16 classes took 1.594 ms with
-/// 512 threads against 1.685 with 256; 32000 classes 0.385 against 0.391).
-pub const STAGE_THREADS: u32 = 512;
+/// Threads per block of the staged forward (three such blocks per H100/H200 SM at 40
+/// registers).
+pub const STAGE_THREADS: u32 = 256;
 
 /// Bytes of dynamic shared memory of the count and reduce kernels: three f64 per thread.
 pub const fn stats_shared_bytes() -> u32 {
