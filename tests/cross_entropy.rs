@@ -5,7 +5,7 @@
 //! or not), every option and their combinations (reductions, ignored rows, all rows ignored,
 //! class weights, label smoothing, z-loss, softcap), every load path (aligned 16-byte vectors,
 //! rows off the vector grid, and the forward with the gradient on rows staged in shared memory,
-//! split over clusters of 2, 4 and 8 blocks on sm_90), vocabularies from 1 to beyond 2¹⁶, row
+//! split over clusters of 4 and 8 blocks on sm_90), vocabularies from 1 to beyond 2¹⁶, row
 //! strides, targets out
 //! of range (NaN rows), bitwise determinism, a rejected call writing nothing, more than 2³²
 //! logits, and the fused linear form over several chunks from several host threads at once.
