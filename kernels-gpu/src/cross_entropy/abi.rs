@@ -101,8 +101,9 @@ pub const STAGE_OFFSET: u32 = 1024;
 /// The most bytes of a row one block of the staged forward holds: three such blocks fit in an
 /// H100's or H200's 227 KB of shared memory per SM.
 pub const STAGE_MAX_BYTES: u32 = 72 * 1024;
-/// Threads per block of the staged forward (three such blocks per H100/H200 SM at 40
-/// registers).
+/// Threads per block of the staged forward: at 40 registers six such blocks fit an H100/H200
+/// SM's registers, so its shared memory decides how many run (three with 72 KB slices, six
+/// with the 36 KB slices the host gives split rows).
 pub const STAGE_THREADS: u32 = 256;
 
 /// Bytes of dynamic shared memory of the count and reduce kernels: three f64 per thread.
