@@ -17,7 +17,11 @@
 #   element tests skip) and LIGER_RS_REQUIRE_GPU=1 on one visible GPU each: every (tool,
 #   binary) pair is its own job, JOBS of them at once (default 8; the sanitizers are bound by
 #   the host's CPUs, which the device machine has 16 of), racecheck's first as the longest,
-#   the i-th job on GPU i mod the GPU count. racecheck checks every kernel, NVIDIA's own GEMM
+#   the i-th job on GPU i mod the GPU count. A binary named in SPLIT ("name:shards ...",
+#   default "candle:8") runs as that many jobs per tool, shard i taking every shards-th of its
+#   tests from the i-th (`--exact` names): the candle suite, one binary of 71 tests, took
+#   ~430 s under racecheck and ~560 s under initcheck as its separate suites, more than one
+#   call's deadline for one process. racecheck checks every kernel, NVIDIA's own GEMM
 #   kernels (`nvjet*`, run by candle's and the fused linear cross-entropy's cuBLAS calls)
 #   included, and reports their hazards, which are not this crate's: with those kernels left
 #   out (--kernel-name-exclude kns=nvjet) the sanitizer hung (the candle tests of decoder
@@ -67,21 +71,38 @@ if [[ $phases == *" tests "* ]]; then
     grep -E '^SKIP' "$out/test-$n.log" | head -5
   done
 fi
-# One (tool, binary) run on one GPU; its report goes to $out/report-<tool>-<binary>.txt.
+# One (tool, binary, shard) run on one GPU; its report goes to $out/report-<tool>-<job>.txt,
+# its seconds to $out/secs-<tool>-<job> (job: the binary's name, with ".<shard>" when split).
 san_one() {
-  local tool=$1 gpu=$2 t=$3 n s l rc
+  local tool=$1 gpu=$2 t=$3 shard=$4 shards=$5 n job s l rc
   n=$(basename "$t"); s=$(date +%s); l=$(left)
+  job=$n; [ "$shards" -gt 1 ] && job=$n.$shard
   if [ "$l" -lt 15 ]; then
-    echo "== $tool $n: no time left" > "$out/report-$tool-$n.txt"
+    echo "== $tool $job: no time left" > "$out/report-$tool-$job.txt"
     return
   fi
-  local skip=()
+  local skip=() only=()
   [ "$tool" = racecheck ] && [[ $n == hardening* ]] &&
     skip=(--skip gpu_release_scratch_from_another_thread_while_backwards_are_queued)
+  if [ "$shards" -gt 1 ]; then
+    mapfile -t only < <("$t" --list --format terse | sed -n 's/: test$//p' |
+      awk -v k="$shards" -v i="$shard" '(NR - 1) % k == i')
+    only=(--exact "${only[@]}")
+  fi
   CUDA_VISIBLE_DEVICES=$gpu LIGER_RS_TEST_SHAPES=small LIGER_RS_REQUIRE_GPU=1 timeout "$l" \
     compute-sanitizer --tool "$tool" --error-exitcode 97 "$t" --test-threads=1 \
-    "${skip[@]}" > "$out/$tool-$n.log" 2>&1; rc=$?
-  report "$tool" "$n" "$rc" $(( $(date +%s) - s )) "$out/$tool-$n.log" > "$out/report-$tool-$n.txt"
+    "${skip[@]}" "${only[@]}" > "$out/$tool-$job.log" 2>&1; rc=$?
+  echo $(( $(date +%s) - s )) > "$out/secs-$tool-$job"
+  report "$tool" "$job" "$rc" "$(cat "$out/secs-$tool-$job")" "$out/$tool-$job.log" \
+    > "$out/report-$tool-$job.txt"
+}
+# The shard count of binary $1 from SPLIT (1 when not named).
+shards_of() {
+  local s
+  for s in ${SPLIT:-candle:8}; do
+    [ "${s%%:*}" = "$1" ] && { echo "${s#*:}"; return; }
+  done
+  echo 1
 }
 # The sanitizers on cuBLAS alone (cublas_sanitizer_probe.cu beside this script): whether
 # initcheck sees a bf16 GEMM's stores and whether racecheck finds hazards inside NVIDIA's
@@ -106,15 +127,36 @@ if [[ $phases == *" sanitizer "* ]]; then
   tools=${TOOLS:-racecheck initcheck memcheck synccheck}
   export out deadline
   export -f san_one report left
+  # Within each tool the split binaries' shards go first: the longest jobs start first.
   i=0
   for tool in $tools; do
-    for t in tests/*; do
-      echo "$tool $((i % gpus)) $t"
-      i=$((i + 1))
+    for pass in split whole; do
+      for t in tests/*; do
+        k=$(shards_of "$(basename "$t")")
+        [ "$pass" = split ] && [ "$k" -eq 1 ] && continue
+        [ "$pass" = whole ] && [ "$k" -gt 1 ] && continue
+        for ((j = 0; j < k; j++)); do
+          echo "$tool $((i % gpus)) $t $j $k"
+          i=$((i + 1))
+        done
+      done
     done
   done | xargs -P "${JOBS:-8}" -L 1 bash -c 'san_one "$@"' _
   for tool in $tools; do
-    for t in tests/*; do cat "$out/report-$tool-$(basename "$t").txt"; done
+    for t in tests/*; do
+      n=$(basename "$t"); k=$(shards_of "$n")
+      if [ "$k" -eq 1 ]; then
+        cat "$out/report-$tool-$n.txt"
+        continue
+      fi
+      for ((j = 0; j < k; j++)); do cat "$out/report-$tool-$n.$j.txt"; done
+      # The suite's line: its shards' seconds added (the time one process would take) and
+      # the longest shard, its tests passed and failed added.
+      echo "== $tool $n: $k shards, $(cat "$out"/secs-"$tool"-"$n".* 2>/dev/null |
+        awk '{t += $1; if ($1 > m) m = $1} END {printf "%d s in all, longest %d s", t, m}'): $(
+        cat "$out"/report-"$tool"-"$n".*.txt | grep -oE '[0-9]+ passed; [0-9]+ failed' |
+        awk '{p += $1; f += $3} END {printf "%d passed; %d failed", p, f}')"
+    done
   done
 fi
 echo "== total $(( $(date +%s) - start ))s"
