@@ -21,7 +21,8 @@
 #   default "candle:8") runs as that many jobs per tool, shard i taking every shards-th of its
 #   tests from the i-th (`--exact` names): the candle suite, one binary of 71 tests, took
 #   ~430 s under racecheck and ~560 s under initcheck as its separate suites, more than one
-#   call's deadline for one process. racecheck checks every kernel, NVIDIA's own GEMM
+#   call's deadline for one process. SANITIZER names the compute-sanitizer to run (default the
+#   one on PATH, e.g. a newer release unpacked from the nvidia-cuda-sanitizer-api wheel). racecheck checks every kernel, NVIDIA's own GEMM
 #   kernels (`nvjet*`, run by candle's and the fused linear cross-entropy's cuBLAS calls)
 #   included, and reports their hazards, which are not this crate's: with those kernels left
 #   out (--kernel-name-exclude kns=nvjet) the sanitizer hung (the candle tests of decoder
@@ -90,7 +91,7 @@ san_one() {
     only=(--exact "${only[@]}")
   fi
   CUDA_VISIBLE_DEVICES=$gpu LIGER_RS_TEST_SHAPES=small LIGER_RS_REQUIRE_GPU=1 timeout "$l" \
-    compute-sanitizer --tool "$tool" --error-exitcode 97 "$t" --test-threads=1 \
+    "${SANITIZER:-compute-sanitizer}" --tool "$tool" --error-exitcode 97 "$t" --test-threads=1 \
     "${skip[@]}" "${only[@]}" > "$out/$tool-$job.log" 2>&1; rc=$?
   echo $(( $(date +%s) - s )) > "$out/secs-$tool-$job"
   report "$tool" "$job" "$rc" "$(cat "$out/secs-$tool-$job")" "$out/$tool-$job.log" \
@@ -117,7 +118,8 @@ probe() {
   for run in "initcheck none bf16" "initcheck kernel bf16" "initcheck gemm bf16" \
     "initcheck gemm f32" "initcheck gemm bf16 64 64 8192" "racecheck gemm bf16 64 64 8192"; do
     tool=${run%% *}; rest=${run#* }
-    compute-sanitizer --tool "$tool" --error-exitcode 97 "$out/$p" $rest > "$out/$p.log" 2>&1
+    "${SANITIZER:-compute-sanitizer}" --tool "$tool" --error-exitcode 97 "$out/$p" $rest \
+      > "$out/$p.log" 2>&1
     report "$tool" "probe $rest" $? 0 "$out/$p.log" | grep -v '^========= '
     grep -E '^C written' "$out/$p.log"
   done
@@ -125,7 +127,7 @@ probe() {
 if [[ $phases == *" sanitizer "* ]]; then
   probe
   tools=${TOOLS:-racecheck initcheck memcheck synccheck}
-  export out deadline
+  export out deadline SANITIZER
   export -f san_one report left
   # Within each tool the split binaries' shards go first: the longest jobs start first.
   i=0
