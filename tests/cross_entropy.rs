@@ -95,7 +95,7 @@ fn compact<T: Copy>(buf: &[T], rows: usize, vocab: usize, stride: usize) -> Vec<
         .collect()
 }
 
-/// Runs every entry point on one case and checks each against the reference.
+/// Runs every entry point on one case of random data and checks each against the reference.
 fn run_case<T: Dtype>(
     stream: &Arc<CudaStream>,
     args: &CrossEntropyArgs,
@@ -103,7 +103,24 @@ fn run_case<T: Dtype>(
     seed: u64,
 ) {
     let case = format!("{} {args:?} weighted {weighted} seed {seed}", T::NAME);
-    let d = data::<T>(args, seed, weighted, 0.2);
+    check_case(
+        stream,
+        args,
+        &data::<T>(args, seed, weighted, 0.2),
+        &case,
+        seed,
+    );
+}
+
+/// Runs every entry point on `d` and checks each against the reference (`seed` draws the
+/// upstream gradients).
+fn check_case<T: Dtype>(
+    stream: &Arc<CudaStream>,
+    args: &CrossEntropyArgs,
+    d: &Data<T>,
+    case: &str,
+    seed: u64,
+) {
     let want = reference::cross_entropy_forward(args, &d.z, &d.target, d.weight.as_deref())
         .expect("reference forward");
     let mut rng = Rng::new(seed ^ 0x5eed);
@@ -154,9 +171,9 @@ fn run_case<T: Dtype>(
         &mut lse,
     )
     .expect("forward");
-    check_f32("loss", &case, &download(stream, &loss), &want.loss);
-    check_f32("z_loss", &case, &download(stream, &z_loss), &want.z_loss);
-    check_f32("lse", &case, &download(stream, &lse), &want.lse);
+    check_f32("loss", case, &download(stream, &loss), &want.loss);
+    check_f32("z_loss", case, &download(stream, &z_loss), &want.z_loss);
+    check_f32("lse", case, &download(stream, &lse), &want.lse);
 
     // The gradient in its own buffer (row stride `grad_stride`), then in place.
     let grad_rows = |stride: usize| {
@@ -174,7 +191,7 @@ fn run_case<T: Dtype>(
     .expect("forward_backward");
     check_f32(
         "loss (with grad)",
-        &case,
+        case,
         &download(stream, &loss2),
         &want.loss,
     );
@@ -287,6 +304,53 @@ fn matches_the_reference_f16() {
 #[test]
 fn matches_the_reference_bf16() {
     sweep::<bf16>("matches_the_reference_bf16", 4000);
+}
+
+/// Targets on both sides of every boundary between the slices of rows split over a cluster
+/// (eighths of the row here), and the first and last classes: the block that staged the
+/// target's logit writes the row's loss and the target's gradient element, so a target on a
+/// slice's edge must be found by the block that holds it. Mean and per-row losses.
+#[test]
+fn targets_on_the_edges_of_cluster_slices() {
+    let test = "targets_on_the_edges_of_cluster_slices";
+    let Some(stream) = gpu(test) else { return };
+    let mut failures = Failures::new(test);
+    for (i, vocab) in sized(vec![32000, 40000, 128256, 262144], vec![40000])
+        .into_iter()
+        .enumerate()
+    {
+        let mut target: Vec<i64> = (0..=8)
+            .flat_map(|k| {
+                let edge = (vocab * k / 8) as i64;
+                [edge - 1, edge, edge + 1]
+            })
+            .filter(|&t| (0..vocab as i64).contains(&t))
+            .collect();
+        target.dedup();
+        let a = CrossEntropyArgs::new(target.len(), vocab);
+        for (j, args) in [a, a.with_reduction(Reduction::None)]
+            .into_iter()
+            .enumerate()
+        {
+            let seed = 9000 + 10 * i as u64 + j as u64;
+            let case = |dtype: &str| format!("{dtype} {args:?} targets {target:?}");
+            failures.run(|| {
+                let d = Data::<bf16> {
+                    target: target.clone(),
+                    ..data(&args, seed, false, 0.0)
+                };
+                check_case(&stream, &args, &d, &case("bf16"), seed)
+            });
+            failures.run(|| {
+                let d = Data::<f32> {
+                    target: target.clone(),
+                    ..data(&args, seed, false, 0.0)
+                };
+                check_case(&stream, &args, &d, &case("f32"), seed)
+            });
+        }
+    }
+    failures.finish();
 }
 
 /// Every row ignored: the mean is NaN (PyTorch's 0/0), the sum 0, every gradient 0; a target
