@@ -81,8 +81,8 @@ pub trait Collective {
     /// same bits.
     ///
     /// # Errors
-    /// `t` not contiguous, or on another kind of device than the collective serves, or the
-    /// collective failing (NCCL's error, a rank that left the group).
+    /// `t` not contiguous, or on another kind of device (or another GPU) than the collective
+    /// serves, or the collective failing (NCCL's error, a rank that left the group).
     fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<()>;
 }
 
@@ -211,8 +211,8 @@ mod nccl {
         /// concurrently, one per thread or process, each on its own GPU.
         ///
         /// # Errors
-        /// `device` is not a CUDA device, `rank ≥ world_size`, or NCCL's error (e.g. two
-        /// ranks on one GPU).
+        /// `device` is not a CUDA device, `rank ≥ world_size`, binding the device's context
+        /// to this thread fails, or NCCL's error (e.g. two ranks on one GPU).
         pub fn new(device: &Device, rank: usize, world_size: usize, id: NcclId) -> Result<Self> {
             let Device::Cuda(cuda) = device else {
                 return Err(msg(format!("NCCL needs a CUDA device, not {device:?}")));
@@ -220,7 +220,14 @@ mod nccl {
             if rank >= world_size {
                 return Err(msg(format!("rank {rank} of a group of {world_size}")));
             }
-            let comm = Comm::from_rank(cuda.cuda_stream(), rank, world_size, id)
+            // NCCL creates the communicator on the calling thread's current device, which a
+            // fresh thread does not have and another thread may have set to another GPU.
+            let stream = cuda.cuda_stream();
+            stream
+                .context()
+                .bind_to_thread()
+                .map_err(|e| msg(format!("binding {device:?}'s context: {e:?}")))?;
+            let comm = Comm::from_rank(stream, rank, world_size, id)
                 .map_err(|e| msg(format!("ncclCommInitRank (rank {rank}): {e:?}")))?;
             Ok(Nccl { comm })
         }
@@ -265,6 +272,14 @@ mod nccl {
             };
             let start = layout.start_offset();
             let slice = storage.as_cuda_slice_mut::<T>()?;
+            // NCCL would read and write another GPU's memory, unordered with its stream.
+            if slice.context().cu_ctx() != self.comm.context().cu_ctx() {
+                return Err(msg(format!(
+                    "all_reduce of a tensor on GPU {} through a rank on GPU {}",
+                    slice.ordinal(),
+                    self.comm.ordinal()
+                )));
+            }
             let mut view = slice.slice_mut(start..start + layout.shape().elem_count());
             self.comm
                 .all_reduce_in_place(&mut view, &op)

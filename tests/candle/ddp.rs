@@ -327,8 +327,9 @@ mod nccl {
         common::expect_err("rank 1 of 1", past, &["rank 1 of a group of 1"]);
     }
 
-    /// Two ranks on GPUs 0 and 1, one thread each: NCCL's sums, and a data-parallel run whose
-    /// ranks stay in sync and match the host group's.
+    /// Two ranks on GPUs 0 and 1, one fresh thread each (no current device: the rank's must be
+    /// bound for NCCL): NCCL's sums, a tensor on the other rank's GPU refused, and a
+    /// data-parallel run whose ranks stay in sync and match the host group's.
     #[test]
     fn gpu_nccl_two_ranks_sum_and_stay_in_sync() {
         let test = "gpu_nccl_two_ranks_sum_and_stay_in_sync";
@@ -345,12 +346,19 @@ mod nccl {
         let got: Vec<(Vec<f32>, bool)> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..2)
                 .map(|rank| {
-                    let dev = devices[rank].clone();
+                    let (dev, other) = (devices[rank].clone(), devices[1 - rank].clone());
                     s.spawn(move || {
                         let nccl = Nccl::new(&dev, rank, 2, id).expect("nccl");
                         let t = Tensor::new(&[1f32 + rank as f32, 10.0, -3.0 * rank as f32], &dev)
                             .expect("t");
                         nccl.all_reduce(&t, ReduceOp::Sum).expect("sum");
+                        let elsewhere = Tensor::zeros(3, DType::F32, &other)
+                            .expect("a tensor on the other GPU");
+                        common::expect_err(
+                            "a tensor on the other rank's GPU",
+                            nccl.all_reduce(&elsewhere, ReduceOp::Sum),
+                            &["through a rank on GPU"],
+                        );
                         let w = Var::ones(5, DType::F32, &dev).expect("w");
                         let ddp = DataParallel::new(nccl, vec![w.clone()], 1 << 20).expect("ddp");
                         let x = Tensor::full(rank as f32 + 1.0, 5, &dev).expect("x");
