@@ -13,7 +13,9 @@
 //!   per-thread stream cannot be named, and a borrowed stream may be gone).
 //! * A call on a stream being captured into a graph allocates and frees its own buffer inside
 //!   the capture (the graph's memory nodes) and never touches the pool, whose buffers the
-//!   graph's later launches could otherwise race with.
+//!   graph's later launches could otherwise race with. A capture that another thread begins
+//!   on the stream while a call holds a pool buffer takes that buffer with it: the pool leaks
+//!   it rather than reuse or free what the graph's launches write.
 use crate::error::Result;
 use cudarc::driver::{CudaContext, CudaStream, result, sys};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -120,6 +122,11 @@ impl ScratchPool {
         // record itself fails, the buffer is leaked rather than freed while possibly in use.
         // SAFETY: a live event and stream of the bound context.
         unsafe { result::event::record(scratch.last_use, handle) }?;
+        // A capture another thread began on this stream during `f` took `f`'s launches into
+        // its graph, whose every replay uses the buffer: it is leaked, never reused or freed.
+        if stream.capture_status()? != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return out;
+        }
         scratch.stream_id = id;
         let evicted = {
             let mut idle = lock(&self.idle);
@@ -343,6 +350,28 @@ mod tests {
         for s in &streams {
             s.synchronize().unwrap();
         }
+    }
+
+    /// A capture begun on the stream while a call holds its buffer (by another thread; here by
+    /// the call's own work) leaves the buffer to the graph: the pool keeps nothing of it, and
+    /// the next call gets another.
+    #[test]
+    fn gpu_a_capture_begun_during_a_call_takes_its_buffer_out_of_the_pool() {
+        let test = "gpu_a_capture_begun_during_a_call_takes_its_buffer_out_of_the_pool";
+        let Some(ctx) = context(test) else {
+            return;
+        };
+        let (pool, s) = (ScratchPool::new(&ctx).unwrap(), ctx.new_stream().unwrap());
+        let held = pool
+            .with(&s, 4096, |ptr| {
+                s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+                Ok(ptr)
+            })
+            .unwrap();
+        s.end_capture(CUgraphInstantiate_flags(0)).unwrap();
+        assert!(pool.kept().is_empty(), "{:?}", pool.kept());
+        assert_ne!(address(&pool, &s, 4096), held);
+        s.synchronize().unwrap();
     }
 
     #[test]
