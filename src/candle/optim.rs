@@ -85,6 +85,11 @@ enum Clip {
 /// candle-nn's `AdamW` (the same `ParamsAdamW`, learning-rate accessors and `step`) on the
 /// fused kernel, with PyTorch's `AdamW(fused=True)` arithmetic.
 ///
+/// The moments are allocated, zeroed, updated and freed on the variables' device stream as the
+/// calling thread sees it, and `Device::new_cuda`'s stream is per thread (one per host
+/// thread): build, step and drop the optimizer on one thread, or synchronize the device
+/// before it moves to another, as for any candle tensor.
+///
 /// ```
 /// use candle_core::{Device, Var};
 /// use liger_rs::candle::nn::{AdamW, Optimizer, ParamsAdamW};
