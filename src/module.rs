@@ -93,6 +93,8 @@ pub(crate) struct Kernels {
     /// shared bytes, blocks per cluster).
     clusters: Mutex<HashMap<(usize, u32, u32, u32), usize>>,
     sm_count: u32,
+    /// Dynamic shared memory a block may opt in to on this device, in bytes.
+    pub(crate) max_shared: u32,
     /// [`PTX_SM90`] is in use: the RMSNorm dW reduction is launched as a programmatic
     /// dependent launch, and the shared-memory dW backward in clusters (see there).
     pub(crate) sm90: bool,
@@ -221,6 +223,9 @@ pub(crate) fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
     };
     let sm_count =
         ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+    let max_shared = ctx.attribute(
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+    )?;
     let kernels = Arc::new(Kernels {
         ctx: ctx.clone(),
         ptx,
@@ -228,6 +233,7 @@ pub(crate) fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>> {
         occupancy: Mutex::new(HashMap::new()),
         clusters: Mutex::new(HashMap::new()),
         sm_count: sm_count.max(1) as u32,
+        max_shared: max_shared.max(0) as u32,
         sm90,
         scratch: ScratchPool::new(ctx)?,
     });

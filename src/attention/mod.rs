@@ -99,7 +99,7 @@ fn forward<T: Dtype>(
     };
     let path = plan::path(args, T::ELEM, &[q, k, v, o], &strides(args));
     let kernels = crate::module::kernels(stream.context())?;
-    let step = plan::forward(args, T::ELEM, path, kernels.sm90);
+    let step = plan::forward_within(args, T::ELEM, path, kernels.sm90, kernels.max_shared);
     // SAFETY: `validate` checked every buffer the forward touches against the arguments;
     // `call` keeps them recorded on the stream until the launch is queued.
     unsafe { launch::run(stream, &kernels, &[step], &launch::params(args, &ptrs)) }
@@ -141,7 +141,7 @@ fn backward<T: Dtype>(
         &strides(args),
     );
     let kernels = crate::module::kernels(stream.context())?;
-    let steps = plan::backward(args, T::ELEM, path, kernels.sm90);
+    let steps = plan::backward_within(args, T::ELEM, path, kernels.sm90, kernels.max_shared);
     // Σ dO·O per query row: stream-ordered scratch, freed behind the launches.
     let delta = stream.alloc_zeros::<f32>(args.lse_len().max(1))?;
     let (delta_ptr, _delta_use) = delta.device_ptr(stream);

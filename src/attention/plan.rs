@@ -138,6 +138,41 @@ pub(crate) fn backward(
     ]
 }
 
+/// [`forward`] on a device whose blocks may opt in to `max_shared` bytes of shared memory: a
+/// tensor-core kernel that needs more runs on the CUDA-core kernel instead.
+pub(crate) fn forward_within(
+    args: &AttentionArgs,
+    elem: ElemType,
+    path: AttnPath,
+    sm90: bool,
+    max_shared: u32,
+) -> Step {
+    let step = forward(args, elem, path, sm90);
+    match step.shared <= max_shared {
+        true => step,
+        false => forward(args, elem, AttnPath::Simt, sm90),
+    }
+}
+
+/// [`backward`] on a device whose blocks may opt in to `max_shared` bytes of shared memory,
+/// each pass on its own: the sm_80 build's tensor-core dK/dV at head_dim 128 takes 194 KiB,
+/// more than an A100 gives a block (163 KiB) or an sm_86/89/120 GPU (99 KiB), so there it runs
+/// on the CUDA-core kernel while dQ keeps the tensor cores.
+pub(crate) fn backward_within(
+    args: &AttentionArgs,
+    elem: ElemType,
+    path: AttnPath,
+    sm90: bool,
+    max_shared: u32,
+) -> [Step; 3] {
+    let steps = backward(args, elem, path, sm90);
+    let simt = backward(args, elem, AttnPath::Simt, sm90);
+    std::array::from_fn(|i| match steps[i].shared <= max_shared {
+        true => steps[i],
+        false => simt[i],
+    })
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -272,5 +307,45 @@ pub(crate) mod tests {
             .shared
         };
         assert_eq!((dkdv(128), dkdv(64)), (164 * 1024, 68 * 1024));
+    }
+
+    /// A tensor-core step that needs more shared memory than the device gives a block runs
+    /// on the CUDA-core kernel and the other steps keep theirs: the sm_80 build's dK/dV at
+    /// head_dim 128 on an A100 (163 KiB) and on an sm_86/89/120 GPU (99 KiB), and at 64 on
+    /// the latter; the forward (49 KiB at 128) and dQ (64 KiB) fit both.
+    #[test]
+    fn steps_beyond_the_devices_shared_memory_run_on_cuda_cores() {
+        let path_of = |s: Step| match s.kernel {
+            Kernel::Attention { path, .. } => path,
+            other => unreachable!("{other:?}"),
+        };
+        let (s, e) = (AttnPath::Simt, ElemType::Bf16);
+        for (d, t) in [(128, AttnPath::Mma128), (64, AttnPath::Mma64)] {
+            let a = AttentionArgs::new(2, 300, 300, 8, 2, d);
+            for kib in [227, 163, 99] {
+                let max = kib * 1024;
+                let got = backward_within(&a, e, t, false, max).map(path_of);
+                let dkdv = match backward(&a, e, t, false)[2].shared <= max {
+                    true => t,
+                    false => s,
+                };
+                assert_eq!(got, [s, t, dkdv], "head_dim {d}, {kib} KiB");
+                assert_eq!(
+                    (dkdv == s),
+                    (d == 128 && kib < 227) || (d == 64 && kib == 99),
+                    "head_dim {d}, {kib} KiB"
+                );
+                assert_eq!(path_of(forward_within(&a, e, t, false, max)), t);
+                assert!(
+                    backward_within(&a, e, t, false, max)
+                        .iter()
+                        .all(|x| x.shared <= max)
+                );
+            }
+        }
+        // A device that gives too little for the forward too.
+        let a = AttentionArgs::new(1, 8, 8, 1, 1, 128);
+        let f = forward_within(&a, e, AttnPath::Mma128, false, 48 * 1024);
+        assert_eq!((path_of(f), f.shared), (s, 0));
     }
 }
