@@ -5,7 +5,10 @@
 //! [`cross_entropy`] is candle-nn's `loss::cross_entropy` (also as
 //! [`nn::loss::cross_entropy`](super::nn::loss::cross_entropy)): `inp [batch, classes]`,
 //! `target [batch]` (u8, u32 or i64), the mean loss as a scalar of `inp`'s dtype, computed in
-//! one fused pass (candle-nn's is `log_softmax` + `nll`, several kernels over an f32 copy).
+//! one fused pass (candle-nn's is `log_softmax` + `nll`, several kernels over `[batch,
+//! classes]` tensors in `inp`'s dtype). The loss and the upstream gradient pass through f32
+//! (the kernels' precision): an f64 tensor on the CPU gets the reference's f64 result rounded
+//! to f32.
 //! [`cross_entropy_with`] takes the options ([`CrossEntropyConfig`]: PyTorch's and
 //! Liger-Kernel's). [`fused_linear_cross_entropy`] is Liger's FLCE: the loss of `x·Wᵀ + b`
 //! without the `[tokens, vocab]` logits ever held whole, differentiable in x, W and b.
@@ -305,7 +308,7 @@ impl CustomOp2 for CrossEntropy {
 /// candle-nn's `loss::cross_entropy`: the mean cross-entropy of `inp [batch, classes]`
 /// (logits) against `target [batch]` (u8, u32 or i64 class indices), a scalar of `inp`'s
 /// dtype, differentiable in `inp`. One fused pass forward, one backward; the loss is
-/// computed in f32 (candle-nn's in f32 too, from an f32 copy of the logits).
+/// computed in f32 (candle-nn's in `inp`'s dtype: bf16 logits give a bf16 log-softmax).
 ///
 /// ```
 /// use candle_core::{Device, Tensor, Var};
@@ -355,8 +358,12 @@ pub fn cross_entropy_with(
         ));
     }
     let (target, weight) = prepare(OP, inp, target, cfg.weight.as_ref())?;
-    let inp = match inp.stride()[1] {
-        1 => inp.clone(),
+    // Rows with a contiguous last dim that do not overlap are read in place; any other layout
+    // (a transpose, a broadcast over rows) is copied first.
+    let (rows, vocab) = inp.dims2()?;
+    let inp = match inp.stride() {
+        [_, 1] if rows <= 1 => inp.clone(),
+        [row, 1] if *row >= vocab => inp.clone(),
         _ => inp.contiguous()?,
     };
     let op = CrossEntropy {
@@ -762,6 +769,15 @@ fn linear_ce(
         return Err(msg(
             FLCE,
             format!("`target` must be [{tokens}], got {:?}", target.dims()),
+        ));
+    }
+    let (vocab, _) = w.dims2()?;
+    if let Some(b) = bias
+        && b.dims() != [vocab]
+    {
+        return Err(msg(
+            FLCE,
+            format!("`bias` must be [{vocab}], got {:?}", b.dims()),
         ));
     }
     let (target, weight) = prepare(FLCE, x, target, cfg.weight.as_ref())?;

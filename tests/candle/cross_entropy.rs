@@ -89,6 +89,31 @@ fn matches_candle_nn_on_the_cpu() {
     }
 }
 
+/// Logits broadcast over rows (row stride 0) are read as candle-nn reads them (copied first);
+/// a bias that is not `[vocab]` is an error before the forward (one of `[1, vocab]` would pass
+/// the forward and then break candle's backward, which adds a `[vocab]` gradient to it).
+#[test]
+fn broadcast_logits_and_a_misshapen_bias_on_the_cpu() {
+    let dev = Device::Cpu;
+    let z = Tensor::new(&[1f32, 2.0, 3.0], &dev)
+        .and_then(|r| r.broadcast_as((4, 3)))
+        .unwrap();
+    let t = Tensor::new(&[0u32, 1, 2, 1], &dev).unwrap();
+    let got = cross_entropy(&z, &t).unwrap().to_scalar::<f32>().unwrap();
+    let want = candle_nn::loss::cross_entropy(&z.contiguous().unwrap(), &t)
+        .and_then(|l| l.to_scalar::<f32>())
+        .unwrap();
+    assert!((got - want).abs() <= 1e-6 * want.abs(), "{got} vs {want}");
+    let x = Tensor::randn(0f32, 1.0, (4, 8), &dev).unwrap();
+    let w = Tensor::randn(0f32, 1.0, (3, 8), &dev).unwrap();
+    for dims in [(1, 3), (3, 1)] {
+        let b = Tensor::zeros(dims, DType::F32, &dev).unwrap();
+        let r = fused_linear_cross_entropy(&x, &w, Some(&b), &t, &CrossEntropyConfig::default());
+        let e = r.expect_err("a bias of [1, 3] or [3, 1]").to_string();
+        assert!(e.contains("`bias` must be [3]"), "{e}");
+    }
+}
+
 #[test]
 fn matches_candle_nn_on_cuda() {
     let test = "matches_candle_nn_on_cuda";
