@@ -53,8 +53,10 @@ impl FromStr for Reduction {
 /// log-sum-exp of its (soft-capped) logits `x` and `ε` the label smoothing:
 /// `loss_i = (1 − ε)·w_t·(lse − x_t) + (ε/V)·Σ_j w_j·(lse − x_j) + λ·lse²`. A row whose target
 /// is `ignore_index` has loss 0 and gradient 0 and is not counted; a target outside
-/// `0..vocab` that is not `ignore_index` makes that row's loss, log-sum-exp and gradient NaN
-/// (the device cannot report it; the CPU reference and candle's CPU path return an error).
+/// `0..vocab` that is not `ignore_index` makes that row's loss, log-sum-exp and gradient NaN,
+/// and so a reduced loss; with class weights under [`Reduction::Mean`] every row's gradient
+/// too, as the mean's denominator sums the targets' weights (the device cannot report it; the
+/// CPU reference and candle's CPU path return an error).
 ///
 /// ```
 /// use liger_rs::{CrossEntropyArgs, Reduction};
