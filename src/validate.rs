@@ -221,7 +221,9 @@ fn byte_rows(spec: &Spec, seen: &Option<Seen>) -> Option<Strided> {
         (Need::Strided(r, _), Some(s)) => Some(Strided {
             rows: r.rows,
             row: r.row * s.elem_bytes,
-            stride: r.stride * s.elem_bytes,
+            // Saturating: a one-row buffer may take any stride, which its overlap test never
+            // multiplies.
+            stride: r.stride.saturating_mul(s.elem_bytes),
         }),
         _ => None,
     }

@@ -40,7 +40,8 @@ pub(crate) fn path(
     strides: &[usize],
 ) -> AttnPath {
     let aligned = ptrs.iter().all(|p| p.is_multiple_of(16))
-        && strides.iter().all(|s| (s * elem.size()).is_multiple_of(16));
+        // Wrapping: a stride only one row ever takes may be any size; 16 divides 2⁶⁴.
+        && strides.iter().all(|s| s.wrapping_mul(elem.size()).is_multiple_of(16));
     match (elem, mma_path(args.head_dim)) {
         (ElemType::F16 | ElemType::Bf16, Some(path)) if aligned => path,
         _ => AttnPath::Simt,

@@ -43,7 +43,8 @@ pub(crate) fn path(
     strides: &[usize],
 ) -> CePath {
     let aligned = ptrs.iter().all(|p| p.is_multiple_of(16))
-        && strides.iter().all(|s| (s * elem.size()).is_multiple_of(16));
+        // Wrapping: a stride only one row ever takes may be any size; 16 divides 2⁶⁴.
+        && strides.iter().all(|s| s.wrapping_mul(elem.size()).is_multiple_of(16));
     let full = opts.weighted || opts.bias || args.label_smoothing != 0.0 || args.softcap.is_some();
     match (aligned, full) {
         (true, false) => CePath::Vector,
@@ -260,6 +261,16 @@ pub(crate) mod tests {
         assert_eq!(
             path(&s, ElemType::F16, plain, &[2], &[32000]),
             CePath::ScalarFull
+        );
+        // A stride no second row uses may be any size (one row; an unused gradient stride).
+        let one = CrossEntropyArgs::new(1, 32000);
+        assert_eq!(
+            path(&one, ElemType::Bf16, plain, &[0], &[usize::MAX, 1 << 60]),
+            CePath::Scalar
+        );
+        assert_eq!(
+            path(&one, ElemType::F32, plain, &[0], &[1 << 62]),
+            CePath::Vector
         );
     }
 
