@@ -3,6 +3,7 @@ use super::abi::{Params, STAGE_MAX_BYTES, STAGE_OFFSET};
 use super::args::CrossEntropyArgs;
 use super::plan::Step;
 use crate::error::Result;
+use crate::identity::Kernel;
 use crate::launch::{Launch, arg, launch_ex};
 use crate::module::kernels;
 use cudarc::driver::{CudaStream, LaunchConfig, sys};
@@ -54,7 +55,8 @@ pub(crate) fn params(args: &CrossEntropyArgs, p: &Ptrs, grad_stride: usize) -> P
 
 /// Launches the steps in order on `stream`, each with `params` (a step without blocks is
 /// skipped). A row block larger than the kernel's register budget allows is shrunk to the
-/// largest whole number of warps that fits (the kernels take any number of warps).
+/// largest whole number of warps that fits (the row kernels take any number of warps), a
+/// one-block kernel's to the largest power of two (its sums halve the block).
 ///
 /// # Safety
 /// `params` names buffers that the call's checks validated for every step, alive and
@@ -69,7 +71,11 @@ pub(crate) unsafe fn run(stream: &CudaStream, steps: &[Step], params: &Params) -
         let most = func
             .get_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?
             as u32;
-        let block = step.block.min(most / 32 * 32);
+        let fits = match step.kernel {
+            Kernel::CrossEntropyStats { .. } => 1 << most.max(1).ilog2(),
+            _ => most / 32 * 32,
+        };
+        let block = step.block.min(fits);
         if step.shared > 48 * 1024 {
             // The staged forward's most, whatever this call's slice: concurrent calls with
             // other vocabularies then never lower the limit under each other's launches.
