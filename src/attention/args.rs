@@ -192,7 +192,9 @@ impl AttentionArgs {
     /// tokens `cu_seqlens_q[b]..cu_seqlens_q[b + 1]` (and `cu_seqlens_k` for keys), none longer
     /// than `max_seqlen_q` / `max_seqlen_k`. The kernels clamp the offsets to the tokens and
     /// each length to its maximum, so that bad offsets cannot address outside the tensors (they
-    /// are device data: checking them would synchronise).
+    /// are device data: checking them would synchronise): a sequence longer than its maximum
+    /// is cut to it (its keys past the maximum ignored, the outputs of its queries past it
+    /// left unwritten, as are those of tokens outside every sequence).
     #[allow(clippy::too_many_arguments)]
     pub fn varlen(
         batch: usize,

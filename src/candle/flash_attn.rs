@@ -550,7 +550,10 @@ fn varlen(seqlens_q: &Tensor, seqlens_k: &Tensor, max_q: usize, max_k: usize) ->
 /// [`flash_attn`] on a packed batch: q `[total_q, heads_q, head_dim]`, k and v
 /// `[total_k, heads_kv, head_dim]`, sequence `b` at tokens `seqlens_q[b]..seqlens_q[b + 1]`
 /// (u32 `[batch + 1]`, from 0; `seqlens_k` for keys), none longer than `max_seqlen_q` /
-/// `max_seqlen_k`. Returns `[total_q, heads_q, head_dim]`.
+/// `max_seqlen_k`. Returns `[total_q, heads_q, head_dim]`; tokens outside every sequence get
+/// zeros. On CUDA the offsets are device data, not checked: a sequence longer than its
+/// maximum is cut to it (its keys past the maximum ignored, its queries past it zero), where
+/// the CPU path returns an error.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_varlen(
     q: &Tensor,
