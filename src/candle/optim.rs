@@ -1,5 +1,9 @@
 //! candle-nn's `AdamW` optimizer on this crate's fused update: [`AdamW`] implements
-//! `candle_nn::Optimizer` with candle-nn's `ParamsAdamW`, so the port is the `use` line.
+//! `candle_nn::Optimizer` with candle-nn's `ParamsAdamW` (and its `new_lr`, `params` and
+//! `set_params`), so for f32 variables the port is the `use` line; a f16/bf16 model keeps f32
+//! masters through [`AdamW::new_mixed`]. As in PyTorch, and unlike candle-nn (one count for
+//! the optimizer), each variable's bias correction counts its own updates: a variable without
+//! a gradient in a step is not updated and its count does not advance.
 //!
 //! A step on CUDA is one multi-tensor launch per 32 variables (PyTorch's
 //! `AdamW(fused=True)` arithmetic): every variable's storage is write-locked through candle's
@@ -8,6 +12,7 @@
 //! launch rewrites; [`AdamW::clip_grad_norm`] clips the next step by the global norm. CPU
 //! variables run the reference.
 use super::{crate_err, cuda, view};
+use crate::reference::Element;
 use crate::reference::adamw::{self as reference, AdamWState};
 use crate::{AdamWArgs, AdamWTensor, Dtype, NormType, StepScalars};
 use candle_core::backprop::GradStore;
@@ -38,6 +43,8 @@ struct Entry {
     master: Var,
     copy: Option<Var>,
     moments: Moments,
+    /// Steps that updated it: PyTorch counts a parameter's steps from its first gradient.
+    steps: usize,
 }
 
 impl Entry {
@@ -66,6 +73,7 @@ impl Entry {
             master,
             copy,
             moments,
+            steps: 0,
         })
     }
 
@@ -106,7 +114,6 @@ enum Clip {
 pub struct AdamW {
     entries: Vec<Entry>,
     params: ParamsAdamW,
-    step: usize,
     clip: Option<Clip>,
 }
 
@@ -154,10 +161,42 @@ impl AdamW {
         let opt = AdamW {
             entries,
             params,
-            step: 0,
             clip: None,
         };
         Ok((opt, copies))
+    }
+
+    /// candle-nn's `AdamW::new_lr`: the default parameters with learning rate `learning_rate`.
+    ///
+    /// # Errors
+    /// As [`candle_nn::Optimizer::new`]: a floating-point variable that is not f32.
+    pub fn new_lr(vars: Vec<Var>, learning_rate: f64) -> Result<Self> {
+        let params = ParamsAdamW {
+            lr: learning_rate,
+            ..ParamsAdamW::default()
+        };
+        <Self as candle_nn::Optimizer>::new(vars, params)
+    }
+
+    /// The parameters (candle-nn's `AdamW::params`).
+    pub fn params(&self) -> &ParamsAdamW {
+        &self.params
+    }
+
+    /// Replaces the parameters for the next steps (candle-nn's `AdamW::set_params`).
+    pub fn set_params(&mut self, params: ParamsAdamW) {
+        self.params = params;
+    }
+
+    /// The variables a step over `list` writes: the masters, then the copies.
+    fn targets(&self, list: &[(usize, Tensor)]) -> Vec<Tensor> {
+        let masters = list
+            .iter()
+            .map(|(i, _)| self.entries[*i].master.as_tensor());
+        let copies = list
+            .iter()
+            .filter_map(|(i, _)| self.entries[*i].copy.as_ref().map(|c| c.as_tensor()));
+        masters.chain(copies).cloned().collect()
     }
 
     /// The variables with a gradient in `grads` (and elements), with that gradient.
@@ -223,23 +262,27 @@ impl AdamW {
         Tensor::new(norm as f32, &Device::Cpu)
     }
 
-    /// The CPU step: the reference on each variable, then the copies.
-    fn step_cpu(&mut self, list: &[(usize, Tensor)], clip: Option<f32>) -> Result<()> {
-        let (args, step) = (self.args(), self.step as f32);
+    /// The CPU step of the variables of `list`, all at step `step`: the reference on each
+    /// variable, then the copies.
+    fn step_cpu(&mut self, list: &[(usize, Tensor)], step: usize, clip: Option<f32>) -> Result<()> {
+        let reads: Vec<&Tensor> = list.iter().map(|(_, g)| g).collect();
+        distinct(&self.targets(list), &reads)?;
+        let args = self.args();
         for (i, g) in list {
             let e = &mut self.entries[*i];
-            let grad = g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
             let Moments::Cpu(m, v) = &mut e.moments else {
                 return Err(msg("moments on another device".into()));
             };
-            let op = HostUpdate {
-                args,
-                step,
-                clip,
-                grad,
-                moments: RefCell::new((m, v)),
-            };
-            e.master.as_tensor().inplace_op1(&op)?;
+            let moments = RefCell::new((m, v));
+            let master = e.master.as_tensor();
+            let g = g.flatten_all()?;
+            // The gradient in its own type: a clip rounds `g·c` to it, as the kernel does.
+            match g.dtype() {
+                DType::F32 => host_update(master, args, step, clip, g.to_vec1::<f32>()?, moments),
+                DType::F16 => host_update(master, args, step, clip, g.to_vec1::<f16>()?, moments),
+                DType::BF16 => host_update(master, args, step, clip, g.to_vec1::<bf16>()?, moments),
+                other => Err(msg(format!("gradients of {other:?}"))),
+            }?;
             if let Some(c) = &e.copy {
                 c.set(&e.master.as_tensor().to_dtype(c.dtype())?)?;
             }
@@ -247,28 +290,23 @@ impl AdamW {
         Ok(())
     }
 
-    /// The CUDA step: every variable write-locked at once, then the fused launches.
-    fn step_cuda(&mut self, list: &[(usize, Tensor)], clip: Option<&Tensor>) -> Result<()> {
-        let mut targets: Vec<Tensor> = list
-            .iter()
-            .map(|(i, _)| self.entries[*i].master.as_tensor().clone())
-            .collect();
+    /// The CUDA step of the variables of `list`, all at step `step`: every variable
+    /// write-locked at once, then the fused launches.
+    fn step_cuda(
+        &mut self,
+        list: &[(usize, Tensor)],
+        step: usize,
+        clip: Option<&Tensor>,
+    ) -> Result<()> {
+        let targets = self.targets(list);
         let copy_dtype = self.entries[list[0].0].copy.as_ref().map(|c| c.dtype());
-        if copy_dtype.is_some() {
-            targets.extend(list.iter().filter_map(|(i, _)| {
-                self.entries[*i]
-                    .copy
-                    .as_ref()
-                    .map(|c| c.as_tensor().clone())
-            }));
-        }
         let reads: Vec<&Tensor> = list.iter().map(|(_, g)| g).chain(clip).collect();
         distinct(&targets, &reads)?;
         let grad_dtype = list[0].1.dtype();
         let guards: Vec<_> = list.iter().map(|(_, g)| g.storage_and_layout()).collect();
         let clip_guard = clip.map(|c| c.storage_and_layout());
         let layouts: Vec<Layout> = targets.iter().map(|t| t.layout().clone()).collect();
-        let (args, step) = (self.args(), self.step as f32);
+        let (args, step) = (self.args(), step as f32);
         let mut moments: Vec<&mut Moments> = Vec::with_capacity(list.len());
         let mut wanted = list.iter().map(|(i, _)| *i).peekable();
         for (i, e) in self.entries.iter_mut().enumerate() {
@@ -477,16 +515,34 @@ impl Fused<'_, '_> {
     }
 }
 
+/// Updates `master` in place through the reference, with its gradient `grad` and moments.
+fn host_update<'a, G: Element>(
+    master: &Tensor,
+    args: AdamWArgs,
+    step: usize,
+    clip: Option<f32>,
+    grad: Vec<G>,
+    moments: RefCell<(&'a mut Vec<f32>, &'a mut Vec<f32>)>,
+) -> Result<()> {
+    master.inplace_op1(&HostUpdate {
+        args,
+        step: step as f32,
+        clip,
+        grad,
+        moments,
+    })
+}
+
 /// One CPU variable's update, in place, through the reference.
-struct HostUpdate<'a> {
+struct HostUpdate<'a, G> {
     args: AdamWArgs,
     step: f32,
     clip: Option<f32>,
-    grad: Vec<f32>,
+    grad: Vec<G>,
     moments: RefCell<(&'a mut Vec<f32>, &'a mut Vec<f32>)>,
 }
 
-impl InplaceOp1 for HostUpdate<'_> {
+impl<G: Element> InplaceOp1 for HostUpdate<'_, G> {
     fn name(&self) -> &'static str {
         OP
     }
@@ -523,7 +579,6 @@ impl candle_nn::Optimizer for AdamW {
         Ok(AdamW {
             entries,
             params,
-            step: 0,
             clip: None,
         })
     }
@@ -537,18 +592,39 @@ impl candle_nn::Optimizer for AdamW {
     }
 
     fn step(&mut self, grads: &GradStore) -> Result<()> {
-        self.step += 1;
         let clip = self.clip.take();
         let list = self.with_grads(grads)?;
-        if list.is_empty() {
+        let on_cuda = |i: usize| matches!(self.entries[i].moments, Moments::Cuda(..));
+        let Some(&(first, _)) = list.first() else {
             return Ok(());
+        };
+        let cuda = on_cuda(first);
+        if list.iter().any(|(i, _)| on_cuda(*i) != cuda) {
+            return Err(msg("variables on the CPU and on CUDA in one step".into()));
         }
-        match (&self.entries[list[0].0].moments, clip) {
-            (Moments::Cuda(..), Some(Clip::Cuda(t))) => self.step_cuda(&list, Some(&t)),
-            (Moments::Cuda(..), None) => self.step_cuda(&list, None),
-            (Moments::Cpu(..), Some(Clip::Cpu(f))) => self.step_cpu(&list, Some(f)),
-            (Moments::Cpu(..), None) => self.step_cpu(&list, None),
-            _ => Err(msg("the clip factor is on another device".into())),
+        // Each variable's step is its own count plus one (PyTorch's per-parameter `step`): a
+        // variable that had no gradient in some steps (frozen for a while, an expert that got
+        // no tokens) is corrected for its own updates. One update per count, in entry order.
+        let mut groups: Vec<(usize, Vec<(usize, Tensor)>)> = Vec::new();
+        for (i, g) in list {
+            let step = self.entries[i].steps + 1;
+            match groups.iter_mut().find(|(s, _)| *s == step) {
+                Some((_, group)) => group.push((i, g)),
+                None => groups.push((step, vec![(i, g)])),
+            }
         }
+        for (step, group) in &groups {
+            match (cuda, &clip) {
+                (true, Some(Clip::Cuda(t))) => self.step_cuda(group, *step, Some(t)),
+                (true, None) => self.step_cuda(group, *step, None),
+                (false, Some(Clip::Cpu(f))) => self.step_cpu(group, *step, Some(*f)),
+                (false, None) => self.step_cpu(group, *step, None),
+                _ => Err(msg("the clip factor is on another device".into())),
+            }?;
+            for (i, _) in group {
+                self.entries[*i].steps = *step;
+            }
+        }
+        Ok(())
     }
 }

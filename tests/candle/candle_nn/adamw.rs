@@ -2,18 +2,16 @@
 //! candle-nn's optimizer.
 use super::*;
 
-/// Steps of `liger_rs::candle::nn::AdamW` on CUDA `Var`s (40 of odd lengths: two launches)
-/// against the reference on the host, bit for bit: f32 variables, and bf16 copies of f32
-/// masters (each copy the updated master rounded once), with clipping by the global norm on
-/// the second step. The gradient of `Σ w·c` is `c`, so the host knows every gradient.
-#[test]
-fn gpu_adamw_matches_the_reference_bit_for_bit() {
+/// Steps of `liger_rs::candle::nn::AdamW` on `dev`'s `Var`s (40 of odd lengths: two launches
+/// on CUDA) against the reference on the host, bit for bit: f32 variables, and bf16 copies of
+/// f32 masters (each copy the updated master rounded once), with clipping by the global norm
+/// on the second step (the clipped gradient rounded to bf16 for the copies' on the CPU path
+/// too). The gradient of `Σ w·c` is `c`, so the host knows every gradient.
+fn adamw_matches_the_reference_bit_for_bit(dev: &Device) {
     use liger_rs::NormType;
     use liger_rs::candle::nn::{AdamW, Optimizer, ParamsAdamW};
     use liger_rs::reference::adamw::{AdamWState, adamw_step, clip_grad_norm};
-    let Some(dev) = common::candle_gpu("gpu_adamw_matches_the_reference_bit_for_bit") else {
-        return;
-    };
+    let dev = dev.clone();
     let lens: Vec<usize> = (0..40).map(|i| [1, 3, 4097, 977][i % 4] + i).collect();
     let params = ParamsAdamW {
         lr: 1e-2,
@@ -123,6 +121,89 @@ fn gpu_adamw_matches_the_reference_bit_for_bit() {
             }
         }
     }
+}
+
+#[test]
+fn adamw_matches_the_reference_bit_for_bit_on_the_cpu() {
+    adamw_matches_the_reference_bit_for_bit(&Device::Cpu);
+}
+
+#[test]
+fn gpu_adamw_matches_the_reference_bit_for_bit() {
+    if let Some(dev) = common::candle_gpu("gpu_adamw_matches_the_reference_bit_for_bit") {
+        adamw_matches_the_reference_bit_for_bit(&dev);
+    }
+}
+
+/// Each variable's bias correction counts its own updates, as PyTorch's per-parameter `step`:
+/// `b`, without a gradient in the first two steps, moves at its first update exactly as
+/// under a fresh optimizer's first step, and `a` exactly as under an optimizer of its own.
+fn each_variable_counts_its_own_steps(dev: &Device) {
+    use liger_rs::candle::nn::{AdamW, Optimizer, ParamsAdamW};
+    let var = |x: f32| Var::new(&[x, -x, 0.5 * x], dev).expect("var");
+    let (a, b, a_alone, b_alone) = (var(1.0), var(2.0), var(1.0), var(2.0));
+    let params = ParamsAdamW {
+        lr: 0.1,
+        weight_decay: 0.01,
+        ..Default::default()
+    };
+    let mut opt = AdamW::new(vec![a.clone(), b.clone()], params.clone()).expect("opt");
+    let mut only_a = AdamW::new(vec![a_alone.clone()], params.clone()).expect("opt");
+    let mut only_b = AdamW::new(vec![b_alone.clone()], params).expect("opt");
+    let c = Tensor::new(&[0.3f32, -0.7, 1.1], dev).expect("c");
+    let loss = |v: &Var| {
+        (v.as_tensor() * &c)
+            .and_then(|t| t.sum_all())
+            .expect("loss")
+    };
+    for step in 1..=3 {
+        let both = match step {
+            3 => (loss(&a) + loss(&b)).expect("add"),
+            _ => loss(&a),
+        };
+        opt.backward_step(&both).expect("step");
+        only_a.backward_step(&loss(&a_alone)).expect("step");
+    }
+    only_b.backward_step(&loss(&b_alone)).expect("step");
+    let bits = |v: &Var| {
+        let h = v.as_tensor().to_vec1::<f32>().expect("read");
+        h.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    };
+    assert_eq!(bits(&a), bits(&a_alone), "a after three updates");
+    assert_eq!(bits(&b), bits(&b_alone), "b after its first update");
+}
+
+#[test]
+fn each_variable_counts_its_own_steps_on_the_cpu() {
+    each_variable_counts_its_own_steps(&Device::Cpu);
+}
+
+#[test]
+fn gpu_each_variable_counts_its_own_steps() {
+    if let Some(dev) = common::candle_gpu("gpu_each_variable_counts_its_own_steps") {
+        each_variable_counts_its_own_steps(&dev);
+    }
+}
+
+/// candle-nn's inherent constructors and accessors, and a variable given twice refused before
+/// any update on the CPU as on CUDA (candle's in-place locks would deadlock there).
+#[test]
+fn candle_nn_accessors_and_a_repeated_variable() {
+    use liger_rs::candle::nn::{AdamW, Optimizer, ParamsAdamW};
+    let w = Var::new(&[1f32, 2.0], &Device::Cpu).expect("var");
+    let mut opt = AdamW::new_lr(vec![w.clone()], 0.25).expect("opt");
+    assert_eq!(opt.params().lr, 0.25);
+    assert_eq!(opt.params().beta1, ParamsAdamW::default().beta1);
+    opt.set_params(ParamsAdamW {
+        lr: 0.5,
+        ..Default::default()
+    });
+    assert_eq!(opt.learning_rate(), 0.5);
+    let mut twice = AdamW::new(vec![w.clone(), w.clone()], ParamsAdamW::default()).expect("opt");
+    let loss = w.as_tensor().sum_all().expect("loss");
+    let r = twice.backward_step(&loss);
+    common::expect_err("a repeated variable", r, &["shares its storage"]);
+    assert_eq!(w.as_tensor().to_vec1::<f32>().expect("read"), [1.0, 2.0]);
 }
 
 /// The fused AdamW follows candle-nn's `AdamW` on the same `ParamsAdamW` within f32
