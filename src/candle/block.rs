@@ -344,7 +344,7 @@ fn mlp(
         ),
     };
     check_params(MLP, x, norm_weight, weight)?;
-    let m = x.elem_count() / hidden;
+    let m: usize = x.dims()[..x.rank() - 1].iter().product();
     if !x.device().is_cuda() {
         let (norm_weight, weight) = routed(norm_weight, weight, slots)?;
         let n = rms_norm(x, Some(&norm_weight), norm)?;

@@ -28,7 +28,7 @@ pub(super) fn matmul<S: BackendStorage>(
     }
     let dims = lx.dims();
     let k = dims[dims.len() - 1];
-    let m = lx.shape().elem_count() / k.max(1);
+    let m: usize = dims[..dims.len() - 1].iter().product();
     let (n, _) = lw.shape().dims2()?;
     let x2 = Layout::contiguous_with_offset((m, k), lx.start_offset());
     let y = x.matmul(w, (1, m, n, k), &x2, &lw.transpose(0, 1)?)?;

@@ -60,7 +60,7 @@ impl MlpOp {
         (w_down, ld): (&S, &Layout),
     ) -> Result<(S, Shape)> {
         let (hidden, width) = (lgu.dims()[1], lgu.dims()[0]);
-        let rows = lx.shape().elem_count() / hidden.max(1);
+        let rows: usize = lx.dims()[..lx.dims().len() - 1].iter().product();
         let x2 = Layout::contiguous_with_offset((rows, hidden), lx.start_offset());
         let (gu, gu_shape) = matmul(x, &x2, w_gu, lgu)?;
         let op = GluOp::fused(self.gate);

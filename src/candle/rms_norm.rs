@@ -164,10 +164,10 @@ fn fwd_host<T: HostElem>(
     cfg: &RmsNormConfig,
     x: &[T],
     weight: Option<&[T]>,
-    cols: usize,
+    (rows, cols): (usize, usize),
 ) -> Result<(Vec<T>, Vec<f64>)> {
     cfg.check()?;
-    let args = cfg.args(x.len() / cols, cols);
+    let args = cfg.args(rows, cols);
     let out = crate::reference::rms_norm_forward(&args, x, weight).map_err(crate_err)?;
     Ok((out.y, out.rstd.into_iter().map(Element::to_f64).collect()))
 }
@@ -188,7 +188,7 @@ fn fwd_cpu(
         let w = weight
             .map(|(s, l)| host_slice::<T>(s, l, RMS_NORM))
             .transpose()?;
-        let (y, rstd) = fwd_host(cfg, xs, w, cols)?;
+        let (y, rstd) = fwd_host(cfg, xs, w, (rows, cols))?;
         Ok((T::to_cpu_storage_owned(y), rstd_tensor::<T>(rstd, rows)?))
     }
     by_host_dtype!(x.0.dtype(), RMS_NORM, run(cfg, x, weight))
@@ -279,7 +279,7 @@ pub fn rms_norm_forward(
             rows: Vec<usize>,
         ) -> Result<(Tensor, Tensor)> {
             let w = weight.map(host::<T>).transpose()?;
-            let (y, rstd) = fwd_host(cfg, &host::<T>(x)?, w.as_deref(), rows_cols(x.shape()).1)?;
+            let (y, rstd) = fwd_host(cfg, &host::<T>(x)?, w.as_deref(), rows_cols(x.shape()))?;
             let rstd = rstd_tensor::<T>(rstd, rows)?;
             Ok((host_tensor(y, x.shape().clone())?, rstd))
         }

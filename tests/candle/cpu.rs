@@ -330,6 +330,20 @@ fn cpu_ids_outside_the_table_are_an_error() {
     );
 }
 
+/// A last dim of 0: `linear` gives candle-nn's zeros of the right shape (an input width of 0
+/// left it with no elements before), RMSNorm and the MLP block an error, not a panic.
+#[test]
+fn zero_width_rows() {
+    let z = |shape: &[usize]| Tensor::zeros(shape, DType::F32, &Device::Cpu).unwrap();
+    let y = liger_rs::candle::linear(&z(&[2, 0]), &z(&[3, 0]), None).expect("linear");
+    assert_eq!(y.to_vec2::<f32>().expect("read"), vec![vec![0.0; 3]; 2]);
+    let cfg = RmsNormConfig::default();
+    let columns = ["at least 1 column"];
+    expect_err("rms_norm", rms_norm(&z(&[2, 0]), None, &cfg), &columns);
+    let block = liger_rs::candle::swiglu_mlp_block(&z(&[2, 0]), &z(&[0]), &z(&[3, 0]), &cfg);
+    expect_err("swiglu_mlp_block", block, &columns);
+}
+
 #[test]
 fn bad_shapes_and_dtypes_are_errors_naming_the_tensor() {
     let cpu = Device::Cpu;
