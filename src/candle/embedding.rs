@@ -271,7 +271,11 @@ impl From<candle_nn::Embedding> for Embedding {
 }
 
 impl candle_core::Module for Embedding {
+    /// As candle-nn's: the rows of `indexes`, `[..indexes, hidden_size]` (a table whose rows
+    /// are not `hidden_size` wide is an error, as candle-nn's reshape makes it).
     fn forward(&self, indexes: &Tensor) -> Result<Tensor> {
-        embedding(&self.embeddings, indexes)
+        let mut dims = indexes.dims().to_vec();
+        dims.push(self.hidden_size);
+        embedding(&self.embeddings, indexes)?.reshape(dims)
     }
 }

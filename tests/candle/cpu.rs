@@ -344,6 +344,20 @@ fn zero_width_rows() {
     expect_err("swiglu_mlp_block", block, &columns);
 }
 
+/// `nn::Embedding` keeps candle-nn's contract: rows of `hidden_size`, else an error.
+#[test]
+fn embedding_module_rows_are_hidden_size_wide() {
+    use candle_core::Module;
+    let table = Tensor::zeros((5, 4), DType::F32, &Device::Cpu).unwrap();
+    let ids = Tensor::new(&[[0u32, 4], [2, 1]], &Device::Cpu).unwrap();
+    let y = nn::Embedding::new(table.clone(), 4)
+        .forward(&ids)
+        .expect("lookup");
+    assert_eq!(y.dims(), [2, 2, 4]);
+    let wrong = nn::Embedding::new(table, 3).forward(&ids);
+    expect_err("hidden_size 3 for rows of 4", wrong, &["Shape mismatch"]);
+}
+
 #[test]
 fn bad_shapes_and_dtypes_are_errors_naming_the_tensor() {
     let cpu = Device::Cpu;
