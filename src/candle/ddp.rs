@@ -70,8 +70,9 @@ pub enum ReduceOp {
 /// A group of ranks that can combine equal-shaped tensors: one value per rank, each rank
 /// calling the same collectives in the same order (as NCCL requires). A rank that stops
 /// calling (an error returned before the call, a panic) leaves the others waiting in their
-/// next collective, as with NCCL: a data-parallel loop must stop every rank on one's error
-/// (the training example exits the process).
+/// next collective, as with NCCL, and a group in which one rank's call failed is not usable
+/// again: a data-parallel loop must stop every rank on one's error (the training example
+/// exits the process).
 pub trait Collective {
     /// This rank's index, `0..world_size()`.
     fn rank(&self) -> usize;
@@ -318,15 +319,23 @@ mod nccl {
 /// # Errors
 /// The collective's errors; `vars` empty.
 pub fn in_sync<C: Collective + ?Sized>(collective: &C, vars: &[Var]) -> Result<bool> {
-    let mut differ = Vec::with_capacity(vars.len());
+    let (mut differ, mut nans) = (
+        Vec::with_capacity(vars.len()),
+        Vec::with_capacity(vars.len()),
+    );
     for v in vars {
-        let (hi, lo) = (v.as_tensor().copy()?, v.as_tensor().copy()?);
+        let t = v.as_tensor();
+        let (hi, lo) = (t.copy()?, t.copy()?);
         collective.all_reduce(&hi, ReduceOp::Max)?;
         collective.all_reduce(&lo, ReduceOp::Min)?;
         differ.push(hi.ne(&lo)?.to_dtype(DType::F32)?.sum_all()?);
+        // Max and Min pass over a NaN (NCCL's as `f64::max` does): each rank counts its own.
+        nans.push(t.ne(t)?.to_dtype(DType::F32)?.sum_all()?);
     }
-    let differ = Tensor::stack(&differ, 0)?.sum_all()?.to_scalar::<f32>()?;
-    Ok(differ == 0.0)
+    let nans = Tensor::stack(&nans, 0)?.sum_all()?.reshape(1)?;
+    collective.all_reduce(&nans, ReduceOp::Sum)?;
+    let differ = Tensor::stack(&differ, 0)?.sum_all()?.reshape(1)?;
+    Ok((differ + nans)?.sum_all()?.to_scalar::<f32>()? == 0.0)
 }
 
 /// The gradient reducer of a data-parallel model: the parameters in buckets, and the
@@ -392,22 +401,28 @@ impl<C: Collective> DataParallel<C> {
 
     /// Replaces each parameter's gradient in `grads` by its mean over the ranks
     /// ([`ReduceOp::Avg`]), one collective call per bucket. A parameter without a
-    /// gradient takes part with zeros and gets the mean. Each gradient becomes a view into
-    /// its bucket's flat tensor.
+    /// gradient takes part with zeros and gets the mean, even when no rank has one (where
+    /// PyTorch's DDP leaves it without a gradient, so that an optimizer skips it: leave such a
+    /// parameter out of the reducer's). Each gradient becomes a view into its bucket's flat
+    /// tensor; a bucket of one parameter is its gradient itself, averaged in place.
     ///
     /// # Errors
-    /// The collective's errors; a gradient whose shape is not its parameter's.
+    /// The collective's errors; a gradient whose shape or dtype is not its parameter's.
     pub fn average_gradients(&self, grads: &mut GradStore) -> Result<()> {
         for range in &self.buckets {
             let vars = &self.vars[range.clone()];
             let mut flat = Vec::with_capacity(vars.len());
             for v in vars {
                 let g = match grads.get(v) {
-                    Some(g) if g.shape() == v.shape() => g.flatten_all()?,
+                    Some(g) if g.shape() == v.shape() && g.dtype() == v.dtype() => {
+                        g.flatten_all()?
+                    }
                     Some(g) => {
                         return Err(msg(format!(
-                            "a gradient of shape {:?} for a parameter of shape {:?}",
+                            "a gradient {:?} {:?} for a parameter {:?} {:?}",
+                            g.dtype(),
                             g.shape(),
+                            v.dtype(),
                             v.shape()
                         )));
                     }

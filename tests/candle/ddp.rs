@@ -263,6 +263,39 @@ fn in_sync_sees_one_rank_drifting() {
         got.iter().all(|&(before, after)| before && !after),
         "{got:?}"
     );
+    // A NaN on one rank only, whichever: Max and Min pass over it, the count does not.
+    for nan_rank in 0..2 {
+        let got = on_ranks(2, |g| {
+            let v = if g.rank() == nan_rank { f32::NAN } else { 1.0 };
+            let w = Var::new(&[v, 2.0], &Device::Cpu).expect("w");
+            DataParallel::new(g, vec![w], 1 << 20)
+                .and_then(|d| d.in_sync())
+                .expect("in_sync")
+        });
+        assert_eq!(got, [false, false], "a NaN on rank {nan_rank}");
+    }
+}
+
+/// A gradient of another dtype than its parameter's is refused before any collective.
+#[test]
+fn a_gradient_of_another_dtype_is_refused() {
+    let got = on_ranks(1, |g| {
+        let w = Var::zeros(2, DType::F32, &Device::Cpu).expect("w");
+        let ddp = DataParallel::new(g, vec![w.clone()], 1 << 20).expect("ddp");
+        let mut grads = w
+            .as_tensor()
+            .sum_all()
+            .and_then(|l| l.backward())
+            .expect("grads");
+        let half = Tensor::zeros(2, DType::F16, &Device::Cpu).expect("f16");
+        grads.insert(&w, half);
+        ddp.average_gradients(&mut grads).map(|_| ())
+    });
+    common::expect_err(
+        "an f16 gradient",
+        got.into_iter().next().expect("one rank"),
+        &["F16"],
+    );
 }
 
 #[test]
