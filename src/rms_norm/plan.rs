@@ -128,7 +128,8 @@ impl Path {
         let lanes = 16 / size;
         let aligned = cols.is_multiple_of(lanes)
             && ptrs.iter().all(|p| p.is_multiple_of(16))
-            && strides.iter().all(|s| (s * size).is_multiple_of(16));
+            // Wrapping: a stride only one row ever takes may be any size; 16 divides 2⁶⁴.
+            && strides.iter().all(|s| s.wrapping_mul(size).is_multiple_of(16));
         if !aligned {
             return Ok(scalar);
         }

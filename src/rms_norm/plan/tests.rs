@@ -43,6 +43,12 @@ fn vector_path_needs_alignment_and_whole_vectors() {
     // Wider than one pass: the scalar kernels with the widest block.
     assert_eq!(path::<f32>(65540, &[256], &[65540], 1024), scalar(65540));
     assert_eq!(scalar(1 << 20), Path::Scalar { threads: 1024 });
+    // A stride no second row uses may be any size (one row).
+    assert_eq!(
+        path::<bf16>(4096, &[256], &[usize::MAX], 1024),
+        scalar(4096)
+    );
+    assert_eq!(path::<f32>(2048, &[256], &[1 << 62], 1024), vector(2, 256));
 }
 
 #[test]
