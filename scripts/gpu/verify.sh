@@ -25,7 +25,8 @@
 #   one on PATH): 2026.4, unpacked from the nvidia-cuda-sanitizer-api 13.5 wheel, runs on the
 #   device's driver 580 and finds no hazard inside cuBLAS's kernels, where CUDA 13.0's 2025.3
 #   does (BENCHMARKS.md, "compute-sanitizer 2026.4"); both miss the stores of cuBLAS's bf16
-#   GEMMs under initcheck. racecheck checks every kernel, NVIDIA's own GEMM
+#   GEMMs under initcheck, 2026.4 with `--check-tensor-ops yes` too (the probe's 262144
+#   findings either way). racecheck checks every kernel, NVIDIA's own GEMM
 #   kernels (`nvjet*`, run by candle's and the fused linear cross-entropy's cuBLAS calls)
 #   included, and reports their hazards, which are not this crate's: with those kernels left
 #   out (--kernel-name-exclude kns=nvjet) the sanitizer hung (the candle tests of decoder
